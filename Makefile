@@ -1,0 +1,37 @@
+# Developer entry points. `make example` and `make test` are the README's two set-up commands.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.kubeps-installed
+PYTEST_ARGS ?=
+
+.PHONY: install example test controlplane bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[operator,test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Train the CTR example on a local cluster of 2 parameter servers and 2 workers.
+example: $(STAMP)
+	$(BIN)/kubeps local --ps 2 --workers 2 examples/ctr/train.py
+
+# Build (cached) the loopback Kubernetes control plane when Go is available, then run the whole suite.
+controlplane:
+	@if command -v go >/dev/null 2>&1 || [ -x /usr/local/go/bin/go ]; then \
+		PATH="$$PATH:/usr/local/go/bin" hack/controlplane.sh build; \
+	else \
+		echo "go not found: control-plane tests will be skipped (see docs/testing.md)"; \
+	fi
+
+test: $(STAMP) controlplane
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

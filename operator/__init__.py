@@ -1,0 +1,1 @@
+"""kubeps operator: reconciles PSTrainingJob resources into pods and Services."""

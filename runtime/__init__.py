@@ -1,0 +1,1 @@
+"""kubeps runtime: TensorFlow-style parameter-server training without TensorFlow."""

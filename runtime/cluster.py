@@ -1,0 +1,381 @@
+"""The TF_CONFIG model shared by the operator (which writes it) and the runtime (which reads it).
+
+The shape is TensorFlow's::
+
+    {"cluster": {"chief": ["h:p"], "ps": [...], "worker": [...], "evaluator": [...]},
+     "task": {"type": "ps", "index": 1},
+     "rpc_layer": "grpc"}
+
+``rpc_layer`` and ``environment`` are optional and unknown keys are ignored, as in TensorFlow's
+``TFConfigClusterResolver``. On top of what TensorFlow checks, a malformed TF_CONFIG raises
+:class:`TFConfigError` whose message names the field, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+from typing import Any, Iterable, Mapping
+
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+
+__all__ = [
+    "TASK_TYPES",
+    "TRAINING_TASK_TYPES",
+    "ClusterSpec",
+    "TFConfig",
+    "TFConfigClusterResolver",
+    "TFConfigError",
+    "TaskSpec",
+    "parse_address",
+]
+
+#: Every task type TensorFlow's parameter-server training knows.
+TASK_TYPES = ("chief", "ps", "worker", "evaluator")
+#: The task types of the training cluster the coordinator connects to (the evaluator is never in it).
+TRAINING_TASK_TYPES = ("chief", "ps", "worker")
+#: Task types of which a cluster holds at most one.
+SINGLETON_TASK_TYPES = ("chief", "evaluator")
+
+_DNS_LABEL = re.compile(r"^[a-zA-Z0-9]([-a-zA-Z0-9_]{0,61}[a-zA-Z0-9])?$")
+
+
+class TFConfigError(ValueError):
+    """TF_CONFIG (or a cluster spec) is malformed; the message names the field, the value and what is allowed."""
+
+    def __init__(self, field: str, value: Any, allowed: str):
+        self.field = field
+        self.value = value
+        self.allowed = allowed
+        super().__init__(f"TF_CONFIG field '{field}' has invalid value {_short(value)}: {allowed}")
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """Split ``host:port`` (``[v6]:port`` for IPv6) and check both parts; raises ``ValueError``."""
+    if not isinstance(address, str) or not address:
+        raise ValueError("expected 'host:port'")
+    if address.startswith("["):
+        host, sep, port_text = address[1:].partition("]:")
+        if not sep:
+            raise ValueError("expected '[ipv6]:port'")
+        ipaddress.IPv6Address(host)
+    else:
+        host, sep, port_text = address.rpartition(":")
+        if not sep or not host:
+            raise ValueError("expected 'host:port'")
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            if len(host) > 253 or not all(_DNS_LABEL.match(label) for label in host.split(".")):
+                raise ValueError(f"host {host!r} is neither an IP address nor a DNS name") from None
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ValueError(f"port {port_text!r} is not an integer in 1..65535")
+    return host, int(port_text)
+
+
+class TaskSpec(BaseModel):
+    """The ``task`` part of TF_CONFIG: which task of the cluster this process is."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    type: str
+    index: int = 0
+
+    @field_validator("type")
+    @classmethod
+    def _known_type(cls, value: str) -> str:
+        if value not in TASK_TYPES:
+            raise TFConfigError("task.type", value, f"allowed task types are {', '.join(TASK_TYPES)}")
+        return value
+
+    @field_validator("index")
+    @classmethod
+    def _non_negative(cls, value: int) -> int:
+        if value < 0:
+            raise TFConfigError("task.index", value, "must be an integer >= 0")
+        return value
+
+
+def _check_cluster(cluster: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Validate a ``{task_type: [address, ...]}`` mapping; returns a normalised copy."""
+    if not isinstance(cluster, Mapping):
+        raise TFConfigError("cluster", cluster, "must be an object mapping task types to lists of 'host:port'")
+    result: dict[str, list[str]] = {}
+    seen: dict[str, str] = {}
+    for task_type, addresses in cluster.items():
+        if task_type not in TASK_TYPES:
+            raise TFConfigError(
+                f"cluster.{task_type}", task_type, f"allowed task types are {', '.join(TASK_TYPES)}"
+            )
+        if isinstance(addresses, Mapping):  # {index: address}, as tf.train.ClusterSpec allows
+            try:
+                indexed = {int(k): v for k, v in addresses.items()}
+            except (TypeError, ValueError):
+                raise TFConfigError(f"cluster.{task_type}", addresses, "task indices must be integers") from None
+            if sorted(indexed) != list(range(len(indexed))):
+                raise TFConfigError(
+                    f"cluster.{task_type}", sorted(indexed), "task indices must be 0..n-1 without gaps"
+                )
+            addresses = [indexed[i] for i in range(len(indexed))]
+        if not isinstance(addresses, (list, tuple)):
+            raise TFConfigError(f"cluster.{task_type}", addresses, "must be a list of 'host:port' strings")
+        if task_type in SINGLETON_TASK_TYPES and len(addresses) > 1:
+            raise TFConfigError(
+                f"cluster.{task_type}", list(addresses), f"a cluster has at most one {task_type} task"
+            )
+        for i, address in enumerate(addresses):
+            field = f"cluster.{task_type}[{i}]"
+            try:
+                parse_address(address)
+            except ValueError as err:
+                raise TFConfigError(field, address, f"must be 'host:port' ({err})") from None
+            if address in seen:
+                raise TFConfigError(field, address, f"duplicate address, already used by {seen[address]}")
+            seen[address] = field
+        result[task_type] = list(addresses)
+    return result
+
+
+class TFConfig(BaseModel):
+    """TF_CONFIG as TensorFlow's ``TFConfigClusterResolver`` reads it."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    cluster: dict[str, list[str]] = {}
+    task: TaskSpec | None = None
+    rpc_layer: str | None = None
+    environment: str | None = None
+
+    @field_validator("cluster", mode="before")
+    @classmethod
+    def _valid_cluster(cls, value: Any) -> dict[str, list[str]]:
+        return _check_cluster(value if value is not None else {})
+
+    @field_validator("task", mode="before")
+    @classmethod
+    def _task_object(cls, value: Any) -> Any:
+        if value is not None and not isinstance(value, (Mapping, TaskSpec)):
+            raise TFConfigError("task", value, 'must be an object like {"type": "worker", "index": 0}')
+        return value
+
+    @model_validator(mode="after")
+    def _task_in_cluster(self) -> "TFConfig":
+        task = self.task
+        if task is not None and self.cluster:
+            members = self.cluster.get(task.type)
+            if members is None:
+                raise TFConfigError(
+                    "task.type", task.type, f"the cluster has no '{task.type}' tasks; it has {sorted(self.cluster)}"
+                )
+            if task.index >= len(members):
+                raise TFConfigError(
+                    "task.index",
+                    task.index,
+                    f"the cluster has {len(members)} '{task.type}' task(s), so the index must be in 0..{len(members) - 1}",
+                )
+        return self
+
+    # -- construction -------------------------------------------------------------------------------------------
+    @classmethod
+    def parse(cls, data: str | bytes | Mapping[str, Any] | None) -> "TFConfig":
+        """Parse TF_CONFIG from JSON text or a mapping; empty or None means "no cluster" (a local run)."""
+        if data is None or (isinstance(data, (str, bytes)) and not data.strip()):
+            return cls()
+        if isinstance(data, (str, bytes)):
+            try:
+                data = json.loads(data)
+            except json.JSONDecodeError as err:
+                raise TFConfigError("TF_CONFIG", _short(data, 60), f"must be a JSON object ({err})") from None
+        if not isinstance(data, Mapping):
+            raise TFConfigError("TF_CONFIG", data, "must be a JSON object with 'cluster' and 'task'")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as err:
+            raise _from_validation_error(err) from None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "TFConfig":
+        """Read ``TF_CONFIG`` from the environment."""
+        return cls.parse((os.environ if environ is None else environ).get("TF_CONFIG"))
+
+    @classmethod
+    def for_task(
+        cls,
+        cluster: Mapping[str, Iterable[str]],
+        task_type: str,
+        task_index: int,
+        rpc_layer: str | None = "grpc",
+    ) -> "TFConfig":
+        """The TF_CONFIG a given task of ``cluster`` should see.
+
+        An evaluator never belongs to the training cluster (a TensorFlow coordinator would wait for it), so it
+        gets a cluster holding just itself.
+        """
+        cluster = {k: list(v) for k, v in cluster.items() if list(v)}
+        if task_type == "evaluator":
+            cluster = {"evaluator": cluster.get("evaluator", [])}
+        else:
+            cluster.pop("evaluator", None)
+        return cls.parse(
+            {"cluster": cluster, "task": {"type": task_type, "index": task_index}, "rpc_layer": rpc_layer}
+        )
+
+    def to_json(self) -> str:
+        """Compact JSON, without the optional fields that are unset."""
+        return self.model_dump_json(exclude_none=True)
+
+    # -- queries ------------------------------------------------------------------------------------------------
+    @property
+    def task_type(self) -> str | None:
+        return self.task.type if self.task else None
+
+    @property
+    def task_index(self) -> int | None:
+        return self.task.index if self.task else None
+
+    def address(self, task_type: str | None = None, index: int | None = None) -> str:
+        """The address of a task, this process's own by default."""
+        task_type = task_type or self.task_type
+        index = self.task_index if index is None else index
+        if task_type is None or index is None:
+            raise TFConfigError("task", None, "TF_CONFIG names no task, so this process has no address")
+        members = self.cluster.get(task_type, [])
+        if not 0 <= index < len(members):
+            raise TFConfigError(f"cluster.{task_type}", index, f"there are {len(members)} '{task_type}' task(s)")
+        return members[index]
+
+
+def _from_validation_error(err: ValidationError) -> TFConfigError:
+    """Turn pydantic's error into ours: the first problem, with its field path and value."""
+    first = err.errors(include_url=False)[0]
+    cause = (first.get("ctx") or {}).get("error")
+    if isinstance(cause, TFConfigError):
+        return cause
+    field = ".".join(str(part) for part in first["loc"]) or "TF_CONFIG"
+    return TFConfigError(field, first.get("input"), first["msg"])
+
+
+class ClusterSpec:
+    """The cluster's task addresses, as ``tf.train.ClusterSpec``: ``{job_name: [address, ...]}``."""
+
+    def __init__(self, cluster: "ClusterSpec | Mapping[str, Any] | None" = None):
+        if isinstance(cluster, ClusterSpec):
+            cluster = cluster.as_dict()
+        self._cluster = _check_cluster(cluster or {})
+
+    def as_dict(self) -> dict[str, list[str]]:
+        return {job: list(tasks) for job, tasks in self._cluster.items()}
+
+    @property
+    def jobs(self) -> list[str]:
+        return list(self._cluster)
+
+    def num_tasks(self, job_name: str) -> int:
+        return len(self._cluster.get(job_name, []))
+
+    def task_indices(self, job_name: str) -> list[int]:
+        return list(range(self.num_tasks(job_name)))
+
+    def job_tasks(self, job_name: str) -> list[str]:
+        if job_name not in self._cluster:
+            raise ValueError(f"no job named {job_name!r} in the cluster; jobs are {self.jobs}")
+        return list(self._cluster[job_name])
+
+    def task_address(self, job_name: str, task_index: int) -> str:
+        tasks = self.job_tasks(job_name)
+        if not 0 <= task_index < len(tasks):
+            raise ValueError(f"job {job_name!r} has {len(tasks)} task(s); index {task_index} is out of range")
+        return tasks[task_index]
+
+    def __bool__(self) -> bool:
+        return bool(self._cluster)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ClusterSpec):
+            return self._cluster == other._cluster
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"ClusterSpec({self._cluster!r})"
+
+
+class TFConfigClusterResolver:
+    """Resolves the cluster from the ``TF_CONFIG`` environment variable, as TensorFlow's class of the same name.
+
+    ``task_type``, ``task_id`` and ``rpc_layer`` given here override what TF_CONFIG says.
+    """
+
+    def __init__(
+        self,
+        task_type: str | None = None,
+        task_id: int | None = None,
+        rpc_layer: str | None = None,
+        environment: str | None = None,
+        tf_config: "TFConfig | str | Mapping[str, Any] | None" = None,
+    ):
+        config = tf_config if isinstance(tf_config, TFConfig) else (
+            TFConfig.from_env() if tf_config is None else TFConfig.parse(tf_config)
+        )
+        self._config = config
+        self._task_type = task_type
+        self._task_id = task_id
+        self._rpc_layer = rpc_layer
+        self._environment = environment
+
+    @property
+    def tf_config(self) -> TFConfig:
+        return self._config
+
+    @property
+    def task_type(self) -> str | None:
+        return self._task_type if self._task_type is not None else self._config.task_type
+
+    @task_type.setter
+    def task_type(self, value: str | None) -> None:
+        self._task_type = value
+
+    @property
+    def task_id(self) -> int | None:
+        return self._task_id if self._task_id is not None else self._config.task_index
+
+    @task_id.setter
+    def task_id(self, value: int | None) -> None:
+        self._task_id = value
+
+    @property
+    def rpc_layer(self) -> str | None:
+        return self._rpc_layer if self._rpc_layer is not None else self._config.rpc_layer
+
+    @property
+    def environment(self) -> str | None:
+        return self._environment if self._environment is not None else self._config.environment
+
+    def cluster_spec(self) -> ClusterSpec:
+        return ClusterSpec(self._config.cluster)
+
+    def master(self, task_type: str | None = None, task_id: int | None = None, rpc_layer: str | None = None) -> str:
+        """The address of a task (this one by default), prefixed with ``rpc_layer://`` when there is one."""
+        task_type = task_type if task_type is not None else self.task_type
+        task_id = task_id if task_id is not None else self.task_id
+        if task_type is None or task_id is None:
+            return ""
+        address = self.cluster_spec().task_address(task_type, task_id)
+        layer = rpc_layer if rpc_layer is not None else self.rpc_layer
+        return f"{layer}://{address}" if layer else address
+
+    def num_accelerators(self, *args: Any, **kwargs: Any) -> dict[str, int]:
+        """Accelerators visible to this task: ``{"GPU": n}`` when CuPy sees GPUs, else ``{}``."""
+        try:  # optional dependency: the ``gpu`` extra
+            import cupy  # type: ignore[import-not-found]
+
+            count = cupy.cuda.runtime.getDeviceCount()
+        except Exception:  # noqa: BLE001 - no CuPy or no driver means no accelerators
+            return {}
+        return {"GPU": count} if count else {}
