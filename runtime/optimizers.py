@@ -38,6 +38,10 @@ __all__ = [
     "schedule_from_config",
     "Optimizer",
     "SGD",
+    "Momentum",
+    "Adagrad",
+    "Adam",
+    "Ftrl",
     "optimizer_from_config",
 ]
 
@@ -447,3 +451,160 @@ class SGD(Optimizer):
 
     def _apply_rows(self, var: Any, ids: Any, grad: Any, slots: dict[str, Any], lr: float, step: int) -> None:
         var[ids] -= lr * grad  # ids are unique, so fancy-index -= is exact
+
+
+class Momentum(Optimizer):
+    """Gradient descent with momentum, TensorFlow's ``ApplyMomentum`` (``tf.compat.v1.train.MomentumOptimizer``).
+
+    ``accum = momentum * accum + grad``; ``var -= lr * accum``; with ``nesterov``:
+    ``var -= lr * grad + lr * momentum * accum`` (after the accumulator update).
+    """
+
+    def __init__(self, learning_rate: float | LearningRateSchedule | Mapping[str, Any] = 0.01,
+                 momentum: float = 0.9, nesterov: bool = False) -> None:
+        super().__init__(learning_rate)
+        self.momentum = _number("Momentum", "momentum", momentum, lo=0, hi=1, hi_open=True)
+        self.nesterov = _boolean("Momentum", "nesterov", nesterov)
+        self._slot_init = {"momentum": 0.0}
+
+    def _hyper(self) -> dict[str, Any]:
+        return {"momentum": self.momentum, "nesterov": self.nesterov}
+
+    def _update(self, var: Any, grad: Any, slots: dict[str, Any], lr: float, step: int) -> None:
+        accum = slots["momentum"]
+        accum *= self.momentum
+        accum += grad
+        if self.nesterov:
+            var -= lr * (grad + self.momentum * accum)
+        else:
+            var -= lr * accum
+
+
+class Adagrad(Optimizer):
+    """Adagrad as in TF2 (``ResourceApplyAdagradV2``).
+
+    ``accum += grad ** 2``; ``var -= lr * grad / (sqrt(accum) + epsilon)``; ``accum`` starts at
+    ``initial_accumulator_value``.
+    """
+
+    def __init__(self, learning_rate: float | LearningRateSchedule | Mapping[str, Any] = 0.001,
+                 initial_accumulator_value: float = 0.1, epsilon: float = 1e-7) -> None:
+        super().__init__(learning_rate)
+        self.initial_accumulator_value = _number("Adagrad", "initial_accumulator_value", initial_accumulator_value,
+                                                 lo=0)
+        self.epsilon = _number("Adagrad", "epsilon", epsilon, lo=0)
+        if self.initial_accumulator_value == 0 and self.epsilon == 0:
+            raise ValueError("Adagrad: initial_accumulator_value=0 with epsilon=0 divides by zero on a zero "
+                             "gradient; allowed: either of them > 0")
+        self._slot_init = {"accumulator": self.initial_accumulator_value}
+
+    def _hyper(self) -> dict[str, Any]:
+        return {"initial_accumulator_value": self.initial_accumulator_value, "epsilon": self.epsilon}
+
+    def _update(self, var: Any, grad: Any, slots: dict[str, Any], lr: float, step: int) -> None:
+        xp = kernels.array_module(var)
+        accum = slots["accumulator"]
+        accum += grad * grad
+        denom = xp.sqrt(accum)
+        denom += self.epsilon
+        var -= lr * grad / denom
+
+
+class Adam(Optimizer):
+    """Adam as in TF2 (``ResourceApplyAdam``; Keras ``epsilon`` is the "epsilon hat" of the paper).
+
+    With ``t = step``: ``m = beta_1 m + (1 - beta_1) g``; ``v = beta_2 v + (1 - beta_2) g ** 2``;
+    ``lr_t = lr * sqrt(1 - beta_2 ** t) / (1 - beta_1 ** t)``; ``var -= lr_t * m / (sqrt(v) + epsilon)``.
+    With ``amsgrad``: ``vhat = max(vhat, v)`` and ``vhat`` replaces ``v`` in the last step.
+    Sparse updates are lazy (only touched rows' moments change; bias correction from the variable's step).
+    """
+
+    def __init__(self, learning_rate: float | LearningRateSchedule | Mapping[str, Any] = 0.001,
+                 beta_1: float = 0.9, beta_2: float = 0.999, epsilon: float = 1e-7, amsgrad: bool = False) -> None:
+        super().__init__(learning_rate)
+        self.beta_1 = _number("Adam", "beta_1", beta_1, lo=0, hi=1, hi_open=True)
+        self.beta_2 = _number("Adam", "beta_2", beta_2, lo=0, hi=1, hi_open=True)
+        self.epsilon = _number("Adam", "epsilon", epsilon, lo=0, lo_open=True)
+        self.amsgrad = _boolean("Adam", "amsgrad", amsgrad)
+        self._slot_init = {"m": 0.0, "v": 0.0, **({"vhat": 0.0} if self.amsgrad else {})}
+
+    def _hyper(self) -> dict[str, Any]:
+        return {"beta_1": self.beta_1, "beta_2": self.beta_2, "epsilon": self.epsilon, "amsgrad": self.amsgrad}
+
+    def _update(self, var: Any, grad: Any, slots: dict[str, Any], lr: float, step: int) -> None:
+        xp = kernels.array_module(var)
+        m, v = slots["m"], slots["v"]
+        m *= self.beta_1
+        m += (1.0 - self.beta_1) * grad
+        v *= self.beta_2
+        v += (1.0 - self.beta_2) * (grad * grad)
+        lr_t = lr * math.sqrt(1.0 - self.beta_2 ** step) / (1.0 - self.beta_1 ** step)
+        if self.amsgrad:
+            vhat = slots["vhat"]
+            xp.maximum(vhat, v, out=vhat)
+            v = vhat
+        denom = xp.sqrt(v)
+        denom += self.epsilon
+        var -= lr_t * m / denom
+
+
+class Ftrl(Optimizer):
+    """FTRL-Proximal (McMahan et al. 2013), TensorFlow's ``ApplyFtrlV2`` / Keras ``Ftrl``.
+
+    With ``p = learning_rate_power`` (<= 0; -0.5 is the paper's per-coordinate rate)::
+
+        g_s        = grad + 2 * l2_shrinkage * var
+        accum_new  = accum + grad ** 2
+        linear    += g_s - (accum_new ** -p - accum ** -p) / lr * var
+        quadratic  = (accum_new ** -p + beta) / lr + 2 * l2
+        var        = (sign(linear) * l1 - linear) / quadratic  if |linear| > l1  else 0
+        accum      = accum_new
+
+    The accumulator sums the raw gradient's squares, as TF's kernels and Keras do (TF's op docstring writes
+    ``g_s ** 2``; the implementation uses ``grad ** 2``); with ``l2_shrinkage = 0`` the two agree.
+    """
+
+    def __init__(self, learning_rate: float | LearningRateSchedule | Mapping[str, Any] = 0.001,
+                 learning_rate_power: float = -0.5, initial_accumulator_value: float = 0.1,
+                 l1_regularization_strength: float = 0.0, l2_regularization_strength: float = 0.0,
+                 l2_shrinkage_regularization_strength: float = 0.0, beta: float = 0.0) -> None:
+        super().__init__(learning_rate)
+        o = "Ftrl"
+        self.learning_rate_power = _number(o, "learning_rate_power", learning_rate_power, hi=0)
+        self.initial_accumulator_value = _number(o, "initial_accumulator_value", initial_accumulator_value, lo=0)
+        self.l1_regularization_strength = _number(o, "l1_regularization_strength", l1_regularization_strength, lo=0)
+        self.l2_regularization_strength = _number(o, "l2_regularization_strength", l2_regularization_strength, lo=0)
+        self.l2_shrinkage_regularization_strength = _number(
+            o, "l2_shrinkage_regularization_strength", l2_shrinkage_regularization_strength, lo=0)
+        self.beta = _number(o, "beta", beta, lo=0)
+        if self.initial_accumulator_value == 0 and self.learning_rate_power < 0:
+            # accum ** -p is fine at 0, but quadratic = 0 on a zero first gradient would divide by zero.
+            if self.beta == 0 and self.l2_regularization_strength == 0:
+                raise ValueError(f"{o}: initial_accumulator_value=0 with beta=0 and l2_regularization_strength=0 "
+                                 f"divides by zero on a zero gradient; allowed: initial_accumulator_value > 0")
+        self._slot_init = {"accumulator": self.initial_accumulator_value, "linear": 0.0}
+
+    def _hyper(self) -> dict[str, Any]:
+        return {"learning_rate_power": self.learning_rate_power,
+                "initial_accumulator_value": self.initial_accumulator_value,
+                "l1_regularization_strength": self.l1_regularization_strength,
+                "l2_regularization_strength": self.l2_regularization_strength,
+                "l2_shrinkage_regularization_strength": self.l2_shrinkage_regularization_strength,
+                "beta": self.beta}
+
+    def _update(self, var: Any, grad: Any, slots: dict[str, Any], lr: float, step: int) -> None:
+        xp = kernels.array_module(var)
+        accum, linear = slots["accumulator"], slots["linear"]
+        p = self.learning_rate_power
+        l1, l2 = self.l1_regularization_strength, self.l2_regularization_strength
+        shrink = self.l2_shrinkage_regularization_strength
+        g_s = grad + (2.0 * shrink) * var if shrink else grad
+        accum_new = accum + grad * grad
+        if p == -0.5:
+            new_pow, old_pow = xp.sqrt(accum_new), xp.sqrt(accum)
+        else:
+            new_pow, old_pow = accum_new ** (-p), accum ** (-p)
+        linear += g_s - (new_pow - old_pow) / lr * var
+        quadratic = (new_pow + self.beta) / lr + 2.0 * l2
+        var[...] = xp.where(xp.abs(linear) > l1, (xp.sign(linear) * l1 - linear) / quadratic, 0.0)
+        accum[...] = accum_new
