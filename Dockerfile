@@ -1,0 +1,81 @@
+# syntax=docker/dockerfile:1
+# kubeps images. Targets:
+#   runtime       CPU runtime for chief/ps/worker/evaluator pods (numpy, grpcio, kubeps.runtime)
+#   runtime-gpu   CUDA 12 runtime + CuPy (pip install kubeps[gpu])
+#   operator      the kopf operator (pip install kubeps[operator]); ENTRYPOINT `kubeps operator`
+# Build: docker build --target runtime -t kubeps-runtime .   (same for runtime-gpu, operator)
+# Base images are pinned by tag and digest; override with --build-arg PYTHON_IMAGE=... / CUDA_IMAGE=...
+# (re-resolve a digest with `docker buildx imagetools inspect python:3.11-slim-bookworm`).
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:a36c24f9cbdf4fd0f52d67f0823eeac19c2028c637cecc392d97f980d4fec56b
+ARG CUDA_IMAGE=nvidia/cuda:12.4.1-runtime-ubuntu22.04@sha256:517da2300c184c9999ec203c2665244bdebd3578d12fcc7065e83667932643d9
+
+# ---------------------------------------------------------------- builder: the kubeps wheel
+FROM ${PYTHON_IMAGE} AS builder
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY operator/ operator/
+COPY runtime/ runtime/
+RUN python -m pip wheel --no-deps --wheel-dir /wheels .
+
+# ---------------------------------------------------------------- the venvs, built where they will live
+# (/opt/venv: a venv's scripts name their interpreter by absolute path, so it is never moved).
+FROM ${PYTHON_IMAGE} AS runtime-venv
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
+COPY --from=builder /wheels /wheels
+RUN python -m venv /opt/venv \
+ && WHEEL="$(ls /wheels/kubeps-*.whl)" \
+ && /opt/venv/bin/pip install "kubeps @ file://${WHEEL}"
+
+FROM ${PYTHON_IMAGE} AS operator-venv
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
+COPY --from=builder /wheels /wheels
+RUN python -m venv /opt/venv \
+ && WHEEL="$(ls /wheels/kubeps-*.whl)" \
+ && /opt/venv/bin/pip install "kubeps[operator] @ file://${WHEEL}"
+
+# ---------------------------------------------------------------- runtime (CPU)
+FROM ${PYTHON_IMAGE} AS runtime
+ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+RUN groupadd --gid 65532 kubeps \
+ && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /tmp --shell /usr/sbin/nologin kubeps
+COPY --from=runtime-venv /opt/venv /opt/venv
+# The example programs, so a PSTrainingJob can run them without building an image of its own.
+COPY examples/ /opt/kubeps/examples/
+WORKDIR /opt/kubeps
+USER 65532:65532
+# Pods of a PSTrainingJob that name no command start a task server from TF_CONFIG.
+CMD ["python", "-m", "kubeps.runtime.server"]
+
+# ---------------------------------------------------------------- runtime-gpu (CUDA 12 + CuPy)
+FROM ${CUDA_IMAGE} AS runtime-gpu
+ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
+    PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 DEBIAN_FRONTEND=noninteractive
+# Ubuntu's archive replaces package versions in place; the base image is pinned by digest instead.
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3 python3-venv \
+ && rm -rf /var/lib/apt/lists/* \
+ && groupadd --gid 65532 kubeps \
+ && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /tmp --shell /usr/sbin/nologin kubeps
+COPY --from=builder /wheels /wheels
+# The venv is made with this image's Python (Ubuntu's 3.10), not the builder's; the wheel is pure Python.
+RUN python3 -m venv /opt/venv \
+ && WHEEL="$(ls /wheels/kubeps-*.whl)" \
+ && /opt/venv/bin/pip install "kubeps[gpu] @ file://${WHEEL}" \
+ && rm -rf /wheels
+COPY examples/ /opt/kubeps/examples/
+WORKDIR /opt/kubeps
+USER 65532:65532
+CMD ["python", "-m", "kubeps.runtime.server"]
+
+# ---------------------------------------------------------------- operator
+FROM ${PYTHON_IMAGE} AS operator
+ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 HOME=/tmp
+RUN groupadd --gid 65532 kubeps \
+ && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /tmp --shell /usr/sbin/nologin kubeps
+COPY --from=operator-venv /opt/venv /opt/venv
+USER 65532:65532
+EXPOSE 8080 9090
+ENTRYPOINT ["kubeps", "operator"]
+CMD ["--all-namespaces"]

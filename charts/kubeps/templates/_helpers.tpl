@@ -1,0 +1,81 @@
+{{/* The chart's name, overridable only through the release name (no nameOverride: one operator per release). */}}
+{{- define "kubeps.name" -}}
+{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* <release> when it already contains the chart name, else <release>-kubeps; 63 characters at most. */}}
+{{- define "kubeps.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "kubeps.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "kubeps.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{- define "kubeps.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "kubeps.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: kubeps
+{{- end -}}
+
+{{- define "kubeps.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "kubeps.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* repository@digest when a digest is given, else repository:tag (tag defaults to the appVersion). */}}
+{{- define "kubeps.imageRef" -}}
+{{- $img := index . 0 -}}
+{{- $ctx := index . 1 -}}
+{{- if $img.digest -}}
+{{- printf "%s@%s" $img.repository $img.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $img.repository (default $ctx.Chart.AppVersion $img.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Rules the operator needs on the resources of the namespaces it watches (ClusterRole or Role). */}}
+{{- define "kubeps.namespacedRules" -}}
+# The PSTrainingJobs themselves: kopf watches them and patches its annotations, finalizers and status.
+- apiGroups: [{{ include "kubeps.crdGroup" . | quote }}]
+  resources: [{{ include "kubeps.crdPlural" . | quote }}]
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: [{{ include "kubeps.crdGroup" . | quote }}]
+  resources: [{{ printf "%s/status" (include "kubeps.crdPlural" .) | quote }}]
+  verbs: ["get", "patch"]
+# The chief/ps/worker/evaluator pods and their headless Services, owned by the job.
+- apiGroups: [""]
+  resources: ["pods", "services"]
+  verbs: ["get", "list", "watch", "create", "delete"]
+# Per-job Secrets the operator creates for its pods.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get", "list", "watch", "create", "delete"]
+# kopf posts handler progress and the job's lifecycle as Events.
+- apiGroups: ["", "events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- end -}}
+
+
+{{/* The PSTrainingJob CRD, generated from the operator's models by hack/generate-manifests.py. */}}
+{{- define "kubeps.crdText" -}}
+{{- required "files/crd.yaml is missing: run hack/generate-manifests.py" (.Files.Get "files/crd.yaml") -}}
+{{- end -}}
+{{- define "kubeps.crdGroup" -}}
+{{- (include "kubeps.crdText" . | fromYaml).spec.group -}}
+{{- end -}}
+{{- define "kubeps.crdPlural" -}}
+{{- (include "kubeps.crdText" . | fromYaml).spec.names.plural -}}
+{{- end -}}
