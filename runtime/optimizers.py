@@ -420,8 +420,9 @@ class Optimizer:
 
     def _apply_rows(self, var: Any, ids: Any, grad: Any, slots: dict[str, Any], lr: float, step: int) -> None:
         """Run ``_update`` on the gathered rows ``ids`` (unique) and scatter the results back."""
-        rows = var[ids]
-        slot_rows = {name: s[ids] for name, s in slots.items()}
+        xp = kernels.array_module(var)
+        rows = xp.take(var, ids, axis=0)
+        slot_rows = {name: xp.take(s, ids, axis=0) for name, s in slots.items()}
         self._update(rows, grad, slot_rows, lr, step)
         var[ids] = rows
         for name, s in slots.items():
