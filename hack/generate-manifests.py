@@ -137,7 +137,10 @@ def main(argv: list[str] | None = None) -> int:
             path.write_text(text)
             print(f"wrote {rel}")
 
-    if DEPLOY_CRD.exists() and _objects(DEPLOY_CRD.read_text()) != _objects(operator_crd()):
+    if not DEPLOY_CRD.exists():
+        drift.append(f"{DEPLOY_CRD.relative_to(ROOT)} is missing: `kubectl apply -f deploy/` would install no CRD "
+                     "(write it with `python -m kubeps.operator.crd > deploy/crd.yaml`)")
+    elif _objects(DEPLOY_CRD.read_text()) != _objects(operator_crd()):
         drift.append(f"{DEPLOY_CRD.relative_to(ROOT)} differs from `python -m kubeps.operator.crd` "
                      "(regenerate it with the operator's generator)")
     if drift:

@@ -1,0 +1,269 @@
+"""The Helm chart, offline: lint, schema, every documented variant valid for Kubernetes, security settings, RBAC."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "kubeps"
+VARIANTS = {p.name.removesuffix("-values.yaml"): p for p in sorted((CHART / "ci").glob("*-values.yaml"))}
+PEERING_CRDS = CHART / "charts" / "kopf-peering" / "crds" / "kopf-peering.yaml"
+
+
+def variant_args(name: str) -> list[str]:
+    return [] if name == "default" else ["--values", str(VARIANTS[name])]
+
+
+ALL_VARIANTS = ["default", *VARIANTS]
+
+
+def test_documented_variants_exist():
+    assert {"namespaced", "servicemonitor", "custom-images"} <= set(VARIANTS)
+
+
+@pytest.mark.parametrize("variant", ALL_VARIANTS)
+def test_helm_lint_strict(render, variant):
+    proc = render.run("lint", "--strict", str(CHART), *variant_args(variant), check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "[WARNING]" not in proc.stdout and "[ERROR]" not in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize("variant", ALL_VARIANTS)
+def test_rendering_is_valid_kubernetes_strict(render, variant):
+    """kubernetes-validate --strict on every built-in object; CRD-typed objects against their own schema."""
+    import jsonschema
+    import kubernetes_validate
+
+    objects = render.template("--include-crds", *variant_args(variant))
+    assert objects
+    peering_schemas = {
+        crd["spec"]["names"]["kind"]: crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+        for crd in yaml.safe_load_all(PEERING_CRDS.read_text())
+    }
+    for obj in objects:
+        kind = obj["kind"]
+        if kind in peering_schemas:
+            jsonschema.validate(obj, peering_schemas[kind])
+            assert obj["apiVersion"] == "kopf.dev/v1"
+        elif kind == "ServiceMonitor":
+            # No prometheus-operator schema offline: check what it must get right, that it scrapes our Service.
+            check_service_monitor(obj, objects)
+        else:
+            kubernetes_validate.validate(obj, kubernetes_validate.latest_version(), strict=True)
+
+
+def check_service_monitor(monitor: dict, objects: list[dict]) -> None:
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    services = [o for o in objects if o["kind"] == "Service"]
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    targets = [s for s in services if selector.items() <= s["metadata"]["labels"].items()]
+    assert len(targets) == 1, f"ServiceMonitor selector {selector} matches {len(targets)} Services"
+    service = targets[0]
+    assert monitor["spec"]["namespaceSelector"]["matchNames"] == [service["metadata"]["namespace"]]
+    port_names = {p["name"] for p in service["spec"]["ports"]}
+    for endpoint in monitor["spec"]["endpoints"]:
+        assert endpoint["port"] in port_names
+        assert endpoint["path"] == "/metrics"
+        assert re.fullmatch(r"([0-9]+(ms|s|m|h))+", endpoint["interval"])
+
+
+def test_servicemonitor_only_when_enabled(render):
+    assert not render.by_kind(render.template(), "ServiceMonitor")
+    monitor = render.one(render.template("--values", str(VARIANTS["servicemonitor"])), "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    proc = render.run("template", "x", str(CHART), "--set", "serviceMonitor.enabled=true",
+                      "--set", "metrics.service.enabled=false", check=False)
+    assert proc.returncode != 0 and "serviceMonitor.enabled needs metrics.service.enabled" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--set", "logLevel=verbose"], "logLevel must be one of the following"),
+        (["--set", "metrics.port=70000"], "metrics.port: Must be less than or equal to 65535"),
+        (["--set", "liveness.port=0"], "liveness.port: Must be greater than or equal to 1"),
+        (["--set", "watchNamespaces[0]=Team_A"], "watchNamespaces.0: Does not match pattern"),
+        (["--set", "imag.tag=1"], "Additional property imag is not allowed"),
+        (["--set", "image.digest=latest"], "image.digest: Does not match pattern"),
+        (["--set", "image.repository=Registry/Op"], "image.repository: Does not match pattern"),
+        (["--set", "clusterDomain=.cluster.local"], "clusterDomain: Does not match pattern"),
+        (["--set", "crds.keep=yes"], "crds.keep: Invalid type. Expected: boolean, given: string"),
+        (["--set", "resources.limits.memory=lots"], "resources.limits.memory"),
+        (["--set", "serviceAccount.create=false"], "serviceAccount.name is required"),
+    ],
+)
+def test_bad_values_fail_with_a_clear_message(render, args, message):
+    proc = render.run("template", "x", str(CHART), *args, check=False)
+    assert proc.returncode != 0, f"helm template {args} succeeded"
+    assert message in proc.stderr, proc.stderr
+
+
+def deployment_and_container(objects):
+    deploy = next(o for o in objects if o["kind"] == "Deployment")
+    (container,) = deploy["spec"]["template"]["spec"]["containers"]
+    return deploy, container
+
+
+@pytest.mark.parametrize("variant", ALL_VARIANTS)
+def test_operator_deployment_is_hardened(render, variant):
+    deploy, container = deployment_and_container(render.template(*variant_args(variant)))
+    spec = deploy["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}, "kopf has no leader election"
+    pod = spec["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    sc = container["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    # Writable /tmp on a read-only root.
+    (tmp,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/tmp"]
+    assert any(v["name"] == tmp["name"] and "emptyDir" in v for v in pod["volumes"])
+    res = container["resources"]
+    assert {"cpu", "memory"} <= res["requests"].keys() and {"cpu", "memory"} <= res["limits"].keys()
+    # The probe and the metrics port are the ones the operator is told to serve.
+    args = container["args"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert f"--liveness-port={ports['liveness']}" in args
+    assert f"--metrics-port={ports['metrics']}" in args
+    probe = container["livenessProbe"]["httpGet"]
+    assert probe == {"path": "/healthz", "port": "liveness"}
+    assert container["command"] == ["kubeps", "operator"]
+
+
+def test_operator_arguments_follow_values(render):
+    _, c = deployment_and_container(render.template())
+    assert "--all-namespaces" in c["args"]
+    assert "--default-image=ghcr.io/kubeps/kubeps-runtime:0.1.0" in c["args"]
+    assert c["image"] == "ghcr.io/kubeps/kubeps-operator:0.1.0"
+    assert "--cluster-domain=cluster.local" in c["args"] and "--log-level=info" in c["args"]
+
+    _, c = deployment_and_container(render.template("--values", str(VARIANTS["custom-images"])))
+    assert c["image"] == "registry.example.com/ml/kubeps-operator:0.1.0-rc1"
+    assert c["imagePullPolicy"] == "Always"
+    digest = "sha256:" + "0123456789abcdef" * 4
+    assert f"--default-image=registry.example.com/ml/kubeps-runtime-gpu@{digest}" in c["args"]
+    assert "--cluster-domain=k8s.example.internal" in c["args"] and "--log-level=debug" in c["args"]
+
+    _, c = deployment_and_container(render.template("--values", str(VARIANTS["namespaced"])))
+    assert "--all-namespaces" not in c["args"]
+    assert [a for a in c["args"] if a.startswith("--namespace")] == ["--namespace=team-a", "--namespace=team-b"]
+
+
+def rules_of(role: dict) -> set[tuple[str, str, str]]:
+    return {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+            for v in rule["verbs"]}
+
+
+def crd_group_plural() -> tuple[str, str]:
+    crd = yaml.safe_load((CHART / "files" / "crd.yaml").read_text())
+    return crd["spec"]["group"], crd["spec"]["names"]["plural"]
+
+
+def test_cluster_wide_rbac(render):
+    objects = render.template()
+    assert not render.by_kind(objects, "Role") and not render.by_kind(objects, "RoleBinding")
+    role = render.one(objects, "ClusterRole")
+    binding = render.one(objects, "ClusterRoleBinding")
+    sa = render.one(objects, "ServiceAccount")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
+                                    "namespace": "kubeps-system"}]
+    deploy, _ = deployment_and_container(objects)
+    assert deploy["spec"]["template"]["spec"]["serviceAccountName"] == sa["metadata"]["name"]
+    rules = rules_of(role)
+    group, plural = crd_group_plural()
+    assert (group, plural, "watch") in rules and (group, f"{plural}/status", "patch") in rules
+    assert ("", "namespaces", "watch") in rules
+    assert ("kopf.dev", "clusterkopfpeerings", "patch") in rules
+    # Least privilege: no wildcards, no escalation, nothing on workloads other than pods.
+    assert not any("*" in r for r in rules), rules
+    assert not {res for _, res, _ in rules} & {"roles", "rolebindings", "clusterroles", "clusterrolebindings",
+                                                "deployments", "nodes", "serviceaccounts", "configmaps"}
+    assert not {v for _, _, v in rules} & {"escalate", "bind", "impersonate", "deletecollection", "update"}
+
+
+def test_namespaced_mode_rbac(render):
+    objects = render.template("--values", str(VARIANTS["namespaced"]))
+    cluster_rules = rules_of(render.one(objects, "ClusterRole"))
+    # Cluster-wide only what kopf needs to discover its resources.
+    assert cluster_rules == {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("get", "list", "watch")}
+    roles = render.by_kind(objects, "Role")
+    bindings = render.by_kind(objects, "RoleBinding")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    group, plural = crd_group_plural()
+    for role in roles:
+        rules = rules_of(role)
+        assert (group, plural, "watch") in rules and ("", "pods", "create") in rules
+        assert ("kopf.dev", "kopfpeerings", "patch") in rules
+        assert not any(res == "namespaces" or res.startswith("cluster") for _, res, _ in rules)
+
+
+def test_peering_objects_and_crds_only_when_enabled(render):
+    kinds = {o["kind"] for o in render.template("--include-crds")}
+    crd_names = {o["metadata"]["name"] for o in render.template("--include-crds") if o["kind"] == "CustomResourceDefinition"}
+    assert not kinds & {"KopfPeering", "ClusterKopfPeering"}
+    assert not any(n.endswith(".kopf.dev") for n in crd_names)
+
+    objects = render.template("--include-crds", "--set", "peering.enabled=true")
+    assert render.one(objects, "ClusterKopfPeering")["metadata"]["name"] == "kubeps"
+    assert {o["metadata"]["name"] for o in objects if o["kind"] == "CustomResourceDefinition"} >= {
+        "kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev"}
+    _, c = deployment_and_container(objects)
+    assert {"name": "KOPF_RUN_PEERING", "value": "kubeps"} in c["env"]
+
+    objects = render.template("--set", "peering.enabled=true", "--values", str(VARIANTS["namespaced"]))
+    assert sorted(p["metadata"]["namespace"] for p in render.by_kind(objects, "KopfPeering")) == ["team-a", "team-b"]
+    assert not render.by_kind(objects, "ClusterKopfPeering")
+
+
+def test_crd_is_the_operators_crd(render):
+    """The chart's CRD is `python -m kubeps.operator.crd` plus Helm's labels and the keep policy."""
+    generated = subprocess.run([sys.executable, "-m", "kubeps.operator.crd"], capture_output=True, text=True,
+                               cwd=REPO, check=True).stdout
+    expected = yaml.safe_load(generated)
+    rendered = render.one(render.template(), "CustomResourceDefinition")
+    assert rendered["spec"] == expected["spec"]
+    assert rendered["metadata"]["name"] == expected["metadata"]["name"]
+    assert rendered["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert expected["metadata"].get("labels", {}).items() <= rendered["metadata"]["labels"].items()
+
+    rendered = render.one(render.template("--set", "crds.keep=false"), "CustomResourceDefinition")
+    assert "helm.sh/resource-policy" not in (rendered["metadata"].get("annotations") or {})
+    assert not render.by_kind(render.template("--set", "crds.install=false"), "CustomResourceDefinition")
+
+
+def test_generated_files_are_up_to_date():
+    """charts/kubeps/files/crd.yaml and deploy/operator.yaml are what hack/generate-manifests.py writes."""
+    proc = subprocess.run([sys.executable, str(REPO / "hack" / "generate-manifests.py"), "--check"],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_plain_manifests_match_the_chart(render):
+    """deploy/ installs the same operator as the chart (minus Helm's own labels, plus the namespace)."""
+    rendered = render.template("--set", "crds.install=false")
+    plain = [d for d in yaml.safe_load_all((REPO / "deploy" / "operator.yaml").read_text()) if d]
+    assert plain[0]["kind"] == "Namespace" and plain[0]["metadata"]["name"] == "kubeps-system"
+    assert [(o["kind"], o["metadata"]["name"]) for o in plain[1:]] == [
+        (o["kind"], o["metadata"]["name"]) for o in rendered]
+    for obj in plain:
+        assert "helm.sh/chart" not in obj["metadata"].get("labels", {})
+    crd = yaml.safe_load((REPO / "deploy" / "crd.yaml").read_text())
+    assert crd["spec"]["group"] == crd_group_plural()[0]
+
+
+def test_chart_version_follows_the_distribution():
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert chart["appVersion"] == project["version"]
+    assert chart["version"] == project["version"]
