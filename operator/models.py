@@ -1,0 +1,340 @@
+"""The PSTrainingJob API (``kubeps.dev/v1alpha1``) as pydantic models.
+
+These models are the source of truth: the CRD's OpenAPI schema, defaults and CEL rules are generated from them
+(:mod:`kubeps.operator.crd`), and the planner parses every observed job with them. Field names are the API's
+(camelCase, role keys ``Chief``/``PS``/``Worker``/``Evaluator`` as in TFJob's ``tfReplicaSpecs``).
+
+``json_schema_extra`` carries what only the CRD needs: ``x-kubernetes-*`` markers and CEL rules
+(``x-kubernetes-validations``). Anything the API server cannot check is checked again by :func:`parse_spec`,
+whose errors name the field, so the planner can fail the job with a clear message instead of crash looping.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+GROUP = "kubeps.dev"
+VERSION = "v1alpha1"
+KIND = "PSTrainingJob"
+PLURAL = "pstrainingjobs"
+SINGULAR = "pstrainingjob"
+SHORT_NAMES = ["psjob"]
+API_VERSION = f"{GROUP}/{VERSION}"
+
+#: Default port of every task, and the name of the container port the operator looks for (TFJob's name too).
+DEFAULT_PORT = 2222
+PORT_NAME = "kubeps-port"
+TFJOB_PORT_NAME = "tfjob-port"
+
+MAX_PS = 100
+MAX_WORKERS = 1000
+#: ``<job>-evaluator-0`` (12 more characters) and ``<job>-worker-999`` (11 more) must stay DNS labels (63).
+MAX_JOB_NAME = 63 - len("-evaluator-0")
+JOB_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+
+_DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+_PORT_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+
+class ReplicaType(str, Enum):
+    CHIEF = "Chief"
+    PS = "PS"
+    WORKER = "Worker"
+    EVALUATOR = "Evaluator"
+
+    @property
+    def task_type(self) -> str:
+        """The TF_CONFIG task type and the lower-case name used in child names and labels."""
+        return _TASK_TYPES[self]
+
+
+_TASK_TYPES = {
+    ReplicaType.CHIEF: "chief",
+    ReplicaType.PS: "ps",
+    ReplicaType.WORKER: "worker",
+    ReplicaType.EVALUATOR: "evaluator",
+}
+REPLICA_TYPES = tuple(ReplicaType)
+BY_TASK_TYPE = {rt.task_type: rt for rt in ReplicaType}
+
+
+class RestartPolicy(str, Enum):
+    NEVER = "Never"
+    ON_FAILURE = "OnFailure"
+    ALWAYS = "Always"
+    EXIT_CODE = "ExitCode"
+
+
+class CleanPodPolicy(str, Enum):
+    ALL = "All"
+    RUNNING = "Running"
+    NONE = "None"
+
+
+# ---------------------------------------------------------------------------------------------- pod template
+_PRESERVE = {"x-kubernetes-preserve-unknown-fields": True}
+
+
+class ContainerPort(BaseModel):
+    model_config = ConfigDict(extra="allow", json_schema_extra=_PRESERVE)
+
+    name: str | None = Field(None, max_length=15, pattern=_PORT_NAME)
+    containerPort: int = Field(..., ge=1, le=65535)
+
+
+class Container(BaseModel):
+    """A container of the template; only what the operator reads is typed, the rest is kept as written."""
+
+    model_config = ConfigDict(extra="allow", json_schema_extra=_PRESERVE)
+
+    name: str = Field(..., min_length=1, max_length=63, pattern=_DNS_LABEL)
+    image: str | None = None
+    ports: list[ContainerPort] | None = None
+
+
+class PodSpec(BaseModel):
+    model_config = ConfigDict(extra="allow", json_schema_extra=_PRESERVE)
+
+    containers: list[Container] = Field(
+        ...,
+        min_length=1,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+
+
+class PodTemplateSpec(BaseModel):
+    """A PodTemplateSpec; ``metadata`` and every pod field the operator does not read are preserved as written."""
+
+    model_config = ConfigDict(extra="allow", json_schema_extra=_PRESERVE)
+
+    metadata: dict[str, Any] | None = Field(None, json_schema_extra=_PRESERVE)
+    spec: PodSpec
+
+
+# ---------------------------------------------------------------------------------------------- replica specs
+_RESTART_POLICY_DOC = (
+    "What to do when a replica's pod ends: Never, OnFailure (recreate it after a failure), Always (also after "
+    "exit 0; ignored for the Chief, whose exit 0 ends the job), ExitCode (recreate only for runPolicy."
+    "retryableExitCodes)."
+)
+
+
+def _replica_spec(doc: str, default_replicas: int, lo: int, hi: int, default_policy: RestartPolicy):
+    class _Spec(BaseModel):
+        model_config = ConfigDict(extra="ignore")
+
+        replicas: int = Field(default_replicas, ge=lo, le=hi, description=f"Number of replicas ({lo}..{hi}).")
+        restartPolicy: RestartPolicy = Field(default_policy, description=_RESTART_POLICY_DOC)
+        template: PodTemplateSpec
+
+    _Spec.__doc__ = doc
+    return _Spec
+
+
+ChiefSpec = _replica_spec("The chief (coordinator): exactly one.", 1, 1, 1, RestartPolicy.ON_FAILURE)
+ChiefSpec.__name__ = ChiefSpec.__qualname__ = "ChiefSpec"
+PSSpec = _replica_spec("Parameter servers: at least one.", 1, 1, MAX_PS, RestartPolicy.ON_FAILURE)
+PSSpec.__name__ = PSSpec.__qualname__ = "PSSpec"
+WorkerSpec = _replica_spec("Workers: at least one.", 1, 1, MAX_WORKERS, RestartPolicy.ON_FAILURE)
+WorkerSpec.__name__ = WorkerSpec.__qualname__ = "WorkerSpec"
+EvaluatorSpec = _replica_spec("A sidecar evaluator: none or one.", 1, 0, 1, RestartPolicy.ON_FAILURE)
+EvaluatorSpec.__name__ = EvaluatorSpec.__qualname__ = "EvaluatorSpec"
+
+
+class ReplicaSpecs(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    Chief: ChiefSpec  # type: ignore[valid-type]
+    PS: PSSpec  # type: ignore[valid-type]
+    Worker: WorkerSpec  # type: ignore[valid-type]
+    Evaluator: EvaluatorSpec | None = None  # type: ignore[valid-type]
+
+    def get(self, replica_type: ReplicaType):
+        return getattr(self, replica_type.value)
+
+
+ExitCode = Annotated[int, Field(ge=1, le=255)]
+
+
+class RunPolicy(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    cleanPodPolicy: CleanPodPolicy = Field(
+        CleanPodPolicy.RUNNING,
+        description="Which pods to delete once the job has finished: All, Running (default: what still runs, "
+        "so PS, workers and evaluator do not idle) or None.",
+    )
+    backoffLimit: int = Field(
+        6, ge=0, le=10000,
+        description="Chief and PS restarts (pod recreations and in-place container restarts) allowed before the "
+        "job fails. Worker replacements do not count.",
+    )
+    activeDeadlineSeconds: int | None = Field(
+        None, ge=1, description="Seconds the job may run (since start or resume) before it fails."
+    )
+    ttlSecondsAfterFinished: int | None = Field(
+        None, ge=0, description="Seconds after the job finished when it is deleted, with its children."
+    )
+    suspend: bool = Field(False, description="Delete the pods and Services and keep the job; false resumes it.")
+    retryableExitCodes: list[ExitCode] | None = Field(
+        None,
+        max_length=255,
+        description="Exit codes that the ExitCode restart policy retries; default: 128 and above (signals).",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+
+    def retryable(self, exit_code: int | None) -> bool:
+        """Whether ExitCode retries this code; an unknown code (evicted, lost pod) is retried."""
+        if exit_code is None:
+            return True
+        if self.retryableExitCodes is None:
+            return exit_code >= 128
+        return exit_code in self.retryableExitCodes
+
+
+def _suspended_or_same(path: str, optional: bool = False) -> dict[str, str]:
+    new, old = f"self.replicaSpecs{path}", f"oldSelf.replicaSpecs{path}"
+    same = f"{new} == {old}"
+    if optional:
+        role = path.split(".")[1]
+        same = (
+            f"(has(self.replicaSpecs.{role}) == has(oldSelf.replicaSpecs.{role})) && "
+            f"(!has(self.replicaSpecs.{role}) || {same})"
+        )
+    return {
+        "rule": f"(has(oldSelf.runPolicy) && has(oldSelf.runPolicy.suspend) && oldSelf.runPolicy.suspend) || ({same})",
+        "message": f"spec.replicaSpecs{path} is immutable unless the job is suspended "
+        "(only Worker replicas and runPolicy may change on a running job)",
+        "fieldPath": f".replicaSpecs{path}",
+        "reason": "FieldValueForbidden",
+    }
+
+
+#: Immutable fields of a job that is not suspended: everything in replicaSpecs but Worker.replicas. runPolicy
+#: stays mutable (suspend, TTL, deadline, backoffLimit, cleanPodPolicy, retryableExitCodes).
+IMMUTABILITY_RULES = [
+    _suspended_or_same(".Chief"),
+    _suspended_or_same(".PS"),
+    _suspended_or_same(".Evaluator", optional=True),
+    _suspended_or_same(".Worker.template"),
+    _suspended_or_same(".Worker.restartPolicy"),
+]
+
+
+class PSTrainingJobSpec(BaseModel):
+    model_config = ConfigDict(extra="ignore", json_schema_extra={"x-kubernetes-validations": IMMUTABILITY_RULES})
+
+    replicaSpecs: ReplicaSpecs
+    runPolicy: RunPolicy = Field(default_factory=RunPolicy, json_schema_extra={"default": {}})
+
+
+#: CEL rules on the whole object (the only place where metadata.name is visible).
+NAME_RULES = [
+    {
+        "rule": f"size(self.metadata.name) <= {MAX_JOB_NAME}",
+        "message": f"metadata.name must be at most {MAX_JOB_NAME} characters, so that <job>-evaluator-0 and "
+        "<job>-worker-<index> are valid DNS labels (63 characters)",
+        "fieldPath": ".metadata.name",
+        "reason": "FieldValueInvalid",
+    },
+    {
+        "rule": f"self.metadata.name.matches('{JOB_NAME_PATTERN}')",
+        "message": "metadata.name must start with a lower-case letter and hold only lower-case letters, digits "
+        "and '-' (child Services are named <job>-<type>-<index>, which must be a DNS-1035 label)",
+        "fieldPath": ".metadata.name",
+        "reason": "FieldValueInvalid",
+    },
+]
+
+
+# ---------------------------------------------------------------------------------------------- status
+class ConditionType(str, Enum):
+    CREATED = "Created"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    SUSPENDED = "Suspended"
+
+
+class Condition(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: ConditionType
+    status: str = Field(..., pattern="^(True|False|Unknown)$")
+    reason: str | None = None
+    message: str | None = None
+    lastTransitionTime: str | None = None
+    lastUpdateTime: str | None = None
+
+
+class ReplicaStatus(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    active: int = 0
+    ready: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    restarts: int = 0
+
+
+class PSTrainingJobStatus(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    replicaStatuses: dict[str, ReplicaStatus] = Field(default_factory=dict)
+    startTime: str | None = None
+    completionTime: str | None = None
+    observedGeneration: int | None = None
+    #: Summary for printer columns.
+    state: str | None = None
+    chief: str | None = None
+    ps: str | None = None
+    workers: str | None = None
+    restarts: int = 0
+    #: Chief and PS restarts counted against backoffLimit (pod recreations; in-place restarts are added live).
+    backoffCount: int = 0
+    #: Bumped at every PS restart; a chief pod of an older epoch is restarted so it rebuilds its variables.
+    chiefEpoch: int = 0
+    #: UIDs of failed or finished pods already accounted for (so a restarted operator never counts twice).
+    handledPods: list[str] = Field(default_factory=list, max_length=256)
+
+
+class SpecError(ValueError):
+    """The spec breaks a rule; ``field`` is the dotted path, the message says what is allowed."""
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        super().__init__(f"spec.{field}: {message}" if field else message)
+
+
+def parse_spec(spec: Any) -> PSTrainingJobSpec:
+    """Validate a job's ``spec`` (as read from the API); raises :class:`SpecError` naming the first bad field."""
+    if not isinstance(spec, dict):
+        raise SpecError("", f"spec must be an object, got {type(spec).__name__}")
+    try:
+        return PSTrainingJobSpec.model_validate(spec)
+    except ValidationError as err:
+        first = err.errors(include_url=False)[0]
+        field = ".".join(str(part) for part in first["loc"])
+        value = first.get("input")
+        text = repr(value)
+        if len(text) > 80:
+            text = text[:77] + "..."
+        raise SpecError(field, f"{first['msg']} (got {text})") from None
+
+
+def check_name(name: str) -> None:
+    """The job-name rules of :data:`NAME_RULES`, for API servers that did not enforce them."""
+    import re
+
+    if len(name) > MAX_JOB_NAME:
+        raise SpecError("", f"metadata.name {name!r} is longer than {MAX_JOB_NAME} characters")
+    if not re.match(JOB_NAME_PATTERN, name):
+        raise SpecError("", f"metadata.name {name!r} is not a DNS-1035 label (must start with a letter)")

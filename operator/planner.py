@@ -1,0 +1,865 @@
+"""The reconcile planner: ``plan(job, pods, services, secret, now) -> Plan(actions, status)``.
+
+Pure: no I/O, no clock, no randomness. Everything it decides follows from what it is given, so an operator
+restarted at any moment recomputes the same plan from what it observes, and a repeated action is a no-op
+(children have deterministic names; deletes carry the pod's UID as a precondition).
+
+Rules (documented for users in docs/operator.md):
+
+* Children: per replica one pod and one headless Service named ``<job>-<type>-<index>``; one Secret per job.
+  Every pod is created with ``restartPolicy: Never``: the operator itself recreates pods to implement the
+  replica's restart policy, so it sees every failure.
+* Chief exits 0 -> Succeeded. cleanPodPolicy then deletes pods (and their Services): Running (default) what still
+  runs, All everything, None nothing.
+* Chief fails -> recreated when its restart policy retries the exit code (counts against backoffLimit), else
+  Failed.
+* PS fails -> the PS is recreated and the chief restarted (its epoch is bumped; a chief pod of an older epoch is
+  deleted and recreated) so the coordinator rebuilds variables from the latest checkpoint. Counts against
+  backoffLimit; Restarting names the PS.
+* Worker fails -> recreated per policy, the job keeps running; not counted against backoffLimit. When every worker
+  has failed for good -> Failed.
+* backoffLimit: chief and PS recreations so far plus in-place container restarts (restartCount) of the live chief
+  and PS pods; a restart that would go beyond it fails the job instead.
+* Suspend deletes pods and Services; resume recreates them and resets startTime. activeDeadlineSeconds counts from
+  startTime. ttlSecondsAfterFinished deletes the finished job.
+* Once Succeeded or Failed, conditions are frozen; only cleanup, counts and TTL go on.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any, Iterable, Mapping
+
+from kubeps.runtime.cluster import TFConfig
+
+from . import models
+from .models import (
+    CleanPodPolicy,
+    ConditionType,
+    PSTrainingJobSpec,
+    PSTrainingJobStatus,
+    ReplicaStatus,
+    ReplicaType,
+    RestartPolicy,
+    SpecError,
+)
+
+LABEL_JOB = "kubeps.dev/job-name"
+LABEL_TYPE = "kubeps.dev/replica-type"
+LABEL_INDEX = "kubeps.dev/replica-index"
+LABEL_ROLE = "kubeps.dev/job-role"
+ANNOTATION_EPOCH = "kubeps.dev/chief-epoch"
+MAIN_CONTAINER_NAMES = ("kubeps", "tensorflow")
+TOKEN_KEY = "token"
+HANDLED_LIMIT = 256
+
+#: Condition reasons.
+R_CREATED = "PSTrainingJobCreated"
+R_RUNNING = "PSTrainingJobRunning"
+R_SUCCEEDED = "ChiefSucceeded"
+R_CHIEF_FAILED = "ChiefFailed"
+R_PS_FAILED = "PSFailed"
+R_ALL_WORKERS_FAILED = "AllWorkersFailed"
+R_BACKOFF = "BackoffLimitExceeded"
+R_DEADLINE = "DeadlineExceeded"
+R_INVALID = "InvalidSpec"
+R_SUSPENDED = "Suspended"
+R_RESUMED = "Resumed"
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    default_image: str = "ghcr.io/kubeps/kubeps-runtime:0.1.0"
+    #: Appended to ``<svc>.<namespace>.svc`` in TF_CONFIG hosts when set (e.g. ``cluster.local``).
+    cluster_domain: str | None = None
+
+
+# ---------------------------------------------------------------------------------------------- actions
+@dataclass(frozen=True)
+class CreateSecret:
+    name: str
+    body: dict  # without the token: the shell adds a random one under data[TOKEN_KEY]
+
+
+@dataclass(frozen=True)
+class CreateService:
+    name: str
+    body: dict
+
+
+@dataclass(frozen=True)
+class CreatePod:
+    name: str
+    body: dict
+    replica_type: str
+    index: int
+
+
+@dataclass(frozen=True)
+class DeletePod:
+    name: str
+    uid: str | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class DeleteService:
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class DeleteJob:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclass
+class Plan:
+    actions: list = field(default_factory=list)
+    #: The whole new ``status`` (JSON-ready); compare with the old one to decide whether to write it.
+    status: dict = field(default_factory=dict)
+    #: Reconcile again after this many seconds (deadline, TTL), or None.
+    requeue_after: float | None = None
+    #: Every desired pod, Service and the Secret are observed.
+    all_children_present: bool = False
+    terminal: bool = False
+
+    def of(self, kind: type) -> list:
+        return [a for a in self.actions if isinstance(a, kind)]
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+def child_name(job: str, replica_type: ReplicaType | str, index: int) -> str:
+    rt = replica_type if isinstance(replica_type, ReplicaType) else ReplicaType(replica_type)
+    return f"{job}-{rt.task_type}-{index}"
+
+
+def secret_name(job: str) -> str:
+    return f"{job}-kubeps-token"
+
+
+def fmt_time(moment: datetime) -> str:
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+
+
+def selector_labels(job: str, replica_type: ReplicaType, index: int) -> dict[str, str]:
+    return {LABEL_JOB: job, LABEL_TYPE: replica_type.task_type, LABEL_INDEX: str(index)}
+
+
+def child_labels(job: str, replica_type: ReplicaType, index: int) -> dict[str, str]:
+    return {**selector_labels(job, replica_type, index), LABEL_ROLE: replica_type.task_type}
+
+
+def owner_reference(job: Mapping[str, Any]) -> dict[str, Any]:
+    meta = job["metadata"]
+    return {
+        "apiVersion": job.get("apiVersion", models.API_VERSION),
+        "kind": job.get("kind", models.KIND),
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def main_container(containers: list[dict]) -> dict:
+    """The container that gets TF_CONFIG: named ``kubeps``, else ``tensorflow`` (TFJob's), else the first."""
+    for wanted in MAIN_CONTAINER_NAMES:
+        for container in containers:
+            if container.get("name") == wanted:
+                return container
+    return containers[0]
+
+
+def task_port(template: Mapping[str, Any]) -> int:
+    """The port of a replica type: the main container's ``kubeps-port`` (or ``tfjob-port``), else 2222."""
+    containers = (template.get("spec") or {}).get("containers") or []
+    if not containers:
+        return models.DEFAULT_PORT
+    for port in main_container(containers).get("ports") or []:
+        if port.get("name") in (models.PORT_NAME, models.TFJOB_PORT_NAME):
+            return int(port["containerPort"])
+    return models.DEFAULT_PORT
+
+
+@dataclass
+class ObservedPod:
+    name: str
+    uid: str | None
+    replica_type: ReplicaType | None
+    index: int | None
+    phase: str
+    terminating: bool
+    ready: bool
+    exit_code: int | None
+    restart_count: int
+    epoch: int
+    reason: str | None
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
+    @property
+    def live(self) -> bool:
+        return not self.terminating and not self.finished
+
+
+def observe_pod(pod: Mapping[str, Any]) -> ObservedPod:
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    status = pod.get("status") or {}
+    rt = models.BY_TASK_TYPE.get(labels.get(LABEL_TYPE, ""))
+    try:
+        index = int(labels.get(LABEL_INDEX, ""))
+    except ValueError:
+        index = None
+    statuses = list(status.get("containerStatuses") or [])
+    restart_count = sum(int(s.get("restartCount") or 0) for s in statuses)
+    restart_count += sum(int(s.get("restartCount") or 0) for s in status.get("initContainerStatuses") or [])
+    exit_code = None
+    ordered = sorted(statuses, key=lambda s: s.get("name") not in MAIN_CONTAINER_NAMES)
+    for s in ordered:  # the main container's code first, else the first non-zero one, else any
+        term = (s.get("state") or {}).get("terminated")
+        if term is not None and (exit_code is None or (exit_code == 0 and term.get("exitCode"))):
+            exit_code = int(term.get("exitCode", 0))
+            if s.get("name") in MAIN_CONTAINER_NAMES and exit_code:
+                break
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
+    )
+    try:
+        epoch = int((meta.get("annotations") or {}).get(ANNOTATION_EPOCH, "0"))
+    except ValueError:
+        epoch = 0
+    return ObservedPod(
+        name=meta.get("name", ""),
+        uid=meta.get("uid"),
+        replica_type=rt,
+        index=index,
+        phase=status.get("phase") or "Pending",
+        terminating=bool(meta.get("deletionTimestamp")),
+        ready=ready and status.get("phase") == "Running",
+        exit_code=exit_code,
+        restart_count=restart_count,
+        epoch=epoch,
+        reason=status.get("reason"),
+    )
+
+
+# ---------------------------------------------------------------------------------------------- bodies
+def cluster_addresses(job: Mapping[str, Any], config: PlanConfig) -> dict[str, list[str]]:
+    name = job["metadata"]["name"]
+    namespace = job["metadata"]["namespace"]
+    suffix = f".{namespace}.svc" + (f".{config.cluster_domain}" if config.cluster_domain else "")
+    replica_specs = job["spec"]["replicaSpecs"]
+    cluster: dict[str, list[str]] = {}
+    for rt in models.REPLICA_TYPES:
+        raw = replica_specs.get(rt.value)
+        if not raw:
+            continue
+        count = int(raw.get("replicas", 1))
+        port = task_port(raw.get("template") or {})
+        if count:
+            cluster[rt.task_type] = [f"{child_name(name, rt, i)}{suffix}:{port}" for i in range(count)]
+    return cluster
+
+
+def tf_config_json(job: Mapping[str, Any], replica_type: ReplicaType, index: int, config: PlanConfig) -> str:
+    return TFConfig.for_task(cluster_addresses(job, config), replica_type.task_type, index).to_json()
+
+
+def pod_body(job: Mapping[str, Any], replica_type: ReplicaType, index: int, epoch: int, config: PlanConfig) -> dict:
+    """The pod of one replica, from its template plus everything the operator owns."""
+    name = job["metadata"]["name"]
+    namespace = job["metadata"]["namespace"]
+    template = copy.deepcopy(job["spec"]["replicaSpecs"][replica_type.value]["template"])
+    tmeta = template.get("metadata") or {}
+    spec = template.get("spec") or {}
+    pod_name = child_name(name, replica_type, index)
+    labels = {**(tmeta.get("labels") or {}), **child_labels(name, replica_type, index)}
+    annotations = dict(tmeta.get("annotations") or {})
+    if replica_type is ReplicaType.CHIEF:
+        annotations[ANNOTATION_EPOCH] = str(epoch)
+    metadata = {
+        "name": pod_name,
+        "namespace": namespace,
+        "labels": labels,
+        "ownerReferences": [owner_reference(job)],
+    }
+    if annotations:
+        metadata["annotations"] = annotations
+    spec["restartPolicy"] = "Never"
+    containers = spec["containers"]
+    for container in containers:
+        if not container.get("image"):
+            container["image"] = config.default_image
+    main = main_container(containers)
+    ports = main.setdefault("ports", [])
+    if not any(p.get("name") in (models.PORT_NAME, models.TFJOB_PORT_NAME) for p in ports):
+        ports.append({"name": models.PORT_NAME, "containerPort": models.DEFAULT_PORT, "protocol": "TCP"})
+    injected = {
+        "TF_CONFIG": {"name": "TF_CONFIG", "value": tf_config_json(job, replica_type, index, config)},
+        "KUBEPS_JOB_TOKEN": {
+            "name": "KUBEPS_JOB_TOKEN",
+            "valueFrom": {"secretKeyRef": {"name": secret_name(name), "key": TOKEN_KEY}},
+        },
+        "GRPC_FAIL_FAST": {"name": "GRPC_FAIL_FAST", "value": "use_caller"},
+    }
+    env = [e for e in main.get("env") or [] if e.get("name") not in injected]
+    main["env"] = env + list(injected.values())
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+
+
+def service_body(job: Mapping[str, Any], replica_type: ReplicaType, index: int) -> dict:
+    name = job["metadata"]["name"]
+    port = task_port(job["spec"]["replicaSpecs"][replica_type.value].get("template") or {})
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": child_name(name, replica_type, index),
+            "namespace": job["metadata"]["namespace"],
+            "labels": child_labels(name, replica_type, index),
+            "ownerReferences": [owner_reference(job)],
+        },
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": selector_labels(name, replica_type, index),
+            "ports": [{"name": models.PORT_NAME, "port": port, "targetPort": port, "protocol": "TCP"}],
+        },
+    }
+
+
+def secret_body(job: Mapping[str, Any]) -> dict:
+    name = job["metadata"]["name"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {
+            "name": secret_name(name),
+            "namespace": job["metadata"]["namespace"],
+            "labels": {LABEL_JOB: name},
+            "ownerReferences": [owner_reference(job)],
+        },
+    }
+
+
+# ---------------------------------------------------------------------------------------------- the planner
+class _Planner:
+    def __init__(self, job, pods, services, secret, now: datetime, config: PlanConfig):
+        self.job = job
+        self.meta = job.get("metadata") or {}
+        self.name = self.meta.get("name", "")
+        self.now = now
+        self.now_text = fmt_time(now)
+        self.config = config
+        try:
+            self.status = PSTrainingJobStatus.model_validate(job.get("status") or {})
+        except Exception:  # noqa: BLE001 - a status we cannot read is rebuilt from what we observe
+            self.status = PSTrainingJobStatus()
+        uid = self.meta.get("uid")
+        self.pods = [
+            observe_pod(p)
+            for p in pods
+            if _controlled_by(p, uid)
+        ]
+        self.services = {
+            (s.get("metadata") or {}).get("name"): s for s in services if _controlled_by(s, uid)
+        }
+        self.secret = secret
+        self.plan = Plan()
+        self.by_key: dict[tuple[ReplicaType, int], ObservedPod] = {}
+        for pod in self.pods:
+            if pod.replica_type is not None and pod.index is not None:
+                self.by_key[(pod.replica_type, pod.index)] = pod
+        self.spec: PSTrainingJobSpec | None = None
+
+    # -- conditions ---------------------------------------------------------------------------------------------
+    def condition(self, ctype: ConditionType):
+        for cond in self.status.conditions:
+            if cond.type == ctype:
+                return cond
+        return None
+
+    def is_true(self, ctype: ConditionType) -> bool:
+        cond = self.condition(ctype)
+        return cond is not None and cond.status == "True"
+
+    def set_condition(self, ctype: ConditionType, status: bool, reason: str, message: str) -> bool:
+        """Set a condition; returns True when its status changed."""
+        text = "True" if status else "False"
+        cond = self.condition(ctype)
+        if cond is None:
+            if not status:
+                return False
+            cond = models.Condition(type=ctype, status=text, reason=reason, message=message,
+                                    lastTransitionTime=self.now_text, lastUpdateTime=self.now_text)
+            self.status.conditions.append(cond)
+            return True
+        changed = cond.status != text
+        if changed:
+            cond.lastTransitionTime = self.now_text
+        if changed or cond.reason != reason or cond.message != message:
+            cond.status, cond.reason, cond.message = text, reason, message
+            cond.lastUpdateTime = self.now_text
+        return changed
+
+    def event(self, etype: str, reason: str, message: str) -> None:
+        self.plan.actions.append(Event(etype, reason, message))
+
+    @property
+    def terminal(self) -> bool:
+        return self.is_true(ConditionType.SUCCEEDED) or self.is_true(ConditionType.FAILED)
+
+    # -- terminal transitions -----------------------------------------------------------------------------------
+    def fail(self, reason: str, message: str) -> None:
+        self.set_condition(ConditionType.FAILED, True, reason, message)
+        self._finish()
+        self.event("Warning", reason, message)
+
+    def succeed(self, message: str) -> None:
+        self.set_condition(ConditionType.SUCCEEDED, True, R_SUCCEEDED, message)
+        self._finish()
+        self.event("Normal", R_SUCCEEDED, message)
+
+    def _finish(self) -> None:
+        for ctype in (ConditionType.RUNNING, ConditionType.RESTARTING):
+            cond = self.condition(ctype)
+            if cond is not None and cond.status == "True":
+                self.set_condition(ctype, False, cond.reason or "", cond.message or "")
+        self.status.completionTime = self.status.completionTime or self.now_text
+
+    # -- helpers ------------------------------------------------------------------------------------------------
+    def desired_counts(self) -> dict[ReplicaType, int]:
+        counts = {rt: 0 for rt in models.REPLICA_TYPES}
+        if self.spec is None:
+            return counts
+        for rt in models.REPLICA_TYPES:
+            rs = self.spec.replicaSpecs.get(rt)
+            counts[rt] = rs.replicas if rs is not None else 0
+        return counts
+
+    def replica_status(self, rt: ReplicaType) -> ReplicaStatus:
+        return self.status.replicaStatuses.setdefault(rt.value, ReplicaStatus())
+
+    def delete_pod(self, pod: ObservedPod, reason: str) -> None:
+        self.plan.actions.append(DeletePod(pod.name, pod.uid, reason))
+
+    def requeue(self, seconds: float) -> None:
+        seconds = max(seconds, 0.0)
+        if self.plan.requeue_after is None or seconds < self.plan.requeue_after:
+            self.plan.requeue_after = seconds
+
+    def handled(self, pod: ObservedPod) -> bool:
+        return pod.uid is not None and pod.uid in self.status.handledPods
+
+    def mark_handled(self, pod: ObservedPod) -> None:
+        if pod.uid is not None and pod.uid not in self.status.handledPods:
+            self.status.handledPods.append(pod.uid)
+
+    def retries(self, policy: RestartPolicy, pod: ObservedPod) -> bool:
+        """Whether a replica's restart policy recreates this finished pod."""
+        if pod.phase == "Succeeded":
+            return policy is RestartPolicy.ALWAYS
+        if policy is RestartPolicy.NEVER:
+            return False
+        if policy is RestartPolicy.EXIT_CODE:
+            return self.spec.runPolicy.retryable(pod.exit_code)
+        return True
+
+    def backoff_used(self) -> int:
+        live = sum(
+            p.restart_count
+            for p in self.pods
+            if p.replica_type in (ReplicaType.CHIEF, ReplicaType.PS) and not p.terminating
+        )
+        return self.status.backoffCount + live
+
+    # -- cleanup & TTL ------------------------------------------------------------------------------------------
+    def cleanup(self) -> None:
+        policy = CleanPodPolicy.RUNNING
+        if self.spec is not None:
+            policy = self.spec.runPolicy.cleanPodPolicy
+        else:
+            raw = ((self.job.get("spec") or {}).get("runPolicy") or {}).get("cleanPodPolicy")
+            if raw in {p.value for p in CleanPodPolicy}:
+                policy = CleanPodPolicy(raw)
+        if policy is CleanPodPolicy.NONE:
+            return
+        removed: set[str] = set()
+        for pod in sorted(self.pods, key=lambda p: p.name):
+            if pod.terminating:
+                removed.add(pod.name)
+                continue
+            if policy is CleanPodPolicy.ALL or not pod.finished:
+                self.delete_pod(pod, "cleanPodPolicy " + policy.value)
+                removed.add(pod.name)
+        for svc_name in sorted(self.services):
+            if policy is CleanPodPolicy.ALL or svc_name in removed:
+                self.plan.actions.append(DeleteService(svc_name, "cleanPodPolicy " + policy.value))
+
+    def ttl(self) -> None:
+        raw = ((self.job.get("spec") or {}).get("runPolicy") or {}).get("ttlSecondsAfterFinished")
+        if raw is None:
+            return
+        finished = parse_time(self.status.completionTime) or self.now
+        due = finished + timedelta(seconds=int(raw))
+        if self.now >= due:
+            self.plan.actions.append(DeleteJob(f"ttlSecondsAfterFinished={raw} passed since {fmt_time(finished)}"))
+        else:
+            self.requeue((due - self.now).total_seconds())
+
+    # -- main ---------------------------------------------------------------------------------------------------
+    def run(self) -> Plan:
+        if not self.terminal:
+            try:
+                models.check_name(self.name)
+                self.spec = models.parse_spec(self.job.get("spec"))
+            except SpecError as err:
+                self.fail(R_INVALID, str(err))
+        else:
+            try:
+                self.spec = models.parse_spec(self.job.get("spec"))
+            except SpecError:
+                self.spec = None
+        if not self.terminal:
+            self.reconcile()
+        if self.terminal:
+            self.cleanup()
+            self.ttl()
+            self.plan.terminal = True
+        self.summarise()
+        return self.plan
+
+    def reconcile(self) -> None:
+        spec = self.spec
+        assert spec is not None
+        run_policy = spec.runPolicy
+        self.status.observedGeneration = self.meta.get("generation")
+        if self.set_condition(ConditionType.CREATED, True, R_CREATED,
+                              f"PSTrainingJob {self.meta.get('namespace')}/{self.name} is created."):
+            self.event("Normal", R_CREATED, f"PSTrainingJob {self.name} is created")
+        if self.secret is None:
+            self.plan.actions.append(CreateSecret(secret_name(self.name), secret_body(self.job)))
+        desired = self.desired_counts()
+
+        # Suspend / resume.
+        if run_policy.suspend:
+            if self.set_condition(ConditionType.SUSPENDED, True, R_SUSPENDED, "The job is suspended."):
+                self.event("Normal", R_SUSPENDED, "Job suspended: deleting its pods and Services")
+            for ctype in (ConditionType.RUNNING, ConditionType.RESTARTING):
+                self.set_condition(ctype, False, R_SUSPENDED, "The job is suspended.")
+            for pod in sorted(self.pods, key=lambda p: p.name):
+                if not pod.terminating:
+                    self.delete_pod(pod, "suspended")
+            for svc_name in sorted(self.services):
+                self.plan.actions.append(DeleteService(svc_name, "suspended"))
+            return
+        if self.is_true(ConditionType.SUSPENDED):
+            self.set_condition(ConditionType.SUSPENDED, False, R_RESUMED, "The job is resumed.")
+            self.status.startTime = self.now_text
+            self.event("Normal", R_RESUMED, "Job resumed: recreating its pods and Services")
+        if self.status.startTime is None:
+            self.status.startTime = self.now_text
+
+        # Deadline.
+        if run_policy.activeDeadlineSeconds is not None:
+            started = parse_time(self.status.startTime) or self.now
+            elapsed = (self.now - started).total_seconds()
+            if elapsed >= run_policy.activeDeadlineSeconds:
+                self.fail(R_DEADLINE, f"The job ran {int(elapsed)} s, longer than activeDeadlineSeconds="
+                                      f"{run_policy.activeDeadlineSeconds}.")
+                return
+            self.requeue(run_policy.activeDeadlineSeconds - elapsed)
+
+        # Chief success ends the job, whatever else happened in the meantime.
+        chief = self.by_key.get((ReplicaType.CHIEF, 0))
+        if chief is not None and not chief.terminating and chief.phase == "Succeeded":
+            self.succeed(f"The chief ({chief.name}) exited with code 0.")
+            return
+
+        # Pods that should not exist: replica types or indices beyond the spec (Worker scale-down).
+        for pod in sorted(self.pods, key=lambda p: (p.replica_type is None, str(p.replica_type), -(p.index or 0))):
+            if pod.terminating:
+                continue
+            if pod.replica_type is None or pod.index is None or pod.index >= desired[pod.replica_type]:
+                self.delete_pod(pod, "scaled down")
+                self.event("Normal", "ScaledDown", f"Deleting pod {pod.name}: beyond the spec's replicas")
+
+        if self.reconcile_ps(desired[ReplicaType.PS], spec):
+            return
+        if self.reconcile_chief(spec):
+            return
+        if self.reconcile_replicas(ReplicaType.WORKER, desired[ReplicaType.WORKER], spec):
+            return
+        self.reconcile_replicas(ReplicaType.EVALUATOR, desired[ReplicaType.EVALUATOR], spec)
+        self.reconcile_services(desired)
+        self.update_running(desired)
+
+    def create_pod(self, rt: ReplicaType, index: int) -> None:
+        body = pod_body(self.job, rt, index, self.status.chiefEpoch, self.config)
+        self.plan.actions.append(CreatePod(body["metadata"]["name"], body, rt.value, index))
+
+    def restart_allowed(self, what: str) -> bool:
+        """Whether backoffLimit leaves room for one more chief/PS restart; fails the job when not."""
+        limit = self.spec.runPolicy.backoffLimit
+        used = self.backoff_used()
+        if used >= limit:
+            self.fail(R_BACKOFF, f"{what}, but the job already restarted its chief and parameter servers {used} "
+                                 f"time(s) and backoffLimit is {limit}.")
+            return False
+        return True
+
+    def reconcile_ps(self, count: int, spec: PSTrainingJobSpec) -> bool:
+        """PS replicas; returns True when the job failed."""
+        policy = spec.replicaSpecs.PS.restartPolicy
+        for index in range(count):
+            pod = self.by_key.get((ReplicaType.PS, index))
+            if pod is None:
+                self.create_pod(ReplicaType.PS, index)
+                continue
+            if pod.terminating or not pod.finished:
+                continue
+            if pod.phase == "Succeeded" and policy is not RestartPolicy.ALWAYS:
+                continue  # a PS that chose to exit; the chief decides the job's fate
+            if self.handled(pod):
+                self.delete_pod(pod, "restart")
+                continue
+            what = _ended(pod, f"ps {index}")
+            if not self.retries(policy, pod):
+                self.fail(R_PS_FAILED, f"{what}; restartPolicy {policy.value} does not retry it.")
+                return True
+            if not self.restart_allowed(what):
+                return True
+            self.mark_handled(pod)
+            self.status.backoffCount += 1
+            self.status.chiefEpoch += 1
+            ps_status = self.replica_status(ReplicaType.PS)
+            ps_status.restarts += 1
+            if pod.phase == "Failed":
+                ps_status.failed += 1
+            self.replica_status(ReplicaType.CHIEF).restarts += 1
+            message = f"{what}; restarting it and the chief, which restores the latest checkpoint."
+            self.set_condition(ConditionType.RESTARTING, True, R_PS_FAILED, message)
+            self.set_condition(ConditionType.RUNNING, False, R_PS_FAILED, message)
+            self.event("Warning", "PSRestarting", message)
+            self.delete_pod(pod, "restart")
+        return False
+
+    def reconcile_chief(self, spec: PSTrainingJobSpec) -> bool:
+        policy = spec.replicaSpecs.Chief.restartPolicy
+        pod = self.by_key.get((ReplicaType.CHIEF, 0))
+        if pod is None:
+            self.create_pod(ReplicaType.CHIEF, 0)
+            return False
+        if pod.terminating:
+            return False
+        if not pod.finished:
+            if pod.epoch < self.status.chiefEpoch:
+                self.delete_pod(pod, "restart after a parameter server restart")
+                self.event("Normal", "ChiefRestarting",
+                           f"Restarting the chief ({pod.name}) after a parameter server restart")
+            elif self.backoff_used() > spec.runPolicy.backoffLimit:
+                self.fail(R_BACKOFF, f"The chief and parameter servers restarted {self.backoff_used()} time(s) "
+                                     f"(including in-place container restarts), more than backoffLimit "
+                                     f"{spec.runPolicy.backoffLimit}.")
+                return True
+            return False
+        # Failed (Succeeded was handled before).
+        if self.handled(pod) or pod.epoch < self.status.chiefEpoch:
+            self.delete_pod(pod, "restart")
+            return False
+        what = _ended(pod, "the chief")
+        if not self.retries(policy, pod):
+            self.fail(R_CHIEF_FAILED, f"{what}; restartPolicy {policy.value} does not retry it.")
+            return True
+        if not self.restart_allowed(what):
+            return True
+        self.mark_handled(pod)
+        self.status.backoffCount += 1
+        chief_status = self.replica_status(ReplicaType.CHIEF)
+        chief_status.restarts += 1
+        chief_status.failed += 1
+        message = f"{what}; restarting it."
+        self.set_condition(ConditionType.RESTARTING, True, R_CHIEF_FAILED, message)
+        self.set_condition(ConditionType.RUNNING, False, R_CHIEF_FAILED, message)
+        self.event("Warning", "ChiefRestarting", message)
+        self.delete_pod(pod, "restart")
+        return False
+
+    def reconcile_replicas(self, rt: ReplicaType, count: int, spec: PSTrainingJobSpec) -> bool:
+        """Workers or the evaluator: replaced per policy, never restarting the job; returns True if it failed."""
+        replica_spec = spec.replicaSpecs.get(rt)
+        if replica_spec is None or count == 0:
+            return False
+        policy = replica_spec.restartPolicy
+        done_for_good = 0
+        for index in range(count):
+            pod = self.by_key.get((rt, index))
+            if pod is None:
+                self.create_pod(rt, index)
+                continue
+            if pod.terminating or not pod.finished:
+                continue
+            retry = self.retries(policy, pod)
+            if not self.handled(pod):
+                self.mark_handled(pod)
+                status = self.replica_status(rt)
+                what = _ended(pod, f"{rt.task_type} {index}")
+                if pod.phase == "Failed":
+                    status.failed += 1
+                if retry:
+                    status.restarts += 1
+                    self.event("Warning" if pod.phase == "Failed" else "Normal",
+                               f"{rt.value}Restarting", f"{what}; replacing it.")
+                else:
+                    self.event("Warning" if pod.phase == "Failed" else "Normal", f"{rt.value}Finished",
+                               f"{what}; restartPolicy {policy.value} does not recreate it.")
+            if retry:
+                self.delete_pod(pod, "restart")
+            elif pod.phase == "Failed":
+                done_for_good += 1
+        if rt is ReplicaType.WORKER and done_for_good == count:
+            self.fail(R_ALL_WORKERS_FAILED, f"All {count} worker(s) failed and their restartPolicy "
+                                            f"{policy.value} does not recreate them.")
+            return True
+        return False
+
+    def reconcile_services(self, desired: dict[ReplicaType, int]) -> None:
+        wanted: dict[str, tuple[ReplicaType, int]] = {}
+        for rt in models.REPLICA_TYPES:
+            for index in range(desired[rt]):
+                wanted[child_name(self.name, rt, index)] = (rt, index)
+        for svc_name, (rt, index) in wanted.items():
+            svc = self.services.get(svc_name)
+            if svc is None:
+                body = service_body(self.job, rt, index)
+                self.plan.actions.append(CreateService(svc_name, body))
+        for svc_name in sorted(self.services, reverse=True):
+            if svc_name not in wanted and not (self.services[svc_name].get("metadata") or {}).get(
+                "deletionTimestamp"
+            ):
+                self.plan.actions.append(DeleteService(svc_name, "scaled down"))
+
+    def update_running(self, desired: dict[ReplicaType, int]) -> None:
+        def running(rt: ReplicaType, index: int) -> bool:
+            pod = self.by_key.get((rt, index))
+            return pod is not None and not pod.terminating and pod.phase == "Running"
+
+        chief = self.by_key.get((ReplicaType.CHIEF, 0))
+        core = (
+            running(ReplicaType.CHIEF, 0)
+            and chief.epoch >= self.status.chiefEpoch
+            and all(running(ReplicaType.PS, i) for i in range(desired[ReplicaType.PS]))
+        )
+        if not core:
+            return
+        if self.is_true(ConditionType.RESTARTING):
+            self.set_condition(ConditionType.RESTARTING, False, R_RUNNING, "The chief and parameter servers run again.")
+            self.set_condition(ConditionType.RUNNING, True, R_RUNNING, "The job is running again.")
+            self.event("Normal", R_RUNNING, "The chief and all parameter servers run again")
+            return
+        if self.is_true(ConditionType.RUNNING):
+            return
+        workers = []
+        for index in range(desired[ReplicaType.WORKER]):
+            pod = self.by_key.get((ReplicaType.WORKER, index))
+            if pod is not None and pod.finished and not self.retries(self.spec.replicaSpecs.Worker.restartPolicy, pod):
+                continue  # done for good
+            workers.append(running(ReplicaType.WORKER, index))
+        if workers and all(workers):
+            self.set_condition(ConditionType.RUNNING, True, R_RUNNING, "The chief, parameter servers and workers run.")
+            self.event("Normal", R_RUNNING, "All replicas are running")
+
+    def summarise(self) -> None:
+        desired = self.desired_counts()
+        live_pods = [p for p in self.pods if not p.terminating]
+        deleted = {a.name for a in self.plan.actions if isinstance(a, DeletePod)}
+        for rt in models.REPLICA_TYPES:
+            mine = [p for p in live_pods if p.replica_type is rt and p.name not in deleted]
+            if not mine and desired[rt] == 0 and rt.value not in self.status.replicaStatuses:
+                continue
+            rs = self.replica_status(rt)
+            rs.active = sum(1 for p in mine if p.phase in ("Pending", "Running"))
+            rs.ready = sum(1 for p in mine if p.ready)
+            rs.succeeded = sum(1 for p in mine if p.phase == "Succeeded")
+        chief = self.by_key.get((ReplicaType.CHIEF, 0))
+        self.status.chief = chief.phase if chief is not None and chief.name not in deleted else "-"
+        ps = self.status.replicaStatuses.get(ReplicaType.PS.value, ReplicaStatus())
+        workers = self.status.replicaStatuses.get(ReplicaType.WORKER.value, ReplicaStatus())
+        self.status.ps = f"{ps.ready}/{desired[ReplicaType.PS]}"
+        self.status.workers = f"{workers.ready}/{desired[ReplicaType.WORKER]}"
+        self.status.restarts = sum(rs.restarts for rs in self.status.replicaStatuses.values())
+        self.status.state = _state(self)
+        observed_uids = {p.uid for p in self.pods}
+        self.status.handledPods = [u for u in self.status.handledPods if u in observed_uids][-HANDLED_LIMIT:]
+        self.plan.status = self.status.model_dump(mode="json", exclude_none=True)
+        if not self.terminal and self.spec is not None and not self.spec.runPolicy.suspend:
+            have_pods = all(
+                (rt, i) in self.by_key for rt in models.REPLICA_TYPES for i in range(desired[rt])
+            )
+            have_svcs = all(
+                child_name(self.name, rt, i) in self.services for rt in models.REPLICA_TYPES for i in range(desired[rt])
+            )
+            self.plan.all_children_present = have_pods and have_svcs and self.secret is not None
+
+
+def _state(planner: _Planner) -> str:
+    for ctype in (ConditionType.FAILED, ConditionType.SUCCEEDED, ConditionType.SUSPENDED,
+                  ConditionType.RESTARTING, ConditionType.RUNNING, ConditionType.CREATED):
+        if planner.is_true(ctype):
+            return ctype.value
+    return ""
+
+
+def _ended(pod: ObservedPod, what: str) -> str:
+    if pod.phase == "Succeeded":
+        return f"{what} (pod {pod.name}) exited with code 0"
+    if pod.exit_code is not None:
+        return f"{what} (pod {pod.name}) failed with exit code {pod.exit_code}"
+    return f"{what} (pod {pod.name}) failed ({pod.reason or 'no exit code'})"
+
+
+def _controlled_by(obj: Mapping[str, Any], uid: str | None) -> bool:
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return any(ref.get("controller") and ref.get("uid") == uid for ref in refs)
+
+
+def plan(
+    job: Mapping[str, Any],
+    pods: Iterable[Mapping[str, Any]],
+    services: Iterable[Mapping[str, Any]],
+    secret: Mapping[str, Any] | None,
+    now: datetime,
+    config: PlanConfig = PlanConfig(),
+) -> Plan:
+    """Decide what to do for one job from what is observed; see the module docstring for the rules."""
+    return _Planner(job, list(pods), list(services), secret, now, config).run()
+
+
+def fail_status(job: Mapping[str, Any], reason: str, message: str, now: datetime) -> dict:
+    """The job's status once failed for a reason found while applying a plan (e.g. the API server refused a pod
+    built from the template)."""
+    planner = _Planner(job, [], [], None, now, PlanConfig())
+    if not planner.terminal:
+        planner.fail(reason, message)
+    planner.status.state = _state(planner)
+    return planner.status.model_dump(mode="json", exclude_none=True)

@@ -1,0 +1,64 @@
+"""The CRD is generated from the pydantic models; the committed YAML must match the generator."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from kubeps.operator import crd, models
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _walk(node, path=""):
+    if isinstance(node, dict):
+        yield path, node
+        for key, value in node.items():
+            yield from _walk(value, f"{path}.{key}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _walk(value, f"{path}[{i}]")
+
+
+def test_deploy_crd_yaml_matches_the_models():
+    committed = (REPO / "deploy" / "crd.yaml").read_text()
+    assert committed == crd.crd_yaml(), (
+        "deploy/crd.yaml drifted from operator/models.py: run "
+        "`python -m kubeps.operator.crd > deploy/crd.yaml` and commit it")
+
+
+def test_crd_is_structural():
+    schema = crd.generate_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    for path, node in _walk(schema):
+        assert "$ref" not in node and "anyOf" not in node and "title" not in node, path
+        assert node.get("additionalProperties") not in (True, False), path
+        if "properties" in node or "items" in node:
+            assert "type" in node, f"{path} has no type"
+
+
+def test_crd_names_defaults_and_rules():
+    doc = crd.generate_crd()
+    assert doc["metadata"]["name"] == "pstrainingjobs.kubeps.dev"
+    assert doc["spec"]["names"]["shortNames"] == ["psjob"]
+    version = doc["spec"]["versions"][0]
+    assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == [
+        "State", "Chief", "PS", "Workers", "Restarts", "Age"]
+    spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    run_policy = spec["properties"]["runPolicy"]
+    assert run_policy["default"] == {}
+    assert run_policy["properties"]["cleanPodPolicy"]["default"] == "Running"
+    assert run_policy["properties"]["backoffLimit"]["default"] == 6
+    chief = spec["properties"]["replicaSpecs"]["properties"]["Chief"]["properties"]["replicas"]
+    assert (chief["minimum"], chief["maximum"]) == (1, 1)
+    rules = [r["fieldPath"] for r in spec["x-kubernetes-validations"]]
+    assert ".replicaSpecs.PS" in rules and ".replicaSpecs.Worker.template" in rules
+    root_rules = version["schema"]["openAPIV3Schema"]["x-kubernetes-validations"]
+    assert root_rules == models.NAME_RULES
+
+
+def test_cli_prints_the_yaml(capsys):
+    assert crd.main([]) == 0
+    out = capsys.readouterr().out
+    assert yaml.safe_load(out)["kind"] == "CustomResourceDefinition"

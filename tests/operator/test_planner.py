@@ -1,0 +1,593 @@
+"""Table tests of the pure planner: every lifecycle rule, without an API server."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import random
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from kubeps.operator import planner as P
+from kubeps.runtime.cluster import TFConfig
+
+NOW = datetime(2025, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
+CONFIG = P.PlanConfig(default_image="example.com/runtime:1", cluster_domain=None)
+
+
+def template(image: str | None = "img:1", port: int | None = None, name: str = "kubeps") -> dict:
+    container: dict = {"name": name}
+    if image:
+        container["image"] = image
+    if port:
+        container["ports"] = [{"name": "kubeps-port", "containerPort": port}]
+    return {"metadata": {"labels": {"team": "ads"}}, "spec": {"containers": [container]}}
+
+
+def make_job(name="ctr", ps=2, workers=3, evaluator=0, run_policy=None, policies=None, status=None, gen=1):
+    policies = policies or {}
+    specs = {
+        "Chief": {"replicas": 1, "restartPolicy": policies.get("Chief", "OnFailure"), "template": template()},
+        "PS": {"replicas": ps, "restartPolicy": policies.get("PS", "OnFailure"), "template": template()},
+        "Worker": {"replicas": workers, "restartPolicy": policies.get("Worker", "OnFailure"),
+                   "template": template()},
+    }
+    if evaluator:
+        specs["Evaluator"] = {"replicas": evaluator, "restartPolicy": policies.get("Evaluator", "OnFailure"),
+                              "template": template()}
+    return {
+        "apiVersion": "kubeps.dev/v1alpha1",
+        "kind": "PSTrainingJob",
+        "metadata": {"name": name, "namespace": "ns", "uid": "job-uid", "generation": gen},
+        "spec": {"replicaSpecs": specs, "runPolicy": run_policy or {}},
+        "status": status or {},
+    }
+
+
+class World:
+    """An in-memory cluster: applies plans the way the kopf shell does, pods advance when told."""
+
+    def __init__(self, job: dict):
+        self.job = job
+        self.pods: dict[str, dict] = {}
+        self.services: dict[str, dict] = {}
+        self.secret = None
+        self.now = NOW
+        self.uids = itertools.count(1)
+        self.created: list[str] = []
+        self.deleted_job = False
+        self.events: list[P.Event] = []
+
+    def plan(self) -> P.Plan:
+        return P.plan(self.job, self.pods.values(), self.services.values(), self.secret, self.now, CONFIG)
+
+    def apply(self, plan: P.Plan, limit: int | None = None) -> None:
+        self.job["status"] = plan.status
+        for action in plan.actions[:limit]:
+            if isinstance(action, P.CreatePod):
+                if action.name in self.pods:
+                    continue  # 409: already exists
+                body = copy.deepcopy(action.body)
+                body["metadata"]["uid"] = f"uid-{next(self.uids)}"
+                body["status"] = {"phase": "Pending"}
+                self.pods[action.name] = body
+                self.created.append(action.name)
+            elif isinstance(action, P.CreateService):
+                self.services.setdefault(action.name, copy.deepcopy(action.body))
+            elif isinstance(action, P.CreateSecret):
+                self.secret = self.secret or {**action.body, "data": {"token": "c2VjcmV0"}}
+            elif isinstance(action, P.DeletePod):
+                pod = self.pods.get(action.name)
+                if pod is not None and pod["metadata"]["uid"] == action.uid:
+                    del self.pods[action.name]
+            elif isinstance(action, P.DeleteService):
+                self.services.pop(action.name, None)
+            elif isinstance(action, P.DeleteJob):
+                self.deleted_job = True
+            elif isinstance(action, P.Event):
+                self.events.append(action)
+
+    def step(self, times: int = 1) -> P.Plan:
+        plan = None
+        for _ in range(times):
+            plan = self.plan()
+            self.apply(plan)
+        return plan
+
+    def converge(self, limit: int = 20) -> P.Plan:
+        for _ in range(limit):
+            plan = self.plan()
+            self.apply(plan)
+            if not [a for a in plan.actions if not isinstance(a, P.Event)]:
+                return plan
+        raise AssertionError("did not converge")
+
+    def run_all(self) -> None:
+        for pod in self.pods.values():
+            if pod["status"]["phase"] == "Pending":
+                pod["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}],
+                                 "containerStatuses": [{"name": "kubeps", "restartCount": 0,
+                                                        "state": {"running": {}}}]}
+
+    def exit(self, name: str, code: int, reason: str | None = None) -> None:
+        pod = self.pods[name]
+        pod["status"] = {
+            "phase": "Succeeded" if code == 0 else "Failed",
+            "containerStatuses": [{"name": "kubeps", "restartCount": 0,
+                                   "state": {"terminated": {"exitCode": code}}}],
+        }
+        if reason:
+            pod["status"]["reason"] = reason
+
+    def cond(self, ctype: str) -> dict | None:
+        for c in self.job["status"].get("conditions", []):
+            if c["type"] == ctype:
+                return c
+        return None
+
+    def is_true(self, ctype: str) -> bool:
+        c = self.cond(ctype)
+        return bool(c and c["status"] == "True")
+
+    def running_job(self) -> "World":
+        self.converge()
+        self.run_all()
+        self.converge()
+        assert self.is_true("Running"), self.job["status"]
+        return self
+
+
+def running(**kw) -> World:
+    return World(make_job(**kw)).running_job()
+
+
+# ----------------------------------------------------------------------------------------------- children
+def test_first_plan_creates_secret_services_and_pods_with_deterministic_names():
+    world = World(make_job(ps=2, workers=3, evaluator=1))
+    plan = world.plan()
+    pods = sorted(a.name for a in plan.of(P.CreatePod))
+    svcs = sorted(a.name for a in plan.of(P.CreateService))
+    expected = sorted(["ctr-chief-0", "ctr-ps-0", "ctr-ps-1", "ctr-worker-0", "ctr-worker-1", "ctr-worker-2",
+                       "ctr-evaluator-0"])
+    assert pods == expected and svcs == expected
+    assert [a.name for a in plan.of(P.CreateSecret)] == ["ctr-kubeps-token"]
+    assert world.job["status"] == {} and plan.status["conditions"][0]["type"] == "Created"
+    assert plan.status["state"] == "Created"
+    assert not plan.all_children_present
+    world.apply(plan)
+    assert world.plan().all_children_present
+
+
+def test_pod_body_labels_owner_env_port_and_restart_policy():
+    world = World(make_job(ps=2, workers=2, evaluator=1))
+    bodies = {a.name: a.body for a in world.plan().of(P.CreatePod)}
+    ps1 = bodies["ctr-ps-1"]
+    assert ps1["metadata"]["labels"] == {"team": "ads", "kubeps.dev/job-name": "ctr", "kubeps.dev/replica-type": "ps",
+                                         "kubeps.dev/replica-index": "1", "kubeps.dev/job-role": "ps"}
+    assert bodies["ctr-chief-0"]["metadata"]["labels"]["kubeps.dev/job-role"] == "chief"
+    ref = ps1["metadata"]["ownerReferences"][0]
+    assert ref["uid"] == "job-uid" and ref["controller"] is True and ref["kind"] == "PSTrainingJob"
+    assert ps1["spec"]["restartPolicy"] == "Never"
+    container = ps1["spec"]["containers"][0]
+    assert container["ports"] == [{"name": "kubeps-port", "containerPort": 2222, "protocol": "TCP"}]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["GRPC_FAIL_FAST"]["value"] == "use_caller"
+    assert env["KUBEPS_JOB_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "ctr-kubeps-token", "key": "token"}
+    tf = TFConfig.parse(env["TF_CONFIG"]["value"])
+    assert tf.task_type == "ps" and tf.task_index == 1
+    assert tf.cluster == {
+        "chief": ["ctr-chief-0.ns.svc:2222"],
+        "ps": ["ctr-ps-0.ns.svc:2222", "ctr-ps-1.ns.svc:2222"],
+        "worker": ["ctr-worker-0.ns.svc:2222", "ctr-worker-1.ns.svc:2222"],
+    }
+    ev = TFConfig.parse(next(e["value"] for e in bodies["ctr-evaluator-0"]["spec"]["containers"][0]["env"]
+                             if e["name"] == "TF_CONFIG"))
+    assert ev.cluster == {"evaluator": ["ctr-evaluator-0.ns.svc:2222"]}
+
+
+def test_service_body_is_headless_and_selects_exactly_its_pod():
+    plan = World(make_job()).plan()
+    svc = next(a.body for a in plan.of(P.CreateService) if a.name == "ctr-worker-2")
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
+    assert svc["spec"]["selector"] == {"kubeps.dev/job-name": "ctr", "kubeps.dev/replica-type": "worker",
+                                       "kubeps.dev/replica-index": "2"}
+    assert svc["spec"]["ports"] == [{"name": "kubeps-port", "port": 2222, "targetPort": 2222, "protocol": "TCP"}]
+
+
+def test_default_image_custom_port_cluster_domain_and_user_tf_config_replaced():
+    job = make_job()
+    job["spec"]["replicaSpecs"]["PS"]["template"] = template(image=None, port=5000)
+    worker_container = job["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    worker_container["env"] = [{"name": "TF_CONFIG", "value": "{}"}, {"name": "KEEP", "value": "1"}]
+    job["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]["containers"].insert(0, {"name": "sidecar"})
+    config = P.PlanConfig(default_image="reg/rt:2", cluster_domain="cluster.local")
+    plan = P.plan(job, [], [], None, NOW, config)
+    bodies = {a.name: a.body for a in plan.of(P.CreatePod)}
+    ps = bodies["ctr-ps-0"]["spec"]["containers"][0]
+    assert ps["image"] == "reg/rt:2" and ps["ports"] == [{"name": "kubeps-port", "containerPort": 5000}]
+    worker = bodies["ctr-worker-0"]["spec"]["containers"]
+    assert worker[0]["name"] == "sidecar" and worker[0]["image"] == "reg/rt:2" and "env" not in worker[0]
+    env = worker[1]["env"]
+    assert [e["name"] for e in env] == ["KEEP", "TF_CONFIG", "KUBEPS_JOB_TOKEN", "GRPC_FAIL_FAST"]
+    tf = json.loads(env[1]["value"])
+    assert tf["cluster"]["ps"] == ["ctr-ps-0.ns.svc.cluster.local:5000", "ctr-ps-1.ns.svc.cluster.local:5000"]
+    svc = next(a.body for a in plan.of(P.CreateService) if a.name == "ctr-ps-1")
+    assert svc["spec"]["ports"][0]["port"] == 5000
+
+
+def test_steady_state_plan_is_empty_and_status_stable():
+    world = running()
+    plan = world.plan()
+    assert plan.actions == [] and plan.status == world.job["status"]
+    assert plan.status["ps"] == "2/2" and plan.status["workers"] == "3/3" and plan.status["chief"] == "Running"
+    assert plan.status["replicaStatuses"]["Worker"] == {"active": 3, "ready": 3, "succeeded": 0, "failed": 0,
+                                                        "restarts": 0}
+    assert plan.status["startTime"] == "2025-01-01T12:00:00Z" and plan.status["observedGeneration"] == 1
+
+
+def test_running_needs_chief_all_ps_and_all_workers():
+    world = World(make_job())
+    world.converge()
+    world.run_all()
+    world.pods["ctr-worker-1"]["status"] = {"phase": "Pending"}
+    world.converge()
+    assert not world.is_true("Running") and world.job["status"]["state"] == "Created"
+    world.run_all()
+    world.converge()
+    assert world.is_true("Running") and world.job["status"]["state"] == "Running"
+
+
+def test_pods_and_services_of_other_owners_are_ignored():
+    world = World(make_job())
+    foreign = {"metadata": {"name": "ctr-chief-0", "uid": "x", "labels": {P.LABEL_JOB: "ctr"},
+                            "ownerReferences": [{"uid": "old-job", "controller": True}]},
+               "status": {"phase": "Succeeded"}}
+    plan = P.plan(world.job, [foreign], [], None, NOW, CONFIG)
+    assert "ctr-chief-0" in [a.name for a in plan.of(P.CreatePod)]
+    assert not plan.terminal
+
+
+# ----------------------------------------------------------------------------------------------- success
+@pytest.mark.parametrize("policy,deleted", [
+    ("Running", ["ctr-evaluator-0", "ctr-ps-0", "ctr-ps-1", "ctr-worker-0", "ctr-worker-2"]),
+    ("All", ["ctr-chief-0", "ctr-evaluator-0", "ctr-ps-0", "ctr-ps-1", "ctr-worker-0", "ctr-worker-1",
+             "ctr-worker-2"]),
+    ("None", []),
+])
+def test_chief_exit_0_succeeds_and_clean_pod_policy_removes(policy, deleted):
+    world = running(evaluator=1, run_policy={"cleanPodPolicy": policy}, policies={"Worker": "Never"})
+    world.exit("ctr-worker-1", 0)  # a finished worker is not "running"
+    world.step()
+    world.exit("ctr-chief-0", 0)
+    plan = world.plan()
+    assert plan.terminal
+    assert sorted(a.name for a in plan.of(P.DeletePod)) == deleted
+    assert sorted(a.name for a in plan.of(P.DeleteService)) == deleted
+    world.apply(plan)
+    status = world.job["status"]
+    assert world.is_true("Succeeded") and status["state"] == "Succeeded"
+    assert world.cond("Succeeded")["reason"] == "ChiefSucceeded"
+    assert world.cond("Running")["status"] == "False"
+    assert status["completionTime"] == "2025-01-01T12:00:00Z"
+    assert any(e.reason == "ChiefSucceeded" for e in world.events)
+    assert world.plan().actions == []
+
+
+def test_terminal_status_is_frozen():
+    world = running()
+    world.exit("ctr-chief-0", 0)
+    world.converge()
+    frozen = copy.deepcopy(world.job["status"]["conditions"])
+    world.job["spec"]["replicaSpecs"]["Worker"]["replicas"] = 7
+    world.job["spec"]["runPolicy"]["suspend"] = True
+    world.now += timedelta(hours=1)
+    plan = world.converge()
+    assert plan.actions == [] and world.job["status"]["conditions"] == frozen
+    assert not any(n.startswith("ctr-worker-5") for n in world.pods)
+
+
+# ----------------------------------------------------------------------------------------------- workers
+def test_worker_failure_replaces_the_pod_and_keeps_running_without_backoff():
+    world = running(run_policy={"backoffLimit": 0})
+    old_uid = world.pods["ctr-worker-1"]["metadata"]["uid"]
+    world.exit("ctr-worker-1", 1)
+    plan = world.plan()
+    assert [(a.name, a.uid) for a in plan.of(P.DeletePod)] == [("ctr-worker-1", old_uid)]
+    assert plan.status["replicaStatuses"]["Worker"]["restarts"] == 1
+    assert plan.status["replicaStatuses"]["Worker"]["failed"] == 1
+    assert plan.status["backoffCount"] == 0
+    world.apply(plan)
+    assert world.is_true("Running") and not world.is_true("Failed")
+    plan = world.step()
+    assert [a.name for a in plan.of(P.CreatePod)] == ["ctr-worker-1"]
+    assert world.pods["ctr-worker-1"]["metadata"]["uid"] != old_uid
+    world.run_all()
+    world.converge()
+    assert world.job["status"]["restarts"] == 1 and world.is_true("Running")
+
+
+@pytest.mark.parametrize("policy,code,replaced", [
+    ("Never", 1, False), ("Never", 137, False), ("OnFailure", 1, True), ("Always", 1, True),
+    ("ExitCode", 1, False), ("ExitCode", 137, True), ("ExitCode", 143, True), ("Always", 0, True),
+    ("OnFailure", 0, False),
+])
+def test_worker_restart_policy_table(policy, code, replaced):
+    world = running(policies={"Worker": policy})
+    world.exit("ctr-worker-0", code)
+    plan = world.plan()
+    assert bool(plan.of(P.DeletePod)) is replaced
+    assert not plan.terminal
+
+
+def test_all_workers_failed_for_good_fails_the_job():
+    world = running(workers=2, policies={"Worker": "Never"})
+    world.exit("ctr-worker-0", 2)
+    world.converge()
+    assert world.is_true("Running")
+    world.exit("ctr-worker-1", 3)
+    world.converge()
+    assert world.is_true("Failed") and world.cond("Failed")["reason"] == "AllWorkersFailed"
+
+
+def test_retryable_exit_codes_override_the_default():
+    world = running(policies={"Worker": "ExitCode"}, run_policy={"retryableExitCodes": [3]})
+    world.exit("ctr-worker-0", 3)
+    world.exit("ctr-worker-1", 137)
+    plan = world.plan()
+    assert [a.name for a in plan.of(P.DeletePod)] == ["ctr-worker-0"]
+
+
+def test_worker_scale_up_and_down_highest_index_first_and_new_tf_config():
+    world = running(workers=3)
+    world.job["spec"]["replicaSpecs"]["Worker"]["replicas"] = 5
+    world.job["metadata"]["generation"] = 2
+    plan = world.plan()
+    created = {a.name: a.body for a in plan.of(P.CreatePod)}
+    assert sorted(created) == ["ctr-worker-3", "ctr-worker-4"]
+    env = {e["name"]: e.get("value") for e in created["ctr-worker-4"]["spec"]["containers"][0]["env"]}
+    assert len(json.loads(env["TF_CONFIG"])["cluster"]["worker"]) == 5
+    assert plan.status["observedGeneration"] == 2
+    world.apply(plan)
+    world.run_all()
+    world.converge()
+    world.job["spec"]["replicaSpecs"]["Worker"]["replicas"] = 2
+    plan = world.plan()
+    assert [a.name for a in plan.of(P.DeletePod)] == ["ctr-worker-4", "ctr-worker-3", "ctr-worker-2"]
+    assert [a.name for a in plan.of(P.DeleteService)] == ["ctr-worker-4", "ctr-worker-3", "ctr-worker-2"]
+    world.apply(plan)
+    world.converge()
+    assert sorted(n for n in world.pods if "worker" in n) == ["ctr-worker-0", "ctr-worker-1"]
+    assert world.is_true("Running") and world.job["status"]["workers"] == "2/2"
+
+
+# ----------------------------------------------------------------------------------------------- ps & chief
+def test_ps_failure_restarts_ps_and_chief_with_restarting_condition():
+    world = running(ps=2)
+    chief_uid = world.pods["ctr-chief-0"]["metadata"]["uid"]
+    world.exit("ctr-ps-1", 137)
+    plan = world.plan()
+    assert [a.name for a in plan.of(P.DeletePod)] == ["ctr-ps-1", "ctr-chief-0"]
+    world.apply(plan)
+    status = world.job["status"]
+    assert world.is_true("Restarting") and not world.is_true("Running")
+    cond = world.cond("Restarting")
+    assert cond["reason"] == "PSFailed" and "ps 1 (pod ctr-ps-1) failed with exit code 137" in cond["message"]
+    assert status["backoffCount"] == 1 and status["chiefEpoch"] == 1 and status["state"] == "Restarting"
+    assert status["replicaStatuses"]["PS"]["restarts"] == 1 and status["replicaStatuses"]["Chief"]["restarts"] == 1
+    world.converge()
+    assert world.pods["ctr-chief-0"]["metadata"]["uid"] != chief_uid
+    assert world.pods["ctr-chief-0"]["metadata"]["annotations"][P.ANNOTATION_EPOCH] == "1"
+    world.run_all()
+    world.converge()
+    assert world.is_true("Running") and not world.is_true("Restarting")
+    assert world.job["status"]["restarts"] == 2
+
+
+def test_ps_restart_is_counted_once_even_if_the_operator_dies_before_deleting():
+    world = running()
+    world.exit("ctr-ps-0", 1)
+    plan = world.plan()
+    world.apply(plan, limit=0)  # status written, then the operator died: no delete happened
+    plan = world.plan()  # a restarted operator sees the same failed pod
+    assert plan.status["backoffCount"] == 1 and plan.status["chiefEpoch"] == 1
+    assert [a.name for a in plan.of(P.DeletePod)] == ["ctr-ps-0", "ctr-chief-0"]
+    # ... and if it died after deleting the PS but before the chief, the chief is still restarted.
+    world.apply(plan, limit=1)
+    plan = world.plan()
+    assert [a.name for a in plan.of(P.DeletePod)] == ["ctr-chief-0"] and plan.status["backoffCount"] == 1
+
+
+@pytest.mark.parametrize("policy,code,outcome", [
+    ("Never", 1, "Failed"), ("Never", 137, "Failed"), ("OnFailure", 1, "Restarting"), ("Always", 2, "Restarting"),
+    ("ExitCode", 1, "Failed"), ("ExitCode", 130, "Restarting"), ("ExitCode", 137, "Restarting"),
+])
+def test_chief_restart_policy_table(policy, code, outcome):
+    world = running(policies={"Chief": policy})
+    world.exit("ctr-chief-0", code)
+    world.step()
+    assert world.job["status"]["state"] == outcome
+    reason = world.cond(outcome)["reason"]
+    assert reason == "ChiefFailed"
+    if outcome == "Failed":
+        assert f"exit code {code}" in world.cond("Failed")["message"]
+        assert policy in world.cond("Failed")["message"]
+
+
+def test_ps_never_policy_fails_the_job_naming_the_ps():
+    world = running(policies={"PS": "Never"})
+    world.exit("ctr-ps-1", 1)
+    world.step()
+    assert world.is_true("Failed") and world.cond("Failed")["reason"] == "PSFailed"
+    assert "ctr-ps-1" in world.cond("Failed")["message"]
+
+
+def test_backoff_limit_counts_chief_and_ps_restarts():
+    world = running(run_policy={"backoffLimit": 2})
+    for name in ("ctr-chief-0", "ctr-ps-0"):
+        world.exit(name, 1)
+        world.converge()
+        world.run_all()
+        world.converge()
+        assert world.is_true("Running")
+    assert world.job["status"]["backoffCount"] == 2
+    world.exit("ctr-ps-1", 1)
+    world.converge()
+    assert world.is_true("Failed") and world.cond("Failed")["reason"] == "BackoffLimitExceeded"
+    assert "backoffLimit is 2" in world.cond("Failed")["message"]
+
+
+def test_backoff_limit_zero_fails_at_first_chief_failure():
+    world = running(run_policy={"backoffLimit": 0})
+    world.exit("ctr-chief-0", 1)
+    world.step()
+    assert world.cond("Failed")["reason"] == "BackoffLimitExceeded"
+
+
+def test_in_place_container_restarts_count_against_backoff():
+    world = running(run_policy={"backoffLimit": 3})
+    world.pods["ctr-ps-0"]["status"]["containerStatuses"][0]["restartCount"] = 2
+    world.pods["ctr-chief-0"]["status"]["containerStatuses"][0]["restartCount"] = 1
+    world.step()
+    assert world.is_true("Running")
+    world.pods["ctr-chief-0"]["status"]["containerStatuses"][0]["restartCount"] = 2
+    world.step()
+    assert world.is_true("Failed") and world.cond("Failed")["reason"] == "BackoffLimitExceeded"
+
+
+def test_evicted_pod_without_exit_code_is_retried_by_exit_code_policy():
+    world = running(policies={"Chief": "ExitCode"})
+    world.pods["ctr-chief-0"]["status"] = {"phase": "Failed", "reason": "Evicted"}
+    world.step()
+    assert world.is_true("Restarting") and "Evicted" in world.cond("Restarting")["message"]
+
+
+def test_evaluator_failure_never_touches_the_job():
+    world = running(evaluator=1, policies={"Evaluator": "Never"})
+    world.exit("ctr-evaluator-0", 1)
+    world.converge()
+    assert world.is_true("Running") and "ctr-evaluator-0" in world.pods and world.plan().actions == []
+    assert [e.reason for e in world.events][-1] == "EvaluatorFinished"
+
+
+# ----------------------------------------------------------------------------------------------- policies
+def test_active_deadline_fails_and_requeues_before():
+    world = World(make_job(run_policy={"activeDeadlineSeconds": 60}))
+    world.converge()
+    world.run_all()
+    world.now += timedelta(seconds=20)
+    plan = world.step()
+    assert plan.requeue_after == pytest.approx(40)
+    world.now += timedelta(seconds=40)
+    plan = world.step()
+    assert world.cond("Failed")["reason"] == "DeadlineExceeded"
+    assert "activeDeadlineSeconds=60" in world.cond("Failed")["message"]
+    assert {a.name for a in plan.of(P.DeletePod)} == set(world.created)
+
+
+def test_ttl_deletes_the_finished_job_when_due():
+    world = running(run_policy={"ttlSecondsAfterFinished": 30})
+    world.exit("ctr-chief-0", 0)
+    plan = world.step()
+    assert plan.requeue_after == pytest.approx(30) and not plan.of(P.DeleteJob)
+    world.now += timedelta(seconds=30)
+    plan = world.step()
+    assert plan.of(P.DeleteJob) and world.deleted_job
+
+
+def test_suspend_deletes_children_and_resume_recreates_and_resets_start_time():
+    world = running()
+    world.job["spec"]["runPolicy"]["suspend"] = True
+    plan = world.step()
+    assert len(plan.of(P.DeletePod)) == 6 and len(plan.of(P.DeleteService)) == 6
+    assert world.is_true("Suspended") and not world.is_true("Running") and world.job["status"]["state"] == "Suspended"
+    assert world.plan().actions == [] and not world.pods
+    world.now += timedelta(minutes=5)
+    world.job["spec"]["runPolicy"]["suspend"] = False
+    plan = world.step()
+    assert len(plan.of(P.CreatePod)) == 6 and len(plan.of(P.CreateService)) == 6
+    assert world.cond("Suspended")["status"] == "False" and world.cond("Suspended")["reason"] == "Resumed"
+    assert world.job["status"]["startTime"] == "2025-01-01T12:05:00Z"
+
+
+def test_suspended_at_creation_creates_no_pods():
+    world = World(make_job(run_policy={"suspend": True}))
+    plan = world.step()
+    assert not plan.of(P.CreatePod) and world.is_true("Suspended") and plan.of(P.CreateSecret)
+
+
+def test_deadline_does_not_count_suspended_time():
+    world = World(make_job(run_policy={"activeDeadlineSeconds": 60, "suspend": True}))
+    world.step()
+    world.now += timedelta(minutes=10)
+    world.job["spec"]["runPolicy"]["suspend"] = False
+    world.step()
+    assert not world.is_true("Failed")
+
+
+# ----------------------------------------------------------------------------------------------- invalid specs
+@pytest.mark.parametrize("mutate,field", [
+    (lambda s: s["replicaSpecs"].pop("Chief"), "replicaSpecs.Chief"),
+    (lambda s: s["replicaSpecs"]["PS"].update(replicas=0), "replicaSpecs.PS.replicas"),
+    (lambda s: s["replicaSpecs"]["Worker"].update(restartPolicy="Sometimes"), "replicaSpecs.Worker.restartPolicy"),
+    (lambda s: s["replicaSpecs"]["Chief"]["template"]["spec"].update(containers="nope"),
+     "replicaSpecs.Chief.template.spec.containers"),
+    (lambda s: s["runPolicy"].update(backoffLimit=-1), "runPolicy.backoffLimit"),
+])
+def test_invalid_spec_fails_the_job_with_the_field_named(mutate, field):
+    job = make_job()
+    mutate(job["spec"])
+    world = World(job)
+    plan = world.step()
+    assert plan.terminal and not plan.of(P.CreatePod)
+    cond = world.cond("Failed")
+    assert cond["reason"] == "InvalidSpec" and f"spec.{field}" in cond["message"]
+    assert world.plan().actions == []  # no retry loop
+
+
+def test_invalid_name_fails_the_job():
+    world = World(make_job(name="x" * 52))
+    world.step()
+    assert world.cond("Failed")["reason"] == "InvalidSpec" and "51" in world.cond("Failed")["message"]
+
+
+def test_fail_status_marks_failed_once():
+    job = running().job
+    status = P.fail_status(job, "InvalidPodTemplate", "pod rejected", NOW)
+    assert status["state"] == "Failed"
+    job["status"] = status
+    again = P.fail_status(job, "Other", "x", NOW + timedelta(seconds=5))
+    assert again == status
+
+
+# ----------------------------------------------------------------------------------------------- level-based
+@pytest.mark.parametrize("seed", range(8))
+def test_operator_killed_mid_reconcile_converges_without_duplicates_or_orphans(seed):
+    """Apply a random prefix of every plan (the operator died), re-plan from what exists, repeat."""
+    rng = random.Random(seed)
+    world = World(make_job(ps=2, workers=4, evaluator=1))
+
+    def crashy_converge():
+        for _ in range(60):
+            plan = world.plan()
+            work = [a for a in plan.actions if not isinstance(a, P.Event)]
+            if not work and plan.status == world.job["status"]:
+                return
+            world.apply(plan, limit=rng.randint(0, len(plan.actions)))
+        raise AssertionError("no convergence")
+
+    crashy_converge()
+    world.run_all()
+    crashy_converge()
+    world.exit("ctr-ps-0", 137)
+    world.exit("ctr-worker-3", 1)
+    crashy_converge()
+    world.run_all()
+    crashy_converge()
+    assert world.is_true("Running")
+    status = world.job["status"]
+    assert status["backoffCount"] == 1 and status["replicaStatuses"]["Worker"]["restarts"] == 1
+    expected = {"ctr-chief-0", "ctr-ps-0", "ctr-ps-1", "ctr-evaluator-0"} | {f"ctr-worker-{i}" for i in range(4)}
+    assert set(world.pods) == expected and set(world.services) == expected
+    assert world.created.count("ctr-ps-1") == 1  # never created twice while it lived
