@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import os
 from types import ModuleType
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 __all__ = [
     "DEVICE_ENV",
     "DeviceUnavailableError",
-    "IndexedSlices",
     "array_module",
     "backend",
     "backend_name",
@@ -53,17 +52,6 @@ _DEVICE_CHOICES = ("cpu", "gpu")
 
 class DeviceUnavailableError(RuntimeError):
     """The requested device (``KUBEPS_DEVICE=gpu``) cannot be used on this machine."""
-
-
-class IndexedSlices(NamedTuple):
-    """A row-sparse gradient: ``values[k]`` is the gradient of row ``indices[k]`` of the variable.
-
-    It is a plain ``(values, indices)`` tuple, so ``values, ids = grad`` works. ``indices`` may repeat; consumers
-    sum duplicates with ``reduce_sparse`` before applying.
-    """
-
-    values: Any
-    indices: Any
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -122,12 +122,6 @@ def test_reduce_sparse_empty_and_errors(xp):
         K.reduce_sparse(xp.asarray([1.5]), xp.zeros((1, 2)))
 
 
-def test_indexed_slices_unpacks_as_values_and_ids():
-    g = K.IndexedSlices(np.ones((2, 3)), np.array([4, 4]))
-    values, ids = g
-    assert values.shape == (2, 3) and ids.tolist() == [4, 4]
-
-
 # ------------------------------------------------------------------------------------------------------------
 # Dense, activations, losses
 # ------------------------------------------------------------------------------------------------------------
