@@ -1,0 +1,277 @@
+"""The coordinator's closure queue: a plain object with explicit states, no sockets (TF's ``_CoordinatedClosureQueue``).
+
+A :class:`Closure` moves through :class:`ClosureState`::
+
+    QUEUED --get()--> RUNNING --mark_finished()--> FINISHED
+                         |----mark_failed()-----> FAILED      (records the queue's first error)
+                         '----requeue()---------> QUEUED      (worker lost: at-least-once)
+    QUEUED --(error raised by put/wait/done)--> CANCELLED
+
+Semantics as TensorFlow's: a non-retryable failure records the first error; while it is pending no more queued
+closures are handed out; the next ``put``/``wait``/``done`` raises it, clears it and cancels every queued closure
+(its :class:`RemoteValue` raises :class:`~kubeps.runtime.errors.CancelledError`). Closures that were in flight
+then belong to an older *epoch*: their later failures no longer count as the queue's error.
+
+There is one global queue and one tagged queue per worker (per-worker resources); a worker takes from its tagged
+queue first.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import itertools
+import threading
+import time
+from typing import Any
+
+from .errors import CancelledError
+
+__all__ = ["Closure", "ClosureQueue", "ClosureState", "RemoteValue", "RemoteValueStatus"]
+
+
+class RemoteValueStatus(enum.Enum):
+    NOT_READY = "not_ready"
+    READY = "ready"
+    ABORTED = "aborted"
+
+
+class RemoteValue:
+    """The future result of a scheduled function (TF's ``RemoteValue``); ``fetch()`` returns numpy."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+    def _set_value(self, value: Any) -> None:
+        self._value, self._error = value, None
+        self._done.set()
+
+    def _set_error(self, error: BaseException) -> None:
+        self._value, self._error = None, error
+        self._done.set()
+
+    def _reset(self) -> None:
+        self._done.clear()
+
+    @property
+    def _status(self) -> RemoteValueStatus:
+        if not self._done.is_set():
+            return RemoteValueStatus.NOT_READY
+        return RemoteValueStatus.ABORTED if self._error is not None else RemoteValueStatus.READY
+
+    def fetch(self, timeout: float | None = None) -> Any:
+        """Wait for the result and return it (numpy arrays); raises the function's error or ``CancelledError``."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"the remote value was not ready within {timeout} s")
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def get(self, timeout: float | None = None) -> Any:
+        return self.fetch(timeout)
+
+    def __repr__(self) -> str:
+        return f"<RemoteValue {self._status.value}>"
+
+
+class ClosureState(enum.Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+_ids = itertools.count()
+
+
+class Closure:
+    """One unit of work: an opaque ``payload`` (the pickled function) and its :class:`RemoteValue`.
+
+    ``worker`` is None for a closure any worker may run, or the index of the only worker that may run it.
+    ``kind`` tells the dispatcher what the payload is (``"closure"`` or ``"resource"``).
+    """
+
+    def __init__(self, payload: Any, worker: int | None = None, kind: str = "closure",
+                 info: dict[str, Any] | None = None, remote_value: RemoteValue | None = None):
+        self.id = next(_ids)
+        self.payload = payload
+        self.worker = worker
+        self.kind = kind
+        self.info = dict(info or {})
+        self.remote_value = remote_value if remote_value is not None else RemoteValue()
+        self.state = ClosureState.QUEUED
+        self.attempts = 0  # times handed to a worker
+        self.epoch = 0
+        self.ran_on: list[int] = []
+
+    def __repr__(self) -> str:
+        return f"<Closure {self.id} {self.kind} {self.state.value} attempts={self.attempts}>"
+
+
+class ClosureQueue:
+    """Thread-safe; every transition is a method named for it."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._queue: collections.deque[Closure] = collections.deque()
+        self._per_worker: dict[int, collections.deque[Closure]] = collections.defaultdict(collections.deque)
+        self._inflight: set[Closure] = set()
+        self._error: BaseException | None = None
+        self._epoch = 0
+        self._stopped = False
+
+    # -- coordinator side --------------------------------------------------------------------------------------
+    def put(self, closure: Closure) -> None:
+        """Queue a closure for any worker; raises (and clears) the pending error first."""
+        with self._cond:
+            self._raise_if_error()
+            self._enqueue(closure, self._queue)
+
+    def put_per_worker(self, worker: int, closure: Closure) -> None:
+        """Queue a closure only ``worker`` may run (per-worker resources)."""
+        with self._cond:
+            self._raise_if_error()
+            closure.worker = worker
+            self._enqueue(closure, self._per_worker[worker])
+
+    def _enqueue(self, closure: Closure, queue: collections.deque) -> None:
+        if self._stopped:
+            raise RuntimeError("the coordinator was shut down; no more functions can be scheduled")
+        closure.state = ClosureState.QUEUED
+        closure.epoch = self._epoch
+        queue.append(closure)
+        self._cond.notify_all()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until nothing is queued or in flight (True), or an error is pending (raised); False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._error is None and not self._idle():
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._cond.wait(remaining if remaining is not None else 1.0)
+            self._raise_if_error()
+            return True
+
+    def done(self) -> bool:
+        """Non-blocking: raises the pending error, else whether everything finished."""
+        with self._cond:
+            self._raise_if_error()
+            return self._idle()
+
+    def _idle(self) -> bool:
+        return not self._queue and not self._inflight and not any(self._per_worker.values())
+
+    def set_error(self, error: BaseException) -> None:
+        """Record an error that no single closure raised (a parameter server is gone)."""
+        with self._cond:
+            if self._error is None:
+                self._error = error
+            self._cond.notify_all()
+
+    @property
+    def has_error(self) -> bool:
+        with self._cond:
+            return self._error is not None
+
+    def _raise_if_error(self) -> None:
+        if self._error is None:
+            return
+        error, self._error = self._error, None
+        self._epoch += 1
+        self._cancel_queued(error)
+        raise error
+
+    def _cancel_queued(self, error: BaseException) -> None:
+        cancelled = CancelledError(f"the function was cancelled because an earlier one failed: {error!r}")
+        while self._queue:
+            closure = self._queue.popleft()
+            closure.state = ClosureState.CANCELLED
+            closure.remote_value._set_error(cancelled)
+        self._cond.notify_all()
+
+    # -- worker side -------------------------------------------------------------------------------------------
+    def get(self, worker: int, timeout: float | None = None) -> Closure | None:
+        """The next closure for ``worker`` (its tagged queue first), or None after ``timeout`` or on stop."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while True:
+                if self._stopped:
+                    return None
+                tagged = self._per_worker.get(worker)
+                if tagged:
+                    closure = tagged.popleft()
+                    break
+                if self._queue and self._error is None:
+                    closure = self._queue.popleft()
+                    break
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return None
+                self._cond.wait(remaining)
+            closure.state = ClosureState.RUNNING
+            closure.attempts += 1
+            closure.ran_on.append(worker)
+            self._inflight.add(closure)
+            return closure
+
+    def mark_finished(self, closure: Closure, value: Any) -> None:
+        with self._cond:
+            self._inflight.discard(closure)
+            closure.state = ClosureState.FINISHED
+            closure.remote_value._set_value(value)
+            self._cond.notify_all()
+
+    def mark_failed(self, closure: Closure, error: BaseException) -> None:
+        """A non-retryable failure: the closure's value raises ``error``; the queue records its first error."""
+        with self._cond:
+            self._inflight.discard(closure)
+            closure.state = ClosureState.FAILED
+            closure.remote_value._set_error(error)
+            if closure.epoch == self._epoch and self._error is None:
+                self._error = error
+            self._cond.notify_all()
+
+    def requeue(self, closure: Closure) -> None:
+        """Its worker was lost: run it again (front of its queue). A closure of a cancelled epoch is cancelled."""
+        with self._cond:
+            self._inflight.discard(closure)
+            if closure.epoch != self._epoch or self._stopped:
+                closure.state = ClosureState.CANCELLED
+                closure.remote_value._set_error(CancelledError("the function was cancelled after its worker failed"))
+            else:
+                closure.state = ClosureState.QUEUED
+                target = self._queue if closure.worker is None else self._per_worker[closure.worker]
+                target.appendleft(closure)
+            self._cond.notify_all()
+
+    def drop_per_worker(self, worker: int) -> list[Closure]:
+        """Remove the closures queued for ``worker`` (its resources are rebuilt from scratch instead)."""
+        with self._cond:
+            dropped = list(self._per_worker.pop(worker, ()))
+            for closure in dropped:
+                closure.state = ClosureState.FINISHED
+                closure.remote_value._set_value(None)
+            self._cond.notify_all()
+            return dropped
+
+    def stop(self) -> None:
+        """Shut down: cancel everything queued and wake every waiter."""
+        with self._cond:
+            self._stopped = True
+            error = RuntimeError("the coordinator was shut down")
+            self._cancel_queued(error)
+            for queue in self._per_worker.values():
+                while queue:
+                    queue.popleft().remote_value._set_error(CancelledError("the coordinator was shut down"))
+            self._cond.notify_all()
+
+    # -- introspection -----------------------------------------------------------------------------------------
+    def stats(self) -> dict[str, int]:
+        with self._cond:
+            return {"queued": len(self._queue), "inflight": len(self._inflight),
+                    "per_worker": sum(len(q) for q in self._per_worker.values())}

@@ -1,0 +1,173 @@
+"""Where code is running: the strategy scope on the coordinator, and the closure context on a worker.
+
+* :class:`PSTransport` reaches the parameter servers (one client per PS, parallel fan-out, and the translation of
+  "cannot reach it" into :class:`~kubeps.runtime.errors.PSUnavailableError`).
+* :class:`ClosureContext` exists while a worker unpickles and runs one scheduled function: the variable handles
+  that arrive with the function register in it, and the first read pulls every registered dense variable in one
+  RPC per parameter server (later reads hit the cache until an update invalidates it).
+* :func:`get_current_worker_index` tells a dataset fn or scheduled fn which worker runs it.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+from .errors import PSUnavailableError, RemoteError
+from .rpc import DEFAULT_TIMEOUT_S, PS_SERVICE, Client
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .variables import Variable
+
+__all__ = [
+    "ClosureContext",
+    "PSTransport",
+    "current_closure_context",
+    "current_strategy",
+    "get_current_worker_index",
+]
+
+#: gRPC status codes that mean "the parameter server is not there" rather than "the request was bad".
+PS_UNREACHABLE_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED", "UNKNOWN"})
+
+_local = threading.local()
+_scope_lock = threading.Lock()
+_scope_stack: list[Any] = []  # strategies, innermost last (scopes are process-wide, as in TF's default graph)
+
+
+class PSTransport:
+    """Clients for every parameter server of a cluster."""
+
+    def __init__(self, ps_addresses: Sequence[str], token: str | None, timeout: float = DEFAULT_TIMEOUT_S):
+        self.ps_addresses = list(ps_addresses)
+        self._clients = [Client(a, PS_SERVICE, token, timeout) for a in self.ps_addresses]
+        self._pool = ThreadPoolExecutor(max_workers=max(2, len(self._clients)), thread_name_prefix="kubeps-ps")
+
+    @property
+    def num_ps(self) -> int:
+        return len(self._clients)
+
+    def client(self, ps_index: int) -> Client:
+        return self._clients[ps_index]
+
+    def call(self, ps_index: int, method: str, meta: dict[str, Any] | None = None, arrays: Sequence[Any] = (),
+             timeout: float | None = None) -> tuple[dict[str, Any], list[np.ndarray]]:
+        try:
+            return self._clients[ps_index].call(method, meta, arrays, timeout)
+        except RemoteError as err:
+            if err.code in PS_UNREACHABLE_CODES:
+                raise PSUnavailableError(ps_index, self.ps_addresses[ps_index], str(err), err.code) from None
+            raise
+
+    def call_many(self, requests: dict[int, tuple[str, dict[str, Any], Sequence[Any]]],
+                  timeout: float | None = None) -> dict[int, tuple[dict[str, Any], list[np.ndarray]]]:
+        """One call per parameter server, in parallel; the first failure is raised after all have finished."""
+        if len(requests) == 1:
+            (ps, (method, meta, arrays)), = requests.items()
+            return {ps: self.call(ps, method, meta, arrays, timeout)}
+        futures = {ps: self._pool.submit(self.call, ps, m, meta, arrays, timeout)
+                   for ps, (m, meta, arrays) in requests.items()}
+        results, first_error = {}, None
+        for ps, fut in futures.items():
+            try:
+                results[ps] = fut.result()
+            except BaseException as err:  # noqa: BLE001 - re-raised below
+                first_error = first_error or err
+        if first_error is not None:
+            raise first_error
+        return results
+
+    def close(self) -> None:
+        for client in self._clients:
+            client.close()
+        self._pool.shutdown(wait=False)
+
+
+class ClosureContext:
+    """The per-closure variable registry and read cache on a worker."""
+
+    def __init__(self, worker_index: int, transport: PSTransport, resources: dict[str, Any]):
+        self.worker_index = worker_index
+        self.transport = transport
+        self.resources = resources
+        self.registered: dict[str, "Variable"] = {}
+        self.cache: dict[str, np.ndarray] = {}
+        self._batched = False  # whether the registered variables were pulled since the last invalidation
+        self.pulls = 0  # Read RPCs made (tests check the batching with it)
+
+    def register(self, var: "Variable") -> None:
+        self.registered.setdefault(var._key, var)
+
+    def read(self, variables: Sequence["Variable"]) -> list[np.ndarray]:
+        missing = [v for v in variables if v._key not in self.cache]
+        if missing:
+            wanted = {v._key: v for v in missing}
+            if not self._batched:  # first read after unpickling or an update: pull every registered dense variable
+                for key, var in self.registered.items():
+                    if var._prefetch and key not in self.cache:
+                        wanted.setdefault(key, var)
+            self._pull(list(wanted.values()))
+            self._batched = True
+        return [self.cache[v._key] for v in variables]
+
+    def _pull(self, variables: list["Variable"]) -> None:
+        by_ps: dict[int, list[str]] = {}
+        for var in variables:
+            by_ps.setdefault(var._ps_index, []).append(var._key)
+        results = self.transport.call_many({ps: ("Read", {"names": names}, ()) for ps, names in by_ps.items()})
+        self.pulls += len(results)
+        for ps, (_, arrays) in results.items():
+            for key, array in zip(by_ps[ps], arrays):
+                self.cache[key] = array
+
+    def invalidate(self, keys: Sequence[str] | None = None) -> None:
+        if keys is None:
+            self.cache.clear()
+        else:
+            for key in keys:
+                self.cache.pop(key, None)
+        self._batched = False
+
+
+def current_closure_context() -> ClosureContext | None:
+    return getattr(_local, "closure", None)
+
+
+def set_closure_context(ctx: ClosureContext | None) -> ClosureContext | None:
+    previous = getattr(_local, "closure", None)
+    _local.closure = ctx
+    return previous
+
+
+def get_current_worker_index() -> int:
+    """The index of the worker running the current scheduled function or dataset function (TF's name)."""
+    ctx = current_closure_context()
+    if ctx is None:
+        raise RuntimeError(
+            "get_current_worker_index() must be called inside a function running on a worker (a function passed "
+            "to ClusterCoordinator.schedule or create_per_worker_dataset); this code runs on the coordinator"
+        )
+    return ctx.worker_index
+
+
+def push_strategy(strategy: Any) -> None:
+    with _scope_lock:
+        _scope_stack.append(strategy)
+
+
+def pop_strategy(strategy: Any) -> None:
+    with _scope_lock:
+        if not _scope_stack or _scope_stack[-1] is not strategy:
+            raise RuntimeError("strategy scopes must be exited in the reverse order of entering them")
+        _scope_stack.pop()
+
+
+def current_strategy() -> Any | None:
+    """The strategy whose ``scope()`` is active, or None (variables are then local)."""
+    if current_closure_context() is not None:
+        return None  # variables created inside a scheduled function are local to it
+    with _scope_lock:
+        return _scope_stack[-1] if _scope_stack else None

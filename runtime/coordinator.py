@@ -1,0 +1,511 @@
+"""``ClusterCoordinator``: schedules functions on workers, as TensorFlow's class of the same name.
+
+* ``schedule(fn, args, kwargs)`` pickles ``fn`` with cloudpickle (variables travel as handles, per-worker
+  iterators as references) and queues it; it returns a :class:`RemoteValue` at once.
+* One dispatch thread per worker takes closures from the :class:`~kubeps.runtime.closure_queue.ClosureQueue`
+  (its tagged queue first) and runs them with a ``RunClosure`` RPC; the result is copied back as soon as the
+  closure finishes.
+* A monitor thread pings every parameter server and every busy worker (the failure detector: every RPC has a
+  deadline, and a dead peer is noticed within a few seconds even when no call is running).
+
+Failure handling (each step a method named for it, for subclasses and the fault-tolerance layer):
+``handle_worker_failure`` (re-queue the closure: at-least-once), ``wait_for_worker`` (reconnect with backoff),
+``rebuild_worker_resources`` (datasets and iterators re-created from scratch), ``handle_ps_error`` (retry a
+few transient errors per PS), ``mark_ps_failed`` (:class:`~kubeps.runtime.errors.PSUnavailableError` through
+``schedule``/``join``/``done``).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import itertools
+import logging
+import os
+import pickle
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+import cloudpickle
+import numpy as np
+
+from .closure_queue import Closure, ClosureQueue, RemoteValue
+from .errors import (
+    ClosureError,
+    PSUnavailableError,
+    RemoteError,
+    ResourceMissingError,
+    RuntimeConfigError,
+    WorkerUnavailableError,
+)
+from .rpc import WORKER_SERVICE, Client
+from .worker import join_structure, resolve_resource
+
+__all__ = ["ClusterCoordinator", "PerWorkerDataset", "PerWorkerIterator", "PerWorkerValues", "RemoteValue"]
+
+log = logging.getLogger("kubeps.runtime.coordinator")
+
+#: worker RPC failures that are the request's fault, not the worker's: the closure fails instead of re-running
+_NON_RETRYABLE_CODES = frozenset({"UNAUTHENTICATED", "PERMISSION_DENIED", "INVALID_ARGUMENT", "NOT_FOUND",
+                                  "UNIMPLEMENTED", "FAILED_PRECONDITION"})
+
+
+# -- shipping functions ----------------------------------------------------------------------------------------------
+def _ship_by_value(fn: Any) -> None:
+    """Pickle the user's own modules by value, so workers need not import them (``__main__`` always is)."""
+    module_name = getattr(fn, "__module__", None)
+    if not module_name or module_name == "__main__" or module_name.startswith(("kubeps.", "cloudpickle")):
+        return
+    module = sys.modules.get(module_name)
+    path = getattr(module, "__file__", None)
+    if module is None or path is None:
+        return
+    path = os.path.realpath(path)
+    prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    if any(path.startswith(p + os.sep) for p in prefixes) or "site-packages" in path:
+        return  # installed: the worker image has it
+    try:
+        cloudpickle.register_pickle_by_value(module)
+    except ValueError:
+        pass
+
+
+def _dumps(obj: Any, what: str) -> np.ndarray:
+    try:
+        blob = cloudpickle.dumps(obj)
+    except Exception as err:  # noqa: BLE001 - tell the user what could not be shipped
+        raise TypeError(f"cannot send {what} to the workers: pickling failed with {type(err).__name__}: {err}") from err
+    return np.frombuffer(blob, dtype=np.uint8)
+
+
+def _build_dataset(dataset_fn: Callable, num_workers: int) -> Any:
+    """Runs on a worker: call ``dataset_fn()`` or ``dataset_fn(input_context)``."""
+    from .context import get_current_worker_index
+
+    try:
+        params = [p for p in inspect.signature(dataset_fn).parameters.values()
+                  if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        params = []
+    if params:
+        from .data import InputContext
+
+        return dataset_fn(InputContext(num_input_pipelines=num_workers, input_pipeline_id=get_current_worker_index()))
+    return dataset_fn()
+
+
+def _make_iterator(dataset_id: str) -> Any:
+    """Runs on a worker: a fresh iterator over the worker's dataset ``dataset_id``."""
+    return iter(resolve_resource(dataset_id))
+
+
+# -- per-worker values -------------------------------------------------------------------------------------------------
+class PerWorkerValues:
+    """One value per worker (TF's ``PerWorkerValues``); passed to ``schedule`` it resolves on the worker."""
+
+    def __init__(self, values: tuple[Any, ...]):
+        self._values = tuple(values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __iter__(self):
+        return iter(self._values)
+
+    def __getitem__(self, i: int) -> Any:
+        return self._values[i]
+
+
+class _PerWorkerResource:
+    """A resource built on every worker; pickles as a reference that resolves to the worker's own object."""
+
+    def __init__(self, coordinator: "ClusterCoordinator", resource_id: str, values: PerWorkerValues):
+        self._coordinator = coordinator
+        self._resource_id = resource_id
+        self._values = values
+
+    @property
+    def resource_id(self) -> str:
+        return self._resource_id
+
+    @property
+    def per_worker_values(self) -> PerWorkerValues:
+        return self._values
+
+    def __reduce__(self):
+        return (resolve_resource, (self._resource_id,))
+
+
+class PerWorkerDataset(_PerWorkerResource):
+    """The dataset ``dataset_fn`` built on every worker; ``iter()`` gives a :class:`PerWorkerIterator`."""
+
+    def __iter__(self) -> "PerWorkerIterator":
+        return self._coordinator._create_per_worker_resource(
+            functools.partial(_make_iterator, self._resource_id), "iterator", PerWorkerIterator
+        )
+
+    def build(self) -> "PerWorkerDataset":
+        return self
+
+
+class PerWorkerIterator(_PerWorkerResource):
+    """Stands for every worker's local iterator; pass it to ``schedule`` and call ``next()`` inside the function."""
+
+    def __next__(self):
+        raise TypeError(
+            "next() on a per-worker iterator is not allowed on the coordinator: pass the iterator to "
+            "coordinator.schedule(fn, args=(iterator,)) and call next(iterator) inside fn, on the worker"
+        )
+
+    def __iter__(self):
+        return self
+
+    get_next = __next__
+
+
+# -- the coordinator ---------------------------------------------------------------------------------------------------
+class _WorkerHandle:
+    """The coordinator's view of one worker: its client, health, in-flight call and dispatch thread."""
+
+    def __init__(self, index: int, address: str, client: Client):
+        self.index = index
+        self.address = address
+        self.client = client
+        self.healthy = False
+        self.incarnation: str | None = None
+        self.call: Any = None  # the in-flight RPC (cancelled by the monitor when the worker stops answering)
+        self.ping_failures = 0
+        self.failures = 0
+        self.thread: threading.Thread | None = None
+
+
+class ClusterCoordinator:
+    """``ClusterCoordinator(strategy)``: dispatches functions to the strategy's workers.
+
+    kubeps extras (keyword-only): ``closure_timeout`` (deadline of one function run, default an hour),
+    ``heartbeat_interval`` (seconds between failure-detector pings), ``heartbeat_failures`` (missed pings that
+    declare a peer dead), ``max_transient_ps_errors`` (per PS, as TF's 3), ``worker_wait_timeout`` (how long a
+    lost worker is waited for before the job fails).
+    """
+
+    def __init__(self, strategy: Any, *, closure_timeout: float = 3600.0, heartbeat_interval: float = 1.0,
+                 heartbeat_failures: int = 3, max_transient_ps_errors: int = 3,
+                 worker_wait_timeout: float = 3600.0):
+        from .strategy import ParameterServerStrategy
+
+        if not isinstance(strategy, ParameterServerStrategy):
+            raise RuntimeConfigError("strategy", type(strategy).__name__,
+                                     "ClusterCoordinator needs a ParameterServerStrategy")
+        self.strategy = strategy
+        self.closure_timeout = closure_timeout
+        self.heartbeat_interval = heartbeat_interval
+        self.heartbeat_failures = heartbeat_failures
+        self.max_transient_ps_errors = max_transient_ps_errors
+        self.worker_wait_timeout = worker_wait_timeout
+        self._queue = ClosureQueue()
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._resources: list[tuple[str, np.ndarray]] = []  # (resource_id, pickled creator), creation order
+        self._resource_ids = itertools.count()
+        self._ps_transient: dict[int, int] = {i: 0 for i in range(strategy.num_ps)}
+        self._ps_ping_failures: dict[int, int] = {i: 0 for i in range(strategy.num_ps)}
+        self._ps_failed: dict[int, PSUnavailableError] = {}
+        self._workers = [
+            _WorkerHandle(i, address, Client(address, WORKER_SERVICE, strategy.job_token, timeout=closure_timeout))
+            for i, address in enumerate(strategy.worker_addresses)
+        ]
+        strategy._coordinator = self
+        for worker in self._workers:
+            worker.thread = threading.Thread(target=self._dispatch_loop, args=(worker,), daemon=True,
+                                             name=f"kubeps-worker-{worker.index}")
+            worker.thread.start()
+        self._monitor = threading.Thread(target=self._monitor_loop, daemon=True, name="kubeps-monitor")
+        self._monitor.start()
+
+    # -- public API (TF's) -----------------------------------------------------------------------------------
+    def schedule(self, fn: Callable, args: Any = None, kwargs: Any = None) -> RemoteValue:
+        """Queue ``fn(*args, **kwargs)`` for some worker; non-blocking. Raises the first pending error, if any."""
+        if not callable(fn):
+            raise RuntimeConfigError("fn", fn, "schedule() needs a callable")
+        if args is not None and not isinstance(args, (tuple, list)):
+            raise RuntimeConfigError("args", type(args).__name__, "must be a tuple or list of positional arguments")
+        if kwargs is not None and not isinstance(kwargs, dict):
+            raise RuntimeConfigError("kwargs", type(kwargs).__name__, "must be a dict of keyword arguments")
+        self._check_open()
+        _ship_by_value(fn)
+        payload = _dumps((fn, tuple(args or ()), dict(kwargs or {})), f"function {getattr(fn, '__name__', fn)!r}")
+        closure = Closure(payload)
+        self._queue.put(closure)
+        return closure.remote_value
+
+    def join(self) -> None:
+        """Block until every scheduled function finished; raises the first error (and cancels the rest)."""
+        self._queue.wait()
+
+    def done(self) -> bool:
+        """Whether every scheduled function finished; raises the first error like ``join``."""
+        return self._queue.done()
+
+    def fetch(self, val: Any) -> Any:
+        """Fetch every RemoteValue in a nested structure (others pass through)."""
+        if isinstance(val, RemoteValue):
+            return val.fetch()
+        if isinstance(val, PerWorkerValues):
+            return tuple(self.fetch(v) for v in val)
+        if isinstance(val, tuple) and hasattr(val, "_fields"):
+            return type(val)(*(self.fetch(v) for v in val))
+        if isinstance(val, (list, tuple)):
+            return type(val)(self.fetch(v) for v in val)
+        if isinstance(val, dict):
+            return type(val)((k, self.fetch(v)) for k, v in val.items())
+        return val
+
+    def create_per_worker_dataset(self, dataset_fn: Any) -> PerWorkerDataset:
+        """Build ``dataset_fn()`` (or ``dataset_fn(input_context)``) on every worker."""
+        if isinstance(dataset_fn, PerWorkerDataset):
+            return dataset_fn
+        if not callable(dataset_fn):
+            raise RuntimeConfigError("dataset_fn", type(dataset_fn).__name__,
+                                     "must be a function that returns a dataset (an iterable) on the worker")
+        _ship_by_value(dataset_fn)
+        return self._create_per_worker_resource(
+            functools.partial(_build_dataset, dataset_fn, len(self._workers)), "dataset", PerWorkerDataset
+        )
+
+    @property
+    def num_workers(self) -> int:
+        return len(self._workers)
+
+    def shutdown(self) -> None:
+        """Stop the dispatch threads (queued functions are cancelled) and close connections."""
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        self._queue.stop()
+        for worker in self._workers:
+            call = worker.call
+            if call is not None:
+                call.cancel()
+        for worker in self._workers:
+            if worker.thread is not None:
+                worker.thread.join(timeout=5)
+            worker.client.close()
+        self._monitor.join(timeout=5)
+
+    close = shutdown
+
+    def __reduce__(self):
+        raise TypeError("a ClusterCoordinator cannot be sent to a worker: a scheduled function must not capture it")
+
+    def __enter__(self) -> "ClusterCoordinator":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+    # -- per-worker resources ----------------------------------------------------------------------------------
+    def _create_per_worker_resource(self, creator: Callable[[], Any], kind: str, cls: type) -> Any:
+        self._check_open()
+        resource_id = f"{kind}-{next(self._resource_ids)}"
+        payload = _dumps(creator, f"the {kind} function")
+        with self._lock:
+            self._resources.append((resource_id, payload))
+        values = []
+        for worker in self._workers:
+            closure = Closure(payload, kind="resource", info={"resource_id": resource_id})
+            self._queue.put_per_worker(worker.index, closure)
+            values.append(closure.remote_value)
+        return cls(self, resource_id, PerWorkerValues(tuple(values)))
+
+    def rebuild_worker_resources(self, worker: _WorkerHandle) -> bool:
+        """Re-create every per-worker resource on a worker that came back (in creation order)."""
+        with self._lock:
+            resources = list(self._resources)
+        for resource_id, payload in resources:
+            try:
+                meta, arrays = worker.client.call("CreateResource", {"resource_id": resource_id}, [payload],
+                                                  timeout=self.closure_timeout)
+            except RemoteError as err:
+                log.warning("rebuilding %s on worker %d failed: %s", resource_id, worker.index, err)
+                return False
+            if meta.get("status") != "ok":
+                error = self._closure_error(meta, arrays)
+                log.error("rebuilding %s on worker %d raised %r", resource_id, worker.index, error)
+                if meta.get("status") == "error":
+                    self._queue.set_error(error)
+                return False
+        return True
+
+    # -- dispatch ----------------------------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._stopping.is_set():
+            raise RuntimeError("this ClusterCoordinator was shut down")
+
+    def _dispatch_loop(self, worker: _WorkerHandle) -> None:
+        while not self._stopping.is_set():
+            if not worker.healthy:
+                if not self.wait_for_worker(worker):
+                    continue
+                if worker.failures and not self.rebuild_worker_resources(worker):
+                    worker.healthy = False
+                    continue
+            closure = self._queue.get(worker.index, timeout=0.5)
+            if closure is None:
+                continue
+            self._run_closure(worker, closure)
+
+    def _run_closure(self, worker: _WorkerHandle, closure: Closure) -> None:
+        method = "RunClosure" if closure.kind == "closure" else "CreateResource"
+        meta_in = {"closure_id": closure.id, **closure.info}
+        try:
+            worker.call = worker.client.start(method, meta_in, [closure.payload], timeout=self.closure_timeout)
+            meta, arrays = worker.client.finish(worker.call)
+        except RemoteError as err:
+            worker.call = None
+            if self._stopping.is_set():
+                self._queue.requeue(closure)  # cancels it: the queue is stopped
+            elif err.code in _NON_RETRYABLE_CODES:
+                self._queue.mark_failed(closure, err)
+            else:
+                self.handle_worker_failure(worker, closure, err)
+            return
+        finally:
+            worker.call = None
+        status = meta.get("status")
+        if status == "ok":
+            try:
+                result = self._closure_result(arrays)
+            except Exception as err:  # noqa: BLE001 - a result we cannot rebuild fails the closure
+                self._queue.mark_failed(closure, err)
+                return
+            self._queue.mark_finished(closure, result)
+        elif status == "resource_missing":
+            self.handle_worker_failure(worker, closure, ResourceMissingError(meta.get("message", "")))
+        elif status == "ps_unavailable":
+            self.handle_ps_error(closure, int(meta.get("ps_index", -1)), meta.get("message", ""))
+        else:
+            self._queue.mark_failed(closure, self._closure_error(meta, arrays))
+
+    @staticmethod
+    def _closure_result(arrays: list[np.ndarray]) -> Any:
+        if not arrays:
+            raise ValueError("malformed RunClosure answer: no result skeleton")
+        skeleton = pickle.loads(arrays[0].tobytes())
+        return join_structure(skeleton, arrays[1:])
+
+    @staticmethod
+    def _closure_error(meta: dict[str, Any], arrays: list[np.ndarray]) -> BaseException:
+        blob = arrays[0].tobytes() if arrays else b""
+        if blob:
+            try:
+                error = pickle.loads(blob)
+                if isinstance(error, BaseException):
+                    return error
+            except Exception:  # noqa: BLE001 - fall back to the text
+                pass
+        return ClosureError(meta.get("type", "Error"), meta.get("message", ""), meta.get("traceback", ""))
+
+    # -- worker failures ---------------------------------------------------------------------------------------
+    def handle_worker_failure(self, worker: _WorkerHandle, closure: Closure | None, error: BaseException) -> None:
+        """A worker failed while running ``closure``: re-queue it (at-least-once) and mark the worker down."""
+        log.warning("worker %d (%s) failed: %s", worker.index, worker.address, error)
+        worker.healthy = False
+        worker.failures += 1
+        if closure is not None:
+            if closure.kind == "resource":
+                self._queue.mark_finished(closure, None)  # rebuilt with all the others when the worker returns
+            else:
+                self._queue.requeue(closure)
+        self._queue.drop_per_worker(worker.index)
+
+    def wait_for_worker(self, worker: _WorkerHandle) -> bool:
+        """Ping the worker with backoff until it answers (True) or the coordinator stops (False)."""
+        delay = 0.05
+        deadline = time.monotonic() + self.worker_wait_timeout
+        reported = False
+        while not self._stopping.is_set():
+            try:
+                meta, _ = worker.client.call("Ping", timeout=max(2.0, self.heartbeat_interval * 2))
+            except RemoteError as err:
+                if err.code in _NON_RETRYABLE_CODES and not reported:
+                    self._queue.set_error(err)  # e.g. wrong job token: no point in waiting quietly
+                    reported = True
+                if time.monotonic() > deadline and not reported:
+                    self._queue.set_error(WorkerUnavailableError(
+                        f"worker {worker.index} at {worker.address} did not come back within "
+                        f"{self.worker_wait_timeout:.0f} s: {err}", code=err.code, address=worker.address))
+                    reported = True
+                self._stopping.wait(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            previous = worker.incarnation
+            worker.incarnation = meta.get("incarnation")
+            worker.ping_failures = 0
+            worker.healthy = True
+            if previous is not None and previous != worker.incarnation:
+                log.info("worker %d came back as a new process", worker.index)
+            return True
+        return False
+
+    # -- parameter-server failures -----------------------------------------------------------------------------
+    def handle_ps_error(self, closure: Closure, ps_index: int, message: str) -> None:
+        """A closure could not reach a PS: retry while the PS's transient-error budget lasts, then fail."""
+        address = self.strategy.ps_addresses[ps_index] if 0 <= ps_index < self.strategy.num_ps else "?"
+        error = PSUnavailableError(ps_index, address, message)
+        with self._lock:
+            self._ps_transient[ps_index] = count = self._ps_transient.get(ps_index, 0) + 1
+        if count <= self.max_transient_ps_errors and ps_index not in self._ps_failed:
+            log.warning("transient error %d/%d from ps %d: %s", count, self.max_transient_ps_errors, ps_index, message)
+            self._stopping.wait(0.1 * count)
+            self._queue.requeue(closure)
+            return
+        self._queue.mark_failed(closure, error)
+        self.mark_ps_failed(ps_index, error)
+
+    def mark_ps_failed(self, ps_index: int, error: PSUnavailableError) -> None:
+        """The PS is gone: the error reaches the user through schedule/join/done (restart from a checkpoint)."""
+        with self._lock:
+            first = ps_index not in self._ps_failed
+            self._ps_failed[ps_index] = error
+        if first:
+            log.error("%s", error)
+            self._queue.set_error(error)
+
+    def _ps_recovered(self, ps_index: int) -> None:
+        with self._lock:
+            self._ps_ping_failures[ps_index] = 0
+            self._ps_transient[ps_index] = 0
+            self._ps_failed.pop(ps_index, None)
+
+    # -- failure detector --------------------------------------------------------------------------------------
+    def _monitor_loop(self) -> None:
+        transport = self.strategy.transport
+        timeout = max(1.0, self.heartbeat_interval * 2)
+        while not self._stopping.wait(self.heartbeat_interval):
+            for ps in range(transport.num_ps):
+                try:
+                    transport.call(ps, "Ping", timeout=timeout)
+                except PSUnavailableError as err:
+                    self._ps_ping_failures[ps] += 1
+                    if self._ps_ping_failures[ps] >= self.heartbeat_failures:
+                        self.mark_ps_failed(ps, err)
+                except RemoteError as err:
+                    log.warning("ping of ps %d failed: %s", ps, err)
+                else:
+                    if self._ps_ping_failures[ps] or self._ps_failed.get(ps):
+                        self._ps_recovered(ps)
+            for worker in self._workers:
+                call = worker.call
+                if call is None or not worker.healthy:
+                    continue
+                try:
+                    worker.client.call("Ping", timeout=timeout)
+                    worker.ping_failures = 0
+                except RemoteError as err:
+                    worker.ping_failures += 1
+                    if worker.ping_failures >= self.heartbeat_failures:
+                        log.warning("worker %d missed %d pings (%s); cancelling its call", worker.index,
+                                    worker.ping_failures, err)
+                        call.cancel()

@@ -1,0 +1,295 @@
+"""``Server``: the gRPC server of a ps or worker task, as ``tf.distribute.Server``.
+
+A ps task serves ``kubeps.ParameterServer`` over a :class:`~kubeps.runtime.ps.ParameterServerState`; a worker task
+serves ``kubeps.Worker`` over a :class:`~kubeps.runtime.worker.WorkerState`. Methods are table-driven: every method
+is a function ``fn(state, meta, arrays) -> (meta, arrays)`` looked up by name at call time, so other modules add
+methods without touching this file::
+
+    from kubeps.runtime.server import register_ps_method
+    register_ps_method("SaveShards", save_shards)
+
+Both services also answer ``Ping`` (``{"incarnation", "job", "task"}``): the coordinator's failure detector.
+
+Errors map to gRPC status codes: a malformed frame or a bad argument (``ValueError``) -> ``INVALID_ARGUMENT``, an
+unknown variable (``KeyError``) -> ``NOT_FOUND``, anything else -> ``INTERNAL``; the server keeps serving.
+
+``python -m kubeps.runtime.server`` reads TF_CONFIG and the job token from the environment and runs the server
+of its task (ps or worker) until SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Mapping
+
+import grpc
+
+from . import wire
+from .cluster import ClusterSpec, TFConfig, TFConfigError, parse_address
+from .errors import RuntimeConfigError
+from .ps import BUILTIN_METHODS as _PS_BUILTINS
+from .ps import ParameterServerState
+from .rpc import CHANNEL_OPTIONS, PS_SERVICE, WORKER_SERVICE
+from .security import TokenInterceptor, load_job_token, require_job_token
+from .worker import BUILTIN_METHODS as _WORKER_BUILTINS
+from .worker import WorkerState
+
+__all__ = [
+    "Server",
+    "main",
+    "ps_methods",
+    "register_ps_method",
+    "register_worker_method",
+    "worker_methods",
+]
+
+log = logging.getLogger("kubeps.runtime.server")
+
+Method = Callable[[Any, dict[str, Any], list], "tuple[dict[str, Any], list]"]
+_PS_METHODS: dict[str, Method] = dict(_PS_BUILTINS)
+_WORKER_METHODS: dict[str, Method] = dict(_WORKER_BUILTINS)
+_REGISTRY_LOCK = threading.Lock()
+_RESERVED = {"Ping"}
+#: env var to bind somewhere else than all interfaces (tests bind 127.0.0.1)
+BIND_HOST_ENV = "KUBEPS_BIND_HOST"
+#: modules imported by ``python -m kubeps.runtime.server`` when they exist: they register their methods on import
+EXTENSION_MODULES = ("kubeps.runtime.checkpoint",)
+#: env var naming more such modules, comma-separated
+EXTENSIONS_ENV = "KUBEPS_SERVER_EXTENSIONS"
+
+
+def load_extensions(environ: Mapping[str, str] | None = None) -> list[str]:
+    """Import the modules that register extra server methods; returns the ones loaded."""
+    import importlib
+
+    env = os.environ if environ is None else environ
+    extra = [m.strip() for m in env.get(EXTENSIONS_ENV, "").split(",") if m.strip()]
+    loaded = []
+    for name in list(EXTENSION_MODULES) + extra:
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as err:
+            if name in EXTENSION_MODULES and err.name == name:
+                continue  # optional built-in extension not installed
+            raise RuntimeConfigError(EXTENSIONS_ENV, name, f"must name an importable module ({err})") from None
+        loaded.append(name)
+    return loaded
+
+
+def _register(table: dict[str, Method], kind: str, name: str, fn: Method, replace: bool) -> None:
+    if not isinstance(name, str) or not name.isidentifier() or name in _RESERVED:
+        raise RuntimeConfigError("name", name, f"a {kind} method name must be an identifier other than {sorted(_RESERVED)}")
+    if not callable(fn):
+        raise RuntimeConfigError("fn", fn, "must be callable as fn(state, meta, arrays) -> (meta, arrays)")
+    with _REGISTRY_LOCK:
+        if name in table and table[name] is not fn and not replace:
+            raise RuntimeConfigError("name", name, f"a {kind} method of that name is already registered "
+                                                   "(pass replace=True to override it)")
+        table[name] = fn
+
+
+def register_ps_method(name: str, fn: Method, replace: bool = False) -> None:
+    """Add a parameter-server method: ``fn(state: ParameterServerState, meta, arrays) -> (meta, arrays)``."""
+    _register(_PS_METHODS, "ps", name, fn, replace)
+
+
+def register_worker_method(name: str, fn: Method, replace: bool = False) -> None:
+    """Add a worker method: ``fn(state: WorkerState, meta, arrays) -> (meta, arrays)``."""
+    _register(_WORKER_METHODS, "worker", name, fn, replace)
+
+
+def ps_methods() -> list[str]:
+    return sorted(_PS_METHODS) + ["Ping"]
+
+
+def worker_methods() -> list[str]:
+    return sorted(_WORKER_METHODS) + ["Ping"]
+
+
+_IDENTITY = lambda b: b  # noqa: E731
+
+
+class _ServiceHandler(grpc.GenericRpcHandler):
+    """Routes ``/<service>/<Method>`` to the method table, looked up per call."""
+
+    def __init__(self, service: str, table: dict[str, Method], state: Any, server: "Server"):
+        self._prefix = f"/{service}/"
+        self._table = table
+        self._state = state
+        self._server = server
+
+    def service(self, handler_call_details):
+        method = handler_call_details.method
+        if not method.startswith(self._prefix):
+            return None
+        name = method[len(self._prefix):]
+        if name == "Ping":
+            fn: Method = self._ping
+        else:
+            fn = self._table.get(name)
+            if fn is None:
+                return None  # gRPC answers UNIMPLEMENTED
+        return grpc.stream_stream_rpc_method_handler(
+            lambda requests, context: self._invoke(name, fn, requests, context), _IDENTITY, _IDENTITY
+        )
+
+    def _ping(self, state: Any, meta: dict[str, Any], arrays: list):
+        return {"incarnation": self._server.incarnation, "job": self._server.job_name,
+                "task": self._server.task_index}, []
+
+    def _invoke(self, name: str, fn: Method, requests, context):
+        try:
+            meta, arrays = wire.decode_chunks(requests)
+        except wire.WireError as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: {err}")
+        try:
+            out_meta, out_arrays = fn(self._state, meta, arrays)
+            chunks = wire.encode_chunks(out_meta, out_arrays, self._server.chunk_bytes)
+        except (ValueError, TypeError) as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: {err}")
+        except KeyError as err:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"{name}: {err}")
+        except Exception as err:  # noqa: BLE001 - never let a method take the server down
+            log.exception("method %s failed", name)
+            context.abort(grpc.StatusCode.INTERNAL, f"{name}: {type(err).__name__}: {err}")
+        yield from chunks
+
+
+class Server:
+    """``Server(cluster_spec, job_name, task_index)``: the gRPC server of one ps or worker task.
+
+    ``token`` defaults to the job token from the environment; a server without one refuses to start unless
+    ``allow_insecure=True``. ``start=True`` (TF's default) starts it at once.
+    """
+
+    def __init__(self, cluster_spec: ClusterSpec | Mapping[str, Any], job_name: str, task_index: int = 0, *,
+                 start: bool = True, token: str | None = None, allow_insecure: bool = False,
+                 bind_host: str | None = None, max_workers: int | None = None, rpc_timeout: float = 30.0,
+                 chunk_bytes: int = wire.DEFAULT_CHUNK_BYTES):
+        try:
+            self.cluster_spec = ClusterSpec(cluster_spec)
+        except TFConfigError as err:
+            raise RuntimeConfigError("cluster_spec", cluster_spec, str(err)) from None
+        if job_name not in ("ps", "worker"):
+            raise RuntimeConfigError("job_name", job_name, "a kubeps Server runs a 'ps' or a 'worker' task "
+                                     "(the chief runs the coordinator, the evaluator runs user code)")
+        count = self.cluster_spec.num_tasks(job_name)
+        if not isinstance(task_index, int) or isinstance(task_index, bool) or not 0 <= task_index < count:
+            raise RuntimeConfigError("task_index", task_index,
+                                     f"the cluster has {count} '{job_name}' task(s), so the index must be in 0..{count - 1}"
+                                     if count else f"the cluster spec has no '{job_name}' job")
+        self.job_name = job_name
+        self.task_index = task_index
+        self.address = self.cluster_spec.task_address(job_name, task_index)
+        self.port = parse_address(self.address)[1]
+        self._token = require_job_token(token if token is not None else load_job_token(), allow_insecure)
+        self.bind_host = bind_host or os.environ.get(BIND_HOST_ENV) or None
+        self.chunk_bytes = chunk_bytes
+        self.incarnation = uuid.uuid4().hex
+        if job_name == "ps":
+            self.state: Any = ParameterServerState()
+            service, table = PS_SERVICE, _PS_METHODS
+        else:
+            ps = self.cluster_spec.job_tasks("ps") if "ps" in self.cluster_spec.jobs else []
+            self.state = WorkerState(task_index, ps, self._token, rpc_timeout)
+            service, table = WORKER_SERVICE, _WORKER_METHODS
+        self._handler = _ServiceHandler(service, table, self.state, self)
+        self._max_workers = max_workers or (32 if job_name == "ps" else 8)
+        self._server: grpc.Server | None = None
+        self._stopped = threading.Event()
+        if start:
+            self.start()
+
+    @property
+    def target(self) -> str:
+        """``grpc://host:port`` of this task, as TF's ``Server.target``."""
+        return f"grpc://{self.address}"
+
+    def start(self) -> None:
+        if self._server is not None:
+            return
+        server = grpc.server(
+            ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix=f"kubeps-{self.job_name}"),
+            handlers=[self._handler],
+            interceptors=[TokenInterceptor(self._token)],
+            options=CHANNEL_OPTIONS + [("grpc.so_reuseport", 0)],
+        )
+        hosts = [self.bind_host] if self.bind_host else ["[::]", "0.0.0.0"]
+        bound, errors = 0, []
+        for host in hosts:
+            try:
+                bound = server.add_insecure_port(f"{host}:{self.port}")
+            except RuntimeError as err:  # grpc raises on failure in recent versions
+                errors.append(f"{host}: {err}")
+                bound = 0
+            if bound:
+                break
+        if not bound:
+            raise OSError(f"cannot listen on port {self.port} for /job:{self.job_name}/task:{self.task_index} "
+                          f"(tried {', '.join(hosts)}): is the port in use? {'; '.join(errors)}")
+        server.start()
+        self._server = server
+        log.info("kubeps %s task %d serving on port %d", self.job_name, self.task_index, self.port)
+
+    def join(self) -> None:
+        """Block until the server stops (TF's ``Server.join``)."""
+        if self._server is None:
+            raise RuntimeError("the server was never started; call start() first")
+        self._stopped.wait()
+        self._server.wait_for_termination()
+
+    def stop(self, grace: float | None = 1.0) -> None:
+        if self._server is not None:
+            self._server.stop(grace).wait()
+        close = getattr(self.state, "close", None)
+        if close:
+            close()
+        self._stopped.set()
+
+
+def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    """Entry point of ``python -m kubeps.runtime.server``: serve this task of TF_CONFIG until signalled."""
+    logging.basicConfig(level=os.environ.get("KUBEPS_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    env = os.environ if environ is None else environ
+    try:
+        load_extensions(env)
+        config = TFConfig.from_env(env)
+        if config.task is None or not config.cluster:
+            raise TFConfigError("TF_CONFIG", env.get("TF_CONFIG"),
+                                "must name a cluster and a task, e.g. {\"cluster\": {...}, \"task\": {\"type\": \"ps\", \"index\": 0}}")
+        if config.task_type not in ("ps", "worker"):
+            raise TFConfigError("task.type", config.task_type,
+                                "python -m kubeps.runtime.server runs 'ps' and 'worker' tasks; the chief and the "
+                                "evaluator run the user's program")
+        server = Server(ClusterSpec(config.cluster), config.task_type, config.task_index, start=False)
+        server.start()
+    except (TFConfigError, RuntimeConfigError, OSError) as err:
+        print(f"kubeps server: {err}", file=sys.stderr)
+        return 2
+    except Exception as err:  # noqa: BLE001 - e.g. InsecureServerError: say it and exit non-zero
+        print(f"kubeps server: {type(err).__name__}: {err}", file=sys.stderr)
+        return 2
+
+    def _terminate(signum, frame):  # noqa: ARG001
+        threading.Thread(target=server.stop, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGINT, _terminate)
+    print(f"kubeps server ready: /job:{server.job_name}/task:{server.task_index} port {server.port}",
+          file=sys.stderr, flush=True)
+    server.join()
+    return 0
+
+
+if __name__ == "__main__":
+    # run the canonical module's main, so methods other modules register land in the table this server uses
+    from kubeps.runtime.server import main as _main
+
+    sys.exit(_main())

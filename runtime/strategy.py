@@ -1,0 +1,197 @@
+"""``ParameterServerStrategy``: where variables live.
+
+As TensorFlow's ``tf.distribute.experimental.ParameterServerStrategy``: variables created inside ``scope()`` are
+placed round-robin on the ps tasks (``/job:ps/task:{count % num_ps}``); with a ``variable_partitioner`` a
+variable of rank >= 1 is split along axis 0 into ``name/part_i`` shards (TF's "div" split), each placed round-robin
+too. Variables created outside any scope stay local to the coordinator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from . import context as _context
+from .cluster import ClusterSpec, TFConfigClusterResolver
+from .context import PSTransport
+from .errors import RuntimeConfigError
+from .partitioners import div_split
+from .rpc import DEFAULT_TIMEOUT_S
+from .security import load_job_token
+from .variables import ShardedVariable, Variable
+
+__all__ = ["ParameterServerStrategy"]
+
+
+class ParameterServerStrategy:
+    """``ParameterServerStrategy(cluster_resolver, variable_partitioner=None)``.
+
+    kubeps extras (keyword-only): ``job_token`` (default: from the environment) and ``rpc_timeout`` (seconds,
+    the deadline of variable reads and writes from the coordinator).
+    """
+
+    def __init__(self, cluster_resolver: Any, variable_partitioner: Callable[[Any, Any], list[int]] | None = None,
+                 *, job_token: str | None = None, rpc_timeout: float = DEFAULT_TIMEOUT_S):
+        if cluster_resolver is None or not hasattr(cluster_resolver, "cluster_spec"):
+            raise RuntimeConfigError("cluster_resolver", cluster_resolver,
+                                     "must be a cluster resolver such as TFConfigClusterResolver()")
+        if variable_partitioner is not None and not callable(variable_partitioner):
+            raise RuntimeConfigError("variable_partitioner", variable_partitioner,
+                                     "must be None or a callable partitioner(shape, dtype) -> [num_shards, 1, ...]")
+        spec = cluster_resolver.cluster_spec()
+        spec = spec if isinstance(spec, ClusterSpec) else ClusterSpec(spec)
+        jobs = spec.as_dict()
+        missing = [job for job in ("ps", "worker") if not jobs.get(job)]
+        if missing:
+            summary = {job: len(tasks) for job, tasks in jobs.items()} or "no tasks at all"
+            raise RuntimeConfigError(
+                "TF_CONFIG.cluster", summary,
+                f"ParameterServerStrategy needs at least one 'ps' and one 'worker' task; missing {missing}",
+            )
+        self.cluster_resolver = cluster_resolver
+        self._cluster_spec = spec
+        self._variable_partitioner = variable_partitioner
+        self._token = job_token if job_token is not None else load_job_token()
+        self._transport = PSTransport(spec.job_tasks("ps"), self._token, rpc_timeout)
+        self._lock = threading.Lock()
+        self._next_ps = 0
+        self._names: dict[str, int] = {}
+
+    # -- cluster ---------------------------------------------------------------------------------------------
+    @property
+    def cluster_spec(self) -> ClusterSpec:
+        return self._cluster_spec
+
+    @property
+    def num_ps(self) -> int:
+        return self._cluster_spec.num_tasks("ps")
+
+    @property
+    def num_workers(self) -> int:
+        return self._cluster_spec.num_tasks("worker")
+
+    @property
+    def worker_addresses(self) -> list[str]:
+        return self._cluster_spec.job_tasks("worker")
+
+    @property
+    def ps_addresses(self) -> list[str]:
+        return self._cluster_spec.job_tasks("ps")
+
+    @property
+    def variable_partitioner(self):
+        return self._variable_partitioner
+
+    @property
+    def job_token(self) -> str | None:
+        return self._token
+
+    @property
+    def transport(self) -> PSTransport:
+        return self._transport
+
+    @classmethod
+    def from_tf_config(cls, **kwargs: Any) -> "ParameterServerStrategy":
+        return cls(TFConfigClusterResolver(), **kwargs)
+
+    @contextlib.contextmanager
+    def scope(self) -> Iterator["ParameterServerStrategy"]:
+        """Variables created inside live on the parameter servers."""
+        _context.push_strategy(self)
+        try:
+            yield self
+        finally:
+            _context.pop_strategy(self)
+
+    # -- variable creation -----------------------------------------------------------------------------------
+    def _unique_name(self, name: str) -> str:
+        with self._lock:
+            count = self._names.get(name, 0)
+            self._names[name] = count + 1
+        return name if count == 0 else f"{name}_{count}"
+
+    def _place(self) -> int:
+        with self._lock:
+            ps = self._next_ps % self.num_ps
+            self._next_ps += 1
+        return ps
+
+    def _num_shards(self, shape: tuple[int, ...], dtype: np.dtype) -> int:
+        if self._variable_partitioner is None or len(shape) == 0 or shape[0] <= 1:
+            return 1
+        parts = self._variable_partitioner(shape, dtype)
+        try:
+            n = int(list(parts)[0])
+        except (TypeError, ValueError, IndexError):
+            raise RuntimeConfigError("variable_partitioner", parts,
+                                     "a partitioner must return a list like [num_shards, 1, ...]") from None
+        if n < 1:
+            raise RuntimeConfigError("variable_partitioner", parts, "the number of shards must be >= 1")
+        return min(n, shape[0])
+
+    def _create_variable(self, initial_value: Any, name: str | None, dtype: Any, trainable: bool,
+                         shape: Any = None) -> Variable | ShardedVariable:
+        value = initial_value() if callable(initial_value) else initial_value
+        try:
+            array = np.array(value, dtype=np.dtype(dtype) if dtype is not None else None, copy=True)
+        except TypeError as err:
+            raise RuntimeConfigError("initial_value", type(value).__name__, f"must be array-like ({err})") from None
+        if array.dtype == object:
+            raise RuntimeConfigError("initial_value", type(value).__name__, "must be a numeric array")
+        if shape is not None and tuple(array.shape) != tuple(shape):
+            raise RuntimeConfigError("shape", shape, f"the initial value has shape {list(array.shape)}")
+        key = self._unique_name(name or "Variable")
+        n = self._num_shards(tuple(array.shape), array.dtype)
+        if n == 1:
+            ps = self._place()
+            self._transport.call(ps, "CreateVariables", {"names": [key]}, [array])
+            return Variable._remote_variable(key, key, array.shape, array.dtype, trainable, ps, self._transport)
+        shards: list[Variable] = []
+        per_ps: dict[int, tuple[list[str], list[np.ndarray]]] = {}
+        for i, (start, stop) in enumerate(div_split(array.shape[0], n)):
+            ps = self._place()
+            shard_key = f"{key}/part_{i}"
+            names, values = per_ps.setdefault(ps, ([], []))
+            names.append(shard_key)
+            values.append(array[start:stop])
+            shards.append(Variable._remote_variable(shard_key, shard_key, (stop - start,) + array.shape[1:],
+                                                    array.dtype, trainable, ps, self._transport, prefetch=False))
+        self._transport.call_many({ps: ("CreateVariables", {"names": names}, values)
+                                   for ps, (names, values) in per_ps.items()})
+        return ShardedVariable(shards, name=key)
+
+    def run(self, fn: Callable, args: tuple = (), kwargs: dict | None = None) -> Any:
+        """Run ``fn`` once (one replica per worker, as TF's PS strategy on CPU): ``fn(*args, **kwargs)``."""
+        return fn(*args, **(kwargs or {}))
+
+    @property
+    def num_replicas_in_sync(self) -> int:
+        return 1
+
+    def __reduce__(self):
+        # a scheduled function that captures the strategy gets a light stand-in on the worker
+        return (_WorkerSideStrategy, (self.num_workers, self.num_ps))
+
+    def close(self) -> None:
+        self._transport.close()
+
+    def __repr__(self) -> str:
+        return f"ParameterServerStrategy(num_ps={self.num_ps}, num_workers={self.num_workers})"
+
+
+class _WorkerSideStrategy:
+    """What a strategy captured by a scheduled function becomes on the worker: ``run`` calls the function."""
+
+    def __init__(self, num_workers: int, num_ps: int):
+        self.num_workers = num_workers
+        self.num_ps = num_ps
+        self.num_replicas_in_sync = 1
+
+    def run(self, fn: Callable, args: tuple = (), kwargs: dict | None = None) -> Any:
+        return fn(*args, **(kwargs or {}))
+
+    def scope(self):
+        return contextlib.nullcontext(self)

@@ -1,0 +1,136 @@
+"""Applying gradients: the transport behind ``Optimizer.apply_gradients``.
+
+``apply_gradients(optimizer, grads_and_vars)`` groups the updates by parameter server and sends **one** ``Push``
+RPC per PS (all in parallel) carrying every dense gradient and every row-sparse gradient (:class:`IndexedSlices`)
+of the step; the PS runs the optimizer update next to the variable, with the slots it keeps there. A sharded
+variable's gradient is split by shard: dense rows by the div split, sparse rows by the owner of each id.
+Local variables (created outside ``strategy.scope()``) are updated in place in this process.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import numpy as np
+
+from . import context as _context
+from .errors import RuntimeConfigError
+from .partitioners import owner_of
+from .variables import ShardedVariable, Variable
+
+__all__ = ["IndexedSlices", "apply_gradients"]
+
+
+class IndexedSlices:
+    """A row-sparse gradient, as ``tf.IndexedSlices``: rows ``values[i]`` belong to row ``indices[i]``."""
+
+    def __init__(self, values: Any, indices: Any, dense_shape: Any = None):
+        self.values = np.asarray(values)
+        self.indices = np.asarray(indices)
+        if self.indices.ndim != 1 or self.indices.dtype.kind not in "iu":
+            raise RuntimeConfigError("indices", f"{self.indices.dtype} array of shape {list(self.indices.shape)}",
+                                     "IndexedSlices indices must be a 1-D integer array")
+        if self.values.ndim < 1 or self.values.shape[0] != self.indices.shape[0]:
+            raise RuntimeConfigError("values", f"array of shape {list(self.values.shape)}",
+                                     f"IndexedSlices needs one row per index ({self.indices.shape[0]})")
+        self.dense_shape = tuple(dense_shape) if dense_shape is not None else None
+
+    def __repr__(self) -> str:
+        return f"IndexedSlices(values.shape={self.values.shape}, indices.shape={self.indices.shape})"
+
+
+def _check_dense(grad: Any, var: Variable | ShardedVariable) -> np.ndarray:
+    g = np.asarray(grad)
+    if g.shape != tuple(var.shape):
+        raise RuntimeConfigError(f"gradient of {var.name!r}", f"array of shape {list(g.shape)}",
+                                 f"must match the variable's shape {list(var.shape)}")
+    return g.astype(var.dtype, copy=False)
+
+
+def _check_sparse(grad: IndexedSlices, var: Variable | ShardedVariable) -> tuple[np.ndarray, np.ndarray]:
+    if len(var.shape) == 0:
+        raise RuntimeConfigError(f"gradient of {var.name!r}", "IndexedSlices", "a scalar variable takes dense gradients")
+    if tuple(grad.values.shape[1:]) != tuple(var.shape[1:]):
+        raise RuntimeConfigError(f"gradient of {var.name!r}", f"rows of shape {list(grad.values.shape[1:])}",
+                                 f"must match the variable's rows {list(var.shape[1:])}")
+    idx = grad.indices.astype(np.int64, copy=False)
+    if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= var.shape[0]):
+        bad = int(idx.min()) if int(idx.min()) < 0 else int(idx.max())
+        raise RuntimeConfigError(f"gradient of {var.name!r}", f"index {bad}", f"must be in [0, {var.shape[0]})")
+    return idx, grad.values.astype(var.dtype, copy=False)
+
+
+def _apply_local(optimizer: Any, var: Variable, grad: Any) -> None:
+    entry = var._local_slots.get(id(optimizer))
+    if entry is None:
+        entry = var._local_slots[id(optimizer)] = (optimizer, optimizer.init_slots(var._local))
+    var._local_updates += 1
+    if isinstance(grad, tuple):
+        optimizer.apply_sparse(var._local, grad[0], grad[1], entry[1], var._local_updates)
+    else:
+        optimizer.apply_dense(var._local, grad, entry[1], var._local_updates)
+
+
+def apply_gradients(optimizer: Any, grads_and_vars: Iterable[tuple[Any, Any]]) -> None:
+    """Apply ``(gradient, variable)`` pairs: one ``Push`` RPC per parameter server for all of them.
+
+    ``gradient`` is array-like (dense) or an :class:`IndexedSlices`; ``None`` gradients are skipped (as in TF).
+    """
+    pairs = list(grads_and_vars)
+    config = None
+    # (transport id) -> (transport, {ps: (updates, arrays)})
+    batches: dict[int, tuple[Any, dict[int, tuple[list, list]]]] = {}
+    touched: list[str] = []
+
+    def add(var: Variable, grad: Any) -> None:
+        nonlocal config
+        if var._local is not None:
+            _apply_local(optimizer, var, grad)
+            return
+        if config is None:
+            config = optimizer.get_config()
+        transport = var._require_transport()
+        per_ps = batches.setdefault(id(transport), (transport, {}))[1]
+        updates, arrays = per_ps.setdefault(var._ps_index, ([], []))
+        if isinstance(grad, tuple):
+            updates.append({"name": var._key, "kind": "sparse"})
+            arrays.extend(grad)
+        else:
+            updates.append({"name": var._key, "kind": "dense"})
+            arrays.append(grad)
+        touched.append(var._key)
+
+    for i, pair in enumerate(pairs):
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise RuntimeConfigError(f"grads_and_vars[{i}]", pair, "must be a (gradient, variable) pair")
+        grad, var = pair
+        if grad is None:
+            continue
+        if not isinstance(var, (Variable, ShardedVariable)):
+            raise RuntimeConfigError(f"grads_and_vars[{i}][1]", type(var).__name__,
+                                     "must be a kubeps Variable or ShardedVariable")
+        if isinstance(grad, IndexedSlices):
+            idx, values = _check_sparse(grad, var)
+            if isinstance(var, ShardedVariable):
+                shard, local = owner_of(idx, var.shape[0], var.num_shards) if idx.size else (idx, idx)
+                for s, shard_var in enumerate(var.variables):
+                    mask = shard == s
+                    if mask.any():
+                        add(shard_var, (local[mask], values[mask]))
+            else:
+                add(var, (idx, values))
+        else:
+            dense = _check_dense(grad, var)
+            if isinstance(var, ShardedVariable):
+                for (a, b), shard_var in zip(var.shard_rows(), var.variables):
+                    add(shard_var, dense[a:b])
+            else:
+                add(var, dense)
+
+    for transport, per_ps in batches.values():
+        transport.call_many({
+            ps: ("Push", {"optimizer": config, "updates": updates}, arrays) for ps, (updates, arrays) in per_ps.items()
+        })
+    ctx = _context.current_closure_context()
+    if ctx is not None and touched:
+        ctx.invalidate()

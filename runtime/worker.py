@@ -1,0 +1,179 @@
+"""The worker service: runs scheduled functions (closures) and holds per-worker resources (datasets, iterators).
+
+A closure arrives as cloudpickle bytes (only after the job token was checked, see :mod:`kubeps.runtime.security`).
+It is unpickled inside a :class:`~kubeps.runtime.context.ClosureContext`, so its variable handles register there
+and per-worker resource references resolve to this worker's objects. The result goes back as a pickled skeleton
+(containers, scalars) with every numpy array replaced by a reference to a tensor of the wire frame.
+
+Statuses a ``RunClosure`` answer carries in ``meta["status"]``:
+``ok`` (result), ``error`` (the function raised; non-retryable), ``resource_missing`` (a per-worker resource is not
+here: the worker restarted; the coordinator rebuilds resources and retries), ``ps_unavailable`` (a parameter server
+could not be reached; the coordinator retries a few times, then fails the job).
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+import traceback
+import uuid
+from typing import Any, Callable
+
+import cloudpickle
+import numpy as np
+
+from . import context as _context
+from .context import ClosureContext, PSTransport
+from .errors import PSUnavailableError, ResourceMissingError
+
+__all__ = [
+    "BUILTIN_METHODS",
+    "TensorRef",
+    "WorkerState",
+    "join_structure",
+    "split_structure",
+]
+
+
+class WorkerState:
+    """What a worker task holds between closures."""
+
+    def __init__(self, worker_index: int, ps_addresses: list[str], token: str | None, rpc_timeout: float = 30.0):
+        self.worker_index = worker_index
+        self.transport = PSTransport(ps_addresses, token, rpc_timeout)
+        self.resources: dict[str, Any] = {}
+        self.incarnation = uuid.uuid4().hex
+        self.closures_run = 0
+        self._lock = threading.Lock()
+
+    def context(self) -> ClosureContext:
+        return ClosureContext(self.worker_index, self.transport, self.resources)
+
+    def close(self) -> None:
+        self.transport.close()
+
+
+# -- per-worker resource references -------------------------------------------------------------------------------
+def resolve_resource(resource_id: str) -> Any:
+    """Unpickling hook: the worker-local object a per-worker resource reference stands for."""
+    ctx = _context.current_closure_context()
+    if ctx is None:
+        raise RuntimeError(f"per-worker resource {resource_id} can only be used inside a function running on a worker")
+    try:
+        return ctx.resources[resource_id]
+    except KeyError:
+        raise ResourceMissingError(
+            f"worker {ctx.worker_index} holds no per-worker resource {resource_id} (it restarted?)"
+        ) from None
+
+
+# -- results: pickled skeleton + wire tensors ----------------------------------------------------------------------
+class TensorRef:
+    """Stands for tensor ``index`` of the frame inside a pickled result skeleton."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int):
+        self.index = index
+
+    def __reduce__(self):
+        return (TensorRef, (self.index,))
+
+
+def split_structure(value: Any, tensors: list[np.ndarray]) -> Any:
+    """Replace every numpy array (and variable) in nested lists/tuples/dicts by a :class:`TensorRef`."""
+    from .variables import ShardedVariable, Variable
+
+    if isinstance(value, (Variable, ShardedVariable)):
+        value = np.asarray(value.read_value())
+    if isinstance(value, np.ndarray) and value.dtype != object:
+        tensors.append(value)
+        return TensorRef(len(tensors) - 1)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # namedtuple
+        return type(value)(*(split_structure(v, tensors) for v in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(split_structure(v, tensors) for v in value)
+    if isinstance(value, dict):
+        return type(value)((k, split_structure(v, tensors)) for k, v in value.items())
+    return value
+
+
+def join_structure(skeleton: Any, tensors: list[np.ndarray]) -> Any:
+    """Inverse of :func:`split_structure` (arrays come back writable)."""
+    if isinstance(skeleton, TensorRef):
+        array = tensors[skeleton.index]
+        return array if array.flags.writeable else array.copy()
+    if isinstance(skeleton, tuple) and hasattr(skeleton, "_fields"):
+        return type(skeleton)(*(join_structure(v, tensors) for v in skeleton))
+    if isinstance(skeleton, (list, tuple)):
+        return type(skeleton)(join_structure(v, tensors) for v in skeleton)
+    if isinstance(skeleton, dict):
+        return type(skeleton)((k, join_structure(v, tensors)) for k, v in skeleton.items())
+    return skeleton
+
+
+def _payload(arrays: list, method: str) -> bytes:
+    if len(arrays) != 1 or arrays[0].dtype != np.uint8 or arrays[0].ndim != 1:
+        raise ValueError(f"{method}: field 'tensors' must hold exactly one 1-D uint8 tensor (the pickled function)")
+    return arrays[0].tobytes()
+
+
+def _bytes_tensor(data: bytes) -> np.ndarray:
+    return np.frombuffer(data, dtype=np.uint8)
+
+
+def _run(state: WorkerState, payload: bytes, body: Callable[[Any], Any]) -> tuple[dict[str, Any], list]:
+    ctx = state.context()
+    previous = _context.set_closure_context(ctx)
+    try:
+        try:
+            obj = cloudpickle.loads(payload)
+            result = body(obj)
+        except ResourceMissingError as err:
+            return {"status": "resource_missing", "message": str(err)}, []
+        except PSUnavailableError as err:
+            return {"status": "ps_unavailable", "ps_index": err.ps_index, "message": str(err)}, []
+        except BaseException as err:  # noqa: BLE001 - the user's function may raise anything; report it
+            if isinstance(err, (KeyboardInterrupt, SystemExit)):
+                raise
+            try:
+                blob = cloudpickle.dumps(err)
+                pickle.loads(blob)  # make sure the coordinator can rebuild it
+            except Exception:  # noqa: BLE001
+                blob = b""
+            meta = {"status": "error", "type": type(err).__name__, "message": str(err),
+                    "traceback": traceback.format_exc()}
+            return meta, [_bytes_tensor(blob)]
+        tensors: list[np.ndarray] = []
+        skeleton = split_structure(result, tensors)
+        return {"status": "ok", "pulls": ctx.pulls}, [_bytes_tensor(cloudpickle.dumps(skeleton))] + tensors
+    finally:
+        _context.set_closure_context(previous)
+        with state._lock:
+            state.closures_run += 1
+
+
+def rpc_run_closure(state: WorkerState, meta: dict[str, Any], arrays: list) -> tuple[dict[str, Any], list]:
+    """Run ``fn(*args, **kwargs)`` from the pickled ``(fn, args, kwargs)``."""
+    payload = _payload(arrays, "RunClosure")
+    return _run(state, payload, lambda obj: obj[0](*obj[1], **obj[2]))
+
+
+def rpc_create_resource(state: WorkerState, meta: dict[str, Any], arrays: list) -> tuple[dict[str, Any], list]:
+    """Build a per-worker resource: ``resources[resource_id] = fn()`` from the pickled ``fn``."""
+    resource_id = meta.get("resource_id")
+    if not isinstance(resource_id, str) or not resource_id:
+        raise ValueError(f"field 'resource_id' must be a non-empty string, got {resource_id!r}")
+    payload = _payload(arrays, "CreateResource")
+
+    def build(fn: Callable[[], Any]) -> None:
+        state.resources[resource_id] = fn()
+        return None
+
+    return _run(state, payload, build)
+
+
+BUILTIN_METHODS: dict[str, Callable[[WorkerState, dict[str, Any], list], tuple[dict[str, Any], list]]] = {
+    "RunClosure": rpc_run_closure,
+    "CreateResource": rpc_create_resource,
+}
