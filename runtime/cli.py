@@ -1,0 +1,203 @@
+"""The ``kubeps`` command.
+
+- ``kubeps local SCRIPT [--ps N] [--workers M] [--evaluator] [--host H] [--port-base P] [-- ARGS...]``: run a
+  training program as a local cluster of processes (see :mod:`kubeps.runtime.launcher`).
+- ``kubeps operator [ARGS...]``: the Kubernetes operator (``kubeps.operator.main``; needs ``kubeps[operator]``).
+- ``kubeps version``: the installed version.
+
+Usage errors exit with status 2, as argparse does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import ipaddress
+import os
+import sys
+from typing import Sequence
+
+__all__ = ["build_parser", "main"]
+
+USAGE_ERROR = 2
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+
+        return version("kubeps")
+    except PackageNotFoundError:  # running from a source tree that is not installed
+        return "unknown (not installed)"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but ``error()`` raises instead of exiting so :func:`main` can return the status."""
+
+    def exit(self, status: int = 0, message: str | None = None) -> None:  # type: ignore[override]
+        if message:
+            sys.stderr.write(message)
+        raise _Exit(status)
+
+
+class _Exit(Exception):
+    def __init__(self, status: int):
+        super().__init__(status)
+        self.status = status
+
+
+def _int_at_least(minimum: int, flag: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} must be an integer >= {minimum}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{flag} must be >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def _port_base(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--port-base must be a port number in 1..65535, got {text!r}") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"--port-base must be a port number in 1..65535, got {value}")
+    return value
+
+
+def _grace(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--grace-period must be a number of seconds >= 0, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"--grace-period must be a number of seconds >= 0, got {text}")
+    return value
+
+
+def _host(text: str) -> str:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--host must be an IP address to bind the tasks to (e.g. 127.0.0.1 or ::1), got {text!r}"
+        ) from None
+    return text
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="kubeps",
+        description="TensorFlow-style parameter-server training: local clusters and the Kubernetes operator.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    local = sub.add_parser(
+        "local",
+        help="run a training script as a local cluster (chief, ps, workers[, evaluator])",
+        description=(
+            "Start the chief, parameter servers and workers (and the evaluator) of a job as local processes, each "
+            "running 'python SCRIPT ARGS' with its own TF_CONFIG on free loopback ports, and stream their output "
+            "prefixed with [type-index]. The exit status is the chief's; when the chief exits the other tasks are "
+            "stopped. Arguments after '--' are passed to the script."
+        ),
+        usage="kubeps local SCRIPT [--ps N] [--workers M] [--evaluator] [--host H] [--port-base P] [-- ARGS...]",
+    )
+    local.add_argument("script", help="the training program (the same file runs as every task)")
+    local.add_argument("--ps", type=_int_at_least(1, "--ps"), default=2, help="parameter servers (default 2)")
+    local.add_argument("--workers", type=_int_at_least(1, "--workers"), default=2, help="workers (default 2)")
+    local.add_argument("--evaluator", action="store_true", help="also run a sidecar evaluator task")
+    local.add_argument("--host", type=_host, default="127.0.0.1", help="address the tasks listen on (default 127.0.0.1)")
+    local.add_argument(
+        "--port-base", type=_port_base, default=None, help="use consecutive ports from this one (default: free ports)"
+    )
+    local.add_argument(
+        "--grace-period",
+        type=_grace,
+        default=5.0,
+        help="seconds between SIGTERM and SIGKILL when stopping tasks (default 5)",
+    )
+    local.add_argument("--python", default=sys.executable, help="interpreter for the tasks (default: this one)")
+    parser.set_defaults(_local_parser=local)
+
+    sub.add_parser(
+        "operator",
+        help="run the Kubernetes operator (needs kubeps[operator]); arguments go to the operator",
+        add_help=False,
+    )
+    sub.add_parser("version", help="print the kubeps version")
+    return parser
+
+
+def _split_script_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1 :]
+    return argv, []
+
+
+def _run_operator(argv: list[str]) -> int:
+    try:
+        module = importlib.import_module("kubeps.operator.main")
+        operator_main = module.main
+    except (ImportError, AttributeError) as err:
+        sys.stderr.write(
+            f"kubeps operator: the operator is not available ({err}); install kubeps[operator] "
+            f"(pip install 'kubeps[operator]')\n"
+        )
+        return 1
+    result = operator_main(argv)
+    return int(result or 0)
+
+
+def _run_local(parser: argparse.ArgumentParser, args: argparse.Namespace, script_args: list[str]) -> int:
+    from .launcher import LauncherError, run_local
+
+    local_parser: argparse.ArgumentParser = args._local_parser
+    if not os.path.exists(args.script):
+        local_parser.error(f"script file not found: {args.script}")
+    if not os.path.isfile(args.script):
+        local_parser.error(f"script must be a file, got a directory: {args.script}")
+    try:
+        return run_local(
+            args.script,
+            script_args,
+            num_ps=args.ps,
+            num_workers=args.workers,
+            evaluator=args.evaluator,
+            host=args.host,
+            port_base=args.port_base,
+            python=args.python,
+            grace_period=args.grace_period,
+        )
+    except LauncherError as err:
+        local_parser.error(str(err))
+    return USAGE_ERROR  # pragma: no cover - error() raises
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``kubeps`` console script; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "operator":  # everything after it belongs to the operator, options included
+        return _run_operator(argv[1:])
+    parser = build_parser()
+    own, script_args = _split_script_args(argv)
+    try:
+        args = parser.parse_args(own)
+        if script_args and args.command != "local":
+            parser.error(f"'--' arguments are only for 'kubeps local', got {script_args}")
+        if args.command == "version":
+            print(f"kubeps {_version()}")
+            return 0
+        return _run_local(parser, args, script_args)
+    except _Exit as exit_:
+        return exit_.status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,408 @@
+"""``kubeps local``: real processes, real signals, checked by PID. No dependency on the distributed core: the tasks
+are throwaway scripts that report their TF_CONFIG and then exit, fail or sleep as told."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kubeps.runtime import cli
+from kubeps.runtime.launcher import LauncherError, LocalCluster, exit_status, free_ports
+
+# The task script: argv[1] is a directory for pid files, argv[2] a JSON behaviour per task type
+# ({"chief": {"exit": 3}, "worker": {"sleep": 60}, ...}); "default" applies to types not named. "wait_for": N
+# waits until N tasks have written their pid file (so every task has reported before the chief ends).
+TASK_SCRIPT = r'''
+import json, os, signal, sys, time
+config = json.loads(os.environ["TF_CONFIG"])
+task_type, index = config["task"]["type"], config["task"]["index"]
+pid_dir, spec = sys.argv[1], json.loads(sys.argv[2])
+behaviour = spec.get(f"{task_type}-{index}", spec.get(task_type, spec.get("default", {})))
+if behaviour.get("ignore_term"):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+report = {
+    "task": config["task"], "cluster": config["cluster"], "argv": sys.argv[3:], "pid": os.getpid(),
+    "token": os.environ.get("KUBEPS_JOB_TOKEN"), "unbuffered": os.environ.get("PYTHONUNBUFFERED"),
+    "bind_host": os.environ.get("KUBEPS_BIND_HOST"),
+}
+print("REPORT " + json.dumps(report))
+print(f"to stderr from {task_type} {index}", file=sys.stderr)
+tmp = os.path.join(pid_dir, f".{task_type}-{index}")
+with open(tmp, "w") as f:
+    f.write(str(os.getpid()))
+os.replace(tmp, os.path.join(pid_dir, f"{task_type}-{index}"))
+deadline = time.time() + 30
+while len([n for n in os.listdir(pid_dir) if not n.startswith(".")]) < behaviour.get("wait_for", 0):
+    assert time.time() < deadline, "the other tasks did not start"
+    time.sleep(0.01)
+time.sleep(behaviour.get("sleep", 0))
+if "kill" in behaviour:
+    os.kill(os.getpid(), behaviour["kill"])
+sys.exit(behaviour.get("exit", 0))
+'''
+
+FOREVER = {"sleep": 600}
+
+
+@pytest.fixture
+def script(tmp_path) -> Path:
+    path = tmp_path / "task.py"
+    path.write_text(TASK_SCRIPT)
+    return path
+
+
+@pytest.fixture
+def pid_dir(tmp_path) -> Path:
+    d = tmp_path / "pids"
+    d.mkdir()
+    return d
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def pids(pid_dir: Path) -> dict[str, int]:
+    return {p.name: int(p.read_text()) for p in pid_dir.iterdir() if not p.name.startswith(".")}
+
+
+def wait_for_pids(pid_dir: Path, count: int, timeout: float = 20.0) -> dict[str, int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = pids(pid_dir)
+        if len(found) >= count:
+            return found
+        time.sleep(0.02)
+    raise AssertionError(f"only {pids(pid_dir)} of {count} tasks started")
+
+
+def assert_all_gone(task_pids: dict[str, int], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(alive(p) for p in task_pids.values()):
+        time.sleep(0.02)
+    left = {name: pid for name, pid in task_pids.items() if alive(pid)}
+    if left:  # clean up what we started before failing
+        for pid in left.values():
+            os.kill(pid, signal.SIGKILL)
+    assert left == {}, f"processes left behind: {left}"
+
+
+def reports(out: str) -> dict[str, dict]:
+    """``{"ps-1": report}`` from prefixed ``[ps-1] REPORT {...}`` lines."""
+    found = {}
+    for line in out.splitlines():
+        if "] REPORT " in line:
+            prefix, payload = line.split(" REPORT ", 1)
+            found[prefix.strip("[]")] = json.loads(payload)
+    return found
+
+
+def run_main(args: list[str], capsys) -> tuple[int, str, str]:
+    code = cli.main(args)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def spawn_launcher(args: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "kubeps.runtime.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+# -- output, exit status, TF_CONFIG -------------------------------------------------------------------------------
+def test_output_is_prefixed_and_exit_status_is_the_chiefs(script, pid_dir, capsys):
+    spec = {"chief": {"exit": 3, "wait_for": 5}, "default": FOREVER}
+    code, out, err = run_main(
+        ["local", str(script), "--ps", "2", "--workers", "2", "--", str(pid_dir), json.dumps(spec), "x", "--flag"],
+        capsys,
+    )
+    assert code == 3
+    found = reports(out)
+    assert set(found) == {"chief-0", "ps-0", "ps-1", "worker-0", "worker-1"}
+    for name, report in found.items():
+        task_type, index = name.split("-")
+        assert report["task"] == {"type": task_type, "index": int(index)}
+        assert report["argv"] == ["x", "--flag"]
+        assert f"[{name}] to stderr from {task_type} {index}" in out.splitlines()
+    assert "chief-0 exited with status 3" in err
+    assert_all_gone(pids(pid_dir))
+
+
+def test_tf_config_cluster_token_and_environment(script, pid_dir, capsys, monkeypatch):
+    monkeypatch.delenv("KUBEPS_JOB_TOKEN", raising=False)
+    monkeypatch.delenv("KUBEPS_JOB_TOKEN_FILE", raising=False)
+    spec = {"chief": {"wait_for": 5}, "default": FOREVER}  # every task reports before the chief ends
+    code, out, _ = run_main(
+        ["local", str(script), "--ps", "1", "--workers", "2", "--evaluator", "--", str(pid_dir), json.dumps(spec)],
+        capsys,
+    )
+    assert code == 0
+    found = reports(out)
+    assert set(found) == {"chief-0", "ps-0", "worker-0", "worker-1", "evaluator-0"}
+    training = found["chief-0"]["cluster"]
+    assert set(training) == {"chief", "ps", "worker"}  # the evaluator is never in the training cluster
+    for name in ("ps-0", "worker-0", "worker-1"):
+        assert found[name]["cluster"] == training
+    evaluator_cluster = found["evaluator-0"]["cluster"]
+    assert list(evaluator_cluster) == ["evaluator"] and len(evaluator_cluster["evaluator"]) == 1
+    addresses = [a for v in training.values() for a in v] + evaluator_cluster["evaluator"]
+    assert len(set(addresses)) == 5
+    assert all(a.startswith("127.0.0.1:") for a in addresses)
+    tokens = {r["token"] for r in found.values()}
+    assert len(tokens) == 1 and len(tokens.pop()) >= 16
+    assert {r["unbuffered"] for r in found.values()} == {"1"}
+    assert {r["bind_host"] for r in found.values()} == {"127.0.0.1"}
+    assert_all_gone(pids(pid_dir))
+
+
+def test_job_token_from_the_environment_is_kept_and_runs_differ(script, pid_dir, capsys, monkeypatch):
+    spec = {"chief": {"wait_for": 2}, "default": FOREVER}
+    monkeypatch.delenv("KUBEPS_JOB_TOKEN_FILE", raising=False)
+    monkeypatch.delenv("KUBEPS_JOB_TOKEN", raising=False)
+    seen = []
+    for _ in range(2):
+        _, out, _ = run_main(["local", str(script), "--ps", "1", "--workers", "1", "--", str(pid_dir), json.dumps(spec)], capsys)
+        seen.append(reports(out)["chief-0"]["token"])
+        for p in pid_dir.iterdir():
+            p.unlink()
+    assert seen[0] != seen[1]  # a fresh random token per run
+    monkeypatch.setenv("KUBEPS_JOB_TOKEN", "a-token-set-by-the-user-0123")
+    _, out, _ = run_main(["local", str(script), "--ps", "1", "--workers", "1", "--", str(pid_dir), json.dumps(spec)], capsys)
+    assert {r["token"] for r in reports(out).values()} == {"a-token-set-by-the-user-0123"}
+
+
+def test_chief_killed_by_a_signal_gives_128_plus_signal(script, pid_dir, capsys):
+    spec = {"chief": {"kill": int(signal.SIGKILL)}, "default": FOREVER}
+    code, _, err = run_main(["local", str(script), "--ps", "1", "--workers", "1", "--", str(pid_dir), json.dumps(spec)], capsys)
+    assert code == 128 + signal.SIGKILL
+    assert exit_status(-9) == 137 and exit_status(4) == 4
+    assert_all_gone(pids(pid_dir))
+
+
+def test_worker_dying_before_the_chief_is_reported(script, pid_dir, capsys):
+    spec = {"chief": {"wait_for": 4, "sleep": 1.0, "exit": 0}, "worker-1": {"exit": 5}, "default": FOREVER}
+    code, _, err = run_main(["local", str(script), "--ps", "1", "--workers", "2", "--", str(pid_dir), json.dumps(spec)], capsys)
+    assert code == 0
+    assert "worker-1" in err and "exited with status 5 before the chief" in err
+    assert "worker-0 (pid" not in err  # the others were still running when the chief ended
+    assert_all_gone(pids(pid_dir))
+
+
+def test_task_ignoring_sigterm_is_killed_after_the_grace_period(script, pid_dir, capsys):
+    spec = {"chief": {"exit": 0, "wait_for": 3}, "default": {"sleep": 600, "ignore_term": True}}
+    started = time.monotonic()
+    code, _, err = run_main(
+        ["local", str(script), "--ps", "1", "--workers", "1", "--grace-period", "0.5", "--", str(pid_dir), json.dumps(spec)],
+        capsys,
+    )
+    assert code == 0
+    assert "did not stop within 0.5 s: SIGKILL" in err
+    assert time.monotonic() - started < 10
+    assert_all_gone(pids(pid_dir))
+
+
+# -- no process left behind ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("sig,status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_to_the_launcher_stops_every_task(script, pid_dir, sig, status):
+    spec = {"default": FOREVER}
+    launcher = spawn_launcher(
+        ["local", str(script), "--ps", "2", "--workers", "2", "--evaluator", "--", str(pid_dir), json.dumps(spec)]
+    )
+    try:
+        task_pids = wait_for_pids(pid_dir, 6)
+        assert all(alive(p) for p in task_pids.values())
+        launcher.send_signal(sig)
+        out, err = launcher.communicate(timeout=20)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    assert launcher.returncode == status, err
+    assert f"received {signal.Signals(sig).name}" in err
+    assert_all_gone(task_pids)
+
+
+def test_failing_chief_leaves_nothing_behind_as_a_subprocess(script, pid_dir):
+    spec = {"chief": {"wait_for": 4, "exit": 1}, "default": FOREVER}
+    launcher = spawn_launcher(["local", str(script), "--ps", "1", "--workers", "2", "--", str(pid_dir), json.dumps(spec)])
+    out, err = launcher.communicate(timeout=30)
+    assert launcher.returncode == 1, err
+    task_pids = pids(pid_dir)
+    assert len(task_pids) == 4
+    assert_all_gone(task_pids)
+
+
+# -- the supervision API (what --restart builds on) ---------------------------------------------------------------
+def test_local_cluster_restarts_a_task_through_on_task_exit(script, pid_dir, tmp_path):
+    restarted = []
+
+    class Restarting(LocalCluster):
+        def on_task_exit(self, task):
+            super().on_task_exit(task)
+            if not restarted:
+                restarted.append(task.pid)
+                self.start_task(task.task_type, task.index)
+
+    spec = {"chief": {"sleep": 1.5}, "worker-0": {"exit": 2, "sleep": 0.1}, "default": FOREVER}
+    out = open(tmp_path / "out.txt", "w+")
+    log = open(tmp_path / "log.txt", "w+")
+    cluster = Restarting(str(script), [str(pid_dir), json.dumps(spec)], num_ps=1, num_workers=1, output=out, log=log)
+    try:
+        cluster.start()
+        assert cluster.wait(timeout=30) == 0
+    finally:
+        cluster.stop()
+    out.seek(0)
+    log.seek(0)
+    text = out.read()
+    assert len(restarted) == 1
+    assert text.count("[worker-0] REPORT") == 2  # the first run and the restart
+    worker = cluster.tasks[("worker", 0)]
+    assert worker.pid != restarted[0] and worker.reaped
+    assert "exited with status 2 before the chief" in log.read()
+    assert_all_gone({"ps-0": cluster.tasks[("ps", 0)].pid, "worker-0": worker.pid, "first": restarted[0]})
+
+
+def test_local_cluster_start_task_checks(script, tmp_path):
+    cluster = LocalCluster(str(script), num_ps=1, num_workers=1, output=open(os.devnull, "w"), log=open(os.devnull, "w"))
+    with pytest.raises(LauncherError, match="has 1 'ps' task"):
+        cluster.start_task("ps", 1)
+    with pytest.raises(LauncherError, match="has 0 'evaluator' task"):
+        cluster.start_task("evaluator", 0)
+    assert cluster.task_keys() == [("ps", 0), ("worker", 0), ("chief", 0)]
+    assert json.loads(cluster.tf_config("worker", 0))["task"] == {"type": "worker", "index": 0}
+    cluster.stop()  # never started: nothing to do
+
+
+def test_free_ports_are_distinct_and_bindable():
+    ports = free_ports(8)
+    assert len(set(ports)) == 8
+    for port in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+
+
+# -- usage errors -------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--ps", "0"], "--ps must be >= 1, got 0"),
+        (["--workers", "0"], "--workers must be >= 1, got 0"),
+        (["--workers", "two"], "--workers must be an integer >= 1, got 'two'"),
+        (["--port-base", "70000"], "--port-base must be a port number in 1..65535, got 70000"),
+        (["--port-base", "65534"], "--port-base must be in 1..65531 for 5 tasks, got 65534"),
+        (["--host", "example.com"], "--host must be an IP address"),
+        (["--grace-period", "-1"], "--grace-period must be a number of seconds >= 0"),
+        (["--bogus"], "unrecognized arguments: --bogus"),
+        (["extra"], "unrecognized arguments: extra"),
+    ],
+)
+def test_bad_local_arguments_exit_2_with_a_clear_message(script, capsys, args, message):
+    code, _, err = run_main(["local", str(script), *args], capsys)
+    assert code == 2
+    assert message in err
+
+
+def test_missing_or_directory_script(tmp_path, capsys):
+    code, _, err = run_main(["local", str(tmp_path / "missing.py")], capsys)
+    assert code == 2 and f"script file not found: {tmp_path / 'missing.py'}" in err
+    code, _, err = run_main(["local", str(tmp_path)], capsys)
+    assert code == 2 and "script must be a file, got a directory" in err
+    code, _, err = run_main(["local"], capsys)
+    assert code == 2 and "script" in err
+
+
+def test_port_base_in_use(script, capsys):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        code, _, err = run_main(["local", str(script), "--ps", "1", "--workers", "1", "--port-base", str(port)], capsys)
+    assert code == 2
+    assert f"port {port} on 127.0.0.1 is not free" in err
+
+
+def test_port_base_gives_consecutive_ports(script, pid_dir, capsys):
+    base = free_ports(1)[0]
+    spec = {"chief": {"wait_for": 3}, "default": FOREVER}
+    for attempt in range(5):  # the range may be taken by someone else; try a few bases
+        code, out, err = run_main(
+            ["local", str(script), "--ps", "1", "--workers", "1", "--port-base", str(base), "--", str(pid_dir), json.dumps(spec)],
+            capsys,
+        )
+        if code == 0:
+            break
+        assert "is not free" in err
+        for p in pid_dir.iterdir():
+            p.unlink()
+        base = free_ports(1)[0]
+    assert code == 0
+    cluster = reports(out)["chief-0"]["cluster"]
+    assert cluster == {
+        "chief": [f"127.0.0.1:{base}"],
+        "ps": [f"127.0.0.1:{base + 1}"],
+        "worker": [f"127.0.0.1:{base + 2}"],
+    }
+
+
+def test_no_command_and_version(capsys):
+    code, _, err = run_main([], capsys)
+    assert code == 2 and "COMMAND" in err
+    code, out, _ = run_main(["version"], capsys)
+    assert code == 0 and out.startswith("kubeps ")
+    code, _, err = run_main(["version", "--", "x"], capsys)
+    assert code == 2 and "only for 'kubeps local'" in err
+
+
+# -- operator delegation ------------------------------------------------------------------------------------------
+def test_operator_delegates_all_arguments(monkeypatch):
+    import types
+
+    calls = []
+    fake = types.ModuleType("kubeps.operator.main")
+    fake.main = lambda argv: calls.append(argv) or 4
+    monkeypatch.setitem(sys.modules, "kubeps.operator.main", fake)
+    assert cli.main(["operator", "--namespace", "x", "--", "y"]) == 4
+    assert calls == [["--namespace", "x", "--", "y"]]
+
+
+def test_operator_missing_says_what_to_install(monkeypatch, capsys):
+    real_import = cli.importlib.import_module
+
+    def no_operator(name, *args):
+        if name == "kubeps.operator.main":
+            raise ImportError("No module named 'kopf'")
+        return real_import(name, *args)
+
+    monkeypatch.setattr(cli.importlib, "import_module", no_operator)
+    assert cli.main(["operator"]) == 1
+    assert "install kubeps[operator]" in capsys.readouterr().err
+
+
+def test_python_dash_m_entry_point():
+    result = subprocess.run(
+        [sys.executable, "-m", "kubeps.runtime.cli", "version"], capture_output=True, text=True, timeout=30
+    )
+    assert result.returncode == 0 and result.stdout.startswith("kubeps ")
