@@ -629,7 +629,7 @@ def register_ps_methods() -> None:
     from . import server  # noqa: PLC0415 - above this module in the layering only for the registration
 
     for name, fn in PS_METHODS.items():
-        server.register_ps_method(name, fn)
+        server.register_ps_method(name, fn, replace=True)  # idempotent: a re-import must not fail
 
 
 # -- the coordinator side: which objects a checkpoint holds ----------------------------------------------------
@@ -681,27 +681,31 @@ class LocalExecutor:
 
 
 class PSExecutor:
-    """Sends save/restore items to one parameter server (anything with ``call(method, meta, arrays)``)."""
+    """Sends save/restore items to one parameter server through a PS transport (``call(ps, method, meta, ...)``)."""
 
-    def __init__(self, client, label: str, timeout: float | None = 600.0):
-        self.client = client
-        self.label = label
+    def __init__(self, transport, ps_index: int, timeout: float | None = 600.0):
+        self.transport = transport
+        self.ps_index = ps_index
         self.timeout = timeout
-
-    def _call(self, method: str, meta: dict):
-        try:
-            return self.client.call(method, meta, (), timeout=self.timeout)
-        except TypeError:  # clients without a timeout argument
-            return self.client.call(method, meta, ())
+        self.label = f"/job:ps/task:{ps_index}"
+        self.group_key = ("ps", id(transport), ps_index)
 
     def save(self, directory, items):
-        meta, _ = self._call("SaveShards", {"directory": directory, "items": [i.model_dump() for i in items]})
+        meta, _ = self.transport.call(self.ps_index, "SaveShards",
+                                      {"directory": directory, "items": [i.model_dump() for i in items]},
+                                      (), self.timeout)
         return [SavedShard.model_validate(s) for s in meta["saved"]]
 
     def restore(self, directory, items):
-        meta, _ = self._call("RestoreShards", {"directory": directory,
-                                               "items": [i.model_dump(mode="json") for i in items]})
+        meta, _ = self.transport.call(self.ps_index, "RestoreShards",
+                                      {"directory": directory, "items": [i.model_dump(mode="json") for i in items]},
+                                      (), self.timeout)
         return int(meta.get("restored", 0))
+
+
+def _group_key(executor: ShardExecutor) -> Any:
+    """Shards of one executor (one parameter server) travel in one request."""
+    return getattr(executor, "group_key", None) or id(executor)
 
 
 @dataclass
@@ -831,8 +835,12 @@ class Checkpoint:
                 for k, v in obj.items():
                     visit(f"{path}/{k}", v)
             elif isinstance(obj, (list, tuple)):
-                for i, v in enumerate(obj):
-                    visit(f"{path}/{i}", v)
+                # variables in a list are named by their own names (stable when the list order changes)
+                labels = [getattr(v, "name", None) for v in obj]
+                if not (all(isinstance(n, str) and n for n in labels) and len(set(labels)) == len(labels)):
+                    labels = [str(i) for i in range(len(obj))]
+                for label, v in zip(labels, obj):
+                    visit(f"{path}/{label}", v)
             elif hasattr(obj, "variables") and not callable(obj.variables):
                 visit(path, obj.variables)
             else:
@@ -870,11 +878,11 @@ class Checkpoint:
             raise CheckpointError(f"checkpoint {path} already exists; refusing to overwrite a committed checkpoint")
         storage.remove_tree(path)  # the remains of an interrupted save of the same number
         storage.makedirs(path)
-        groups: dict[int, tuple[ShardExecutor, list[tuple[SaveItem, Saveable]]]] = {}
+        groups: dict[Any, tuple[ShardExecutor, list[tuple[SaveItem, Saveable]]]] = {}
         for sv in saveables:
             for shard in sv.shards:
                 item = SaveItem(key=shard.key, name=sv.name, start=shard.start, stop=shard.stop, shape=list(sv.shape))
-                groups.setdefault(id(shard.executor), (shard.executor, []))[1].append((item, sv))
+                groups.setdefault(_group_key(shard.executor), (shard.executor, []))[1].append((item, sv))
         results: dict[tuple[str, int], SavedShard] = {}
 
         def run(group):
@@ -929,7 +937,7 @@ class Checkpoint:
         path = normalize_path(path)
         manifest = read_manifest(path)
         saveables, stateful, _ = self._flatten()
-        groups: dict[int, tuple[ShardExecutor, list[RestoreItem]]] = {}
+        groups: dict[Any, tuple[ShardExecutor, list[RestoreItem]]] = {}
         for sv in saveables:
             entry = manifest.variables.get(sv.name)
             if entry is None:
@@ -957,7 +965,7 @@ class Checkpoint:
                 }
                 item = RestoreItem(key=shard.key, name=sv.name, start=shard.start, stop=shard.stop, value=value,
                                    slots=slots)
-                groups.setdefault(id(shard.executor), (shard.executor, []))[1].append(item)
+                groups.setdefault(_group_key(shard.executor), (shard.executor, []))[1].append(item)
         for key in stateful:
             if key not in manifest.objects:
                 raise CheckpointMismatchError(
@@ -1101,3 +1109,72 @@ class CheckpointReader:
 
     def values(self) -> dict[str, np.ndarray]:
         return {name: self.get(name) for name in self.names()}
+
+
+# -- kubeps variables ------------------------------------------------------------------------------------------
+def _config_key_of(optimizer: Any) -> str:
+    from .ps import _config_key  # noqa: PLC0415 - the PS keys slots by this, local variables must match
+
+    return _config_key(optimizer.get_config())
+
+
+class _LocalVariableAccess:
+    """:class:`ShardAccess` over local :class:`~kubeps.runtime.variables.Variable` objects (coordinator-side)."""
+
+    def __init__(self):
+        self.variables: dict[str, Any] = {}
+
+    def snapshot(self, key):
+        var = self.variables[key]
+        slots = {_config_key_of(opt): {n: a.copy() for n, a in group.items()}
+                 for opt, group in var._local_slots.values()}
+        return var._local.copy(), slots, var._local_updates
+
+    def describe(self, key):
+        var = self.variables[key]
+        return var._local.shape, var._local.dtype
+
+    def load(self, key, value, slots, updates):
+        var = self.variables[key]
+        var._local[...] = value
+        if updates is not None:
+            var._local_updates = int(updates)
+        for opt, group in var._local_slots.values():  # slots of optimizers this process already has
+            saved = (slots or {}).get(_config_key_of(opt))
+            if saved:
+                for name, arr in saved.items():
+                    if name in group:
+                        group[name][...] = arr
+
+
+def _variable_shards(variables: Sequence[Any], rows: Sequence[tuple[int, int]]) -> list[ShardRef]:
+    refs = []
+    for var, (start, stop) in zip(variables, rows):
+        if var._local is not None:
+            access = _LocalVariableAccess()
+            access.variables[var._key] = var
+            refs.append(ShardRef(start, stop, var._key, LocalExecutor(access)))
+        else:
+            refs.append(ShardRef(start, stop, var._key, PSExecutor(var._require_transport(), var._ps_index)))
+    return refs
+
+
+def _variable_saveable(var: Any, path: str) -> list[Saveable]:
+    rows = tensor_rows(var.shape)
+    shards = _variable_shards([var], [(0, rows)]) if rows else []
+    return [Saveable(path, tuple(var.shape), np.dtype(var.dtype), shards)]
+
+
+def _sharded_saveable(var: Any, path: str) -> list[Saveable]:
+    return [Saveable(path, tuple(var.shape), np.dtype(var.dtype), _variable_shards(var.variables, var.shard_rows()))]
+
+
+def _register_builtin_adapters() -> None:
+    from .variables import ShardedVariable, Variable  # noqa: PLC0415
+
+    register_saveable(Variable, _variable_saveable)
+    register_saveable(ShardedVariable, _sharded_saveable)
+
+
+_register_builtin_adapters()
+register_ps_methods()
