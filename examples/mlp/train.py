@@ -3,18 +3,22 @@
 The data: points in ``--features`` dimensions labelled by a fixed random "teacher" network (argmax of a random
 2-layer tanh net), so the best achievable accuracy is 100% and a model that learns gets close to it.
 
-This version runs in-process: the variables are local (no ``strategy.scope()``), ``optimizer.apply_gradients``
-updates them in place through the same code path the parameter servers use. Training is organised the way the
-distributed version schedules it: ``train_steps(iterator, n)`` runs ``--steps-per-execution`` steps per call
-and returns the mean loss, which is the function a ``ClusterCoordinator`` would ``schedule`` on a worker.
+Without TF_CONFIG it runs in-process: the variables are local (no ``strategy.scope()``) and
+``optimizer.apply_gradients`` updates them in place through the same code path the parameter servers use.
+
+Under ``kubeps local`` (TF_CONFIG set) the same file runs as every task: ps and worker tasks serve, the chief
+builds the model inside ``strategy.scope()`` (variables on the parameter servers, optimizer updates applied there)
+and schedules ``train_steps(iterator, n)`` -- ``--steps-per-execution`` steps per scheduled call -- on the workers.
 
     python examples/mlp/train.py --steps 600 --steps-per-execution 20
+    kubeps local --ps 2 --workers 2 examples/mlp/train.py -- --steps 600
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -82,6 +86,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     if args.steps % args.steps_per_execution:
         p.error(f"--steps={args.steps} must be a multiple of --steps-per-execution={args.steps_per_execution}")
 
+    if os.environ.get("TF_CONFIG"):
+        return run_distributed(args)
     kernels.backend()  # fail early and clearly if KUBEPS_DEVICE=gpu is set on a machine without one
     teacher = make_teacher(args.features, args.classes, seed=1234)
     rng = np.random.default_rng(99)
@@ -101,6 +107,82 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     result["examples_per_s"] = args.steps * args.batch_size / elapsed
     print(f"final: eval loss {result['loss']:.4f}  accuracy {result['accuracy']:.4f}  "
           f"({result['examples_per_s']:.0f} examples/s)")
+    if args.min_accuracy is not None and result["accuracy"] < args.min_accuracy:
+        print(f"accuracy {result['accuracy']:.4f} < --min-accuracy {args.min_accuracy}", file=sys.stderr)
+        sys.exit(1)
+    return result
+
+
+class WorkerBatches:
+    """The per-worker dataset: an endless batch stream seeded by the worker's input pipeline id."""
+
+    def __init__(self, features: int, batch_size: int, classes: int, seed: int):
+        self.features, self.batch_size, self.classes, self.seed = features, batch_size, classes, seed
+
+    def __iter__(self):
+        return batches(self.features, self.batch_size, make_teacher(self.features, self.classes, seed=1234), self.seed)
+
+
+def wait_for_parameter_servers(strategy, timeout_s: float = 60.0) -> None:
+    """The chief may start before the ps tasks listen: ping each until it answers (all tasks start together)."""
+    from kubeps.runtime.errors import PSUnavailableError
+
+    deadline = time.monotonic() + timeout_s
+    for ps in range(strategy.num_ps):
+        while True:
+            try:
+                strategy.transport.call(ps, "Ping", {})
+                break
+            except PSUnavailableError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+
+def run_distributed(args) -> dict[str, float]:
+    from kubeps.runtime.cluster import TFConfig
+
+    task = TFConfig.from_env(os.environ).task_type
+    if task in ("ps", "worker"):
+        from kubeps.runtime.server import main as serve
+
+        sys.exit(serve())
+    if task != "chief":
+        print(f"examples/mlp: nothing to do for task type {task!r}", file=sys.stderr)
+        sys.exit(0)
+    from kubeps.runtime.coordinator import ClusterCoordinator
+    from kubeps.runtime.strategy import ParameterServerStrategy
+
+    strategy = ParameterServerStrategy.from_tf_config()
+    wait_for_parameter_servers(strategy)
+    with strategy.scope():
+        model, opt = build(args)
+    coordinator = ClusterCoordinator(strategy)
+    f, b, c, seed, n = args.features, args.batch_size, args.classes, args.seed, args.steps_per_execution
+
+    def dataset_fn(ctx):
+        return WorkerBatches(f, b, c, seed + 1000 * ctx.input_pipeline_id)
+
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+
+    def step_fn(it):
+        return train_steps(model, opt, it, n)
+
+    teacher = make_teacher(args.features, args.classes, seed=1234)
+    rng = np.random.default_rng(99)
+    x_eval = rng.normal(size=(4096, args.features)).astype(np.float32)
+    y_eval = teacher(x_eval)
+    t0 = time.perf_counter()
+    losses = [coordinator.schedule(step_fn, args=(iterator,)) for _ in range(args.steps // n)]
+    coordinator.join()
+    elapsed = time.perf_counter() - t0
+    mean_losses = [float(r.fetch()) for r in losses]
+    result = evaluate(model, x_eval, y_eval)
+    result["examples_per_s"] = args.steps * args.batch_size / elapsed
+    print(f"train loss first {mean_losses[0]:.4f} last {mean_losses[-1]:.4f}")
+    print(f"final: eval loss {result['loss']:.4f}  accuracy {result['accuracy']:.4f}  "
+          f"({result['examples_per_s']:.0f} examples/s, {strategy.num_ps} ps, {strategy.num_workers} workers)")
+    coordinator.shutdown()
     if args.min_accuracy is not None and result["accuracy"] < args.min_accuracy:
         print(f"accuracy {result['accuracy']:.4f} < --min-accuracy {args.min_accuracy}", file=sys.stderr)
         sys.exit(1)
