@@ -57,7 +57,7 @@ class Client:
     """Calls methods of one task. Thread-safe; the channel reconnects by itself after the peer comes back."""
 
     def __init__(self, address: str, service: str, token: str | None, timeout: float = DEFAULT_TIMEOUT_S,
-                 chunk_bytes: int = wire.DEFAULT_CHUNK_BYTES):
+                 chunk_bytes: int | None = None):
         self.address = address
         self.service = service
         self.timeout = timeout
@@ -82,7 +82,7 @@ class Client:
     def start(self, name: str, meta: dict[str, Any] | None = None, arrays: Sequence[Any] = (),
               timeout: float | None = None):
         """Start a call; returns the response iterator (a grpc call object: ``.cancel()`` aborts it)."""
-        chunks = wire.encode_chunks(meta, arrays, self.chunk_bytes)
+        chunks = wire.encode_chunks(meta, arrays, self.chunk_bytes or wire.DEFAULT_CHUNK_BYTES)
         return self._method(name)(iter(chunks), timeout=self.timeout if timeout is None else timeout,
                                   metadata=self._metadata)
 

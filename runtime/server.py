@@ -58,6 +58,8 @@ _REGISTRY_LOCK = threading.Lock()
 _RESERVED = {"Ping"}
 #: env var to bind somewhere else than all interfaces (tests bind 127.0.0.1)
 BIND_HOST_ENV = "KUBEPS_BIND_HOST"
+#: env var overriding the stream chunk size of answers (bytes)
+CHUNK_ENV = "KUBEPS_CHUNK_BYTES"
 #: modules imported by ``python -m kubeps.runtime.server`` when they exist: they register their methods on import
 EXTENSION_MODULES = ("kubeps.runtime.checkpoint",)
 #: env var naming more such modules, comma-separated
@@ -171,7 +173,7 @@ class Server:
     def __init__(self, cluster_spec: ClusterSpec | Mapping[str, Any], job_name: str, task_index: int = 0, *,
                  start: bool = True, token: str | None = None, allow_insecure: bool = False,
                  bind_host: str | None = None, max_workers: int | None = None, rpc_timeout: float = 30.0,
-                 chunk_bytes: int = wire.DEFAULT_CHUNK_BYTES):
+                 chunk_bytes: int | None = None):
         try:
             self.cluster_spec = ClusterSpec(cluster_spec)
         except TFConfigError as err:
@@ -190,7 +192,7 @@ class Server:
         self.port = parse_address(self.address)[1]
         self._token = require_job_token(token if token is not None else load_job_token(), allow_insecure)
         self.bind_host = bind_host or os.environ.get(BIND_HOST_ENV) or None
-        self.chunk_bytes = chunk_bytes
+        self.chunk_bytes = chunk_bytes or int(os.environ.get(CHUNK_ENV) or wire.DEFAULT_CHUNK_BYTES)
         self.incarnation = uuid.uuid4().hex
         if job_name == "ps":
             self.state: Any = ParameterServerState()
