@@ -237,14 +237,12 @@ NAME_RULES = [
         "rule": f"size(self.metadata.name) <= {MAX_JOB_NAME}",
         "message": f"metadata.name must be at most {MAX_JOB_NAME} characters, so that <job>-evaluator-0 and "
         "<job>-worker-<index> are valid DNS labels (63 characters)",
-        "fieldPath": ".metadata.name",
         "reason": "FieldValueInvalid",
     },
     {
         "rule": f"self.metadata.name.matches('{JOB_NAME_PATTERN}')",
         "message": "metadata.name must start with a lower-case letter and hold only lower-case letters, digits "
         "and '-' (child Services are named <job>-<type>-<index>, which must be a DNS-1035 label)",
-        "fieldPath": ".metadata.name",
         "reason": "FieldValueInvalid",
     },
 ]

@@ -1,0 +1,83 @@
+"""``kubeps operator`` / ``python -m kubeps.operator.main``: start the operator (kopf with our handlers)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from .settings import Settings
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kubeps operator",
+        description="Run the kubeps operator: reconcile PSTrainingJobs into pods, Services and TF_CONFIG. "
+        "Flags override the KUBEPS_* environment variables (see kubeps.operator.settings).",
+    )
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument("--namespace", "-n", action="append", dest="namespaces", metavar="NS",
+                       help="namespace to watch (repeatable); default: all namespaces")
+    scope.add_argument("--all-namespaces", "-A", action="store_true", default=None,
+                       help="watch every namespace")
+    parser.add_argument("--default-image", help="image for containers of a template that name none")
+    parser.add_argument("--cluster-domain", help="cluster DNS domain appended to TF_CONFIG hosts, e.g. cluster.local")
+    parser.add_argument("--metrics-port", type=int, help="port of /metrics (0 disables)")
+    parser.add_argument("--liveness-port", type=int, help="port of /healthz (0 disables)")
+    parser.add_argument("--bind-address", help="address the metrics and liveness endpoints listen on")
+    parser.add_argument("--api-qps", type=float, help="client-side rate limit of API calls per second")
+    parser.add_argument("--api-burst", type=int, help="burst of the API rate limit")
+    parser.add_argument("--workers", type=int, help="concurrent reconciles and API calls")
+    parser.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper)
+    return parser
+
+
+def settings_from_args(argv: list[str] | None, env=None) -> Settings:
+    args = build_parser().parse_args(argv)
+    base = Settings.from_env(env)
+    settings = base.with_overrides(
+        namespaces=tuple(args.namespaces) if args.namespaces else None,
+        all_namespaces=args.all_namespaces,
+        default_image=args.default_image,
+        cluster_domain=args.cluster_domain,
+        metrics_port=args.metrics_port,
+        liveness_port=args.liveness_port,
+        bind_address=args.bind_address,
+        api_qps=args.api_qps,
+        api_burst=args.api_burst,
+        workers=args.workers,
+        log_level=args.log_level,
+    )
+    if args.all_namespaces:
+        settings = settings.with_overrides(namespaces=())
+    if settings.api_qps <= 0 or settings.api_burst < 1 or settings.workers < 1:
+        build_parser().error("--api-qps must be > 0, --api-burst and --workers >= 1")
+    return settings
+
+
+def main(argv: list[str] | None = None) -> int:
+    settings = settings_from_args(argv)
+    import kopf
+
+    from . import handlers, metrics
+
+    logging.basicConfig(level=settings.log_level,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    for noisy in ("kubernetes", "urllib3", "aiohttp", "kopf.objects"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(settings.log_level)))
+    handlers.configure(settings)
+    if settings.metrics_port:
+        metrics.serve(settings.metrics_port, settings.bind_address)
+    liveness = (f"http://{settings.bind_address}:{settings.liveness_port}/healthz"
+                if settings.liveness_port else None)
+    kopf.run(
+        standalone=True,
+        clusterwide=settings.clusterwide,
+        namespaces=() if settings.clusterwide else settings.namespaces,
+        liveness_endpoint=liveness,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
