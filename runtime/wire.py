@@ -139,7 +139,7 @@ def _as_wire_array(i: int, value: Any) -> np.ndarray:
         raise WireError(f"tensors[{i}].dtype", str(array.dtype), f"allowed dtypes are {', '.join(ALLOWED_DTYPES)}")
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
-    return np.ascontiguousarray(array)
+    return array if array.flags.c_contiguous else array.copy(order="C")  # (ascontiguousarray would make 0-d 1-d)
 
 
 def encode_message(meta: dict[str, Any] | None = None, arrays: Sequence[Any] = ()) -> list[memoryview | bytes]:

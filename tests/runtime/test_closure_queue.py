@@ -1,0 +1,138 @@
+"""The closure queue's states, without sockets."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from kubeps.runtime.closure_queue import Closure, ClosureQueue, ClosureState, RemoteValueStatus
+from kubeps.runtime.errors import CancelledError
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_schedule_run_finish():
+    q = ClosureQueue()
+    c = Closure("payload")
+    q.put(c)
+    assert c.state is ClosureState.QUEUED and not q.done()
+    got = q.get(worker=0, timeout=1)
+    assert got is c and c.state is ClosureState.RUNNING and c.attempts == 1 and c.ran_on == [0]
+    assert not q.done() and q.wait(timeout=0.05) is False
+    q.mark_finished(c, 42)
+    assert c.state is ClosureState.FINISHED and q.done() and q.wait(timeout=1) is True
+    assert c.remote_value.fetch() == 42 and c.remote_value._status is RemoteValueStatus.READY
+
+
+def test_get_times_out_empty():
+    assert ClosureQueue().get(worker=0, timeout=0.05) is None
+
+
+def test_error_cancels_queued_and_is_cleared():
+    q = ClosureQueue()
+    first, second, queued = Closure("a"), Closure("b"), [Closure(i) for i in range(3)]
+    q.put(first)
+    q.put(second)
+    for c in queued:
+        q.put(c)
+    a = q.get(0, 1)
+    b = q.get(1, 1)
+    q.mark_failed(a, ValueError("first"))
+    assert q.get(0, timeout=0.05) is None  # no more closures handed out while an error is pending
+    with pytest.raises(ValueError, match="first"):
+        q.wait()
+    for c in queued:
+        assert c.state is ClosureState.CANCELLED
+        with pytest.raises(CancelledError):
+            c.remote_value.fetch()
+    with pytest.raises(ValueError, match="first"):
+        a.remote_value.fetch()
+    # an in-flight closure of the old epoch failing later is not the queue's error any more
+    q.mark_failed(b, ValueError("second"))
+    assert q.done() is True
+    q.put(Closure("again"))  # error was cleared
+    assert q.get(0, 1).payload == "again"
+
+
+@pytest.mark.parametrize("raiser", ["put", "done"])
+def test_put_and_done_raise_the_first_error(raiser):
+    q = ClosureQueue()
+    q.put(Closure(1))
+    c = q.get(0, 1)
+    queued = Closure(2)
+    q.put(queued)
+    q.mark_failed(c, KeyError("k1"))
+    with pytest.raises(KeyError):
+        q.put(Closure(3)) if raiser == "put" else q.done()
+    assert queued.state is ClosureState.CANCELLED
+
+
+def test_requeue_on_worker_failure_runs_elsewhere_first():
+    q = ClosureQueue()
+    c, later = Closure("c"), Closure("later")
+    q.put(c)
+    q.put(later)
+    assert q.get(0, 1) is c
+    q.requeue(c)  # worker 0 lost
+    assert c.state is ClosureState.QUEUED
+    again = q.get(1, 1)
+    assert again is c and c.attempts == 2 and c.ran_on == [0, 1]
+    q.mark_finished(c, "ok")
+    assert c.remote_value.fetch() == "ok"
+
+
+def test_requeue_after_cancellation_cancels():
+    q = ClosureQueue()
+    a, b = Closure("a"), Closure("b")
+    q.put(a)
+    q.put(b)
+    ra, rb = q.get(0, 1), q.get(1, 1)
+    q.mark_failed(ra, RuntimeError("x"))
+    with pytest.raises(RuntimeError):
+        q.done()
+    q.requeue(rb)
+    assert rb.state is ClosureState.CANCELLED
+
+
+def test_per_worker_queue_first_and_drop():
+    q = ClosureQueue()
+    q.put(Closure("global"))
+    tagged = Closure("tagged")
+    q.put_per_worker(1, tagged)
+    assert q.get(0, 1).payload == "global"
+    assert q.get(0, timeout=0.05) is None  # worker 0 cannot take worker 1's closure
+    other = Closure("tagged2")
+    q.put_per_worker(1, other)
+    assert q.drop_per_worker(1) == [tagged, other]
+    assert tagged.remote_value.fetch() is None
+
+
+def test_set_error_without_closure():
+    q = ClosureQueue()
+    q.put(Closure(1))
+    q.set_error(ConnectionError("ps gone"))
+    with pytest.raises(ConnectionError):
+        q.wait()
+
+
+def test_wait_wakes_when_last_finishes():
+    q = ClosureQueue()
+    q.put(Closure(1))
+    c = q.get(0, 1)
+    timer = threading.Timer(0.1, q.mark_finished, args=(c, None))
+    timer.start()
+    assert q.wait(timeout=5) is True
+    timer.join()
+
+
+def test_stop_cancels_and_unblocks():
+    q = ClosureQueue()
+    c = Closure(1)
+    q.put(c)
+    q.stop()
+    assert q.get(0, timeout=1) is None
+    with pytest.raises(CancelledError):
+        c.remote_value.fetch()
+    with pytest.raises(RuntimeError, match="shut down"):
+        q.put(Closure(2))

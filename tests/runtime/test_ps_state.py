@@ -1,0 +1,135 @@
+"""ParameterServerState without sockets: concurrency, optimizer state, checks."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from kubeps.runtime.optimizers import SGD
+from kubeps.runtime.ps import ParameterServerState, UnknownVariableError, rpc_push
+
+pytestmark = pytest.mark.timeout(60)
+
+SGD_CONFIG = SGD(learning_rate=1.0).get_config()
+
+
+def _hammer(n_threads, fn):
+    barrier = threading.Barrier(n_threads)
+    errors = []
+
+    def run(i):
+        try:
+            barrier.wait()
+            fn(i)
+        except Exception as err:  # noqa: BLE001
+            errors.append(err)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+def test_many_threads_pushing_one_shard_lose_no_update():
+    state = ParameterServerState()
+    state.create("v", np.zeros(1000, np.float64))
+    per_thread = 50
+
+    def push(i):
+        for _ in range(per_thread):
+            state.apply_dense("v", SGD_CONFIG, np.full(1000, -1.0))  # v -= 1.0 * (-1)
+
+    _hammer(8, push)
+    np.testing.assert_array_equal(state.read("v"), np.full(1000, 8 * per_thread))
+    assert state.get("v").updates == 8 * per_thread
+
+
+def test_sparse_pushes_with_duplicates_are_atomic():
+    state = ParameterServerState()
+    state.create("e", np.zeros((10, 2), np.float32))
+
+    def push(i):
+        for _ in range(20):
+            state.apply_sparse("e", SGD_CONFIG, np.array([1, 1, 3]), -np.ones((3, 2), np.float32))
+
+    _hammer(6, push)
+    out = state.read("e")
+    np.testing.assert_array_equal(out[1], [240, 240])
+    np.testing.assert_array_equal(out[3], [120, 120])
+    assert out[[0, 2, 4]].sum() == 0
+
+
+class _SlowOptimizer:
+    """Sleeps inside the update: shows whether two variables' updates overlap."""
+
+    active = 0
+    peak = 0
+    lock = threading.Lock()
+
+    def init_slots(self, var):
+        return {}
+
+    def apply_dense(self, var, grad, slots, step):
+        with _SlowOptimizer.lock:
+            _SlowOptimizer.active += 1
+            _SlowOptimizer.peak = max(_SlowOptimizer.peak, _SlowOptimizer.active)
+        time.sleep(0.05)
+        var -= grad
+        with _SlowOptimizer.lock:
+            _SlowOptimizer.active -= 1
+
+
+def test_unrelated_shards_are_not_serialised():
+    state = ParameterServerState(optimizer_factory=lambda config: _SlowOptimizer())
+    state.create("a", np.zeros(3))
+    state.create("b", np.zeros(3))
+    _hammer(2, lambda i: state.apply_dense("ab"[i], {"class_name": "Slow"}, np.ones(3)))
+    assert _SlowOptimizer.peak == 2
+    _SlowOptimizer.peak = 0
+    _hammer(2, lambda i: state.apply_dense("a", {"class_name": "Slow"}, np.ones(3)))
+    assert _SlowOptimizer.peak == 1  # same shard: one at a time
+    np.testing.assert_array_equal(state.read("a"), [-3, -3, -3])
+
+
+def test_slots_are_lazy_per_optimizer_and_steps_count():
+    state = ParameterServerState()
+    state.create("v", np.ones(4, np.float32))
+    from kubeps.runtime.optimizers import Adagrad
+
+    cfg = Adagrad(learning_rate=0.1).get_config()
+    assert state.get("v").slots == {}
+    assert state.apply_dense("v", cfg, np.ones(4, np.float32)) == 1
+    assert state.apply_dense("v", SGD_CONFIG, np.ones(4, np.float32)) == 2
+    slots = state.get("v").slots
+    assert len(slots) == 2 and any(s for s in slots.values())  # Adagrad's accumulator, SGD's nothing
+
+
+def test_checks_name_the_problem():
+    state = ParameterServerState()
+    state.create("v", np.zeros((3, 2), np.float32))
+    with pytest.raises(UnknownVariableError, match="no variable named 'w'.*holds \\['v'\\]"):
+        state.read("w")
+    with pytest.raises(ValueError, match="grad for variable 'v' has shape \\[2\\]; the variable's shape is \\[3, 2\\]"):
+        state.apply_dense("v", SGD_CONFIG, np.zeros(2))
+    with pytest.raises(ValueError, match="holds row 3; the variable has rows 0..2"):
+        state.apply_sparse("v", SGD_CONFIG, np.array([3]), np.zeros((1, 2)))
+    with pytest.raises(ValueError, match="'values' has shape \\[1, 3\\], expected \\[1, 2\\]"):
+        state.apply_sparse("v", SGD_CONFIG, np.array([0]), np.zeros((1, 3)))
+    with pytest.raises(ValueError, match="field 'updates\\[0\\].kind' has value 'weird'"):
+        rpc_push(state, {"optimizer": SGD_CONFIG, "updates": [{"name": "v", "kind": "weird"}]}, [np.zeros(1)])
+    with pytest.raises(ValueError, match="holds 0 tensor\\(s\\), expected 1"):
+        rpc_push(state, {"optimizer": SGD_CONFIG, "updates": [{"name": "v"}]}, [])
+
+
+def test_read_rows_and_assign():
+    state = ParameterServerState()
+    state.create("v", np.arange(6, dtype=np.float32).reshape(3, 2))
+    np.testing.assert_array_equal(state.read_rows("v", np.array([2, 0, 2])), [[4, 5], [0, 1], [4, 5]])
+    state.assign_add("v", np.ones((3, 2), np.float32))
+    state.assign("v", state.read("v") * 2)
+    np.testing.assert_array_equal(state.read("v"), (np.arange(6).reshape(3, 2) + 1) * 2)

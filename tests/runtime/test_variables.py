@@ -1,0 +1,159 @@
+"""Variables, sharding, placement and embedding lookups against in-process parameter servers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kubeps.runtime.cluster import TFConfig, TFConfigClusterResolver
+from kubeps.runtime.errors import RuntimeConfigError
+from kubeps.runtime.partitioners import FixedShardsPartitioner, MinSizePartitioner
+from kubeps.runtime.server import Server
+from kubeps.runtime.strategy import ParameterServerStrategy
+from kubeps.runtime.variables import ShardedVariable, Variable, embedding_lookup
+
+from .conftest import TOKEN, free_ports
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(scope="module")
+def servers():
+    ports = free_ports(4)
+    cluster = {"chief": [f"127.0.0.1:{ports[0]}"], "ps": [f"127.0.0.1:{p}" for p in ports[1:3]],
+               "worker": [f"127.0.0.1:{ports[3]}"]}
+    ps = [Server(cluster, "ps", i, token=TOKEN, bind_host="127.0.0.1") for i in range(2)]
+    yield cluster, ps
+    for s in ps:
+        s.stop(grace=None)
+
+
+def _strategy(cluster, partitioner=None):
+    resolver = TFConfigClusterResolver(tf_config=TFConfig.for_task(cluster, "chief", 0))
+    return ParameterServerStrategy(resolver, variable_partitioner=partitioner, job_token=TOKEN)
+
+
+def test_server_api(servers):
+    cluster, ps = servers
+    assert ps[1].target == f"grpc://{cluster['ps'][1]}"
+    assert ps[0].job_name == "ps" and ps[0].task_index == 0
+
+
+def test_round_robin_placement_and_unique_names(servers):
+    cluster, ps = servers
+    strategy = _strategy(cluster)
+    with strategy.scope():
+        vs = [Variable(np.full(2, i, np.float32), name="x") for i in range(5)]
+    assert [v.name for v in vs] == ["x", "x_1", "x_2", "x_3", "x_4"]
+    assert [v.device for v in vs] == [f"/job:ps/replica:0/task:{i % 2}/device:CPU:0" for i in range(5)]
+    assert all(v.name in ps[i % 2].state.variables for i, v in enumerate(vs))
+    np.testing.assert_array_equal(vs[3].numpy(), [3, 3])
+    assert strategy.num_ps == 2 and strategy.num_workers == 1
+
+
+def test_div_split_13_rows_over_5_shards(servers):
+    cluster, ps = servers
+    strategy = _strategy(cluster, FixedShardsPartitioner(5))
+    full = np.arange(13 * 3, dtype=np.float32).reshape(13, 3)
+    with strategy.scope():
+        emb = Variable(full, name="emb13")
+    assert isinstance(emb, ShardedVariable) and emb.shape == (13, 3) and emb.num_shards == 5
+    assert [v.shape[0] for v in emb.variables] == [3, 3, 3, 2, 2]
+    assert emb.shard_rows() == [(0, 3), (3, 6), (6, 9), (9, 11), (11, 13)]
+    assert [v.name for v in emb.variables] == [f"emb13/part_{i}" for i in range(5)]
+    assert [v.device.split("/")[3] for v in emb.variables] == ["task:0", "task:1", "task:0", "task:1", "task:0"]
+    np.testing.assert_array_equal(ps[1].state.read("emb13/part_3"), full[9:11])
+    np.testing.assert_array_equal(np.asarray(emb), full)
+    np.testing.assert_array_equal(emb.numpy(), full)
+    emb.assign_add(np.ones_like(full))
+    np.testing.assert_array_equal(emb.read_value(), full + 1)
+
+
+def test_embedding_lookup_owner_arithmetic_and_dedup(servers, monkeypatch):
+    cluster, ps = servers
+    strategy = _strategy(cluster, FixedShardsPartitioner(5))
+    full = np.arange(13 * 2, dtype=np.float64).reshape(13, 2)
+    with strategy.scope():
+        emb = Variable(full, name="lookup")
+    requested = []
+    for server in ps:
+        original = server.state.read_rows
+        monkeypatch.setattr(server.state, "read_rows",
+                            lambda name, idx, _o=original: (requested.append((name, list(idx))), _o(name, idx))[1])
+    ids = np.array([[12, 0, 3], [3, 9, 12]])
+    out = embedding_lookup(emb, ids)
+    np.testing.assert_array_equal(out, full[ids])
+    assert out.shape == (2, 3, 2)
+    # rows deduplicated and asked from their owners, in shard-local ids: 0 -> part_0, 3 -> part_1[0],
+    # 9 -> part_3[0], 12 -> part_4[1]; part_2 untouched
+    assert sorted(requested) == [("lookup/part_0", [0]), ("lookup/part_1", [0]), ("lookup/part_3", [0]),
+                                 ("lookup/part_4", [1])]
+    # every row of the table
+    np.testing.assert_array_equal(embedding_lookup(emb, np.arange(13)), full)
+    with pytest.raises(RuntimeConfigError, match="ids must be in \\[0, 13\\)"):
+        embedding_lookup(emb, [13])
+
+
+def test_partitioner_edge_cases(servers):
+    cluster, _ = servers
+    strategy = _strategy(cluster, MinSizePartitioner(min_shard_bytes=8, max_shards=3))
+    with strategy.scope():
+        scalar = Variable(3.0, name="scalar")
+        one_row = Variable(np.zeros((1, 4)), name="one_row")
+        split = Variable(np.zeros((7, 4)), name="split")
+    assert isinstance(scalar, Variable) and isinstance(one_row, Variable)
+    assert isinstance(split, ShardedVariable) and split.num_shards == 3
+    assert float(scalar.numpy()) == 3.0
+
+
+def test_local_variables_outside_scope():
+    v = Variable(np.arange(3.0), name="local")
+    assert not v.is_remote and v.device == ""
+    v.assign_add([1, 1, 1])
+    v.assign_sub(np.ones(3))
+    np.testing.assert_array_equal(np.asarray(v), [0, 1, 2])
+    np.testing.assert_array_equal(v * 2 + 1, [1, 3, 5])
+    np.testing.assert_array_equal(np.ones(3) @ v, 3.0)
+    np.testing.assert_array_equal(embedding_lookup(v, [2, 2]), [2, 2])
+    c = Variable(lambda: np.zeros(2), dtype="float32")
+    assert c.dtype == np.float32 and c.name == "Variable"
+
+
+def test_bad_arguments_name_field():
+    with pytest.raises(RuntimeConfigError, match="'initial_value' has invalid value None"):
+        Variable(None)
+    with pytest.raises(RuntimeConfigError, match="'dtype' has invalid value 'nope'"):
+        Variable(1.0, dtype="nope")
+    with pytest.raises(RuntimeConfigError, match="'name'"):
+        Variable(1.0, name="a:b")
+    v = Variable(np.zeros(2))
+    with pytest.raises(RuntimeConfigError, match="has shape \\[2\\]"):
+        v.assign(np.zeros(3))
+
+
+def test_strategy_needs_ps_and_worker():
+    resolver = TFConfigClusterResolver(tf_config={"cluster": {"worker": ["127.0.0.1:1"]},
+                                                  "task": {"type": "worker", "index": 0}})
+    with pytest.raises(RuntimeConfigError, match=r"TF_CONFIG.cluster.*\{'worker': 1\}.*missing \['ps'\]"):
+        ParameterServerStrategy(resolver)
+    with pytest.raises(RuntimeConfigError, match="cluster_resolver"):
+        ParameterServerStrategy(None)
+    with pytest.raises(RuntimeConfigError, match="variable_partitioner"):
+        ParameterServerStrategy(resolver, variable_partitioner=3)
+
+
+def test_scope_nesting_is_checked(servers):
+    from kubeps.runtime import context
+
+    cluster, _ = servers
+    a, b = _strategy(cluster), _strategy(cluster)
+    context.push_strategy(a)
+    try:
+        with b.scope():
+            assert context.current_strategy() is b
+            with pytest.raises(RuntimeError, match="reverse order"):
+                context.pop_strategy(a)
+        assert context.current_strategy() is a
+    finally:
+        context.pop_strategy(a)
+    assert context.current_strategy() is None

@@ -1,0 +1,126 @@
+"""Tensor framing: round trips, chunking, and malformed payloads that must name the field."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import numpy as np
+import pytest
+
+from kubeps.runtime import wire
+from kubeps.runtime.wire import WireError, decode_chunks, decode_message, encode_chunks
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _frame(meta, arrays):
+    return b"".join(encode_chunks(meta, arrays, chunk_bytes=1 << 30))
+
+
+def test_round_trip_every_dtype_and_shape():
+    rng = np.random.default_rng(1)
+    arrays = [rng.standard_normal((3, 5)).astype(dt) for dt in ("float16", "float32", "float64")]
+    arrays += [np.arange(7, dtype=dt) for dt in ("int8", "int16", "int32", "int64", "uint8", "uint64")]
+    arrays += [np.array(True), np.zeros((0, 4), np.float32), np.array([1 + 2j], np.complex64), np.float64(3.5)]
+    arrays += [np.arange(12, dtype=np.float32).reshape(3, 4).T]  # non-contiguous input
+    meta, out = decode_message(_frame({"k": [1, "two", None]}, arrays))
+    assert meta == {"k": [1, "two", None]}
+    assert len(out) == len(arrays)
+    for a, b in zip(arrays, out):
+        a = np.asarray(a)
+        assert b.dtype == a.dtype and b.shape == a.shape
+        np.testing.assert_array_equal(a, b)
+
+
+def test_single_chunk_decodes_without_copy():
+    frame = _frame({}, [np.arange(1000, dtype=np.float64)])
+    _, (arr,) = decode_message(frame)
+    assert not arr.flags.writeable  # a view on the received bytes
+    assert arr.base is not None
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64, 4096])
+def test_chunked_round_trip(chunk):
+    arrays = [np.arange(3000, dtype=np.int32), np.ones((17, 3), np.float32), np.zeros(0, np.int64)]
+    chunks = encode_chunks({"x": 1}, arrays, chunk_bytes=chunk)
+    assert len(chunks) > 1
+    header_chunk = chunks[0]
+    assert header_chunk.startswith(wire.MAGIC)
+    assert all(len(c) <= chunk for c in chunks[1:])
+    meta, out = decode_chunks(chunks)
+    assert meta == {"x": 1}
+    for a, b in zip(arrays, out):
+        np.testing.assert_array_equal(a, b)
+        assert b.flags.writeable
+
+
+def test_big_frame_chunks_at_default_size():
+    big = np.zeros(3 * wire.DEFAULT_CHUNK_BYTES // 4 + 11, np.float32)
+    chunks = encode_chunks({}, [big])
+    assert len(chunks) == 4
+    _, (out,) = decode_chunks(chunks)
+    assert out.shape == big.shape
+
+
+def _rewrite_header(frame: bytes, mutate) -> bytes:
+    magic, length = struct.unpack_from("<4sI", frame)
+    header = json.loads(frame[8 : 8 + length])
+    mutate(header)
+    new = json.dumps(header).encode()
+    head = struct.pack("<4sI", magic, len(new)) + new
+    pad = (-len(head)) % 8
+    old_start = 8 + length + ((-(8 + length)) % 8)
+    return head + b"\0" * pad + frame[old_start:]
+
+
+@pytest.mark.parametrize(
+    "mutate, field, text",
+    [
+        (lambda h: h["tensors"][0].update(dtype="object"), "tensors.0.dtype", "'object' is not allowed"),
+        (lambda h: h["tensors"][0].update(dtype="float64"), "tensors[0].nbytes", "needs exactly 32 bytes"),
+        (lambda h: h["tensors"][0].update(shape=[5]), "tensors[0].nbytes", "needs exactly 20 bytes"),
+        (lambda h: h["tensors"][0].update(shape=[-4]), "tensors.0.shape", "negative dimension"),
+        (lambda h: h["tensors"][0].update(offset=3), "tensors[0].offset", "multiple of 8"),
+        (lambda h: h.update(data_bytes=8), "tensors[0].nbytes", "past the declared data section"),
+        (lambda h: h.update(extra=1), "extra", "Extra inputs are not permitted"),
+    ],
+)
+def test_malformed_header_names_field(mutate, field, text):
+    frame = _rewrite_header(_frame({}, [np.arange(4, dtype=np.float32)]), mutate)
+    with pytest.raises(WireError) as info:
+        decode_message(frame)
+    assert info.value.field == field
+    assert text in str(info.value)
+
+
+def test_truncated_and_overlong_payloads():
+    frame = _frame({}, [np.arange(100, dtype=np.float32)])
+    with pytest.raises(WireError, match="truncated: the header declares 400 data bytes but 200 arrived"):
+        decode_message(frame[:-200])
+    with pytest.raises(WireError, match="field 'data_bytes'.*at least 401"):
+        decode_chunks([frame, b"x"])
+    with pytest.raises(WireError, match="field 'magic'"):
+        decode_message(b"XXXX" + frame[4:])
+    with pytest.raises(WireError, match="field 'frame'"):
+        decode_message(b"KP")
+    with pytest.raises(WireError, match="field 'header_length'"):
+        decode_message(frame[:12])
+    with pytest.raises(WireError, match="field 'header'.*must be JSON"):
+        decode_message(struct.pack("<4sI", wire.MAGIC, 3) + b"{{{")
+    with pytest.raises(WireError, match="empty stream"):
+        decode_chunks([])
+
+
+def test_encode_refuses_object_arrays_and_bad_meta():
+    with pytest.raises(WireError, match=r"tensors\[1\].dtype.*allowed dtypes"):
+        encode_chunks({}, [np.zeros(1), np.array([object()])])
+    with pytest.raises(WireError, match="field 'meta'"):
+        encode_chunks({"f": object()}, [])
+
+
+def test_big_endian_input_is_sent_little_endian():
+    a = np.arange(5, dtype=">i4")
+    _, (out,) = decode_message(_frame({}, [a]))
+    assert out.dtype == np.dtype("<i4")
+    np.testing.assert_array_equal(out, a)
