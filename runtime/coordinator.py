@@ -398,14 +398,17 @@ class ClusterCoordinator:
     @staticmethod
     def _closure_error(meta: dict[str, Any], arrays: list[np.ndarray]) -> BaseException:
         blob = arrays[0].tobytes() if arrays else b""
+        remote_tb = meta.get("traceback", "")
         if blob:
             try:
                 error = pickle.loads(blob)
-                if isinstance(error, BaseException):
-                    return error
             except Exception:  # noqa: BLE001 - fall back to the text
-                pass
-        return ClosureError(meta.get("type", "Error"), meta.get("message", ""), meta.get("traceback", ""))
+                error = None
+            if isinstance(error, BaseException):
+                if remote_tb and hasattr(error, "add_note"):
+                    error.add_note(f"raised on the worker:\n{remote_tb.rstrip()}")
+                return error
+        return ClosureError(meta.get("type", "Error"), meta.get("message", ""), remote_tb)
 
     # -- worker failures ---------------------------------------------------------------------------------------
     def handle_worker_failure(self, worker: _WorkerHandle, closure: Closure | None, error: BaseException) -> None:

@@ -76,8 +76,9 @@ def test_error_propagation_and_cancellation(coord):
     queued = [coordinator.schedule(slow, args=(i,)) for i in range(20)]
     with pytest.raises(ValueError, match="boom from worker"):
         coordinator.join()
-    with pytest.raises(ValueError, match="boom from worker"):
+    with pytest.raises(ValueError, match="boom from worker") as info:
         bad.fetch()
+    assert any("raised on the worker" in note and "in fail" in note for note in info.value.__notes__)
     outcomes = collections.Counter()
     for rv in queued:
         try:
