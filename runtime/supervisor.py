@@ -217,13 +217,17 @@ class RestartingLocalClusterMixin:
 
     default_policy: RestartPolicy = RestartPolicy()
 
-    def __init__(self, *args: Any, policy: RestartPolicy | None = None, **kwargs: Any):
+    def __init__(self, *args: Any, policy: RestartPolicy | None = None, evaluator_grace: float = 60.0,
+                 **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.policy = policy or self.default_policy
+        #: after the chief succeeded, how long the evaluator may take to evaluate the final checkpoint and exit
+        self.evaluator_grace = evaluator_grace
         self.restarts: dict[tuple[str, int], int] = {}
         self.events: list[SupervisorEvent] = []
         self._events_lock = threading.Lock()
         self._timers: list[threading.Timer] = []
+        self._job_failed: str | None = None
 
     def _record(self, kind: str, task: str, status: int | None = None, reason: str = "") -> None:
         with self._events_lock:
@@ -253,6 +257,13 @@ class RestartingLocalClusterMixin:
                 self._record(action.kind, name, reason=action.reason)
                 if action.kind == "fail":
                     self.report(f"the job failed: {action.reason}")
+                    self._job_failed = action.reason
+                    chief = self.tasks.get(("chief", 0))
+                    if action.task != ("chief", 0) and chief is not None and chief.running:
+                        try:
+                            os.killpg(chief.pid, signal.SIGKILL)  # the job is over: wait() returns once it exits
+                        except (ProcessLookupError, PermissionError):
+                            pass
         return None
 
     def _schedule_restart(self, key: tuple[str, int], delay: float) -> None:
@@ -287,10 +298,25 @@ class RestartingLocalClusterMixin:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             status = super().wait(remaining)
             self._record("exit", "chief-0", status)
+            if self._job_failed is not None:
+                return status if status else 1
             actions = self.policy.on_exit("chief", 0, status, self.restarts.get(("chief", 0), 0))
             self._apply(actions)
-            if any(a.kind in ("finish", "fail") for a in actions):
+            if any(a.kind == "finish" for a in actions):
+                self._let_evaluator_finish()
                 return status
+            if any(a.kind == "fail" for a in actions):
+                return status
+
+    def _let_evaluator_finish(self) -> None:
+        """The sidecar evaluator stops by itself after the final checkpoint: give it time to get there."""
+        task = self.tasks.get(("evaluator", 0))
+        if task is None or not task.running or self.evaluator_grace <= 0:
+            return
+        self.report(f"waiting up to {self.evaluator_grace:.0f} s for the evaluator to finish the final checkpoint")
+        deadline = time.monotonic() + self.evaluator_grace
+        while task.running and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def stop(self) -> None:
         for timer in self._timers:

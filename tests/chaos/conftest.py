@@ -1,0 +1,162 @@
+"""Chaos harness: runs ``ctr_program.py`` as a real local cluster (RestartingLocalCluster) and records, with
+timestamps, every line the tasks print, so tests can measure failure detection and recovery."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from kubeps.runtime.supervisor import RestartPolicy, restarting_cluster_class
+
+PROGRAM = str(Path(__file__).with_name("ctr_program.py"))
+
+
+class TimedLines:
+    """A text stream that keeps every line with the time it was written (and a copy in a log file)."""
+
+    def __init__(self, path: Path):
+        self.lines: list[tuple[float, str]] = []
+        self._buf = ""
+        self._lock = threading.Lock()
+        self._file = open(path, "a")
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            self._buf += text
+            while "\n" in self._buf:
+                line, self._buf = self._buf.split("\n", 1)
+                now = time.time()
+                self.lines.append((now, line))
+                self._file.write(f"{now:.3f} {line}\n")
+        return len(text)
+
+    def flush(self) -> None:
+        with self._lock:
+            self._file.flush()
+
+    def first(self, needle: str, after: float = 0.0) -> float | None:
+        with self._lock:
+            for t, line in self.lines:
+                if t >= after and needle in line:
+                    return t
+        return None
+
+
+class ChaosRun:
+    """One run of the CTR program under a restarting local cluster, driven from a background thread."""
+
+    def __init__(self, workdir: Path, *, num_ps=2, num_workers=3, evaluator=False, restart=True,
+                 program_args: tuple[str, ...] = ()):
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.dir = workdir
+        self.ckpt = workdir / "ckpt"
+        self.out = workdir / "out.json"
+        self.runs_log = workdir / "runs.log"
+        self.progress = workdir / "progress.jsonl"
+        self.metrics = workdir / "metrics.jsonl"
+        self.stream = TimedLines(workdir / "cluster.log")
+        args = ["--checkpoint-dir", str(self.ckpt), "--out", str(self.out), "--runs-log", str(self.runs_log),
+                "--progress", str(self.progress), "--metrics", str(self.metrics), *program_args]
+        cls = restarting_cluster_class(RestartPolicy(restart=restart, max_restarts=50, backoff_initial=0.2,
+                                                     backoff_max=2.0))
+        self.cluster = cls(PROGRAM, args, num_ps=num_ps, num_workers=num_workers, evaluator=evaluator,
+                           output=self.stream, log=self.stream, grace_period=3.0)
+        self.status: int | None = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.cluster.start()
+            self.status = self.cluster.wait(timeout=240)
+        except BaseException as err:  # noqa: BLE001 - reported by the test
+            self.error = err
+
+    def start(self) -> "ChaosRun":
+        self._thread.start()
+        return self
+
+    def join(self, timeout: float) -> int:
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise AssertionError(f"the job did not finish within {timeout} s; see {self.dir / 'cluster.log'}")
+        if self.error is not None:
+            raise self.error
+        return self.status
+
+    def stop(self) -> None:
+        self.cluster.stop()
+        self._thread.join(timeout=30)
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def task(self, task_type: str, index: int):
+        return self.cluster.tasks.get((task_type, index))
+
+    def events(self) -> list[dict[str, Any]]:
+        if not self.progress.exists():
+            return []
+        return [json.loads(l) for l in self.progress.read_text().splitlines() if l.strip()]
+
+    def runs(self, kind: str = "E") -> list[tuple[int, int, int, float]]:
+        """``(closure index, worker index, pid, time)`` of every closure end (``E``) or start (``S``)."""
+        if not self.runs_log.exists():
+            return []
+        out = []
+        for line in self.runs_log.read_text().splitlines():
+            k, i, w, pid, t = line.split()
+            if k == kind:
+                out.append((int(i), int(w), int(pid), float(t)))
+        return out
+
+    def result(self) -> dict[str, Any]:
+        return json.loads(self.out.read_text())
+
+    def all_pids(self) -> list[int]:
+        return [t.pid for t in self.cluster.tasks.values()]
+
+
+def wait_until(cond, timeout: float, what: str, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+@pytest.fixture
+def chaos_run(tmp_path: Path) -> Iterator:
+    """Factory ``chaos_run(name, **options)``; every run is stopped (all its processes ended) after the test."""
+    runs: list[ChaosRun] = []
+
+    def make(name: str, **options: Any) -> ChaosRun:
+        run = ChaosRun(tmp_path / name, **options)
+        runs.append(run)
+        return run
+
+    yield make
+    for run in runs:
+        run.stop()
+    for run in runs:
+        for task in run.cluster.tasks.values():
+            assert not task.running, f"{task.name} (pid {task.pid}) was left running"
+
+
+def report(name: str, figures: dict[str, Any]) -> None:
+    """Print figures (``pytest -s`` shows them) and keep them in $KUBEPS_CHAOS_REPORT (JSON lines) if set."""
+    line = json.dumps({"test": name, **figures}, sort_keys=True)
+    print(f"\nCHAOS {line}")
+    target = os.environ.get("KUBEPS_CHAOS_REPORT")
+    if target:
+        with open(target, "a") as f:
+            f.write(line + "\n")

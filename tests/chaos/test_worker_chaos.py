@@ -1,0 +1,95 @@
+"""Kill a random worker every few seconds while the CTR program trains: the job completes, every scheduled closure
+ran at least once (duplicates counted), and the eval log-loss is within 2% of an undisturbed run."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import statistics
+import time
+
+import pytest
+
+from .conftest import report, wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+CLOSURES = 120
+ARGS = ("--closures", str(CLOSURES), "--steps-per-closure", "4", "--checkpoint-every", "20")
+
+
+def test_random_worker_kills_do_not_stop_training(chaos_run):
+    baseline = chaos_run("baseline", program_args=ARGS)
+    baseline.start()
+    assert baseline.join(120) == 0
+    base_loss = baseline.result()["log_loss"]
+
+    run = chaos_run("chaos", evaluator=True, program_args=ARGS + ("--closure-sleep", "0.25"))
+    run.start()
+    wait_until(lambda: len(run.runs()) >= 5, 60, "the first closures")
+    # a hung worker (SIGSTOP: the connection stays open, nothing answers) is found by the heartbeat
+    frozen = run.task("worker", 0)
+    wait_until(lambda: [r for r in run.runs("S") if r[1] == 0 and r[2] == frozen.pid], 30, "worker 0 busy")
+    t_freeze = time.time()
+    os.kill(frozen.pid, signal.SIGSTOP)
+    wait_until(lambda: run.stream.first("worker 0 missed", after=t_freeze), 20, "the heartbeat to notice worker 0")
+    heartbeat_detection = run.stream.first("worker 0 missed", after=t_freeze) - t_freeze
+    os.kill(frozen.pid, signal.SIGKILL)  # then it dies for good and is restarted
+    rng = random.Random(6)
+    kills: list[tuple[float, int, int]] = [(t_freeze, 0, frozen.pid)]  # (time, worker index, pid)
+    while run.running and len(kills) < 8:
+        time.sleep(rng.uniform(1.5, 3.0))
+        index = rng.randrange(3)
+        task = run.task("worker", index)
+        if task is None or not task.running or not run.running:
+            continue
+        kills.append((time.time(), index, task.pid))
+        os.kill(task.pid, signal.SIGKILL)  # a process this test's cluster started
+    assert run.join(180) == 0, "the job must complete despite the worker kills"
+    assert len(kills) >= 4, f"only {len(kills)} kills happened before the job ended; make the run longer"
+
+    runs, starts = run.runs("E"), run.runs("S")
+    counts: dict[int, int] = {}
+    for i, *_ in runs:
+        counts[i] = counts.get(i, 0) + 1
+    missing = sorted(set(range(CLOSURES)) - set(counts))
+    assert not missing, f"closures never ran to completion: {missing}"
+    duplicates = sum(c - 1 for c in counts.values())  # completed twice (at-least-once)
+    reruns = len(starts) - CLOSURES  # started again after their worker died (partial runs included)
+    assert reruns >= 1, "killing busy workers must have re-run at least one closure"
+
+    loss = run.result()["log_loss"]
+    assert abs(loss - base_loss) / base_loss < 0.02, f"log-loss {loss:.4f} vs undisturbed {base_loss:.4f}"
+
+    # detection: the coordinator logs the failure of a worker whose RunClosure call broke
+    detections, recoveries = [], []
+    for t_kill, index, pid in kills[1:]:
+        t_detect = run.stream.first(f"worker {index} (", after=t_kill)
+        if t_detect is not None and t_detect - t_kill < 30:
+            detections.append(t_detect - t_kill)
+        # recovery: the first closure finished by the restarted process of that worker
+        after = [t for i, w, p, t in runs if w == index and p != pid and t > t_kill]
+        if after:
+            recoveries.append(min(after) - t_kill)
+    assert heartbeat_detection < 10, f"a hung worker was detected after {heartbeat_detection:.1f} s"
+    assert detections, "no worker failure was detected by the coordinator"
+    assert max(detections) < 10, f"worker failure detection took {max(detections):.1f} s"
+    assert recoveries and max(recoveries) < 30
+
+    # the sidecar evaluator followed the checkpoints and evaluated the final one, as the chief did
+    from kubeps.runtime.evaluator import read_metrics
+
+    records = read_metrics(str(run.metrics))
+    assert records and records[-1]["final"] and records[-1]["step"] == CLOSURES
+    assert abs(records[-1]["metrics"]["log_loss"] - loss) < 1e-4
+
+    report("worker_kills", {
+        "kills": len(kills), "closures": CLOSURES, "completed_executions": len(runs), "completed_twice": duplicates,
+        "started_again": reruns, "hung_worker_detection_s": round(heartbeat_detection, 3),
+        "log_loss": round(loss, 5), "undisturbed_log_loss": round(base_loss, 5),
+        "relative_diff": round(abs(loss - base_loss) / base_loss, 5),
+        "detection_s_median": round(statistics.median(detections), 3), "detection_s_max": round(max(detections), 3),
+        "recovery_s_median": round(statistics.median(recoveries), 3), "recovery_s_max": round(max(recoveries), 3),
+        "evaluations": len(records),
+    })
