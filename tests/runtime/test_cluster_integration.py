@@ -262,3 +262,50 @@ def test_killed_ps_raises_ps_unavailable_within_10s(make_cluster):
     finally:
         coordinator.shutdown()
         strategy.close()
+
+
+def test_hung_worker_is_detected_by_heartbeat_and_its_closure_reruns(make_cluster):
+    import signal
+
+    cluster = make_cluster(num_ps=1, num_workers=2)
+    strategy = cluster.strategy()
+    coordinator = ClusterCoordinator(strategy, heartbeat_interval=0.3, heartbeat_failures=3)
+    proc = cluster.procs[("worker", 0)]
+    try:
+        def slow(seconds):
+            time.sleep(seconds)
+            return get_current_worker_index()
+
+        coordinator.fetch([coordinator.schedule(slow, args=(0.0,)) for _ in range(4)])
+        long_ones = [coordinator.schedule(slow, args=(2.0,)) for _ in range(2)]
+        time.sleep(0.5)
+        os.kill(proc.pid, signal.SIGSTOP)  # alive (TCP open) but silent: only the failure detector notices
+        start = time.monotonic()
+        assert coordinator.fetch(long_ones) == [1, 1]
+        assert time.monotonic() - start < 15
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        coordinator.shutdown()
+        strategy.close()
+
+
+def test_hung_ps_is_reported_without_running_functions(make_cluster):
+    import signal
+
+    cluster = make_cluster(num_ps=1, num_workers=1)
+    strategy = cluster.strategy()
+    coordinator = ClusterCoordinator(strategy, heartbeat_interval=0.3)
+    proc = cluster.procs[("ps", 0)]
+    try:
+        assert coordinator.schedule(lambda: 1).fetch() == 1
+        os.kill(proc.pid, signal.SIGSTOP)
+        start = time.monotonic()
+        with pytest.raises(PSUnavailableError, match="/job:ps/task:0"):
+            while time.monotonic() - start < 15:
+                coordinator.done()
+                time.sleep(0.1)
+        assert time.monotonic() - start < 10
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        coordinator.shutdown()
+        strategy.close()
