@@ -182,8 +182,11 @@ def test_cluster_wide_rbac(render):
     rules = rules_of(role)
     group, plural = crd_group_plural()
     assert (group, plural, "watch") in rules and (group, f"{plural}/status", "patch") in rules
-    assert ("", "namespaces", "watch") in rules
-    assert ("kopf.dev", "clusterkopfpeerings", "patch") in rules
+    # Cluster-wide, kopf watches every namespace's objects directly: no rights on namespaces, no peering.
+    assert not any(res == "namespaces" for _, res, _ in rules)
+    assert not any(g == "kopf.dev" for g, _, _ in rules)
+    assert ("kopf.dev", "clusterkopfpeerings", "patch") in rules_of(
+        render.one(render.template("--set", "peering.enabled=true"), "ClusterRole"))
     # Least privilege: no wildcards, no escalation, nothing on workloads other than pods.
     assert not any("*" in r for r in rules), rules
     assert not {res for _, res, _ in rules} & {"roles", "rolebindings", "clusterroles", "clusterrolebindings",
@@ -194,8 +197,10 @@ def test_cluster_wide_rbac(render):
 def test_namespaced_mode_rbac(render):
     objects = render.template("--values", str(VARIANTS["namespaced"]))
     cluster_rules = rules_of(render.one(objects, "ClusterRole"))
-    # Cluster-wide only what kopf needs to discover its resources.
-    assert cluster_rules == {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("get", "list", "watch")}
+    # Cluster-wide only what kopf needs to discover its resource and the watched namespaces.
+    assert cluster_rules == {("apiextensions.k8s.io", "customresourcedefinitions", "list"),
+                             ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
+                             ("", "namespaces", "list"), ("", "namespaces", "watch")}
     roles = render.by_kind(objects, "Role")
     bindings = render.by_kind(objects, "RoleBinding")
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
@@ -204,8 +209,10 @@ def test_namespaced_mode_rbac(render):
     for role in roles:
         rules = rules_of(role)
         assert (group, plural, "watch") in rules and ("", "pods", "create") in rules
-        assert ("kopf.dev", "kopfpeerings", "patch") in rules
-        assert not any(res == "namespaces" or res.startswith("cluster") for _, res, _ in rules)
+        assert not any(res == "namespaces" or g == "kopf.dev" for g, res, _ in rules)
+    objects = render.template("--values", str(VARIANTS["namespaced"]), "--set", "peering.enabled=true")
+    for role in render.by_kind(objects, "Role"):
+        assert ("kopf.dev", "kopfpeerings", "patch") in rules_of(role)
 
 
 def test_peering_objects_and_crds_only_when_enabled(render):

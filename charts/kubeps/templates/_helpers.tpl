@@ -45,27 +45,28 @@ app.kubernetes.io/part-of: kubeps
 {{- end -}}
 {{- end -}}
 
-{{/* Rules the operator needs on the resources of the namespaces it watches (ClusterRole or Role). */}}
+{{/* Rules the operator needs in the namespaces it watches (ClusterRole or Role); exactly the calls of
+operator/client.py and the resources of its kopf handlers (tests/packaging/test_rbac.py keeps them in sync). */}}
 {{- define "kubeps.namespacedRules" -}}
-# The PSTrainingJobs themselves: kopf watches them and patches its annotations, finalizers and status.
+# PSTrainingJobs: kopf lists and watches them; the operator reads one, deletes finished ones (TTL) and writes status.
 - apiGroups: [{{ include "kubeps.crdGroup" . | quote }}]
   resources: [{{ include "kubeps.crdPlural" . | quote }}]
-  verbs: ["get", "list", "watch", "patch"]
+  verbs: ["get", "list", "watch", "delete"]
 - apiGroups: [{{ include "kubeps.crdGroup" . | quote }}]
   resources: [{{ printf "%s/status" (include "kubeps.crdPlural" .) | quote }}]
-  verbs: ["get", "patch"]
-# The chief/ps/worker/evaluator pods and their headless Services, owned by the job.
+  verbs: ["patch"]
+# The chief/ps/worker/evaluator pods and their headless Services: indexed and watched by kopf, created and deleted.
 - apiGroups: [""]
   resources: ["pods", "services"]
-  verbs: ["get", "list", "watch", "create", "delete"]
-# Per-job Secrets the operator creates for its pods.
+  verbs: ["list", "watch", "create", "delete"]
+# The per-job Secret the operator creates once and reads back.
 - apiGroups: [""]
   resources: ["secrets"]
-  verbs: ["get", "list", "watch", "create", "delete"]
-# kopf posts handler progress and the job's lifecycle as Events.
-- apiGroups: ["", "events.k8s.io"]
+  verbs: ["get", "create"]
+# kopf.event() posts the job's lifecycle as core v1 Events.
+- apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "patch"]
+  verbs: ["create"]
 {{- end -}}
 
 

@@ -1,0 +1,80 @@
+"""The chart grants exactly the API access the operator's code uses: nothing missing, nothing extra.
+
+The operator's calls are read from its source: the ``kubernetes`` client methods in operator/*.py
+(``self.core.create_namespaced_pod`` -> create pods), the resources of its kopf watch handlers and indices
+(``kopf.on.event("", "v1", "pods")`` -> list, watch pods) and ``kopf.event(...)`` (create events).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+OPERATOR = REPO / "operator"
+CRD = yaml.safe_load((REPO / "charts" / "kubeps" / "files" / "crd.yaml").read_text())
+GROUP, PLURAL = CRD["spec"]["group"], CRD["spec"]["names"]["plural"]
+
+CLIENT_VERBS = {"create": "create", "delete": "delete", "patch": "patch", "replace": "update", "read": "get",
+                "get": "get", "list": "list"}
+
+
+def plural_of(snake: str) -> str:
+    word = snake.replace("_", "")
+    return word + ("es" if word.endswith("s") else "s")
+
+
+def required_permissions() -> set[tuple[str, str, str]]:
+    source = "\n".join(p.read_text() for p in sorted(OPERATOR.glob("*.py")))
+    needed: set[tuple[str, str, str]] = set()
+    for verb, resource in re.findall(r"\.core\.(create|delete|patch|replace|read|list)_namespaced_(\w+?)\(", source):
+        needed.add(("", plural_of(resource), CLIENT_VERBS[verb]))
+    for verb, status in re.findall(r"\.custom\.(create|delete|patch|replace|get|list)_namespaced_custom_object(_status)?\(",
+                                   source):
+        needed.add((GROUP, PLURAL + ("/status" if status else ""), CLIENT_VERBS[verb]))
+    for group, resource in re.findall(r"kopf\.(?:on\.event|index)\(\s*(\"[^\"]*\"|models\.GROUP)\s*,\s*"
+                                      r"(?:\"[^\"]*\"|models\.VERSION)\s*,\s*(\"[^\"]*\"|models\.PLURAL)", source):
+        group = GROUP if group == "models.GROUP" else group.strip('"')
+        resource = PLURAL if resource == "models.PLURAL" else resource.strip('"')
+        needed |= {(group, resource, "list"), (group, resource, "watch")}
+    if re.search(r"kopf\.(event|info|warn|exception)\(", source):
+        needed.add(("", "events", "create"))
+    return needed
+
+
+def granted(render) -> set[tuple[str, str, str]]:
+    role = render.one(render.template(), "ClusterRole")
+    return {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+            for v in rule["verbs"]
+            if g not in ("apiextensions.k8s.io", "kopf.dev")}  # kopf's own discovery and peering, tested elsewhere
+
+
+def test_operator_source_is_readable():
+    needed = required_permissions()
+    # Sanity of the extraction itself: the operator certainly creates pods and writes job status.
+    assert ("", "pods", "create") in needed and (GROUP, f"{PLURAL}/status", "patch") in needed, needed
+
+
+def test_rbac_is_exactly_what_the_operator_uses(render):
+    needed, have = required_permissions(), granted(render)
+    assert not needed - have, f"the operator calls the API without the right to: {sorted(needed - have)}"
+    assert not have - needed, f"granted but never used by operator/ (not least privilege): {sorted(have - needed)}"
+
+
+def test_namespaced_roles_grant_the_same(render):
+    objects = render.template("--set", "watchNamespaces={a,b}")
+    cluster_wide = granted(render)
+    for role in render.by_kind(objects, "Role"):
+        rules = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+                 for v in rule["verbs"]}
+        assert rules == cluster_wide
+
+
+def test_peering_needs_the_operator_to_honour_the_charts_setting():
+    """peering.enabled sets KOPF_RUN_PEERING; the operator must then run with that peering, not standalone."""
+    main = (OPERATOR / "main.py").read_text() + (OPERATOR / "settings.py").read_text()
+    assert "KOPF_RUN_PEERING" in main, (
+        "charts/kubeps sets KOPF_RUN_PEERING when peering.enabled, but operator/ never reads it "
+        "(kopf.run(standalone=True) ignores peering)")
