@@ -350,6 +350,7 @@ class ClusterCoordinator:
                     continue
                 if worker.failures and not self.rebuild_worker_resources(worker):
                     worker.healthy = False
+                    self._stopping.wait(1.0)  # do not hammer a worker whose rebuild keeps failing
                     continue
             closure = self._queue.get(worker.index, timeout=0.5)
             if closure is None:
