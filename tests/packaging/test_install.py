@@ -38,7 +38,9 @@ def owned(kube, kind: str, release: str, namespace: str | None = None) -> list[s
 
 
 def can_i(kube, sa: str, verb: str, resource: str, namespace: str) -> bool:
-    proc = kube.kubectl("auth", "can-i", verb, resource, "-n", namespace, f"--as={sa}", check=False)
+    resource, _, sub = resource.partition("/")
+    extra = [f"--subresource={sub}"] if sub else []
+    proc = kube.kubectl("auth", "can-i", verb, resource, *extra, "-n", namespace, f"--as={sa}", check=False)
     assert proc.stdout.strip() in ("yes", "no"), proc.stdout + proc.stderr
     return proc.stdout.strip() == "yes"
 
@@ -87,6 +89,8 @@ def test_install_upgrade_uninstall_leaves_nothing(kube, namespace, release, tmp_
         assert can_i(kube, sa, "patch", f"{PLURAL}.{GROUP}/status", other)
         assert not can_i(kube, sa, "create", "deployments", other)
         assert not can_i(kube, sa, "update", f"{PLURAL}.{GROUP}", other)
+        assert not can_i(kube, sa, "patch", f"{PLURAL}.{GROUP}", other)
+        assert not can_i(kube, sa, "list", "secrets", other), "the operator only reads its own Secrets by name"
         assert not can_i(kube, sa, "create", "clusterrolebindings", other)
 
         # Upgrade to namespaced mode: rights only in the watched namespace, new flags on the pod.
@@ -166,3 +170,18 @@ def test_plain_manifests_install_and_delete(kube):
     assert not left_behind(kube, "kubeps", ["kubeps-system"])
     assert not kube.kubectl("get", "namespace", "kubeps-system", "--ignore-not-found", "-o", "name").stdout.strip()
     assert crd_exists(kube, CRD_NAME) == crd_was_there
+
+
+def test_e2e_job_is_accepted_by_the_crd(kube, namespace):
+    """hack/e2e/ctr-job.yaml passes the real API server's validation against the operator's CRD."""
+    crd_was_there = crd_exists(kube, CRD_NAME)
+    try:
+        if not crd_was_there:
+            kube.kubectl("apply", "--server-side", "-f", str(CHART / "files" / "crd.yaml"))
+            kube.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=30s")
+        proc = kube.kubectl("create", "--dry-run=server", "-n", namespace, "-f",
+                            str(REPO / "hack" / "e2e" / "ctr-job.yaml"), "-o", "name", check=False)
+        assert proc.returncode == 0, proc.stderr
+    finally:
+        if not crd_was_there:
+            kube.kubectl("delete", "crd", CRD_NAME, "--ignore-not-found", "--wait=true", check=False)
