@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -17,7 +18,7 @@ import numpy as np
 from . import context as _context
 from .cluster import ClusterSpec, TFConfigClusterResolver
 from .context import PSTransport
-from .errors import RuntimeConfigError
+from .errors import PSUnavailableError, RuntimeConfigError
 from .partitioners import div_split
 from .rpc import DEFAULT_TIMEOUT_S
 from .security import load_job_token
@@ -29,12 +30,15 @@ __all__ = ["ParameterServerStrategy"]
 class ParameterServerStrategy:
     """``ParameterServerStrategy(cluster_resolver, variable_partitioner=None)``.
 
-    kubeps extras (keyword-only): ``job_token`` (default: from the environment) and ``rpc_timeout`` (seconds,
-    the deadline of variable reads and writes from the coordinator).
+    kubeps extras (keyword-only): ``job_token`` (default: from the environment), ``rpc_timeout`` (seconds,
+    the deadline of variable reads and writes from the coordinator) and ``ps_startup_timeout`` (seconds the
+    first variable creation waits for every parameter server to answer: tasks of a job start together, and a
+    coordinator that dials a ps before it listens must wait, not crash).
     """
 
     def __init__(self, cluster_resolver: Any, variable_partitioner: Callable[[Any, Any], list[int]] | None = None,
-                 *, job_token: str | None = None, rpc_timeout: float = DEFAULT_TIMEOUT_S):
+                 *, job_token: str | None = None, rpc_timeout: float = DEFAULT_TIMEOUT_S,
+                 ps_startup_timeout: float = 120.0):
         if cluster_resolver is None or not hasattr(cluster_resolver, "cluster_spec"):
             raise RuntimeConfigError("cluster_resolver", cluster_resolver,
                                      "must be a cluster resolver such as TFConfigClusterResolver()")
@@ -59,6 +63,10 @@ class ParameterServerStrategy:
         self._lock = threading.Lock()
         self._next_ps = 0
         self._names: dict[str, int] = {}
+        if not ps_startup_timeout > 0:
+            raise RuntimeConfigError("ps_startup_timeout", ps_startup_timeout, "must be a number of seconds > 0")
+        self._ps_startup_timeout = float(ps_startup_timeout)
+        self._ps_ready = False
 
     # -- cluster ---------------------------------------------------------------------------------------------
     @property
@@ -106,6 +114,25 @@ class ParameterServerStrategy:
         finally:
             _context.pop_strategy(self)
 
+    def wait_for_parameter_servers(self, timeout: float | None = None) -> None:
+        """Block until every ps answers a ping; raise ``PSUnavailableError`` naming the first silent one.
+
+        Called before the first variable is created; a wrong job token fails at once (it will not get better).
+        """
+        if self._ps_ready:
+            return
+        deadline = time.monotonic() + (self._ps_startup_timeout if timeout is None else timeout)
+        for ps in range(self.num_ps):
+            while True:
+                try:
+                    self._transport.call(ps, "Ping", timeout=1.0)
+                    break
+                except PSUnavailableError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.1)
+        self._ps_ready = True
+
     # -- variable creation -----------------------------------------------------------------------------------
     def _unique_name(self, name: str) -> str:
         with self._lock:
@@ -143,6 +170,7 @@ class ParameterServerStrategy:
             raise RuntimeConfigError("initial_value", type(value).__name__, "must be a numeric array")
         if shape is not None and tuple(array.shape) != tuple(shape):
             raise RuntimeConfigError("shape", shape, f"the initial value has shape {list(array.shape)}")
+        self.wait_for_parameter_servers()
         key = self._unique_name(name or "Variable")
         n = self._num_shards(tuple(array.shape), array.dtype)
         if n == 1:
