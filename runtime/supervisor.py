@@ -223,6 +223,8 @@ class RestartingLocalClusterMixin:
         self.policy = policy or self.default_policy
         #: after the chief succeeded, how long the evaluator may take to evaluate the final checkpoint and exit
         self.evaluator_grace = evaluator_grace
+        #: how long a restarting chief waits for every parameter server to answer
+        self.ps_ready_timeout = 30.0
         self.restarts: dict[tuple[str, int], int] = {}
         self.events: list[SupervisorEvent] = []
         self._events_lock = threading.Lock()
@@ -266,8 +268,35 @@ class RestartingLocalClusterMixin:
                             pass
         return None
 
+    def _parameter_servers_answer(self, timeout: float) -> bool:
+        """Wait until every ps task runs and answers a Ping (a restarted chief restores into them at once)."""
+        from .errors import RemoteError  # noqa: PLC0415
+        from .rpc import PS_SERVICE, Client  # noqa: PLC0415
+
+        deadline = time.monotonic() + timeout
+        for index, address in enumerate(self.cluster.get("ps", [])):
+            client = Client(address, PS_SERVICE, self.job_token, timeout=1.0)
+            try:
+                while True:
+                    task = self.tasks.get(("ps", index))
+                    if task is not None and task.running:
+                        try:
+                            client.call("Ping", timeout=1.0)
+                            break
+                        except RemoteError:
+                            pass
+                    if time.monotonic() > deadline or self._stopping:
+                        return False
+                    time.sleep(0.05)
+            finally:
+                client.close()
+        return True
+
     def _schedule_restart(self, key: tuple[str, int], delay: float) -> None:
         def go() -> None:
+            if key[0] == "chief" and not self._parameter_servers_answer(self.ps_ready_timeout):
+                self.report(f"the parameter servers did not answer within {self.ps_ready_timeout:.0f} s; "
+                            "restarting the chief anyway")
             try:
                 task = self.start_task(*key)
             except Exception as err:  # noqa: BLE001 - the cluster is stopping, or the start failed
@@ -275,9 +304,9 @@ class RestartingLocalClusterMixin:
                 return
             self._record("restart", task.name, reason=f"pid {task.pid}")
 
-        if delay <= 0:
+        if delay <= 0 and key[0] != "chief":
             go()
-        else:
+        else:  # the chief waits for the parameter servers in its own thread: wait() keeps handling exits
             timer = threading.Timer(delay, go)
             timer.daemon = True
             self._timers.append(timer)

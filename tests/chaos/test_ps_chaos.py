@@ -1,0 +1,100 @@
+"""Kill a parameter server: without restarts the chief exits with the retryable status 133 within 10 s; with
+restarts the ps and the chief come back, the chief resumes from the latest checkpoint, loses at most one checkpoint
+interval of steps, and the job completes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from kubeps.runtime.checkpoint import list_checkpoints, verify_checkpoint
+from kubeps.runtime.supervisor import EXIT_PS_UNAVAILABLE
+
+from .conftest import report, wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(200)]
+
+EVERY = 10
+ARGS = ("--closures", "120", "--steps-per-closure", "4", "--checkpoint-every", str(EVERY), "--closure-sleep", "0.1")
+
+
+def _checkpointed(run, at_least: int):
+    return [e for e in run.events() if e["event"] == "checkpoint" and e["step"] >= at_least]
+
+
+def test_ps_loss_exits_chief_with_retryable_status(chaos_run):
+    run = chaos_run("no-restart", restart=False, program_args=ARGS)
+    run.start()
+    wait_until(lambda: _checkpointed(run, EVERY), 60, "the first checkpoint")
+    victim = run.task("ps", 1)
+    t_kill = time.time()
+    os.kill(victim.pid, signal.SIGKILL)  # a process this test's cluster started
+    status = run.join(60)
+    assert status == EXIT_PS_UNAVAILABLE
+    chief_exit = [e.time for e in run.cluster.events if e.kind == "exit" and e.task == "chief-0"][-1]
+    latency = chief_exit - t_kill
+    assert latency < 10, f"the chief took {latency:.1f} s to exit after the ps died"
+    assert run.stream.first("/job:ps/task:1", after=t_kill) is not None, "the error names the lost ps"
+    report("ps_kill_no_restart", {"exit_status": status, "chief_exit_after_ps_kill_s": round(latency, 3)})
+
+
+def test_hung_ps_is_detected_by_the_heartbeat(chaos_run):
+    """A ps that stops answering (SIGSTOP: connections stay open) is found by deadlines and pings."""
+    run = chaos_run("hung-ps", restart=False, program_args=ARGS)
+    run.start()
+    wait_until(lambda: _checkpointed(run, EVERY), 60, "the first checkpoint")
+    victim = run.task("ps", 0)
+    t_stop = time.time()
+    os.kill(victim.pid, signal.SIGSTOP)
+    try:
+        status = run.join(60)
+    finally:
+        os.kill(victim.pid, signal.SIGCONT) if victim.running else None
+    assert status == EXIT_PS_UNAVAILABLE
+    chief_exit = [e.time for e in run.cluster.events if e.kind == "exit" and e.task == "chief-0"][-1]
+    latency = chief_exit - t_stop
+    report("ps_hung_no_restart", {"exit_status": status, "chief_exit_after_ps_hang_s": round(latency, 3)})
+    assert latency < 10, f"the chief took {latency:.1f} s to exit after the ps hung"
+
+
+def test_ps_loss_with_restart_resumes_from_latest_checkpoint(chaos_run):
+    run = chaos_run("restart", restart=True, program_args=ARGS)
+    run.start()
+    wait_until(lambda: _checkpointed(run, 3 * EVERY), 90, "three checkpoints")
+    # mid-interval: some closures after the last checkpoint are lost with the ps
+    wait_until(lambda: max((i for i, *_ in run.runs()), default=0) >= 3 * EVERY + EVERY // 2, 60, "more closures")
+    victim = run.task("ps", 0)
+    t_kill = time.time()
+    os.kill(victim.pid, signal.SIGKILL)
+    done_before = max(i for i, _, _, t in run.runs() if t <= t_kill) + 1  # closures started in order
+    saved_before = max(e["step"] for e in run.events() if e["event"] == "checkpoint" and e["time"] <= t_kill)
+    assert run.join(150) == 0, "the job must complete after the ps and the chief restart"
+
+    starts = [e for e in run.events() if e["event"] == "start"]
+    assert starts[0]["restored_step"] == 0 and len(starts) >= 2
+    # a chief that started while workers still reconnected to the new ps may fail again with 133 and be
+    # restarted once more; every restart restores the same latest checkpoint
+    assert all(e["time"] > t_kill and e["restored_step"] == saved_before for e in starts[1:]), starts
+    resumed = starts[-1]
+    lost = done_before - resumed["restored_step"]
+    assert 0 <= lost <= EVERY, f"lost {lost} closures, more than one checkpoint interval ({EVERY})"
+    result = run.result()
+    assert result["restored_step"] == saved_before and result["closures"] == 120
+    assert result["log_loss"] < 0.6
+    latest = list_checkpoints(str(run.ckpt))[-1][1]
+    assert verify_checkpoint(latest).final
+
+    ev = run.cluster.events
+    chief_killed = min(e.time for e in ev if e.kind == "kill" and e.task == "chief-0" and e.time >= t_kill)
+    ps_back = min(e.time for e in ev if e.kind == "restart" and e.task == "ps-0" and e.time >= t_kill)
+    next_ckpt = min(e["time"] for e in run.events() if e["event"] == "checkpoint" and e["time"] > resumed["time"])
+    report("ps_kill_restart", {
+        "ps_exit_seen_s": round(min(e.time for e in ev if e.kind == "exit" and e.task == "ps-0") - t_kill, 3),
+        "chief_killed_s": round(chief_killed - t_kill, 3), "ps_restarted_s": round(ps_back - t_kill, 3),
+        "chief_restored_s": round(starts[1]["time"] - t_kill, 3), "restore_seconds": resumed["restore_seconds"],
+        "first_new_checkpoint_s": round(next_ckpt - t_kill, 3), "closures_lost": lost,
+        "checkpoint_interval": EVERY, "restored_step": resumed["restored_step"], "chief_starts_after_kill": len(starts) - 1,
+    })
