@@ -218,13 +218,13 @@ class RestartingLocalClusterMixin:
     default_policy: RestartPolicy = RestartPolicy()
 
     def __init__(self, *args: Any, policy: RestartPolicy | None = None, evaluator_grace: float = 60.0,
-                 **kwargs: Any):
+                 ps_ready_timeout: float = 30.0, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.policy = policy or self.default_policy
         #: after the chief succeeded, how long the evaluator may take to evaluate the final checkpoint and exit
         self.evaluator_grace = evaluator_grace
-        #: how long a restarting chief waits for every parameter server to answer
-        self.ps_ready_timeout = 30.0
+        #: how long a restarting chief waits for every parameter server to answer a Ping (0: not at all)
+        self.ps_ready_timeout = ps_ready_timeout
         self.restarts: dict[tuple[str, int], int] = {}
         self.events: list[SupervisorEvent] = []
         self._events_lock = threading.Lock()
@@ -294,7 +294,8 @@ class RestartingLocalClusterMixin:
 
     def _schedule_restart(self, key: tuple[str, int], delay: float) -> None:
         def go() -> None:
-            if key[0] == "chief" and not self._parameter_servers_answer(self.ps_ready_timeout):
+            if key[0] == "chief" and self.ps_ready_timeout > 0 \
+                    and not self._parameter_servers_answer(self.ps_ready_timeout):
                 self.report(f"the parameter servers did not answer within {self.ps_ready_timeout:.0f} s; "
                             "restarting the chief anyway")
             try:
