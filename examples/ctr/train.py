@@ -3,21 +3,28 @@
     kubeps local --ps 2 --workers 2 examples/ctr/train.py            # or: make example
 
 The same program runs as every task and branches on its task type, as in TensorFlow's parameter-server guide:
-ps and worker tasks start a ``Server`` and block in ``join()``; the chief is the coordinator. It creates the
-variables inside ``strategy.scope()`` -- ONE embedding table for every categorical field, sharded across the
-parameter servers by ``MinSizePartitioner`` -- builds a dataset on every worker, and ``schedule``s training
-steps, which the workers run asynchronously: each step looks up only the rows its batch needs, computes gradients
-with numpy and pushes them (row-sparse for the table) to the parameter servers, where Adagrad applies them.
+ps and worker tasks start a ``Server`` and block in ``join()``; the chief is the coordinator. It builds the model
+inside ``strategy.scope()`` -- ONE embedding table for every categorical field, sharded across the parameter
+servers by ``MinSizePartitioner``, and a small MLP head -- builds a dataset on every worker, and ``schedule``s
+``--steps-per-execution`` training steps at a time, which the workers run asynchronously: each step pulls only
+the embedding rows its batch needs, runs the layers' forward and backward passes with numpy and pushes the
+gradients (row-sparse for the table) to the parameter servers, where Adagrad applies them.
+
+The model (``kubeps.runtime.nn`` layers)::
+
+    ids [B, FIELDS] --Embedding--> [B, FIELDS, DIM] --flatten--+
+                                                               +--concat--> MLP(hidden, relu) --> logit --> p
+    dense [B, DENSE] ------------------------------------------+
 
 The data is synthetic, with a known answer. Each example has ``FIELDS`` categorical features (site, ad, ...; a
 skewed, Zipf-like choice of ``VALUES_PER_FIELD`` values each) hashed into one shared id space, plus a few dense
-features. Its label is drawn from a logistic "teacher" model with a weight per (field, value), so the teacher's own
-log-loss is the best any model can do, and the log-loss of always predicting the click rate (the base rate) is
-what a model that learned nothing gets. The program prints both next to the trained model's log-loss and AUC,
-and exits 1 if the model does not beat the base rate.
-
-The model: ``logit = b + x_dense . w_dense + sum_f emb[id_f] . w_field[f]`` (logistic regression on learned
-embeddings), with its forward and backward passes written out in numpy below.
+features. Its label is drawn from a logistic "teacher": ``logit = bias + dense . w + sum_f weight[f, value_f]``.
+The model can represent the teacher exactly (an embedding coordinate carries each weight, and a ReLU pair
+``relu(z) - relu(-z) = z`` passes a sum through the MLP), so the teacher's own log-loss on held-out data is the
+best any model can do, and the log-loss of always predicting the click rate (the base rate) is what a model that
+learned nothing gets. The program trains several passes over a finite training set, evaluates on held-out
+examples from the same teacher, prints the model's log-loss and AUC next to both references and the gap to the
+teacher in %, and exits 1 if the model does not beat the base rate.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import time
 
 import numpy as np
 
+from kubeps.runtime import kernels, nn
 from kubeps.runtime.cluster import TFConfigClusterResolver
 from kubeps.runtime.coordinator import ClusterCoordinator
 from kubeps.runtime.data import Dataset, InputContext
@@ -37,11 +45,9 @@ from kubeps.runtime.optimizers import Adagrad
 from kubeps.runtime.partitioners import MinSizePartitioner
 from kubeps.runtime.server import Server
 from kubeps.runtime.strategy import ParameterServerStrategy
-from kubeps.runtime.training import IndexedSlices
-from kubeps.runtime.variables import Variable, embedding_lookup
 
 FIELDS = 6
-VALUES_PER_FIELD = 1000
+VALUES_PER_FIELD = 200
 DENSE = 4
 TEACHER_SEED = 1234
 
@@ -81,13 +87,17 @@ class Teacher:
         return values, dense, p, labels
 
 
-def make_dataset(args: argparse.Namespace, input_context: InputContext) -> Dataset:
-    """Runs on each worker: the training set (the same on every worker), this worker's shard of it, shuffled,
-    repeated and batched. Elements are ``(ids [B, FIELDS], dense [B, DENSE], labels [B])``."""
+def training_set(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(ids [N, FIELDS], dense [N, DENSE], labels [N])``: the finite training set (the same on every worker)."""
     values, dense, _, labels = Teacher().sample(args.train_examples, seed=args.seed)
-    ids = hash_ids(values, args.vocab_size)
+    return hash_ids(values, args.vocab_size), dense, labels
+
+
+def make_dataset(args: argparse.Namespace, input_context: InputContext) -> Dataset:
+    """Runs on each worker: this worker's shard of the training set, shuffled, repeated (several passes) and
+    batched. Elements are ``(ids [B, FIELDS], dense [B, DENSE], labels [B])``."""
     return (
-        Dataset.from_tensor_slices((ids, dense, labels))
+        Dataset.from_tensor_slices(training_set(args))
         .shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
         .shuffle(10_000, seed=args.seed + input_context.input_pipeline_id)
         .repeat()
@@ -103,58 +113,82 @@ def log_loss(labels: np.ndarray, p: np.ndarray) -> float:
 
 
 def auc(labels: np.ndarray, scores: np.ndarray) -> float:
-    """Area under the ROC curve: the probability that a random click scores above a random non-click (ties
-    count half), from the rank sum (Mann-Whitney U)."""
-    order = np.argsort(scores, kind="mergesort")
-    sorted_scores = scores[order]
-    ranks = np.empty(len(scores), dtype=np.float64)
-    # average ranks over runs of equal scores
-    starts = np.r_[0, np.nonzero(np.diff(sorted_scores))[0] + 1]
-    ends = np.r_[starts[1:], len(scores)]
-    for a, b in zip(starts, ends):
-        ranks[order[a:b]] = (a + b + 1) / 2.0
-    positives = labels > 0.5
-    n_pos, n_neg = int(positives.sum()), int((~positives).sum())
-    if n_pos == 0 or n_neg == 0:
-        return float("nan")
-    return float((ranks[positives].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+    """Area under the ROC curve (ties count half), from ranks: ``kubeps.runtime.kernels.auc``."""
+    return kernels.auc(labels, scores)
 
 
 # -- the model --------------------------------------------------------------------------------------------------
-def sigmoid(z: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-np.clip(z, -30, 30)))
+class CTRModel:
+    """``logit = head(concat(flatten(embedding(ids)), dense))`` from ``kubeps.runtime.nn`` layers.
+
+    Built inside ``strategy.scope()`` its variables live on the parameter servers (the table sharded by the
+    scope's partitioner); built outside they are local arrays -- the same code trains in-process
+    (``bench/train_ctr.py`` does) or on workers. Pickled into a scheduled function, it travels as variable handles.
+    """
+
+    def __init__(self, vocab_size: int, embedding_dim: int, hidden: list[int], seed: int = 0):
+        self.embedding = nn.Embedding(vocab_size, embedding_dim, seed=seed, name="embedding")
+        self.head = nn.MLP(hidden, 1, activation="relu", input_dim=FIELDS * embedding_dim + DENSE, seed=seed + 1,
+                           name="head")
+        self.loss = nn.SigmoidCrossEntropy()
+
+    def forward(self, ids: np.ndarray, dense: np.ndarray) -> np.ndarray:
+        """The logits ``[B]``; looks up only the rows of ``ids`` (from the parameter servers when remote)."""
+        rows = self.embedding.forward(ids)  # [B, FIELDS, DIM]
+        x = np.concatenate([rows.reshape(len(ids), -1), dense], axis=1)
+        return self.head.forward(x)[:, 0]
+
+    def backward(self, d_logits: np.ndarray) -> None:
+        dx = self.head.backward(d_logits[:, None])
+        d_rows = dx[:, : -DENSE]  # the dense features need no gradient
+        self.embedding.backward(d_rows.reshape(len(d_rows), FIELDS, -1))
+
+    def train_step(self, ids: np.ndarray, dense: np.ndarray, labels: np.ndarray, optimizer: Adagrad) -> float:
+        """Forward, loss, backward, and one push of every gradient (the table's row-sparse); the batch's loss."""
+        loss = self.loss.forward(self.forward(ids, dense), labels)
+        self.backward(self.loss.backward())
+        optimizer.apply_gradients(nn.all_grads_and_vars([self.embedding, self.head]))
+        return loss
+
+    def predict(self, ids: np.ndarray, dense: np.ndarray, batch_size: int = 8192) -> np.ndarray:
+        """Click probabilities, in batches (on the chief: the rows come from the parameter servers)."""
+        logits = [self.forward(ids[i: i + batch_size], dense[i: i + batch_size])
+                  for i in range(0, len(ids), batch_size)]
+        return kernels.sigmoid(np.concatenate(logits))
 
 
-def forward(rows: np.ndarray, dense: np.ndarray, w_field: np.ndarray, w_dense: np.ndarray, bias: np.ndarray):
-    """``rows`` [B, FIELDS, D] embedding rows of the batch's ids; returns the logits [B]."""
-    return np.einsum("bfd,fd->b", rows, w_field) + dense @ w_dense + bias
+def build_model(args: argparse.Namespace) -> CTRModel:
+    return CTRModel(args.vocab_size, args.embedding_dim, args.hidden, seed=args.seed)
 
 
-def make_train_steps(model: dict, optimizer: Adagrad, steps_per_execution: int):
-    """The function the coordinator schedules: ``steps_per_execution`` steps on whichever worker runs it."""
-    table, w_field, w_dense, bias = model["embedding"], model["w_field"], model["w_dense"], model["bias"]
+def make_optimizer(args: argparse.Namespace) -> Adagrad:
+    return Adagrad(learning_rate=args.learning_rate)
 
-    def train_steps(iterator) -> float:
-        total = 0.0
-        for _ in range(steps_per_execution):
-            ids, dense, labels = next(iterator)
-            batch, dim = ids.shape[0], table.shape[1]
-            rows = embedding_lookup(table, ids)  # only these rows travel, from the shards that own them
-            wf, wd, b = w_field.read_value(), w_dense.read_value(), bias.read_value()
-            p = sigmoid(forward(rows, dense, wf, wd, b))
-            total += log_loss(labels, p)
-            # backward: d(mean log-loss)/d(logit) = (p - y) / B
-            g = ((p - labels) / batch).astype(np.float32)
-            grad_rows = g[:, None, None] * wf[None, :, :]  # [B, FIELDS, D], one per looked-up id
-            optimizer.apply_gradients([
-                (IndexedSlices(grad_rows.reshape(-1, dim), ids.reshape(-1), table.shape), table),
-                (np.einsum("b,bfd->fd", g, rows), w_field),
-                (dense.T @ g, w_dense),
-                (np.asarray(g.sum(), dtype=np.float32), bias),
-            ])
-        return total / steps_per_execution
 
-    return train_steps
+def train_steps(model: CTRModel, optimizer: Adagrad, iterator, steps: int) -> float:
+    """What the coordinator schedules: ``steps`` training steps on whichever worker runs it; their mean loss."""
+    total = 0.0
+    for _ in range(steps):
+        ids, dense, labels = next(iterator)
+        total += model.train_step(ids, dense, labels, optimizer)
+    return total / steps
+
+
+def evaluate(model: CTRModel, args: argparse.Namespace) -> dict[str, float]:
+    """The model against the two references on held-out examples from the same teacher."""
+    values, dense, p_teacher, labels = Teacher().sample(args.eval_examples, seed=args.seed + 10_000)
+    p_model = model.predict(hash_ids(values, args.vocab_size), dense)
+    click_rate = float(labels.mean())
+    result = {
+        "logloss": log_loss(labels, p_model),
+        "auc": auc(labels, p_model),
+        "base_logloss": log_loss(labels, np.full_like(labels, click_rate)),
+        "teacher_logloss": log_loss(labels, p_teacher),
+        "teacher_auc": auc(labels, p_teacher),
+        "click_rate": click_rate,
+    }
+    result["gap_pct"] = 100.0 * (result["logloss"] / result["teacher_logloss"] - 1.0)
+    return result
 
 
 # -- tasks ------------------------------------------------------------------------------------------------------
@@ -179,64 +213,44 @@ def run_chief(args: argparse.Namespace, resolver: TFConfigClusterResolver) -> in
     wait_for_parameter_servers(strategy)
     coordinator = ClusterCoordinator(strategy)
     try:
-        rng = np.random.default_rng(args.seed)
         with strategy.scope():
-            model = {
-                "embedding": Variable(
-                    rng.uniform(-0.05, 0.05, size=(args.vocab_size, args.embedding_dim)).astype(np.float32),
-                    name="embedding",
-                ),
-                "w_field": Variable(
-                    rng.normal(0.0, 0.3, size=(FIELDS, args.embedding_dim)).astype(np.float32), name="w_field"
-                ),
-                "w_dense": Variable(np.zeros(DENSE, np.float32), name="w_dense"),
-                "bias": Variable(np.float32(0.0), name="bias"),
-            }
-        table = model["embedding"]
+            model = build_model(args)
+        table = model.embedding.embeddings
         shards = getattr(table, "variables", [table])
         print(f"embedding table {table.shape[0]}x{table.shape[1]} float32 in {len(shards)} shard(s): "
               + ", ".join(f"{v.name} {v.shape[0]} rows on {v.device}" for v in shards))
 
-        optimizer = Adagrad(learning_rate=args.learning_rate)
-        train_steps = make_train_steps(model, optimizer, args.steps_per_execution)
+        optimizer = make_optimizer(args)
         per_worker_dataset = coordinator.create_per_worker_dataset(lambda ctx: make_dataset(args, ctx))
         iterator = iter(per_worker_dataset)
+        steps_per_execution = args.steps_per_execution
+
+        def train_fn(it):  # pickled with the model's variable handles; runs on a worker
+            return train_steps(model, optimizer, it, steps_per_execution)
 
         started = time.perf_counter()
-        executions = args.steps // args.steps_per_execution
+        executions = args.steps // steps_per_execution
         report_every = max(1, executions // 5)
         done = 0
         while done < executions:
             n = min(report_every, executions - done)
-            losses = [coordinator.schedule(train_steps, args=(iterator,)) for _ in range(n)]
+            losses = [coordinator.schedule(train_fn, args=(iterator,)) for _ in range(n)]
             coordinator.join()
             done += n
             mean = float(np.mean([rv.fetch() for rv in losses]))
-            print(f"step {done * args.steps_per_execution:5d}/{args.steps}  train log-loss {mean:.4f}")
+            print(f"step {done * steps_per_execution:5d}/{args.steps}  train log-loss {mean:.4f}")
         elapsed = time.perf_counter() - started
-        examples_per_s = args.steps * args.batch_size / elapsed
+        passes = args.steps * args.batch_size / args.train_examples
 
-        # evaluation on the chief: read the trained variables (the table's shards are concatenated)
-        teacher = Teacher()
-        values, dense, p_teacher, labels = teacher.sample(args.eval_examples, seed=args.seed + 10_000)
-        ids = hash_ids(values, args.vocab_size)
-        table_value = np.asarray(table)
-        p_model = sigmoid(forward(table_value[ids], dense, np.asarray(model["w_field"]),
-                                  np.asarray(model["w_dense"]), np.asarray(model["bias"])))
-        click_rate = float(labels.mean())
-        result = {
-            "logloss": log_loss(labels, p_model),
-            "auc": auc(labels, p_model),
-            "base_logloss": log_loss(labels, np.full_like(labels, click_rate)),
-            "teacher_logloss": log_loss(labels, p_teacher),
-            "teacher_auc": auc(labels, p_teacher),
-            "click_rate": click_rate,
-            "examples_per_s": examples_per_s,
-            "embedding_shards": len(shards),
-        }
-        print(f"eval: log-loss {result['logloss']:.4f}  AUC {result['auc']:.4f}  |  base rate ({click_rate:.3f}) "
-              f"log-loss {result['base_logloss']:.4f}  |  teacher (best achievable) log-loss "
-              f"{result['teacher_logloss']:.4f} AUC {result['teacher_auc']:.4f}  |  {examples_per_s:.0f} examples/s")
+        result = evaluate(model, args)  # on the chief: rows and weights read from the parameter servers
+        result.update(examples_per_s=args.steps * args.batch_size / elapsed, train_seconds=elapsed,
+                      passes=passes, embedding_shards=len(shards))
+        print(f"trained {args.steps} steps of {args.batch_size} ({passes:.1f} passes over {args.train_examples} "
+              f"examples) in {elapsed:.1f} s: {result['examples_per_s']:.0f} examples/s")
+        print(f"eval log-loss {result['logloss']:.4f}  AUC {result['auc']:.4f}")
+        print(f"  base rate ({result['click_rate']:.3f})     log-loss {result['base_logloss']:.4f}")
+        print(f"  teacher (best achievable) log-loss {result['teacher_logloss']:.4f}  AUC {result['teacher_auc']:.4f}")
+        print(f"  gap to the teacher: {result['gap_pct']:.2f}%")
         print("RESULT " + json.dumps(result))
         if not result["logloss"] < result["base_logloss"]:
             print("the model did not beat the base rate", file=sys.stderr)
@@ -251,18 +265,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="kubeps CTR example: asynchronous PS training on synthetic clicks")
     p.add_argument("--steps", type=int, default=2400, help="training steps in total, over all workers")
     p.add_argument("--steps-per-execution", type=int, default=20, help="steps per scheduled function")
-    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--batch-size", type=int, default=512)
     p.add_argument("--vocab-size", type=int, default=1 << 16, help="rows of the hashed embedding table")
     p.add_argument("--embedding-dim", type=int, default=8)
-    p.add_argument("--learning-rate", type=float, default=0.3, help="Adagrad learning rate")
-    p.add_argument("--train-examples", type=int, default=200_000)
-    p.add_argument("--eval-examples", type=int, default=50_000)
+    p.add_argument("--hidden", type=int, nargs="+", default=[16], help="hidden units of the MLP head")
+    p.add_argument("--learning-rate", type=float, default=0.1, help="Adagrad learning rate")
+    p.add_argument("--train-examples", type=int, default=300_000)
+    p.add_argument("--eval-examples", type=int, default=100_000)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     for name in ("steps", "steps_per_execution", "batch_size", "vocab_size", "embedding_dim", "train_examples",
                  "eval_examples"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if any(h < 1 for h in args.hidden):
+        p.error(f"--hidden units must be >= 1, got {args.hidden}")
     if args.steps % args.steps_per_execution:
         p.error(f"--steps={args.steps} must be a multiple of --steps-per-execution={args.steps_per_execution}")
     if not args.learning_rate > 0:
