@@ -124,6 +124,55 @@ class ChaosRun:
         return [t.pid for t in self.cluster.tasks.values()]
 
 
+class PSProcesses:
+    """Parameter servers (``python -m kubeps.runtime.server``) on loopback, killed and restarted by PID."""
+
+    TOKEN = "kubeps-chaos-token-0123456789abcdef"
+
+    def __init__(self, num_ps: int, log_dir: Path):
+        import socket
+        import sys
+
+        socks = [socket.socket() for _ in range(num_ps + 2)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        ports = [s.getsockname()[1] for s in socks]
+        for s in socks:
+            s.close()
+        self.cluster = {"chief": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{ports[1]}"],
+                        "ps": [f"127.0.0.1:{p}" for p in ports[2:]]}
+        self.log_dir = log_dir
+        self.python = sys.executable
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("KUBEPS_") and k != "TF_CONFIG"}
+        self.env.update(KUBEPS_BIND_HOST="127.0.0.1", KUBEPS_LOG_LEVEL="WARNING", KUBEPS_JOB_TOKEN=self.TOKEN)
+        self.procs: dict[int, Any] = {}
+
+    def start_all(self) -> None:
+        import subprocess
+
+        from kubeps.runtime.cluster import TFConfig
+
+        for i in range(len(self.cluster["ps"])):
+            proc = self.procs.get(i)
+            if proc is not None and proc.poll() is None:
+                continue
+            env = dict(self.env, TF_CONFIG=TFConfig.for_task(self.cluster, "ps", i).to_json())
+            with open(self.log_dir / f"ps-{i}.log", "ab") as log:
+                self.procs[i] = subprocess.Popen([self.python, "-m", "kubeps.runtime.server"], env=env,
+                                                 stdout=log, stderr=subprocess.STDOUT)
+
+    def kill(self, index: int) -> None:
+        proc = self.procs[index]
+        proc.kill()
+        proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=10)
+
+
 def wait_until(cond, timeout: float, what: str, interval: float = 0.05):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
