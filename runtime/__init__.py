@@ -36,10 +36,13 @@ for _module, _names in {
     ),
     "kernels": "DeviceUnavailableError",
     "nn": "Dense Embedding Flatten Sequential MLP SigmoidCrossEntropy SoftmaxCrossEntropy glorot_uniform",
-    "checkpoint": "Checkpoint CheckpointManager",
+    "checkpoint": (
+        "Checkpoint CheckpointManager CheckpointReader StepCounter latest_checkpoint verify_checkpoint "
+        "CheckpointError CheckpointCorruptError CheckpointMismatchError"
+    ),
     "evaluator": "SidecarEvaluator",
     "watchdog": "Watchdog",
-    "supervisor": "EXIT_PS_UNAVAILABLE run_coordinator",
+    "supervisor": "EXIT_PS_UNAVAILABLE RestartPolicy install_excepthook run_coordinator",
     "launcher": "LocalCluster run_local",
 }.items():
     for _name in _names.split():

@@ -1,6 +1,6 @@
 """The ``kubeps`` command.
 
-- ``kubeps local SCRIPT [--ps N] [--workers M] [--evaluator] [--host H] [--port-base P] [-- ARGS...]``: run a
+- ``kubeps local SCRIPT [--ps N] [--workers M] [--evaluator] [--restart] [--host H] [--port-base P] [-- ARGS...]``: run a
   training program as a local cluster of processes (see :mod:`kubeps.runtime.launcher`).
 - ``kubeps operator [ARGS...]``: the Kubernetes operator (``kubeps.operator.main``; needs ``kubeps[operator]``).
 - ``kubeps version``: the installed version.
@@ -106,7 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
             "prefixed with [type-index]. The exit status is the chief's; when the chief exits the other tasks are "
             "stopped. Arguments after '--' are passed to the script."
         ),
-        usage="kubeps local SCRIPT [--ps N] [--workers M] [--evaluator] [--host H] [--port-base P] [-- ARGS...]",
+        usage=(
+            "kubeps local SCRIPT [--ps N] [--workers M] [--evaluator] [--restart] [--host H] [--port-base P] "
+            "[-- ARGS...]"
+        ),
     )
     local.add_argument("script", help="the training program (the same file runs as every task)")
     local.add_argument("--ps", type=_int_at_least(1, "--ps"), default=2, help="parameter servers (default 2)")
@@ -123,6 +126,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds between SIGTERM and SIGKILL when stopping tasks (default 5)",
     )
     local.add_argument("--python", default=sys.executable, help="interpreter for the tasks (default: this one)")
+    local.add_argument(
+        "--restart",
+        action="store_true",
+        help=(
+            "behave like the operator: restart a failed worker or evaluator; a failed ps restarts the ps and the "
+            "chief, which resumes from its latest checkpoint; a chief killed by a signal or exiting with a code "
+            ">= 128 is restarted"
+        ),
+    )
     parser.set_defaults(_local_parser=local)
 
     sub.add_parser(
@@ -156,7 +168,8 @@ def _run_operator(argv: list[str]) -> int:
 
 
 def _run_local(parser: argparse.ArgumentParser, args: argparse.Namespace, script_args: list[str]) -> int:
-    from .launcher import LauncherError, run_local
+    from .launcher import LauncherError, LocalCluster, run_local
+    from .supervisor import restarting_cluster_class
 
     local_parser: argparse.ArgumentParser = args._local_parser
     if not os.path.exists(args.script):
@@ -174,6 +187,7 @@ def _run_local(parser: argparse.ArgumentParser, args: argparse.Namespace, script
             port_base=args.port_base,
             python=args.python,
             grace_period=args.grace_period,
+            cluster_factory=restarting_cluster_class() if args.restart else LocalCluster,
         )
     except LauncherError as err:
         local_parser.error(str(err))
