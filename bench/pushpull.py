@@ -24,7 +24,6 @@ import numpy as np
 
 from kubeps.runtime import wire
 from kubeps.runtime.cluster import TFConfig, TFConfigClusterResolver
-from kubeps.runtime.errors import RemoteError
 from kubeps.runtime.optimizers import SGD
 from kubeps.runtime.partitioners import FixedShardsPartitioner
 from kubeps.runtime.strategy import ParameterServerStrategy
@@ -78,16 +77,7 @@ def main() -> int:
         strategy = ParameterServerStrategy(
             TFConfigClusterResolver(tf_config=TFConfig.for_task(cluster, "chief", 0)),
             variable_partitioner=FixedShardsPartitioner(2), job_token=TOKEN, rpc_timeout=120.0)
-        deadline = time.monotonic() + 60
-        for i in range(2):
-            while True:
-                try:
-                    strategy.transport.call(i, "Ping", timeout=2.0)
-                    break
-                except RemoteError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.1)
+        strategy.wait_for_parameter_servers(timeout=60)
 
         rows = args.mib * (1 << 20) // (1024 * 4)
         value = np.random.default_rng(0).standard_normal((rows, 1024), dtype=np.float32)

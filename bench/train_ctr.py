@@ -161,7 +161,6 @@ def run_chief(args: argparse.Namespace) -> int:
     resolver = TFConfigClusterResolver()
     num_ps = resolver.cluster_spec().num_tasks("ps")
     strategy = ParameterServerStrategy(resolver, variable_partitioner=MinSizePartitioner(256 << 10, num_ps))
-    ctr.wait_for_parameter_servers(strategy)
     coordinator = ClusterCoordinator(strategy)
     try:
         with strategy.scope():

@@ -40,7 +40,6 @@ from kubeps.runtime import kernels, nn
 from kubeps.runtime.cluster import TFConfigClusterResolver
 from kubeps.runtime.coordinator import ClusterCoordinator
 from kubeps.runtime.data import Dataset, InputContext
-from kubeps.runtime.errors import RemoteError
 from kubeps.runtime.optimizers import Adagrad
 from kubeps.runtime.partitioners import MinSizePartitioner
 from kubeps.runtime.server import Server
@@ -192,25 +191,10 @@ def evaluate(model: CTRModel, args: argparse.Namespace) -> dict[str, float]:
 
 
 # -- tasks ------------------------------------------------------------------------------------------------------
-def wait_for_parameter_servers(strategy: ParameterServerStrategy, timeout: float = 60.0) -> None:
-    """Tasks start together; the chief waits until every ps answers before creating variables on it."""
-    deadline = time.monotonic() + timeout
-    for ps in range(strategy.num_ps):
-        while True:
-            try:
-                strategy.transport.call(ps, "Ping", timeout=1.0)
-                break
-            except RemoteError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-
-
 def run_chief(args: argparse.Namespace, resolver: TFConfigClusterResolver) -> int:
     num_ps = resolver.cluster_spec().num_tasks("ps")
     partitioner = MinSizePartitioner(min_shard_bytes=256 << 10, max_shards=num_ps)
     strategy = ParameterServerStrategy(resolver, variable_partitioner=partitioner)
-    wait_for_parameter_servers(strategy)
     coordinator = ClusterCoordinator(strategy)
     try:
         with strategy.scope():

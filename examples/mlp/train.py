@@ -123,22 +123,6 @@ class WorkerBatches:
         return batches(self.features, self.batch_size, make_teacher(self.features, self.classes, seed=1234), self.seed)
 
 
-def wait_for_parameter_servers(strategy, timeout_s: float = 60.0) -> None:
-    """The chief may start before the ps tasks listen: ping each until it answers (all tasks start together)."""
-    from kubeps.runtime.errors import PSUnavailableError
-
-    deadline = time.monotonic() + timeout_s
-    for ps in range(strategy.num_ps):
-        while True:
-            try:
-                strategy.transport.call(ps, "Ping", {})
-                break
-            except PSUnavailableError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
-
-
 def run_distributed(args) -> dict[str, float]:
     from kubeps.runtime.cluster import TFConfig
 
@@ -154,7 +138,6 @@ def run_distributed(args) -> dict[str, float]:
     from kubeps.runtime.strategy import ParameterServerStrategy
 
     strategy = ParameterServerStrategy.from_tf_config()
-    wait_for_parameter_servers(strategy)
     with strategy.scope():
         model, opt = build(args)
     coordinator = ClusterCoordinator(strategy)
