@@ -1,7 +1,7 @@
 """The ``kubeps`` command.
 
-- ``kubeps local SCRIPT [--ps N] [--workers M] [--evaluator] [--restart] [--host H] [--port-base P] [-- ARGS...]``: run a
-  training program as a local cluster of processes (see :mod:`kubeps.runtime.launcher`).
+- ``kubeps local SCRIPT [--ps N] [--workers M] [--evaluator] [--evaluator-grace S] [--restart] [--host H]
+  [--port-base P] [-- ARGS...]``: run a training program as a local cluster of processes (see :mod:`kubeps.runtime.launcher`).
 - ``kubeps operator [ARGS...]``: the Kubernetes operator (``kubeps.operator.main``; needs ``kubeps[operator]``).
 - ``kubeps version``: the installed version.
 
@@ -79,6 +79,16 @@ def _grace(text: str) -> float:
     return value
 
 
+def _evaluator_grace(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--evaluator-grace must be a number of seconds >= 0, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"--evaluator-grace must be a number of seconds >= 0, got {text}")
+    return value
+
+
 def _host(text: str) -> str:
     try:
         ipaddress.ip_address(text)
@@ -107,8 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
             "stopped. Arguments after '--' are passed to the script."
         ),
         usage=(
-            "kubeps local SCRIPT [--ps N] [--workers M] [--evaluator] [--restart] [--host H] [--port-base P] "
-            "[-- ARGS...]"
+            "kubeps local SCRIPT [--ps N] [--workers M] [--evaluator] [--evaluator-grace S] [--restart] [--host H] "
+            "[--port-base P] [-- ARGS...]"
         ),
     )
     local.add_argument("script", help="the training program (the same file runs as every task)")
@@ -124,6 +134,15 @@ def build_parser() -> argparse.ArgumentParser:
         type=_grace,
         default=5.0,
         help="seconds between SIGTERM and SIGKILL when stopping tasks (default 5)",
+    )
+    local.add_argument(
+        "--evaluator-grace",
+        type=_evaluator_grace,
+        default=60.0,
+        help=(
+            "after the chief succeeds, seconds the evaluator may take to evaluate the final checkpoint and exit "
+            "before it is stopped (default 60; 0: stop it with the others)"
+        ),
     )
     local.add_argument("--python", default=sys.executable, help="interpreter for the tasks (default: this one)")
     local.add_argument(
@@ -187,6 +206,7 @@ def _run_local(parser: argparse.ArgumentParser, args: argparse.Namespace, script
             port_base=args.port_base,
             python=args.python,
             grace_period=args.grace_period,
+            evaluator_grace=args.evaluator_grace,
             cluster_factory=restarting_cluster_class() if args.restart else LocalCluster,
         )
     except LauncherError as err:

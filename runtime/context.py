@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from .errors import PSUnavailableError, RemoteError
-from .rpc import DEFAULT_TIMEOUT_S, PS_SERVICE, Client
+from .rpc import DEFAULT_TIMEOUT_S, PS_SERVICE, UNKNOWN_VARIABLE, Client
 
 if TYPE_CHECKING:  # pragma: no cover
     from .variables import Variable
@@ -28,6 +28,8 @@ __all__ = [
     "current_closure_context",
     "current_strategy",
     "get_current_worker_index",
+    "ps_restarted",
+    "ps_restarted_error",
 ]
 
 #: gRPC status codes that mean "the parameter server is not there" rather than "the request was bad".
@@ -38,13 +40,58 @@ _scope_lock = threading.Lock()
 _scope_stack: list[Any] = []  # strategies, innermost last (scopes are process-wide, as in TF's default graph)
 
 
+def ps_restarted_error(ps_index: int, address: str, how: str) -> PSUnavailableError:
+    """The error for a parameter server that came back as a new, empty process (``.restarted`` is True)."""
+    error = PSUnavailableError(
+        ps_index, address,
+        f"it restarted and lost its variables ({how}); this coordinator cannot go on: restart the chief so it "
+        "re-creates its variables and restores the latest checkpoint (run_coordinator exits with the retryable "
+        "status 133 for that)",
+        code="DATA_LOSS",
+    )
+    error.restarted = True
+    return error
+
+
+def ps_restarted(error: BaseException) -> bool:
+    """Whether ``error`` says a parameter server restarted (and so lost its variables), not just that it is silent."""
+    return bool(getattr(error, "restarted", False))
+
+
 class PSTransport:
-    """Clients for every parameter server of a cluster."""
+    """Clients for every parameter server of a cluster.
+
+    It remembers the incarnation (random id per process start) every parameter server answered ``Ping`` and
+    ``CreateVariables`` with. Once a ps holds variables created through this transport, an answer with another
+    incarnation -- or a NOT_FOUND for one of its variables -- means the ps restarted empty: the call raises
+    :func:`ps_restarted_error` (a :class:`PSUnavailableError` with ``restarted=True``), and keeps raising it.
+    """
 
     def __init__(self, ps_addresses: Sequence[str], token: str | None, timeout: float = DEFAULT_TIMEOUT_S):
         self.ps_addresses = list(ps_addresses)
         self._clients = [Client(a, PS_SERVICE, token, timeout) for a in self.ps_addresses]
         self._pool = ThreadPoolExecutor(max_workers=max(2, len(self._clients)), thread_name_prefix="kubeps-ps")
+        self._incarnation_lock = threading.Lock()
+        self._incarnations: dict[int, str] = {}
+        self._holds_variables: set[int] = set()
+
+    def incarnation(self, ps_index: int) -> str | None:
+        """The incarnation of ps ``ps_index`` this transport first saw (the one its variables live in)."""
+        with self._incarnation_lock:
+            return self._incarnations.get(ps_index)
+
+    def _observe(self, ps_index: int, incarnation: str, created: bool) -> None:
+        with self._incarnation_lock:
+            known = self._incarnations.get(ps_index)
+            if known is not None and known != incarnation and ps_index in self._holds_variables:
+                error = ps_restarted_error(ps_index, self.ps_addresses[ps_index],
+                                           f"incarnation {known[:8]} became {incarnation[:8]}")
+            else:
+                self._incarnations[ps_index] = incarnation
+                if created:
+                    self._holds_variables.add(ps_index)
+                return
+        raise error
 
     @property
     def num_ps(self) -> int:
@@ -56,11 +103,19 @@ class PSTransport:
     def call(self, ps_index: int, method: str, meta: dict[str, Any] | None = None, arrays: Sequence[Any] = (),
              timeout: float | None = None) -> tuple[dict[str, Any], list[np.ndarray]]:
         try:
-            return self._clients[ps_index].call(method, meta, arrays, timeout)
+            answer = self._clients[ps_index].call(method, meta, arrays, timeout)
         except RemoteError as err:
             if err.code in PS_UNREACHABLE_CODES:
                 raise PSUnavailableError(ps_index, self.ps_addresses[ps_index], str(err), err.code) from None
+            if err.code == "NOT_FOUND" and getattr(err, "reason", None) == UNKNOWN_VARIABLE:
+                # every variable a ps is asked for was created on it by the coordinator: it came back empty
+                raise ps_restarted_error(ps_index, self.ps_addresses[ps_index],
+                                         f"it answered {method} with NOT_FOUND: {err}") from None
             raise
+        incarnation = answer[0].get("incarnation") if isinstance(answer[0], dict) else None
+        if isinstance(incarnation, str) and incarnation:
+            self._observe(ps_index, incarnation, created=method == "CreateVariables")
+        return answer
 
     def call_many(self, requests: dict[int, tuple[str, dict[str, Any], Sequence[Any]]],
                   timeout: float | None = None) -> dict[int, tuple[dict[str, Any], list[np.ndarray]]]:

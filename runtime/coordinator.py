@@ -5,18 +5,25 @@
 * One dispatch thread per worker takes closures from the :class:`~kubeps.runtime.closure_queue.ClosureQueue`
   (its tagged queue first) and runs them with a ``RunClosure`` RPC; the result is copied back as soon as the
   closure finishes.
-* A monitor thread pings every parameter server and every busy worker (the failure detector: every RPC has a
-  deadline, and a dead peer is noticed within a few seconds even when no call is running).
+* A monitor thread pings every parameter server and every busy worker, all in parallel, each ping with a short
+  deadline (the failure detector): a peer without an answered ping for ``heartbeat_failures x heartbeat_interval``
+  seconds is declared dead, so one hung peer never delays the detection of another. It also compares each
+  parameter server's incarnation with the one its variables were created in: a ps that restarted empty fails the
+  job at once (restart the chief from a checkpoint).
+* With ``watchdog_timeout`` (or a :class:`~kubeps.runtime.watchdog.Watchdog`), every thread's stack is dumped when
+  no closure finished for that long while work is pending.
 
 Failure handling (each step a method named for it, for subclasses and the fault-tolerance layer):
 ``handle_worker_failure`` (re-queue the closure: at-least-once), ``wait_for_worker`` (reconnect with backoff),
-``rebuild_worker_resources`` (datasets and iterators re-created from scratch), ``handle_ps_error`` (retry a
-few transient errors per PS), ``mark_ps_failed`` (:class:`~kubeps.runtime.errors.PSUnavailableError` through
+``rebuild_worker_resources`` (datasets and iterators re-created from scratch), ``handle_ps_error`` (retry while a
+PS blip lasts: errors closer than ``ps_error_interval`` count once, the job fails after more than
+``max_transient_ps_errors`` counted errors), ``mark_ps_failed`` (:class:`~kubeps.runtime.errors.PSUnavailableError` through
 ``schedule``/``join``/``done``).
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 import inspect
 import itertools
@@ -26,12 +33,14 @@ import pickle
 import sys
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
 import cloudpickle
 import numpy as np
 
 from .closure_queue import Closure, ClosureQueue, RemoteValue
+from .context import ps_restarted, ps_restarted_error
 from .errors import (
     ClosureError,
     PSUnavailableError,
@@ -41,6 +50,7 @@ from .errors import (
     WorkerUnavailableError,
 )
 from .rpc import WORKER_SERVICE, Client
+from .watchdog import Watchdog
 from .worker import join_structure, resolve_resource
 
 __all__ = ["ClusterCoordinator", "PerWorkerDataset", "PerWorkerIterator", "PerWorkerValues", "RemoteValue"]
@@ -176,42 +186,111 @@ class _WorkerHandle:
         self.healthy = False
         self.incarnation: str | None = None
         self.call: Any = None  # the in-flight RPC (cancelled by the monitor when the worker stops answering)
-        self.ping_failures = 0
         self.failures = 0
         self.thread: threading.Thread | None = None
+        self.heartbeat = _Heartbeat()
+
+
+class _Heartbeat:
+    """The failure detector's view of one peer: the ping in flight and when a ping was last answered."""
+
+    def __init__(self) -> None:
+        self.last_ok = time.monotonic()  # send time of the newest answered ping (the peer was alive then)
+        self.sent_at = float("-inf")     # send time of the newest ping
+        self.future: Future | None = None
+        self.last_error: BaseException | None = None
+
+    def collect(self) -> BaseException | None:
+        """Take the result of a finished ping: None if it was answered (or none finished), else its error."""
+        future = self.future
+        if future is None or not future.done():
+            return None
+        self.future = None
+        error = future.exception()
+        if error is None:
+            self.last_ok = max(self.last_ok, self.sent_at)
+            self.last_error = None
+            return None
+        self.last_error = error
+        return error
+
+    def due(self, now: float, interval: float) -> bool:
+        return self.future is None and now - self.sent_at >= interval
 
 
 class ClusterCoordinator:
     """``ClusterCoordinator(strategy)``: dispatches functions to the strategy's workers.
 
-    kubeps extras (keyword-only): ``closure_timeout`` (deadline of one function run, default an hour),
-    ``heartbeat_interval`` (seconds between failure-detector pings), ``heartbeat_failures`` (missed pings that
-    declare a peer dead), ``max_transient_ps_errors`` (per PS, as TF's 3), ``worker_wait_timeout`` (how long a
-    lost worker is waited for before the job fails).
+    kubeps extras (keyword-only):
+
+    * ``closure_timeout``: deadline of one function run (default an hour).
+    * ``heartbeat_interval`` (1 s), ``heartbeat_failures`` (3), ``ping_timeout`` (1 s): every parameter server and
+      every busy worker is pinged every ``heartbeat_interval`` seconds, in parallel, each ping with a
+      ``ping_timeout`` deadline; a peer whose pings went unanswered for ``heartbeat_failures x heartbeat_interval``
+      seconds is dead (a busy worker's call is cancelled and its closure re-queued; a ps fails the job).
+    * ``max_transient_ps_errors`` (3, as TF's) and ``ps_error_interval`` (1 s): a closure that cannot reach a ps
+      is retried; errors from one ps less than ``ps_error_interval`` apart count once, counted errors expire after
+      ``ps_error_window`` (60 s), and one more counted error than ``max_transient_ps_errors`` fails the job. So
+      a ps unreachable for about ``max_transient_ps_errors x ps_error_interval`` seconds is survived.
+    * ``worker_wait_timeout``: how long a lost worker is waited for before the job fails.
+    * ``watchdog_timeout`` (None: off) or ``watchdog`` (a :class:`~kubeps.runtime.watchdog.Watchdog`): dump every
+      thread's stack when no closure finished for that long while work is pending (diagnosis only).
     """
 
     def __init__(self, strategy: Any, *, closure_timeout: float = 3600.0, heartbeat_interval: float = 1.0,
-                 heartbeat_failures: int = 3, max_transient_ps_errors: int = 3,
-                 worker_wait_timeout: float = 3600.0):
+                 heartbeat_failures: int = 3, ping_timeout: float = 1.0, max_transient_ps_errors: int = 3,
+                 ps_error_interval: float = 1.0, ps_error_window: float = 60.0,
+                 worker_wait_timeout: float = 3600.0, watchdog_timeout: float | None = None,
+                 watchdog: Watchdog | None = None):
         from .strategy import ParameterServerStrategy
 
         if not isinstance(strategy, ParameterServerStrategy):
             raise RuntimeConfigError("strategy", type(strategy).__name__,
                                      "ClusterCoordinator needs a ParameterServerStrategy")
+        for name, value in (("closure_timeout", closure_timeout), ("heartbeat_interval", heartbeat_interval),
+                            ("ping_timeout", ping_timeout), ("ps_error_window", ps_error_window),
+                            ("worker_wait_timeout", worker_wait_timeout)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise RuntimeConfigError(name, value, "must be a number of seconds > 0")
+        if isinstance(ps_error_interval, bool) or not isinstance(ps_error_interval, (int, float)) \
+                or not ps_error_interval >= 0:
+            raise RuntimeConfigError("ps_error_interval", ps_error_interval, "must be a number of seconds >= 0")
+        for name, value, low in (("heartbeat_failures", heartbeat_failures, 1),
+                                 ("max_transient_ps_errors", max_transient_ps_errors, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise RuntimeConfigError(name, value, f"must be an integer >= {low}")
+        if watchdog is not None and watchdog_timeout is not None:
+            raise RuntimeConfigError("watchdog", watchdog, "pass either watchdog_timeout or a Watchdog, not both")
+        if watchdog is not None and not isinstance(watchdog, Watchdog):
+            raise RuntimeConfigError("watchdog", type(watchdog).__name__, "must be a kubeps.runtime.watchdog.Watchdog")
         self.strategy = strategy
         self.closure_timeout = closure_timeout
-        self.heartbeat_interval = heartbeat_interval
+        self.heartbeat_interval = float(heartbeat_interval)
         self.heartbeat_failures = heartbeat_failures
+        self.ping_timeout = float(ping_timeout)
         self.max_transient_ps_errors = max_transient_ps_errors
+        self.ps_error_interval = float(ps_error_interval)
+        self.ps_error_window = float(ps_error_window)
         self.worker_wait_timeout = worker_wait_timeout
         self._queue = ClosureQueue()
+        # the watchdog: created here from a timeout, or the caller's (given a progress probe if it has none)
+        self.watchdog: Watchdog | None = watchdog
+        if watchdog_timeout is not None:
+            self.watchdog = Watchdog(watchdog_timeout, progress=self._watchdog_progress)
+        elif watchdog is not None and watchdog.progress is None:
+            watchdog.progress = self._watchdog_progress
+        self._finished = 0  # closures that finished (ok or raised): the watchdog's measure of progress
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._resources: list[tuple[str, np.ndarray]] = []  # (resource_id, pickled creator), creation order
         self._resource_ids = itertools.count()
-        self._ps_transient: dict[int, int] = {i: 0 for i in range(strategy.num_ps)}
-        self._ps_ping_failures: dict[int, int] = {i: 0 for i in range(strategy.num_ps)}
+        #: per ps, the monotonic times of the counted transient errors (see ``handle_ps_error``)
+        self._ps_errors: dict[int, collections.deque[float]] = {i: collections.deque()
+                                                                for i in range(strategy.num_ps)}
+        self._ps_heartbeats = [_Heartbeat() for _ in range(strategy.num_ps)]
         self._ps_failed: dict[int, PSUnavailableError] = {}
+        self._pinger = ThreadPoolExecutor(max_workers=strategy.num_ps + len(strategy.worker_addresses),
+                                          thread_name_prefix="kubeps-ping")
         self._workers = [
             _WorkerHandle(i, address, Client(address, WORKER_SERVICE, strategy.job_token, timeout=closure_timeout))
             for i, address in enumerate(strategy.worker_addresses)
@@ -223,6 +302,10 @@ class ClusterCoordinator:
             worker.thread.start()
         self._monitor = threading.Thread(target=self._monitor_loop, daemon=True, name="kubeps-monitor")
         self._monitor.start()
+        self._stop_watchdog = False
+        if self.watchdog is not None and self.watchdog._thread is None:
+            self.watchdog.start()
+            self._stop_watchdog = True  # started here, so stopped by shutdown()
 
     # -- public API (TF's) -----------------------------------------------------------------------------------
     def schedule(self, fn: Callable, args: Any = None, kwargs: Any = None) -> RemoteValue:
@@ -278,6 +361,12 @@ class ClusterCoordinator:
     def num_workers(self) -> int:
         return len(self._workers)
 
+    @property
+    def ps_incarnations(self) -> dict[int, str | None]:
+        """The incarnation of every parameter server that its variables were created in (None: not seen yet)."""
+        transport = self.strategy.transport
+        return {ps: transport.incarnation(ps) for ps in range(transport.num_ps)}
+
     def shutdown(self) -> None:
         """Stop the dispatch threads (queued functions are cancelled) and close connections."""
         if self._stopping.is_set():
@@ -293,6 +382,9 @@ class ClusterCoordinator:
                 worker.thread.join(timeout=5)
             worker.client.close()
         self._monitor.join(timeout=5)
+        self._pinger.shutdown(wait=False, cancel_futures=True)
+        if self._stop_watchdog and self.watchdog is not None:
+            self.watchdog.stop()
 
     close = shutdown
 
@@ -382,12 +474,30 @@ class ClusterCoordinator:
                 self._queue.mark_failed(closure, err)
                 return
             self._queue.mark_finished(closure, result)
+            self._closure_done()
         elif status == "resource_missing":
             self.handle_worker_failure(worker, closure, ResourceMissingError(meta.get("message", "")))
         elif status == "ps_unavailable":
-            self.handle_ps_error(closure, int(meta.get("ps_index", -1)), meta.get("message", ""))
+            self.handle_ps_error(closure, int(meta.get("ps_index", -1)), meta.get("message", ""),
+                                 restarted=bool(meta.get("restarted")))
         else:
             self._queue.mark_failed(closure, self._closure_error(meta, arrays))
+            self._closure_done()
+
+    # -- watchdog ----------------------------------------------------------------------------------------------
+    def _closure_done(self) -> None:
+        with self._lock:
+            self._finished += 1
+        if self.watchdog is not None:
+            self.watchdog.notify()
+
+    def _watchdog_progress(self) -> Any:
+        """What the watchdog polls: the finished-closure count while work is pending; with nothing scheduled a
+        fresh object every time (always "progress"), so an idle coordinator never triggers a dump."""
+        stats = self._queue.stats()
+        if not (stats["queued"] or stats["inflight"] or stats["per_worker"]):
+            return object()
+        return self._finished
 
     @staticmethod
     def _closure_result(arrays: list[np.ndarray]) -> Any:
@@ -431,7 +541,7 @@ class ClusterCoordinator:
         reported = False
         while not self._stopping.is_set():
             try:
-                meta, _ = worker.client.call("Ping", timeout=max(2.0, self.heartbeat_interval * 2))
+                meta, _ = worker.client.call("Ping", timeout=max(2.0, self.ping_timeout))
             except RemoteError as err:
                 if err.code in _NON_RETRYABLE_CODES and not reported:
                     self._queue.set_error(err)  # e.g. wrong job token: no point in waiting quietly
@@ -446,7 +556,7 @@ class ClusterCoordinator:
                 continue
             previous = worker.incarnation
             worker.incarnation = meta.get("incarnation")
-            worker.ping_failures = 0
+            worker.heartbeat.last_ok = time.monotonic()
             worker.healthy = True
             if previous is not None and previous != worker.incarnation:
                 log.info("worker %d came back as a new process", worker.index)
@@ -454,62 +564,124 @@ class ClusterCoordinator:
         return False
 
     # -- parameter-server failures -----------------------------------------------------------------------------
-    def handle_ps_error(self, closure: Closure, ps_index: int, message: str) -> None:
-        """A closure could not reach a PS: retry while the PS's transient-error budget lasts, then fail."""
+    def handle_ps_error(self, closure: Closure, ps_index: int, message: str, restarted: bool = False) -> None:
+        """A closure could not reach a PS: retry it while the blip lasts, then fail the job.
+
+        Errors from one PS less than ``ps_error_interval`` apart count as one (a worker's channel in reconnect
+        backoff fails many calls within milliseconds); counted errors older than ``ps_error_window`` are
+        forgotten; more than ``max_transient_ps_errors`` counted errors fail the job. A PS that ``restarted``
+        (it answered NOT_FOUND for a variable the coordinator created) lost its variables: that fails at once.
+        """
         address = self.strategy.ps_addresses[ps_index] if 0 <= ps_index < self.strategy.num_ps else "?"
-        error = PSUnavailableError(ps_index, address, message)
+        prefix = f"parameter server /job:ps/task:{ps_index} at {address} is unavailable: "
+        detail = message[len(prefix):] if message.startswith(prefix) else message
+        if restarted:
+            error = PSUnavailableError(ps_index, address, detail, code="DATA_LOSS")
+            error.restarted = True
+            self._queue.mark_failed(closure, error)
+            self.mark_ps_failed(ps_index, error)
+            return
+        now = time.monotonic()
         with self._lock:
-            self._ps_transient[ps_index] = count = self._ps_transient.get(ps_index, 0) + 1
-        if count <= self.max_transient_ps_errors and ps_index not in self._ps_failed:
-            log.warning("transient error %d/%d from ps %d: %s", count, self.max_transient_ps_errors, ps_index, message)
-            self._stopping.wait(0.1 * count)
+            times = self._ps_errors.setdefault(ps_index, collections.deque())
+            while times and now - times[0] > self.ps_error_window:
+                times.popleft()
+            counted = not times or now - times[-1] >= self.ps_error_interval
+            if counted:
+                times.append(now)
+            count, first = len(times), times[0]
+            failed = ps_index in self._ps_failed
+        if count <= self.max_transient_ps_errors and not failed:
+            if counted:
+                log.warning("transient error %d/%d from ps %d (errors less than %.1f s apart count once): %s",
+                            count, self.max_transient_ps_errors, ps_index, self.ps_error_interval, message)
+            # retry after a pause, so a worker in reconnect backoff does not spin through the queue
+            self._stopping.wait(max(0.05, self.ps_error_interval / 2))
             self._queue.requeue(closure)
             return
+        error = PSUnavailableError(
+            ps_index, address,
+            f"{count} errors over {now - first:.1f} s (more than max_transient_ps_errors="
+            f"{self.max_transient_ps_errors}, counting errors less than ps_error_interval={self.ps_error_interval:g} s "
+            f"apart once); last: {detail}")
         self._queue.mark_failed(closure, error)
         self.mark_ps_failed(ps_index, error)
 
     def mark_ps_failed(self, ps_index: int, error: PSUnavailableError) -> None:
         """The PS is gone: the error reaches the user through schedule/join/done (restart from a checkpoint)."""
         with self._lock:
-            first = ps_index not in self._ps_failed
-            self._ps_failed[ps_index] = error
+            known = self._ps_failed.get(ps_index)
+            # a restart found after the ps fell silent is news: it says why, and that waiting will not help
+            first = known is None or (ps_restarted(error) and not ps_restarted(known))
+            if first:
+                self._ps_failed[ps_index] = error
         if first:
             log.error("%s", error)
             self._queue.set_error(error)
 
     def _ps_recovered(self, ps_index: int) -> None:
         with self._lock:
-            self._ps_ping_failures[ps_index] = 0
-            self._ps_transient[ps_index] = 0
             self._ps_failed.pop(ps_index, None)
 
     # -- failure detector --------------------------------------------------------------------------------------
     def _monitor_loop(self) -> None:
-        transport = self.strategy.transport
-        timeout = max(1.0, self.heartbeat_interval * 2)
-        while not self._stopping.wait(self.heartbeat_interval):
-            for ps in range(transport.num_ps):
-                try:
-                    transport.call(ps, "Ping", timeout=timeout)
-                except PSUnavailableError as err:
-                    self._ps_ping_failures[ps] += 1
-                    if self._ps_ping_failures[ps] >= self.heartbeat_failures:
-                        self.mark_ps_failed(ps, err)
-                except RemoteError as err:
-                    log.warning("ping of ps %d failed: %s", ps, err)
-                else:
-                    if self._ps_ping_failures[ps] or self._ps_failed.get(ps):
-                        self._ps_recovered(ps)
+        # the loop ticks faster than the ping interval so that a silent peer is declared dead on time
+        tick = min(self.heartbeat_interval, 0.1)
+        while not self._stopping.wait(tick):
+            now = time.monotonic()
+            for ps in range(self.strategy.num_ps):
+                self._heartbeat_ps(ps, now)
             for worker in self._workers:
-                call = worker.call
-                if call is None or not worker.healthy:
-                    continue
-                try:
-                    worker.client.call("Ping", timeout=timeout)
-                    worker.ping_failures = 0
-                except RemoteError as err:
-                    worker.ping_failures += 1
-                    if worker.ping_failures >= self.heartbeat_failures:
-                        log.warning("worker %d missed %d pings (%s); cancelling its call", worker.index,
-                                    worker.ping_failures, err)
-                        call.cancel()
+                self._heartbeat_worker(worker, now)
+
+    @property
+    def _dead_after(self) -> float:
+        return self.heartbeat_failures * self.heartbeat_interval
+
+    def _ping_submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future | None:
+        try:
+            return self._pinger.submit(fn, *args, **kwargs)
+        except RuntimeError:  # shut down
+            return None
+
+    def _heartbeat_ps(self, ps: int, now: float) -> None:
+        beat = self._ps_heartbeats[ps]
+        answered = beat.future is not None and beat.future.done()
+        error = beat.collect()
+        if error is not None and ps_restarted(error):
+            self.mark_ps_failed(ps, error)  # a new, empty process answered: its variables are gone
+        elif error is not None and not isinstance(error, PSUnavailableError):
+            log.warning("ping of ps %d failed: %s", ps, error)  # it answers (e.g. UNAUTHENTICATED): alive
+            beat.last_ok = max(beat.last_ok, beat.sent_at)
+        elif answered and error is None and ps in self._ps_failed and not ps_restarted(self._ps_failed[ps]):
+            self._ps_recovered(ps)
+        if beat.due(now, self.heartbeat_interval):
+            beat.sent_at = now
+            beat.future = self._ping_submit(self.strategy.transport.call, ps, "Ping", timeout=self.ping_timeout)
+        silent = now - beat.last_ok
+        if silent >= self._dead_after and ps not in self._ps_failed:
+            last = beat.last_error
+            address = self.strategy.ps_addresses[ps]
+            self.mark_ps_failed(ps, PSUnavailableError(
+                ps, address,
+                f"no answer to pings for {silent:.1f} s (heartbeat_failures={self.heartbeat_failures} x "
+                f"heartbeat_interval={self.heartbeat_interval:g} s); last error: {last}",
+                getattr(last, "code", "DEADLINE_EXCEEDED")))
+
+    def _heartbeat_worker(self, worker: _WorkerHandle, now: float) -> None:
+        beat = worker.heartbeat
+        beat.collect()
+        call = worker.call
+        if call is None or not worker.healthy:
+            beat.last_ok = now  # only busy workers are watched: the clock starts with the next call
+            return
+        if beat.due(now, self.heartbeat_interval):
+            beat.sent_at = now
+            beat.future = self._ping_submit(worker.client.call, "Ping", timeout=self.ping_timeout)
+        silent = now - beat.last_ok
+        if silent >= self._dead_after:
+            log.warning("worker %d missed pings for %.1f s (heartbeat_failures=%d x heartbeat_interval=%g s; "
+                        "last error: %s); cancelling its call", worker.index, silent, self.heartbeat_failures,
+                        self.heartbeat_interval, beat.last_error)
+            beat.last_ok = now  # cancelled once; the dispatch thread re-queues the closure
+            call.cancel()

@@ -6,7 +6,9 @@ job as child processes of this one, each running ``python SCRIPT ARGS`` with its
 loopback ports. Every task's output is streamed line by line with a ``[type-index]`` prefix.
 
 The chief decides the outcome: when it exits, every other task is stopped (SIGTERM to its process group, SIGKILL
-after a grace period) and its exit status is the cluster's. A ps or worker that dies before the chief is reported
+after a grace period) and its exit status is the cluster's. After a chief that succeeded, a running sidecar
+evaluator first gets up to ``evaluator_grace`` seconds (``--evaluator-grace``, default 60) to evaluate the final
+checkpoint and exit by itself. A ps or worker that dies before the chief is reported
 through :meth:`LocalCluster.on_task_exit` -- the hook a restart policy overrides.
 
 No process is left behind: each task runs in its own session (process group), a task's exit is observed with
@@ -35,6 +37,7 @@ from .cluster import TFConfig
 
 __all__ = [
     "BIND_HOST_ENV",
+    "DEFAULT_EVALUATOR_GRACE_S",
     "DEFAULT_GRACE_PERIOD_S",
     "JOB_TOKEN_ENV",
     "LauncherError",
@@ -50,6 +53,8 @@ JOB_TOKEN_ENV = "KUBEPS_JOB_TOKEN"
 JOB_TOKEN_FILE_ENV = "KUBEPS_JOB_TOKEN_FILE"
 BIND_HOST_ENV = "KUBEPS_BIND_HOST"
 DEFAULT_GRACE_PERIOD_S = 5.0
+#: After the chief succeeded, how long a running evaluator may take to finish the final checkpoint (seconds).
+DEFAULT_EVALUATOR_GRACE_S = 60.0
 #: Start order: servers first, so the chief finds them listening (it retries anyway).
 START_ORDER = ("ps", "worker", "evaluator", "chief")
 
@@ -142,7 +147,8 @@ def _wait_without_reaping(pid: int) -> int:
 class LocalCluster:
     """The processes of one local job, supervised.
 
-    ``start()`` starts every task, ``wait()`` blocks until the chief exits and returns its exit status, ``stop()``
+    ``start()`` starts every task, ``wait()`` blocks until the chief exits and returns its exit status (after a
+    successful chief, first letting a running evaluator finish for up to ``evaluator_grace`` seconds), ``stop()``
     ends whatever is still running. ``start_task(type, index)`` (re)starts one task at its fixed address, and
     ``on_task_exit(task)`` is called for every task that exits before the chief: override it to restart tasks.
     """
@@ -160,6 +166,7 @@ class LocalCluster:
         python: str = sys.executable,
         env: Mapping[str, str] | None = None,
         grace_period: float = DEFAULT_GRACE_PERIOD_S,
+        evaluator_grace: float = DEFAULT_EVALUATOR_GRACE_S,
         output: IO[str] | None = None,
         log: IO[str] | None = None,
     ):
@@ -169,6 +176,8 @@ class LocalCluster:
             raise LauncherError(f"--workers must be >= 1, got {num_workers}")
         if grace_period < 0:
             raise LauncherError(f"--grace-period must be >= 0 seconds, got {grace_period}")
+        if not evaluator_grace >= 0:
+            raise LauncherError(f"--evaluator-grace must be >= 0 seconds, got {evaluator_grace}")
         if not os.path.isfile(script):
             raise LauncherError(f"script file not found: {script}")
         self.script = script
@@ -176,6 +185,8 @@ class LocalCluster:
         self.python = python
         self.host = host
         self.grace_period = grace_period
+        #: after the chief succeeded, how long the evaluator may take to evaluate the final checkpoint and exit
+        self.evaluator_grace = evaluator_grace
         self._output = output
         self._log = log
         self._write_lock = threading.Lock()
@@ -208,6 +219,8 @@ class LocalCluster:
         self._lock = threading.RLock()
         self._stopping = False
         self._started = False
+        #: ``time.time()`` when the chief's exit was seen last (before any evaluator grace)
+        self.chief_exit_time: float | None = None
         # signals that arrive while a process is being started are held until it is tracked (see run_local)
         self._defer_signals = 0
         self._pending_signal: int | None = None
@@ -351,8 +364,34 @@ class LocalCluster:
             if task.task_type == "chief":
                 status = exit_status(task.returncode if task.returncode is not None else -1)
                 self.report(f"chief-0 exited with status {status}")
+                self.chief_exit_time = time.time()
+                if status == 0:
+                    self.let_evaluator_finish(None if deadline is None else deadline - time.monotonic())
                 return status
             self.on_task_exit(task)
+
+    def let_evaluator_finish(self, timeout: float | None = None) -> bool:
+        """After the chief succeeded: wait up to ``evaluator_grace`` seconds (and ``timeout``) for a running
+        evaluator to exit by itself -- a sidecar evaluator stops after the final checkpoint. True if it did (or
+        there is none running)."""
+        task = self.tasks.get(("evaluator", 0))
+        if task is None or not task.running:
+            return True
+        grace = self.evaluator_grace if timeout is None else max(0.0, min(self.evaluator_grace, timeout))
+        if grace <= 0:
+            return False
+        self.report(f"waiting up to {grace:.0f} s for the evaluator to finish the final checkpoint")
+        deadline = time.monotonic() + grace
+        while task.running and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if task.running:
+            self.report(f"the evaluator did not finish within {grace:.0f} s (--evaluator-grace); stopping it")
+            return False
+        if task.output_thread is not None:
+            task.output_thread.join(timeout=2.0)  # its last lines first
+        self.report(f"{task.name} (pid {task.pid}) exited with status "
+                    f"{exit_status(task.returncode if task.returncode is not None else -1)}")
+        return True
 
     def on_task_exit(self, task: TaskProcess) -> None:
         """Called when a task other than the chief exits while the chief runs. Reports it; a restart policy

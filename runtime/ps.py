@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import threading
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -66,6 +67,9 @@ class ParameterServerState:
         self._lock = threading.Lock()  # guards the dict itself, never held during math
         self._optimizer_factory = optimizer_factory or _default_optimizer_factory
         self._optimizers: dict[str, Any] = {}
+        #: random id of this state, i.e. of this process start: a restarted parameter server comes back empty
+        #: with a new one (``Ping`` and ``CreateVariables`` answer it; the coordinator compares)
+        self.incarnation = uuid.uuid4().hex
 
     # -- variables ---------------------------------------------------------------------------------------------
     def create(self, name: str, value: np.ndarray) -> PSVariable:
@@ -214,7 +218,7 @@ def rpc_create_variables(state: ParameterServerState, meta: Meta, arrays: list) 
     _expect_arrays("CreateVariables", arrays, len(names))
     for name, value in zip(names, arrays):
         state.create(name, value)
-    return {"created": len(names)}, []
+    return {"created": len(names), "incarnation": state.incarnation}, []
 
 
 def rpc_read(state: ParameterServerState, meta: Meta, arrays: list) -> tuple[Meta, list]:

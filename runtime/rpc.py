@@ -23,10 +23,17 @@ __all__ = [
     "WORKER_SERVICE",
     "Client",
     "DEFAULT_TIMEOUT_S",
+    "ERROR_REASON_KEY",
+    "UNKNOWN_VARIABLE",
 ]
 
 PS_SERVICE = "kubeps.ParameterServer"
 WORKER_SERVICE = "kubeps.Worker"
+#: trailing-metadata key a server sets to say why a call failed, beyond the status code; a client's
+#: :class:`RemoteError` carries it as ``.reason``
+ERROR_REASON_KEY = "x-kubeps-error"
+#: ``reason`` of a NOT_FOUND for a variable the parameter server does not hold (it restarted and lost it)
+UNKNOWN_VARIABLE = "unknown-variable"
 #: Deadline of a call that has none of its own (seconds).
 DEFAULT_TIMEOUT_S = 30.0
 _MAX_MESSAGE = 64 << 20
@@ -110,7 +117,15 @@ class Client:
         name = code.name if code is not None else "UNKNOWN"
         message = f"{self.service} at {self.address} failed with {name}: {details}"
         cls = UnauthenticatedError if code == grpc.StatusCode.UNAUTHENTICATED else RemoteError
-        return cls(message, code=name, address=self.address)
+        error = cls(message, code=name, address=self.address)
+        reason = None
+        try:
+            trailing = err.trailing_metadata() if hasattr(err, "trailing_metadata") else None
+            reason = dict(trailing or ()).get(ERROR_REASON_KEY)
+        except Exception:  # noqa: BLE001 - a failed call without metadata
+            reason = None
+        error.reason = reason
+        return error
 
     def close(self) -> None:
         with self._lock:

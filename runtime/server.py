@@ -24,7 +24,6 @@ import os
 import signal
 import sys
 import threading
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping
 
@@ -34,8 +33,8 @@ from . import wire
 from .cluster import ClusterSpec, TFConfig, TFConfigError, parse_address
 from .errors import RuntimeConfigError
 from .ps import BUILTIN_METHODS as _PS_BUILTINS
-from .ps import ParameterServerState
-from .rpc import CHANNEL_OPTIONS, PS_SERVICE, WORKER_SERVICE
+from .ps import ParameterServerState, UnknownVariableError
+from .rpc import CHANNEL_OPTIONS, ERROR_REASON_KEY, PS_SERVICE, UNKNOWN_VARIABLE, WORKER_SERVICE
 from .security import TokenInterceptor, load_job_token, require_job_token
 from .worker import BUILTIN_METHODS as _WORKER_BUILTINS
 from .worker import WorkerState
@@ -156,6 +155,8 @@ class _ServiceHandler(grpc.GenericRpcHandler):
         except (ValueError, TypeError) as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: {err}")
         except KeyError as err:
+            if isinstance(err, UnknownVariableError):  # lets clients tell "lost variable" from other NOT_FOUNDs
+                context.set_trailing_metadata(((ERROR_REASON_KEY, UNKNOWN_VARIABLE),))
             context.abort(grpc.StatusCode.NOT_FOUND, f"{name}: {err}")
         except Exception as err:  # noqa: BLE001 - never let a method take the server down
             log.exception("method %s failed", name)
@@ -193,7 +194,6 @@ class Server:
         self._token = require_job_token(token if token is not None else load_job_token(), allow_insecure)
         self.bind_host = bind_host or os.environ.get(BIND_HOST_ENV) or None
         self.chunk_bytes = chunk_bytes or int(os.environ.get(CHUNK_ENV) or wire.DEFAULT_CHUNK_BYTES)
-        self.incarnation = uuid.uuid4().hex
         if job_name == "ps":
             self.state: Any = ParameterServerState()
             service, table = PS_SERVICE, _PS_METHODS
@@ -201,6 +201,8 @@ class Server:
             ps = self.cluster_spec.job_tasks("ps") if "ps" in self.cluster_spec.jobs else []
             self.state = WorkerState(task_index, ps, self._token, rpc_timeout)
             service, table = WORKER_SERVICE, _WORKER_METHODS
+        #: random per process start (the state's): a restarted task answers Ping with a new one
+        self.incarnation: str = self.state.incarnation
         self._handler = _ServiceHandler(service, table, self.state, self)
         self._max_workers = max_workers or (32 if job_name == "ps" else 8)
         self._server: grpc.Server | None = None

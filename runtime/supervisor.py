@@ -217,12 +217,10 @@ class RestartingLocalClusterMixin:
 
     default_policy: RestartPolicy = RestartPolicy()
 
-    def __init__(self, *args: Any, policy: RestartPolicy | None = None, evaluator_grace: float = 60.0,
-                 ps_ready_timeout: float = 30.0, **kwargs: Any):
-        super().__init__(*args, **kwargs)
+    def __init__(self, *args: Any, policy: RestartPolicy | None = None, ps_ready_timeout: float = 30.0,
+                 **kwargs: Any):
+        super().__init__(*args, **kwargs)  # evaluator_grace: LocalCluster.wait lets the evaluator finish
         self.policy = policy or self.default_policy
-        #: after the chief succeeded, how long the evaluator may take to evaluate the final checkpoint and exit
-        self.evaluator_grace = evaluator_grace
         #: how long a restarting chief waits for every parameter server to answer a Ping (0: not at all)
         self.ps_ready_timeout = ps_ready_timeout
         self.restarts: dict[tuple[str, int], int] = {}
@@ -231,9 +229,10 @@ class RestartingLocalClusterMixin:
         self._timers: list[threading.Timer] = []
         self._job_failed: str | None = None
 
-    def _record(self, kind: str, task: str, status: int | None = None, reason: str = "") -> None:
+    def _record(self, kind: str, task: str, status: int | None = None, reason: str = "",
+                at: float | None = None) -> None:
         with self._events_lock:
-            self.events.append(SupervisorEvent(time.time(), kind, task, status, reason))
+            self.events.append(SupervisorEvent(time.time() if at is None else at, kind, task, status, reason))
 
     def _apply(self, actions: list[Action]) -> int | None:
         """Carry out the policy's actions; returns an exit status when the job is over."""
@@ -327,26 +326,15 @@ class RestartingLocalClusterMixin:
         while True:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             status = super().wait(remaining)
-            self._record("exit", "chief-0", status)
+            self._record("exit", "chief-0", status, at=self.chief_exit_time)
             if self._job_failed is not None:
                 return status if status else 1
             actions = self.policy.on_exit("chief", 0, status, self.restarts.get(("chief", 0), 0))
             self._apply(actions)
             if any(a.kind == "finish" for a in actions):
-                self._let_evaluator_finish()
                 return status
             if any(a.kind == "fail" for a in actions):
                 return status
-
-    def _let_evaluator_finish(self) -> None:
-        """The sidecar evaluator stops by itself after the final checkpoint: give it time to get there."""
-        task = self.tasks.get(("evaluator", 0))
-        if task is None or not task.running or self.evaluator_grace <= 0:
-            return
-        self.report(f"waiting up to {self.evaluator_grace:.0f} s for the evaluator to finish the final checkpoint")
-        deadline = time.monotonic() + self.evaluator_grace
-        while task.running and time.monotonic() < deadline:
-            time.sleep(0.05)
 
     def stop(self) -> None:
         for timer in self._timers:

@@ -8,7 +8,8 @@ and per-worker resource references resolve to this worker's objects. The result 
 Statuses a ``RunClosure`` answer carries in ``meta["status"]``:
 ``ok`` (result), ``error`` (the function raised; non-retryable), ``resource_missing`` (a per-worker resource is not
 here: the worker restarted; the coordinator rebuilds resources and retries), ``ps_unavailable`` (a parameter server
-could not be reached; the coordinator retries a few times, then fails the job).
+could not be reached: the coordinator retries while the blip lasts, then fails the job; with ``restarted`` true the
+ps answered NOT_FOUND for a variable, i.e. it restarted empty, and the job fails at once).
 """
 
 from __future__ import annotations
@@ -132,7 +133,8 @@ def _run(state: WorkerState, payload: bytes, body: Callable[[Any], Any]) -> tupl
         except ResourceMissingError as err:
             return {"status": "resource_missing", "message": str(err)}, []
         except PSUnavailableError as err:
-            return {"status": "ps_unavailable", "ps_index": err.ps_index, "message": str(err)}, []
+            return {"status": "ps_unavailable", "ps_index": err.ps_index, "message": str(err),
+                    "restarted": _context.ps_restarted(err)}, []
         except BaseException as err:  # noqa: BLE001 - the user's function may raise anything; report it
             if isinstance(err, (KeyboardInterrupt, SystemExit)):
                 raise

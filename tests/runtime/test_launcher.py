@@ -155,7 +155,8 @@ def test_tf_config_cluster_token_and_environment(script, pid_dir, capsys, monkey
     monkeypatch.delenv("KUBEPS_JOB_TOKEN_FILE", raising=False)
     spec = {"chief": {"wait_for": 5}, "default": FOREVER}  # every task reports before the chief ends
     code, out, _ = run_main(
-        ["local", str(script), "--ps", "1", "--workers", "2", "--evaluator", "--", str(pid_dir), json.dumps(spec)],
+        ["local", str(script), "--ps", "1", "--workers", "2", "--evaluator", "--evaluator-grace", "0", "--",
+         str(pid_dir), json.dumps(spec)],
         capsys,
     )
     assert code == 0
