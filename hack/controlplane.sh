@@ -18,6 +18,9 @@
 #   KUBEPS_CP_CACHE  binary cache root (default ${XDG_CACHE_HOME:-~/.cache}/kubeps/controlplane)
 #   GO               go binary (default: go on PATH, else /usr/local/go/bin/go)
 #   KUBEPS_CP_BUILD_JOBS  parallel go build jobs (default 2)
+#   KUBEPS_CP_WATCH_PID   `up` also starts a watchdog that runs `down` once this PID
+#                    is gone (the test fixture passes its own PID, so a killed
+#                    pytest does not leave a control plane behind)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -74,7 +77,18 @@ cmd_build() {
   mkdir -p "$partial"
   export GOFLAGS=-trimpath CGO_ENABLED=0 GOMAXPROCS="$jobs" GOTOOLCHAIN=local
   log "building Kubernetes $K8S_VERSION and etcd $ETCD_VERSION with $("$go" version) (-p $jobs)"
-  (cd "$MOD_DIR" && "$go" build -p "$jobs" -ldflags='-s -w' -o "$partial/" tool ./cmd/etcd)
+  # Stamp the release into the binaries as Kubernetes' own build does, so /version and
+  # `kubectl version` report it (helm checks a chart's kubeVersion against it).
+  local minor x ldflags="-s -w" pkg
+  minor="${K8S_VERSION#v1.}"
+  minor="${minor%%.*}"
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    for x in "gitVersion=$K8S_VERSION" gitMajor=1 "gitMinor=$minor" gitTreeState=clean \
+      "buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"; do
+      ldflags+=" -X $pkg.$x"
+    done
+  done
+  (cd "$MOD_DIR" && "$go" build -p "$jobs" -ldflags="$ldflags" -o "$partial/" tool ./cmd/etcd)
   log "building kwok $KWOK_VERSION"
   (cd "$partial" && GOBIN="$partial" "$go" install -p "$jobs" -ldflags='-s -w' \
     "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION")
@@ -88,13 +102,21 @@ cmd_build() {
 
 pid_file() { echo "$STATE/pids/$1.pid"; }
 
+# Alive and not a zombie: our daemons are reparented to PID 1, which may reap them late.
+pid_running() {
+  local stat
+  stat="$(cat "/proc/$1/stat" 2>/dev/null)" || return 1
+  stat="${stat##*) }"
+  [[ "${stat%% *}" != Z ]]
+}
+
 # True when the PID recorded for component $1 is alive and still runs our binary.
 component_alive() {
   local f pid exe
   f="$(pid_file "$1")"
   [[ -f "$f" ]] || return 1
   pid="$(<"$f")"
-  [[ -n "$pid" && -d "/proc/$pid" ]] || return 1
+  [[ -n "$pid" ]] && pid_running "$pid" || return 1
   exe="$(readlink "/proc/$pid/exe" 2>/dev/null || true)"
   [[ "$exe" == "$BIN/$1" ]]
 }
@@ -188,7 +210,8 @@ start_component() {
   local name="$1"
   shift
   # setsid: the component outlives the shell (and pytest) that ran `up`, until `down`.
-  setsid "$BIN/$name" "$@" >"$STATE/logs/$name.log" 2>&1 </dev/null &
+  # 9>&-: the daemons must not inherit (and so hold forever) the lock of `up`.
+  setsid "$BIN/$name" "$@" >"$STATE/logs/$name.log" 2>&1 </dev/null 9>&- &
   echo "$!" >"$(pid_file "$name")"
 }
 
@@ -219,7 +242,7 @@ all_alive() {
 }
 
 is_up() {
-  [[ -f "$STATE/apiserver.port" ]] && all_alive && admin_curl /readyz
+  [[ -f "$STATE/apiserver.port" ]] && all_alive && admin_curl /readyz >/dev/null
 }
 
 nodes_ready() {
@@ -250,7 +273,7 @@ cmd_up() {
   command -v openssl >/dev/null || die "openssl is needed (apt-get install -y openssl)"
   mkdir -p "$STATE"
   exec 9>"$STATE/.lock"
-  flock 9
+  flock -w 300 9 || die "another \`up\` or \`down\` holds $STATE/.lock"
   if is_up; then
     log "already up: $STATE"
     return 0
@@ -284,8 +307,10 @@ cmd_up() {
   wait_for 30 "etcd health" curl -fsS --max-time 1 "http://127.0.0.1:$etcd_port/health" ||
     fail_up "etcd did not become healthy"
 
+  # The advertise address only fills the `kubernetes` Service's endpoints, which may
+  # not be loopback; 192.0.2.1 (TEST-NET-1) is never dialled, clients use 127.0.0.1.
   start_component kube-apiserver \
-    --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$api_port" \
+    --bind-address=127.0.0.1 --advertise-address=192.0.2.1 --secure-port="$api_port" \
     --etcd-servers="http://127.0.0.1:$etcd_port" \
     --tls-cert-file="$pki/apiserver.crt" --tls-private-key-file="$pki/apiserver.key" \
     --client-ca-file="$pki/ca.crt" \
@@ -321,15 +346,39 @@ cmd_up() {
   wait_for 60 "the default service account (controller-manager)" default_sa_exists ||
     fail_up "kube-controller-manager did not create the default service account"
   all_alive || fail_up "a component exited during start-up"
+  start_watchdog
   log "up in $((SECONDS - start)) s: API server https://127.0.0.1:$api_port, state in $STATE"
 }
 
-# Stop the recorded processes, newest first: TERM, then KILL after 10 s.
-stop_all() {
-  local i c f pid
+WATCHDOG_TAG=kubeps-cp-watchdog
+
+start_watchdog() {
+  local parent="${KUBEPS_CP_WATCH_PID:-}"
+  [[ -n "$parent" ]] || return 0
+  # $0 of the watchdog shell is the tag, so `down` can tell it is ours before killing it.
+  # shellcheck disable=SC2016  # expanded by the watchdog shell, not here
+  setsid bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 2; done; exec "$2" down' \
+    "$WATCHDOG_TAG" "$parent" "$ROOT/controlplane.sh" >>"$STATE/logs/watchdog.log" 2>&1 </dev/null 9>&- &
+  echo "$!" >"$(pid_file watchdog)"
+}
+
+stop_watchdog() {
+  local f pid
+  f="$(pid_file watchdog)"
+  [[ -f "$f" ]] || return 0
+  pid="$(<"$f")"
+  rm -f "$f"
+  # Not ourselves (the watchdog execs `down`), and only if it still is the watchdog.
+  if [[ "$pid" != "$$" ]] && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q "^bash -c .* $WATCHDOG_TAG "; then
+    kill -TERM "$pid" 2>/dev/null || true
+  fi
+}
+
+# TERM the given components together, wait for them to exit, KILL after 15 s.
+stop_components() {
+  local c f pid
   local -a pids=()
-  for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do
-    c="${COMPONENTS[i]}"
+  for c in "$@"; do
     f="$(pid_file "$c")"
     [[ -f "$f" ]] || continue
     if component_alive "$c"; then
@@ -339,17 +388,26 @@ stop_all() {
     fi
     rm -f "$f"
   done
-  local deadline=$((SECONDS + 10))
+  local deadline=$((SECONDS + 15))
   for pid in "${pids[@]}"; do
-    while [[ -d "/proc/$pid" ]] && ((SECONDS < deadline)); do sleep 0.1; done
-    if [[ -d "/proc/$pid" ]]; then kill -KILL "$pid" 2>/dev/null || true; fi
+    while pid_running "$pid" && ((SECONDS < deadline)); do sleep 0.1; done
+    if pid_running "$pid"; then kill -KILL "$pid" 2>/dev/null || true; fi
   done
+}
+
+# Clients of the API server first, then the API server, then its storage, so nobody
+# waits on a dependency that is already gone.
+stop_all() {
+  stop_watchdog
+  stop_components kwok kube-scheduler kube-controller-manager
+  stop_components kube-apiserver
+  stop_components etcd
 }
 
 cmd_down() {
   [[ -d "$STATE" ]] || { log "nothing to stop ($STATE does not exist)"; return 0; }
   exec 9>"$STATE/.lock"
-  flock 9
+  flock -w 60 9 || log "state dir locked for 60 s; stopping the recorded processes anyway"
   stop_all
   rm -rf "$STATE/etcd" "$STATE/apiserver.port" "$STATE/etcd.port"
   log "down ($STATE)"
@@ -373,7 +431,7 @@ cmd_status() {
     fi
   done
   printf '%-24s %18s %6d MiB\n' total "" "$((total / 1024))"
-  is_up
+  if is_up; then echo "up: $STATE"; else echo "not up: $STATE"; return 1; fi
 }
 
 case "${1:-}" in
