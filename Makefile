@@ -5,7 +5,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.kubeps-installed
 PYTEST_ARGS ?=
 
-.PHONY: install example test controlplane bench clean
+ACTIONLINT_VERSION := v1.7.12
+
+.PHONY: install example test controlplane tools bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,7 +29,16 @@ controlplane:
 		echo "go not found: control-plane tests will be skipped (see docs/testing.md)"; \
 	fi
 
-test: $(STAMP) controlplane
+# Linters the packaging tests run, built from the Go module proxy into the venv (cached by Go).
+tools: $(STAMP)
+	@if [ -x $(BIN)/actionlint ]; then :; \
+	elif command -v go >/dev/null 2>&1 || [ -x /usr/local/go/bin/go ]; then \
+		GOBIN="$(CURDIR)/$(BIN)" PATH="$$PATH:/usr/local/go/bin" go install github.com/rhysd/actionlint/cmd/actionlint@$(ACTIONLINT_VERSION); \
+	else \
+		echo "go not found: the actionlint test will be skipped"; \
+	fi
+
+test: $(STAMP) controlplane tools
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)

@@ -76,7 +76,7 @@ def test_workflow_runs_the_e2e_for_both_installs_and_the_suite():
 
 
 def test_e2e_job_is_small_enough_for_a_ci_runner():
-    job = yaml.safe_load((REPO / "hack" / "e2e" / "ctr-job.yaml").read_text())
+    job = yaml.safe_load((REPO / "examples" / "ctr" / "job.yaml").read_text())
     cpu = 0.0
     for spec in job["spec"]["replicaSpecs"].values():
         for container in spec["template"]["spec"]["containers"]:

@@ -173,14 +173,14 @@ def test_plain_manifests_install_and_delete(kube):
 
 
 def test_e2e_job_is_accepted_by_the_crd(kube, namespace):
-    """hack/e2e/ctr-job.yaml passes the real API server's validation against the operator's CRD."""
+    """examples/ctr/job.yaml passes the real API server's validation against the operator's CRD."""
     crd_was_there = crd_exists(kube, CRD_NAME)
     try:
         if not crd_was_there:
             kube.kubectl("apply", "--server-side", "-f", str(CHART / "files" / "crd.yaml"))
             kube.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=30s")
         proc = kube.kubectl("create", "--dry-run=server", "-n", namespace, "-f",
-                            str(REPO / "hack" / "e2e" / "ctr-job.yaml"), "-o", "name", check=False)
+                            str(REPO / "examples" / "ctr" / "job.yaml"), "-o", "name", check=False)
         assert proc.returncode == 0, proc.stderr
     finally:
         if not crd_was_there:

@@ -1,0 +1,39 @@
+"""Every PSTrainingJob we ship runs a command that exists: the script is in the image's examples/ and accepts
+the arguments the manifest gives it (a typo here only shows up as a crash-looping pod in the user's cluster)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+MANIFESTS = sorted(p for p in (REPO / "examples").rglob("*.yaml") if "PSTrainingJob" in p.read_text())
+
+
+def _commands(manifest):
+    for role, spec in manifest["spec"]["replicaSpecs"].items():
+        for container in spec["template"]["spec"]["containers"]:
+            yield role, container.get("command", []) + container.get("args", [])
+
+
+def test_there_are_manifests_to_check():
+    assert any(p.name == "job.yaml" and p.parent.name == "ctr" for p in MANIFESTS)
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: str(p.relative_to(REPO)))
+def test_manifest_commands_resolve(path):
+    for role, command in _commands(yaml.safe_load(path.read_text())):
+        assert command, f"{path.name}: {role} has no command; the runtime image's default is a bare server"
+        assert command[0] == "python", f"{path.name}: {role} runs {command[0]!r}; the images provide 'python'"
+        script = REPO / command[1]
+        assert script.is_file(), f"{path.name}: {role} runs {command[1]!r}, which is not in the repository"
+        # Without TF_CONFIG the program parses its arguments and then refuses to run; a bad flag fails earlier,
+        # with argparse's usage message.
+        env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+        result = subprocess.run([sys.executable, *command[1:]], cwd=REPO, env=env, capture_output=True,
+                                text=True, timeout=60)
+        assert "usage:" not in result.stderr, f"{path.name}: {role}'s arguments are rejected:\n{result.stderr}"
+        assert "TF_CONFIG" in result.stderr, result.stderr
