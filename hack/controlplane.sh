@@ -18,6 +18,7 @@
 #   KUBEPS_CP_CACHE  binary cache root (default ${XDG_CACHE_HOME:-~/.cache}/kubeps/controlplane)
 #   GO               go binary (default: go on PATH, else /usr/local/go/bin/go)
 #   KUBEPS_CP_BUILD_JOBS  parallel go build jobs (default 2)
+#   (a file named .ephemeral in the state dir makes `down` delete the whole dir)
 #   KUBEPS_CP_WATCH_PID   `up` also starts a watchdog that runs `down` once this PID
 #                    is gone (the test fixture passes its own PID, so a killed
 #                    pytest does not leave a control plane behind)
@@ -411,6 +412,8 @@ cmd_down() {
   stop_all
   rm -rf "$STATE/etcd" "$STATE/apiserver.port" "$STATE/etcd.port"
   log "down ($STATE)"
+  # A throw-away state dir (the test fixture's) goes entirely, also when the watchdog stops it.
+  if [[ -f "$STATE/.ephemeral" ]]; then rm -rf "$STATE"; fi
 }
 
 cmd_env() {

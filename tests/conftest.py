@@ -341,6 +341,7 @@ def kube(tmp_path_factory: pytest.TempPathFactory):
     private = "KUBEPS_CP_DIR" not in env
     if private:
         env["KUBEPS_CP_DIR"] = tempfile.mkdtemp(prefix="kubeps-cp-")
+        Path(env["KUBEPS_CP_DIR"], ".ephemeral").touch()  # `down` removes the whole dir
     env["KUBEPS_CP_WATCH_PID"] = str(os.getpid())
     bin_dir = _script("bin-dir", env=env).stdout.strip()
     missing = [b for b in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler",

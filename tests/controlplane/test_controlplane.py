@@ -31,6 +31,8 @@ def pod_manifest(name: str, *, requests: dict | None = None, limits: dict | None
         "kind": "Pod",
         "metadata": meta,
         "spec": {
+            # kwok's fake nodes (on kind too, once kwok is attached: docs/testing.md)
+            "nodeSelector": {"type": "kwok"},
             "restartPolicy": restart_policy,
             "containers": [{"name": "main", "image": "registry.invalid/kubeps/noop:0",
                             "resources": resources}],
