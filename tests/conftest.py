@@ -313,7 +313,7 @@ def _script(*args: str, env: dict, timeout: float = 180) -> subprocess.Completed
 
 
 @pytest.fixture(scope="session")
-def kube(tmp_path_factory: pytest.TempPathFactory):
+def kube():
     """The test cluster (see the module docstring); yields a ``Kube``."""
     try:
         import kubernetes  # noqa: F401
@@ -336,13 +336,6 @@ def kube(tmp_path_factory: pytest.TempPathFactory):
         return
 
     env = dict(os.environ)
-    # A private state dir per test run, so concurrent runs never share (or stop) a cluster;
-    # KUBEPS_CP_DIR picks a fixed one (kept running if it was already up).
-    private = "KUBEPS_CP_DIR" not in env
-    if private:
-        env["KUBEPS_CP_DIR"] = tempfile.mkdtemp(prefix="kubeps-cp-")
-        Path(env["KUBEPS_CP_DIR"], ".ephemeral").touch()  # `down` removes the whole dir
-    env["KUBEPS_CP_WATCH_PID"] = str(os.getpid())
     bin_dir = _script("bin-dir", env=env).stdout.strip()
     missing = [b for b in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
                            "kubectl", "kwok") if not os.access(os.path.join(bin_dir, b), os.X_OK)]
@@ -356,6 +349,13 @@ def kube(tmp_path_factory: pytest.TempPathFactory):
     if shutil.which("openssl") is None:
         _unavailable("openssl is needed by hack/controlplane.sh up (apt-get install -y openssl)")
 
+    # A private state dir per test run, so concurrent runs never share (or stop) a cluster;
+    # KUBEPS_CP_DIR picks a fixed one (kept running if it was already up).
+    private = "KUBEPS_CP_DIR" not in env
+    if private:
+        env["KUBEPS_CP_DIR"] = tempfile.mkdtemp(prefix="kubeps-cp-")
+        Path(env["KUBEPS_CP_DIR"], ".ephemeral").touch()  # `down` removes the whole dir
+    env["KUBEPS_CP_WATCH_PID"] = str(os.getpid())
     already_up = _script("status", env=env).returncode == 0
     if not already_up:
         proc = _script("up", env=env, timeout=300)
