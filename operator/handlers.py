@@ -155,8 +155,9 @@ class Reconciler:
         started = time.perf_counter()
         namespace, name = key
         uid = job["metadata"].get("uid")
-        pods = [copy.deepcopy(dict(p)) for p in (self.pods_index.get(key, []) if self.pods_index else [])]
-        services = [copy.deepcopy(dict(s)) for s in (self.services_index.get(key, []) if self.services_index else [])]
+        # Index values are private slim copies (see _slim) that the planner only reads.
+        pods = list(self.pods_index.get(key, [])) if self.pods_index else []
+        services = list(self.services_index.get(key, [])) if self.services_index else []
         secret: dict | None = {"metadata": {"name": planner.secret_name(name)}} if self.secrets.get(key) == uid else None
         if secret is None:
             secret = await self.call(self.kube.read_secret, namespace, planner.secret_name(name))
@@ -380,12 +381,42 @@ async def _cleanup(**_: Any) -> None:
 
 @kopf.index("", "v1", "pods", labels={planner.LABEL_JOB: kopf.PRESENT})
 def kubeps_pods(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict:
-    return {(namespace, labels[planner.LABEL_JOB]): _plain(body)}
+    return {(namespace, labels[planner.LABEL_JOB]): _slim(body, with_status=True)}
 
 
 @kopf.index("", "v1", "services", labels={planner.LABEL_JOB: kopf.PRESENT})
 def kubeps_services(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict:
-    return {(namespace, labels[planner.LABEL_JOB]): _plain(body)}
+    return {(namespace, labels[planner.LABEL_JOB]): _slim(body, with_status=False)}
+
+
+def _slim(body: kopf.Body, with_status: bool) -> dict:
+    """Only what the planner reads of a child (keeps the operator small with thousands of pods)."""
+    meta = body.get("metadata") or {}
+    slim_meta = {key: copy.deepcopy(meta[key]) for key in
+                 ("name", "namespace", "uid", "labels", "ownerReferences", "deletionTimestamp") if key in meta}
+    epoch = (meta.get("annotations") or {}).get(planner.ANNOTATION_EPOCH)
+    if epoch is not None:
+        slim_meta["annotations"] = {planner.ANNOTATION_EPOCH: epoch}
+    slim: dict[str, Any] = {"metadata": slim_meta}
+    if with_status:
+        status = body.get("status") or {}
+        slim["status"] = {
+            "phase": status.get("phase"),
+            "reason": status.get("reason"),
+            "conditions": [{"type": c.get("type"), "status": c.get("status")}
+                           for c in status.get("conditions") or [] if c.get("type") == "Ready"],
+            "containerStatuses": [_slim_container(c) for c in status.get("containerStatuses") or []],
+            "initContainerStatuses": [_slim_container(c) for c in status.get("initContainerStatuses") or []],
+        }
+    return slim
+
+
+def _slim_container(status: dict) -> dict:
+    terminated = (status.get("state") or {}).get("terminated")
+    slim = {"name": status.get("name"), "restartCount": status.get("restartCount", 0), "state": {}}
+    if terminated is not None:
+        slim["state"]["terminated"] = {"exitCode": terminated.get("exitCode"), "reason": terminated.get("reason")}
+    return slim
 
 
 def _plain(body: kopf.Body) -> dict:

@@ -1,0 +1,68 @@
+"""Settings from the environment and flags, and the client-side rate limiter."""
+
+from __future__ import annotations
+
+import pytest
+
+from kubeps.operator.client import TokenBucket
+from kubeps.operator.main import settings_from_args
+from kubeps.operator.settings import DEFAULT_IMAGE, Settings
+
+
+def test_defaults_are_cluster_wide():
+    settings = Settings.from_env({})
+    assert settings.clusterwide and settings.namespaces == ()
+    assert settings.default_image == DEFAULT_IMAGE and settings.cluster_domain is None
+    assert (settings.api_qps, settings.api_burst) == (100.0, 200)
+    assert settings.watch_server_timeout < settings.watch_client_timeout < settings.watch_inactivity_timeout
+
+
+def test_environment_is_read():
+    env = {"KUBEPS_NAMESPACES": "a, b", "KUBEPS_DEFAULT_IMAGE": "reg/img:2", "KUBEPS_CLUSTER_DOMAIN": "c.local",
+           "KUBEPS_API_QPS": "20", "KUBEPS_WATCH_INACTIVITY": "30", "KUBEPS_LOG_LEVEL": "debug"}
+    settings = Settings.from_env(env)
+    assert settings.namespaces == ("a", "b") and not settings.clusterwide
+    assert (settings.default_image, settings.cluster_domain, settings.api_qps) == ("reg/img:2", "c.local", 20.0)
+    assert settings.watch_inactivity_timeout == 30.0 and settings.log_level == "DEBUG"
+
+
+@pytest.mark.parametrize("env,text", [
+    ({"KUBEPS_API_QPS": "fast"}, "KUBEPS_API_QPS='fast': expected a number"),
+    ({"KUBEPS_API_QPS": "0"}, "must be > 0"),
+    ({"KUBEPS_WORKERS": "0"}, "KUBEPS_WORKERS='0': must be >= 1"),
+])
+def test_bad_environment_names_the_variable(env, text):
+    with pytest.raises(ValueError, match=text.replace("(", r"\(")):
+        Settings.from_env(env)
+
+
+def test_flags_override_the_environment():
+    env = {"KUBEPS_NAMESPACES": "a", "KUBEPS_DEFAULT_IMAGE": "env/img"}
+    settings = settings_from_args(["-n", "x", "--namespace", "y", "--default-image", "flag/img",
+                                   "--cluster-domain", "cluster.local", "--metrics-port", "0",
+                                   "--liveness-port", "9", "--log-level", "warning"], env)
+    assert settings.namespaces == ("x", "y") and settings.default_image == "flag/img"
+    assert settings.cluster_domain == "cluster.local" and settings.metrics_port == 0
+    assert settings.liveness_port == 9 and settings.log_level == "WARNING"
+    assert settings_from_args(["--all-namespaces"], env).clusterwide
+
+
+def test_namespace_and_all_namespaces_exclude_each_other():
+    with pytest.raises(SystemExit):
+        settings_from_args(["-n", "a", "-A"], {})
+
+
+def test_token_bucket_allows_a_burst_then_paces():
+    now = [0.0]
+    slept = []
+
+    def sleep(seconds):
+        slept.append(seconds)
+        now[0] += seconds
+
+    bucket = TokenBucket(qps=10, burst=3, clock=lambda: now[0], sleep=sleep)
+    waits = [bucket.acquire() for _ in range(5)]
+    assert waits[:3] == [0, 0, 0]
+    assert waits[3] == pytest.approx(0.1) and waits[4] == pytest.approx(0.1)
+    now[0] += 10
+    assert bucket.acquire() == 0
