@@ -407,3 +407,34 @@ def test_python_dash_m_entry_point():
         [sys.executable, "-m", "kubeps.runtime.cli", "version"], capture_output=True, text=True, timeout=30
     )
     assert result.returncode == 0 and result.stdout.startswith("kubeps ")
+
+
+# -- the evaluator after a successful chief -----------------------------------------------------------------------
+def test_evaluator_gets_a_grace_period_to_finish_after_the_chief(script, pid_dir, capsys):
+    # the evaluator is still working (1.5 s) when the chief succeeds: plain `kubeps local` lets it finish
+    spec = {"chief": {"wait_for": 4}, "evaluator": {"wait_for": 4, "sleep": 1.5, "exit": 0}, "default": FOREVER}
+    args = ["local", str(script), "--ps", "1", "--workers", "1", "--evaluator"]
+    code, _, err = run_main(args + ["--evaluator-grace", "30", "--", str(pid_dir), json.dumps(spec)], capsys)
+    assert code == 0
+    assert "waiting up to 30 s for the evaluator" in err
+    assert "evaluator-0 (pid" in err and "exited with status 0" in err, err
+    assert "stopping" in err and "evaluator-0" not in err.split("stopping", 1)[1].splitlines()[0]
+    assert_all_gone(pids(pid_dir))
+
+
+def test_evaluator_grace_is_bounded_and_can_be_turned_off(script, pid_dir, capsys):
+    spec = {"chief": {"wait_for": 4}, "evaluator": FOREVER, "default": FOREVER}
+    args = ["local", str(script), "--ps", "1", "--workers", "1", "--evaluator"]
+    started = time.monotonic()
+    code, _, err = run_main(args + ["--evaluator-grace", "0.5", "--", str(pid_dir), json.dumps(spec)], capsys)
+    assert code == 0 and time.monotonic() - started < 15
+    assert "the evaluator did not finish within" in err and "stopping" in err and "evaluator-0" in err
+    assert_all_gone(pids(pid_dir))
+    for p in pid_dir.iterdir():
+        p.unlink()
+    code, _, err = run_main(args + ["--evaluator-grace", "0", "--", str(pid_dir), json.dumps(spec)], capsys)
+    assert code == 0 and "waiting up to" not in err
+    assert_all_gone(pids(pid_dir))
+    assert cli.build_parser().parse_args(["local", str(script)]).evaluator_grace == 60.0
+    code, _, err = run_main(args + ["--evaluator-grace", "-1", "--", str(pid_dir), "{}"], capsys)
+    assert code == 2 and "--evaluator-grace must be a number of seconds >= 0" in err
