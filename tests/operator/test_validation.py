@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from .conftest import GROUP, PLURAL, VERSION, container, delete_namespace, job_manifest, make_namespace
+from .conftest import GROUP, PLURAL, REPO, VERSION, container, delete_namespace, job_manifest, make_namespace
 
 
 @pytest.fixture(scope="module")
@@ -136,3 +136,15 @@ def test_running_job_fields_are_immutable_but_workers_and_run_policy_change(crd,
     patch({"spec": {"runPolicy": {"suspend": True}}})
     patched = patch({"spec": {"replicaSpecs": {"PS": {"replicas": 3}}}})
     assert patched["spec"]["replicaSpecs"]["PS"]["replicas"] == 3
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "examples" / "jobs").glob("*.yaml")), ids=lambda p: p.name)
+def test_sample_manifests_are_accepted(crd, kube, namespace, path):
+    import yaml
+
+    from kubeps.operator import models
+
+    manifest = yaml.safe_load(path.read_text())
+    created = kube.custom().create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest,
+                                                            dry_run="All")
+    models.parse_spec(created["spec"])  # and the operator reads them as the API server stored them
