@@ -29,6 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--api-burst", type=int, help="burst of the API rate limit")
     parser.add_argument("--workers", type=int, help="concurrent reconciles and API calls")
     parser.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper)
+    parser.add_argument("--peering", metavar="NAME",
+                        help="kopf peering object to coordinate with other operator replicas (needs kopf's "
+                        "peering CRDs); default: standalone")
     return parser
 
 
@@ -47,6 +50,7 @@ def settings_from_args(argv: list[str] | None, env=None) -> Settings:
         api_burst=args.api_burst,
         workers=args.workers,
         log_level=args.log_level,
+        peering=args.peering,
     )
     if args.all_namespaces:
         settings = settings.with_overrides(namespaces=())
@@ -68,15 +72,26 @@ def main(argv: list[str] | None = None) -> int:
     handlers.configure(settings)
     if settings.metrics_port:
         metrics.serve(settings.metrics_port, settings.bind_address)
-    liveness = (f"http://{settings.bind_address}:{settings.liveness_port}/healthz"
-                if settings.liveness_port else None)
-    kopf.run(
-        standalone=True,
-        clusterwide=settings.clusterwide,
-        namespaces=() if settings.clusterwide else settings.namespaces,
-        liveness_endpoint=liveness,
-    )
+    kopf.run(**kopf_run_options(settings))
     return 0
+
+
+def kopf_run_options(settings: Settings) -> dict:
+    """The keyword arguments of ``kopf.run`` for these settings.
+
+    Without a peering name the operator runs standalone (one replica, Recreate strategy); with one, kopf keeps
+    a (Cluster)KopfPeering object so that a second replica pauses instead of reconciling the same jobs.
+    """
+    options = {
+        "standalone": settings.peering is None,
+        "clusterwide": settings.clusterwide,
+        "namespaces": () if settings.clusterwide else settings.namespaces,
+        "liveness_endpoint": (f"http://{settings.bind_address}:{settings.liveness_port}/healthz"
+                              if settings.liveness_port else None),
+    }
+    if settings.peering is not None:
+        options["peering_name"] = settings.peering
+    return options
 
 
 if __name__ == "__main__":

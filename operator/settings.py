@@ -14,6 +14,9 @@ KUBEPS_METRICS_PORT            --metrics-port               Prometheus /metrics 
 KUBEPS_LIVENESS_PORT           --liveness-port              /healthz port, 0 = off (8081)
 KUBEPS_BIND_ADDRESS            --bind-address               address of both endpoints (0.0.0.0)
 KUBEPS_LOG_LEVEL               --log-level                  DEBUG, INFO, WARNING, ERROR (INFO)
+KOPF_RUN_PEERING               --peering NAME               run with this kopf peering object, so that
+                                                            two operators never reconcile at once; the
+                                                            peering CRDs must be installed (standalone)
 KUBEPS_WATCH_SERVER_TIMEOUT    (env only)                   watch request timeout asked of the server (120 s)
 KUBEPS_WATCH_CLIENT_TIMEOUT    (env only)                   client-side watch timeout (150 s)
 KUBEPS_WATCH_CONNECT_TIMEOUT   (env only)                   connection timeout of watches (10 s)
@@ -73,6 +76,7 @@ class Settings:
     liveness_port: int = 8081
     bind_address: str = "0.0.0.0"
     log_level: str = "INFO"
+    peering: str | None = None
     watch_server_timeout: float = 120.0
     watch_client_timeout: float = 150.0
     watch_connect_timeout: float = 10.0
@@ -99,6 +103,7 @@ class Settings:
             liveness_port=_int(env, "KUBEPS_LIVENESS_PORT", 8081),
             bind_address=env.get("KUBEPS_BIND_ADDRESS") or "0.0.0.0",
             log_level=(env.get("KUBEPS_LOG_LEVEL") or "INFO").upper(),
+            peering=env.get("KOPF_RUN_PEERING") or None,
             watch_server_timeout=_float(env, "KUBEPS_WATCH_SERVER_TIMEOUT", 120.0),
             watch_client_timeout=_float(env, "KUBEPS_WATCH_CLIENT_TIMEOUT", 150.0),
             watch_connect_timeout=_float(env, "KUBEPS_WATCH_CONNECT_TIMEOUT", 10.0),

@@ -66,3 +66,14 @@ def test_token_bucket_allows_a_burst_then_paces():
     assert waits[3] == pytest.approx(0.1) and waits[4] == pytest.approx(0.1)
     now[0] += 10
     assert bucket.acquire() == 0
+
+
+def test_peering_from_kopf_env_or_flag():
+    from kubeps.operator.main import kopf_run_options, settings_from_args
+
+    assert kopf_run_options(settings_from_args([], env={}))["standalone"] is True
+    from_env = kopf_run_options(settings_from_args([], env={"KOPF_RUN_PEERING": "peers"}))
+    assert from_env["standalone"] is False and from_env["peering_name"] == "peers"
+    from_flag = kopf_run_options(settings_from_args(["--peering", "other", "-n", "a"], env={"KOPF_RUN_PEERING": "x"}))
+    assert from_flag["peering_name"] == "other" and from_flag["namespaces"] == ("a",)
+    assert from_flag["clusterwide"] is False

@@ -14,9 +14,11 @@ MANIFESTS = sorted(p for p in (REPO / "examples").rglob("*.yaml") if "PSTraining
 
 
 def _commands(manifest):
+    """(role, command) of every container that runs the kubeps runtime image (no image given: the default)."""
     for role, spec in manifest["spec"]["replicaSpecs"].items():
         for container in spec["template"]["spec"]["containers"]:
-            yield role, container.get("command", []) + container.get("args", [])
+            if "image" not in container:
+                yield role, container.get("command", []) + container.get("args", [])
 
 
 def test_there_are_manifests_to_check():
@@ -26,14 +28,16 @@ def test_there_are_manifests_to_check():
 @pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: str(p.relative_to(REPO)))
 def test_manifest_commands_resolve(path):
     for role, command in _commands(yaml.safe_load(path.read_text())):
-        assert command, f"{path.name}: {role} has no command; the runtime image's default is a bare server"
+        if not command:  # the image's default command serves ps and worker tasks, nothing else
+            assert role in ("PS", "Worker"), f"{path.name}: {role} needs a command; the image's default serves ps/worker"
+            continue
         assert command[0] == "python", f"{path.name}: {role} runs {command[0]!r}; the images provide 'python'"
         script = REPO / command[1]
         assert script.is_file(), f"{path.name}: {role} runs {command[1]!r}, which is not in the repository"
-        # Without TF_CONFIG the program parses its arguments and then refuses to run; a bad flag fails earlier,
-        # with argparse's usage message.
+        # Without TF_CONFIG the program parses its arguments and then either refuses to run or trains in-process;
+        # a bad flag fails earlier, with argparse's usage message.
         env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
         result = subprocess.run([sys.executable, *command[1:]], cwd=REPO, env=env, capture_output=True,
                                 text=True, timeout=60)
         assert "usage:" not in result.stderr, f"{path.name}: {role}'s arguments are rejected:\n{result.stderr}"
-        assert "TF_CONFIG" in result.stderr, result.stderr
+        assert result.returncode == 0 or "TF_CONFIG" in result.stderr, result.stdout + result.stderr

@@ -72,9 +72,21 @@ def test_namespaced_roles_grant_the_same(render):
         assert rules == cluster_wide
 
 
-def test_peering_needs_the_operator_to_honour_the_charts_setting():
-    """peering.enabled sets KOPF_RUN_PEERING; the operator must then run with that peering, not standalone."""
-    main = (OPERATOR / "main.py").read_text() + (OPERATOR / "settings.py").read_text()
-    assert "KOPF_RUN_PEERING" in main, (
-        "charts/kubeps sets KOPF_RUN_PEERING when peering.enabled, but operator/ never reads it "
-        "(kopf.run(standalone=True) ignores peering)")
+def _operator_options(render, *args):
+    """What kopf.run would get from the chart's Deployment: its env and args through the operator's parser."""
+    from kubeps.operator.main import kopf_run_options, settings_from_args
+
+    container = render.one(render.template(*args), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+    return kopf_run_options(settings_from_args(container.get("args", []), env=env))
+
+
+def test_peering_enabled_in_the_chart_makes_the_operator_peer(render):
+    """peering.enabled sets KOPF_RUN_PEERING; the operator then runs with that peering, not standalone."""
+    options = _operator_options(render, "--set", "peering.enabled=true", "--set", "peering.name=kubeps-peers")
+    assert options["standalone"] is False and options["peering_name"] == "kubeps-peers"
+
+
+def test_default_chart_runs_the_operator_standalone(render):
+    options = _operator_options(render)
+    assert options["standalone"] is True and "peering_name" not in options
