@@ -25,25 +25,43 @@ best any model can do, and the log-loss of always predicting the click rate (the
 learned nothing gets. The program trains several passes over a finite training set, evaluates on held-out
 examples from the same teacher, prints the model's log-loss and AUC next to both references and the gap to the
 teacher in %, and exits 1 if the model does not beat the base rate.
+
+Fault tolerance (``docs/fault-tolerance.md``). With ``--checkpoint-dir`` (default: ``$KUBEPS_CHECKPOINT_DIR``; unset =
+no checkpoints) the chief saves the variables -- with their Adagrad slots, which the parameter servers write with
+their shards -- and the step every ``--checkpoint-every`` steps, the last checkpoint marked final, and on start
+restores the latest one and continues from its step. Every task that saves or restores (chief, ps, evaluator)
+must see that directory: a local path under ``kubeps local``, a shared PVC or an object store (``s3://...``) in a
+cluster. The chief runs under ``run_coordinator``: a lost parameter server ends it with the retryable status 133,
+and ``kubeps local --restart`` (or the operator) restarts it, losing at most one checkpoint interval. A lost
+worker costs nothing: its executions are re-run elsewhere (at least once). The ``evaluator`` task, given a
+checkpoint directory, evaluates every checkpoint with ``SidecarEvaluator`` and stops after the final one::
+
+    kubeps local --ps 2 --workers 2 --evaluator --restart examples/ctr/train.py -- --checkpoint-dir /tmp/ctr-ckpt
+    cat /tmp/ctr-ckpt/eval/metrics.jsonl
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
 import numpy as np
 
 from kubeps.runtime import kernels, nn
+from kubeps.runtime.checkpoint import Checkpoint, CheckpointManager, StepCounter
 from kubeps.runtime.cluster import TFConfigClusterResolver
+from kubeps.runtime.context import get_current_worker_index
 from kubeps.runtime.coordinator import ClusterCoordinator
 from kubeps.runtime.data import Dataset, InputContext
+from kubeps.runtime.evaluator import SidecarEvaluator
 from kubeps.runtime.optimizers import Adagrad
 from kubeps.runtime.partitioners import MinSizePartitioner
 from kubeps.runtime.server import Server
 from kubeps.runtime.strategy import ParameterServerStrategy
+from kubeps.runtime.supervisor import run_coordinator
 
 FIELDS = 6
 VALUES_PER_FIELD = 200
@@ -131,6 +149,11 @@ class CTRModel:
                            name="head")
         self.loss = nn.SigmoidCrossEntropy()
 
+    @property
+    def variables(self) -> list:
+        """Every weight, by its name (what ``Checkpoint(model=model)`` saves and restores)."""
+        return self.embedding.trainable_variables + self.head.trainable_variables
+
     def forward(self, ids: np.ndarray, dense: np.ndarray) -> np.ndarray:
         """The logits ``[B]``; looks up only the rows of ``ids`` (from the parameter servers when remote)."""
         rows = self.embedding.forward(ids)  # [B, FIELDS, DIM]
@@ -173,9 +196,14 @@ def train_steps(model: CTRModel, optimizer: Adagrad, iterator, steps: int) -> fl
     return total / steps
 
 
-def evaluate(model: CTRModel, args: argparse.Namespace) -> dict[str, float]:
+def held_out_set(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(values, dense, teacher p, labels)`` of the held-out examples (the same on the chief and the evaluator)."""
+    return Teacher().sample(args.eval_examples, seed=args.seed + 10_000)
+
+
+def evaluate(model: CTRModel, args: argparse.Namespace, held_out=None) -> dict[str, float]:
     """The model against the two references on held-out examples from the same teacher."""
-    values, dense, p_teacher, labels = Teacher().sample(args.eval_examples, seed=args.seed + 10_000)
+    values, dense, p_teacher, labels = held_out if held_out is not None else held_out_set(args)
     p_model = model.predict(hash_ids(values, args.vocab_size), dense)
     click_rate = float(labels.mean())
     result = {
@@ -191,6 +219,13 @@ def evaluate(model: CTRModel, args: argparse.Namespace) -> dict[str, float]:
 
 
 # -- tasks ------------------------------------------------------------------------------------------------------
+def log_closure(path: str, event: str, index: int) -> None:
+    """``--closure-log``: one line ``S|E execution worker pid time`` when a scheduled execution starts or ends.
+    A diagnostic (the chaos tests count re-runs with it); one short append per write, so lines never interleave."""
+    with open(path, "a") as f:
+        f.write(f"{event} {index} {get_current_worker_index()} {os.getpid()} {time.time():.3f}\n")
+
+
 def run_chief(args: argparse.Namespace, resolver: TFConfigClusterResolver) -> int:
     num_ps = resolver.cluster_spec().num_tasks("ps")
     partitioner = MinSizePartitioner(min_shard_bytes=256 << 10, max_shards=num_ps)
@@ -205,31 +240,60 @@ def run_chief(args: argparse.Namespace, resolver: TFConfigClusterResolver) -> in
               + ", ".join(f"{v.name} {v.shape[0]} rows on {v.device}" for v in shards))
 
         optimizer = make_optimizer(args)
+        step = StepCounter()  # training steps done, saved with the variables
+        manager = None
+        if args.checkpoint_dir:
+            # the variables' Adagrad slots and update counts are saved with them (each ps writes its own shards)
+            manager = CheckpointManager(Checkpoint(model=model, step=step), args.checkpoint_dir, max_to_keep=3)
+            t0 = time.perf_counter()
+            start = manager.restore_or_initialize()
+            if start:
+                print(f"resumed from step {start} ({manager.latest_checkpoint}, restored in "
+                      f"{time.perf_counter() - t0:.2f} s)")
+            else:
+                print(f"no checkpoint in {args.checkpoint_dir}: starting from step 0")
+            if start > args.steps or (args.steps - start) % args.steps_per_execution:
+                print(f"the checkpoint's step {start} does not fit --steps={args.steps} with "
+                      f"--steps-per-execution={args.steps_per_execution}", file=sys.stderr)
+                return 2
+        start = step.value  # 0 unless restored
         per_worker_dataset = coordinator.create_per_worker_dataset(lambda ctx: make_dataset(args, ctx))
         iterator = iter(per_worker_dataset)
-        steps_per_execution = args.steps_per_execution
+        steps_per_execution, closure_log = args.steps_per_execution, args.closure_log
 
-        def train_fn(it):  # pickled with the model's variable handles; runs on a worker
-            return train_steps(model, optimizer, it, steps_per_execution)
+        def train_fn(it, index):  # pickled with the model's variable handles; runs on a worker
+            if closure_log:
+                log_closure(closure_log, "S", index)
+            loss = train_steps(model, optimizer, it, steps_per_execution)
+            if closure_log:
+                log_closure(closure_log, "E", index)
+            return loss
 
-        started = time.perf_counter()
+        # join (and checkpoint) every --checkpoint-every steps; without checkpoints, report five times
         executions = args.steps // steps_per_execution
-        report_every = max(1, executions // 5)
-        done = 0
+        chunk = args.checkpoint_every // steps_per_execution if manager else max(1, executions // 5)
+        done = start // steps_per_execution  # executions, numbered from the start of training
+        started = time.perf_counter()
         while done < executions:
-            n = min(report_every, executions - done)
-            losses = [coordinator.schedule(train_fn, args=(iterator,)) for _ in range(n)]
+            n = min(chunk, executions - done)
+            losses = [coordinator.schedule(train_fn, args=(iterator, done + i)) for i in range(n)]
             coordinator.join()
             done += n
+            step.assign(done * steps_per_execution)
             mean = float(np.mean([rv.fetch() for rv in losses]))
-            print(f"step {done * steps_per_execution:5d}/{args.steps}  train log-loss {mean:.4f}")
+            saved = ""
+            if manager:
+                path = manager.save(final=done == executions)
+                saved = f"  saved {os.path.basename(path)}" + (" (final)" if done == executions else "")
+            print(f"step {step.value:5d}/{args.steps}  train log-loss {mean:.4f}{saved}")
         elapsed = time.perf_counter() - started
-        passes = args.steps * args.batch_size / args.train_examples
+        trained = args.steps - start
+        passes = trained * args.batch_size / args.train_examples
 
         result = evaluate(model, args)  # on the chief: rows and weights read from the parameter servers
-        result.update(examples_per_s=args.steps * args.batch_size / elapsed, train_seconds=elapsed,
-                      passes=passes, embedding_shards=len(shards))
-        print(f"trained {args.steps} steps of {args.batch_size} ({passes:.1f} passes over {args.train_examples} "
+        result.update(examples_per_s=trained * args.batch_size / elapsed if trained else 0.0,
+                      train_seconds=elapsed, passes=passes, embedding_shards=len(shards), resumed_from_step=start)
+        print(f"trained {trained} steps of {args.batch_size} ({passes:.1f} passes over {args.train_examples} "
               f"examples) in {elapsed:.1f} s: {result['examples_per_s']:.0f} examples/s")
         print(f"eval log-loss {result['logloss']:.4f}  AUC {result['auc']:.4f}")
         print(f"  base rate ({result['click_rate']:.3f})     log-loss {result['base_logloss']:.4f}")
@@ -245,6 +309,30 @@ def run_chief(args: argparse.Namespace, resolver: TFConfigClusterResolver) -> in
         strategy.close()
 
 
+def run_evaluator(args: argparse.Namespace) -> int:
+    """The sidecar evaluator: every checkpoint, restored into a local copy of the model and evaluated on the held-out
+    set, gives one JSON line in the metrics file; it stops after the final checkpoint."""
+    if not args.checkpoint_dir:
+        print("this example evaluates on the chief at the end of training; without --checkpoint-dir the evaluator "
+              "has nothing to do")
+        return 0
+    model = build_model(args)  # outside a strategy scope: local variables
+    restore = Checkpoint(model=model)
+
+    def eval_fn(values, batches):
+        restore.restore(values.path)  # reads the files directly, whatever the shards they were saved from
+        result = evaluate(model, args, held_out=next(iter(batches)))
+        print(f"{os.path.basename(values.path)} (step {values.step}): eval log-loss {result['logloss']:.4f}  "
+              f"AUC {result['auc']:.4f}  gap to the teacher {result['gap_pct']:.2f}%")
+        return {"logloss": result["logloss"], "auc": result["auc"], "gap_pct": result["gap_pct"]}
+
+    evaluator = SidecarEvaluator(eval_fn, [held_out_set(args)], args.checkpoint_dir, metrics_path=args.metrics,
+                                 poll_interval=0.5, timeout=args.evaluator_timeout)
+    records = evaluator.start()
+    print(f"evaluated {len(records)} checkpoint(s); metrics in {evaluator.metrics_path}")
+    return 0
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="kubeps CTR example: asynchronous PS training on synthetic clicks")
     p.add_argument("--steps", type=int, default=2400, help="training steps in total, over all workers")
@@ -257,15 +345,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--train-examples", type=int, default=300_000)
     p.add_argument("--eval-examples", type=int, default=100_000)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--checkpoint-dir", default=os.environ.get("KUBEPS_CHECKPOINT_DIR") or None,
+                   help="where the chief saves checkpoints and restores the latest one from; a path every task "
+                        "sees or an fsspec URL (default: $KUBEPS_CHECKPOINT_DIR; unset: no checkpoints)")
+    p.add_argument("--checkpoint-every", type=int, default=480,
+                   help="steps between checkpoints, a multiple of --steps-per-execution (the last one is final)")
+    p.add_argument("--metrics", default=None,
+                   help="the evaluator's JSON-lines output (default: CHECKPOINT_DIR/eval/metrics.jsonl)")
+    p.add_argument("--evaluator-timeout", type=float, default=600.0,
+                   help="the evaluator stops after this many seconds without a new checkpoint")
+    p.add_argument("--closure-log", default=None, metavar="PATH",
+                   help="diagnostic: append a line to PATH when a scheduled execution starts (S) and ends (E), "
+                        "with its index, worker and pid (re-runs after worker failures show up twice)")
     args = p.parse_args(argv)
     for name in ("steps", "steps_per_execution", "batch_size", "vocab_size", "embedding_dim", "train_examples",
-                 "eval_examples"):
+                 "eval_examples", "checkpoint_every"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if any(h < 1 for h in args.hidden):
         p.error(f"--hidden units must be >= 1, got {args.hidden}")
     if args.steps % args.steps_per_execution:
         p.error(f"--steps={args.steps} must be a multiple of --steps-per-execution={args.steps_per_execution}")
+    if args.checkpoint_every % args.steps_per_execution:
+        p.error(f"--checkpoint-every={args.checkpoint_every} must be a multiple of "
+                f"--steps-per-execution={args.steps_per_execution}")
+    if not args.evaluator_timeout > 0:
+        p.error(f"--evaluator-timeout must be > 0, got {args.evaluator_timeout}")
     if not args.learning_rate > 0:
         p.error(f"--learning-rate must be > 0, got {args.learning_rate}")
     return args
@@ -280,8 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         server.join()  # serves until the launcher (or Kubernetes) stops this task
         return 0
     if task_type == "evaluator":
-        print("this example evaluates on the chief at the end of training; the evaluator has nothing to do")
-        return 0
+        return run_evaluator(args)
     if task_type not in (None, "chief"):
         print(f"unknown task type {task_type!r}", file=sys.stderr)
         return 2
@@ -289,7 +393,8 @@ def main(argv: list[str] | None = None) -> int:
         print("TF_CONFIG is not set: run this with  kubeps local --ps 2 --workers 2 examples/ctr/train.py",
               file=sys.stderr)
         return 2
-    return run_chief(args, resolver)
+    # a lost parameter server ends the chief with status 133 (retryable): restarted, it resumes from a checkpoint
+    return run_coordinator(lambda: run_chief(args, resolver))
 
 
 if __name__ == "__main__":
