@@ -4,20 +4,22 @@
   "cannot reach it" into :class:`~kubeps.runtime.errors.PSUnavailableError`).
 * :class:`ClosureContext` exists while a worker unpickles and runs one scheduled function: the variable handles
   that arrive with the function register in it, and the first read pulls every registered dense variable in one
-  RPC per parameter server (later reads hit the cache until an update invalidates it).
+  RPC per parameter server (folded into the embedding lookup's call when there is one); a push answers with the
+  updated dense values, so later steps of the closure read them from the cache.
 * :func:`get_current_worker_index` tells a dataset fn or scheduled fn which worker runs it.
 """
 
 from __future__ import annotations
 
+import collections
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Sequence
 
+import grpc
 import numpy as np
 
 from .errors import PSUnavailableError, RemoteError
-from .rpc import DEFAULT_TIMEOUT_S, PS_SERVICE, UNKNOWN_VARIABLE, Client
+from .rpc import DEFAULT_TIMEOUT_S, PS_SERVICE, UNKNOWN_VARIABLE, Call, Client
 
 if TYPE_CHECKING:  # pragma: no cover
     from .variables import Variable
@@ -32,6 +34,8 @@ __all__ = [
     "ps_restarted_error",
 ]
 
+#: at most this many bytes of updated dense values come back in one ``Push`` answer (per PS) for the next step
+READ_BACK_BYTES = 1 << 20
 #: gRPC status codes that mean "the parameter server is not there" rather than "the request was bad".
 PS_UNREACHABLE_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED", "UNKNOWN"})
 
@@ -70,7 +74,9 @@ class PSTransport:
     def __init__(self, ps_addresses: Sequence[str], token: str | None, timeout: float = DEFAULT_TIMEOUT_S):
         self.ps_addresses = list(ps_addresses)
         self._clients = [Client(a, PS_SERVICE, token, timeout) for a in self.ps_addresses]
-        self._pool = ThreadPoolExecutor(max_workers=max(2, len(self._clients)), thread_name_prefix="kubeps-ps")
+        #: calls started per ps (tests and benchmarks count RPCs per step with it)
+        self.calls: collections.Counter[int] = collections.Counter()
+        self._count_lock = threading.Lock()
         self._incarnation_lock = threading.Lock()
         self._incarnations: dict[int, str] = {}
         self._holds_variables: set[int] = set()
@@ -100,35 +106,59 @@ class PSTransport:
     def client(self, ps_index: int) -> Client:
         return self._clients[ps_index]
 
-    def call(self, ps_index: int, method: str, meta: dict[str, Any] | None = None, arrays: Sequence[Any] = (),
-             timeout: float | None = None) -> tuple[dict[str, Any], list[np.ndarray]]:
+    def _unavailable(self, ps_index: int, method: str, err: RemoteError) -> BaseException:
+        """The error a failed call to ps ``ps_index`` raises: unreachable -> PSUnavailableError, lost variable ->
+        the restarted error, anything else (a bad request) as it is."""
+        if err.code in PS_UNREACHABLE_CODES:
+            return PSUnavailableError(ps_index, self.ps_addresses[ps_index], str(err), err.code)
+        if err.code == "NOT_FOUND" and getattr(err, "reason", None) == UNKNOWN_VARIABLE:
+            # every variable a ps is asked for was created on it by the coordinator: it came back empty
+            return ps_restarted_error(ps_index, self.ps_addresses[ps_index],
+                                      f"it answered {method} with NOT_FOUND: {err}")
+        return err
+
+    def _start(self, ps_index: int, method: str, meta: dict[str, Any] | None, arrays: Sequence[Any],
+               timeout: float | None) -> Call:
+        with self._count_lock:
+            self.calls[ps_index] += 1
         try:
-            answer = self._clients[ps_index].call(method, meta, arrays, timeout)
+            return self._clients[ps_index].start(method, meta, arrays, timeout)
+        except grpc.RpcError as err:  # a call refused before it left (channel closed...)
+            raise self._unavailable(ps_index, method, self._clients[ps_index]._error(err)) from None
+
+    def _finish(self, ps_index: int, method: str, call: Call) -> tuple[dict[str, Any], list[np.ndarray]]:
+        try:
+            answer = call.result()
         except RemoteError as err:
-            if err.code in PS_UNREACHABLE_CODES:
-                raise PSUnavailableError(ps_index, self.ps_addresses[ps_index], str(err), err.code) from None
-            if err.code == "NOT_FOUND" and getattr(err, "reason", None) == UNKNOWN_VARIABLE:
-                # every variable a ps is asked for was created on it by the coordinator: it came back empty
-                raise ps_restarted_error(ps_index, self.ps_addresses[ps_index],
-                                         f"it answered {method} with NOT_FOUND: {err}") from None
-            raise
+            raise self._unavailable(ps_index, method, err) from None
         incarnation = answer[0].get("incarnation") if isinstance(answer[0], dict) else None
         if isinstance(incarnation, str) and incarnation:
             self._observe(ps_index, incarnation, created=method == "CreateVariables")
         return answer
 
+    def call(self, ps_index: int, method: str, meta: dict[str, Any] | None = None, arrays: Sequence[Any] = (),
+             timeout: float | None = None) -> tuple[dict[str, Any], list[np.ndarray]]:
+        return self._finish(ps_index, method, self._start(ps_index, method, meta, arrays, timeout))
+
     def call_many(self, requests: dict[int, tuple[str, dict[str, Any], Sequence[Any]]],
                   timeout: float | None = None) -> dict[int, tuple[dict[str, Any], list[np.ndarray]]]:
-        """One call per parameter server, in parallel; the first failure is raised after all have finished."""
-        if len(requests) == 1:
-            (ps, (method, meta, arrays)), = requests.items()
-            return {ps: self.call(ps, method, meta, arrays, timeout)}
-        futures = {ps: self._pool.submit(self.call, ps, m, meta, arrays, timeout)
-                   for ps, (m, meta, arrays) in requests.items()}
-        results, first_error = {}, None
-        for ps, fut in futures.items():
+        """One call per parameter server, in parallel; the first failure is raised after all have finished.
+
+        Every call is started (a gRPC future, or a chunk stream for big requests) before any answer is read, so
+        they overlap without a thread per call.
+        """
+        started: dict[int, tuple[str, Call]] = {}
+        first_error: BaseException | None = None
+        for ps, (method, meta, arrays) in requests.items():
             try:
-                results[ps] = fut.result()
+                started[ps] = (method, self._start(ps, method, meta, arrays, timeout))
+            except BaseException as err:  # noqa: BLE001 - re-raised below, once the started calls finished
+                first_error = err
+                break
+        results = {}
+        for ps, (method, call) in started.items():
+            try:
+                results[ps] = self._finish(ps, method, call)
             except BaseException as err:  # noqa: BLE001 - re-raised below
                 first_error = first_error or err
         if first_error is not None:
@@ -138,11 +168,25 @@ class PSTransport:
     def close(self) -> None:
         for client in self._clients:
             client.close()
-        self._pool.shutdown(wait=False)
 
 
 class ClosureContext:
-    """The per-closure variable registry and read cache on a worker."""
+    """The per-closure variable registry and read cache on a worker.
+
+    Reads inside one scheduled function are batched and, where possible, ride on calls the step makes anyway:
+
+    * the first read of a dense variable pulls **every** registered dense variable, one call per PS;
+    * an ``embedding_lookup`` that needs rows while that pull is still due folds it into its own call
+      (``ReadMany``: the dense values and the rows in one answer per PS);
+    * ``apply_gradients`` asks each ``Push`` to answer with the new values of the registered dense variables it
+      updated (``read_back``, up to :data:`READ_BACK_BYTES` per PS), and caches them: the next step of the same
+      closure reads them without another call.
+
+    Semantics (TF's async parameter-server training): a value read in a step is the PS's value when it was read
+    or, after a push, when that push was applied on the PS -- updates other workers push in between are seen from
+    the next read after the next push, i.e. at most one step stale, as in TF's async PS training. A new closure
+    starts with an empty cache.
+    """
 
     def __init__(self, worker_index: int, transport: PSTransport, resources: dict[str, Any]):
         self.worker_index = worker_index
@@ -151,7 +195,7 @@ class ClosureContext:
         self.registered: dict[str, "Variable"] = {}
         self.cache: dict[str, np.ndarray] = {}
         self._batched = False  # whether the registered variables were pulled since the last invalidation
-        self.pulls = 0  # Read RPCs made (tests check the batching with it)
+        self.pulls = 0  # calls that pulled dense values (Read, or ReadMany carrying them); tests check batching
 
     def register(self, var: "Variable") -> None:
         self.registered.setdefault(var._key, var)
@@ -160,13 +204,37 @@ class ClosureContext:
         missing = [v for v in variables if v._key not in self.cache]
         if missing:
             wanted = {v._key: v for v in missing}
-            if not self._batched:  # first read after unpickling or an update: pull every registered dense variable
-                for key, var in self.registered.items():
-                    if var._prefetch and key not in self.cache:
-                        wanted.setdefault(key, var)
+            for var in self.take_prefetch():
+                wanted.setdefault(var._key, var)
             self._pull(list(wanted.values()))
-            self._batched = True
         return [self.cache[v._key] for v in variables]
+
+    def take_prefetch(self) -> list["Variable"]:
+        """The registered dense variables a batched pull is still due for (none once pulled); the caller pulls
+        them (and :meth:`store` s them)."""
+        if self._batched:
+            return []
+        self._batched = True
+        return [var for key, var in self.registered.items() if var._prefetch and key not in self.cache]
+
+    def store(self, keys: Sequence[str], arrays: Sequence[np.ndarray]) -> None:
+        for key, array in zip(keys, arrays):
+            self.cache[key] = array
+
+    def read_back_keys(self, variables: Sequence["Variable"]) -> list[str]:
+        """Which of these pushed dense variables a ``Push`` should answer with (registered, prefetchable, within
+        :data:`READ_BACK_BYTES` together)."""
+        keys, budget = [], READ_BACK_BYTES
+        for var in variables:
+            known = self.registered.get(var._key)
+            if known is None or not known._prefetch:
+                continue
+            size = int(np.prod(var.shape, dtype=np.int64)) * var.dtype.itemsize
+            if size > budget:
+                continue
+            budget -= size
+            keys.append(var._key)
+        return keys
 
     def _pull(self, variables: list["Variable"]) -> None:
         by_ps: dict[int, list[str]] = {}
@@ -175,8 +243,7 @@ class ClosureContext:
         results = self.transport.call_many({ps: ("Read", {"names": names}, ()) for ps, names in by_ps.items()})
         self.pulls += len(results)
         for ps, (_, arrays) in results.items():
-            for key, array in zip(by_ps[ps], arrays):
-                self.cache[key] = array
+            self.store(by_ps[ps], arrays)
 
     def invalidate(self, keys: Sequence[str] | None = None) -> None:
         if keys is None:

@@ -231,6 +231,15 @@ def rpc_read_rows(state: ParameterServerState, meta: Meta, arrays: list) -> tupl
     return {}, [state.read_rows(n, idx) for n, idx in zip(names, arrays)]
 
 
+def rpc_read_many(state: ParameterServerState, meta: Meta, arrays: list) -> tuple[Meta, list]:
+    """``Read`` and ``ReadRows`` in one call: whole values of ``names``, then the rows of ``rows`` (one int index
+    array per name in ``rows``); the answer lists the values, then the row blocks, in that order."""
+    names = _names(meta)
+    rows = _names(meta, "rows") if "rows" in meta else []
+    _expect_arrays("ReadMany", arrays, len(rows))
+    return {}, [state.read(n) for n in names] + [state.read_rows(n, idx) for n, idx in zip(rows, arrays)]
+
+
 def rpc_assign(state: ParameterServerState, meta: Meta, arrays: list) -> tuple[Meta, list]:
     names = _names(meta)
     ops = meta.get("ops", ["assign"] * len(names))
@@ -243,13 +252,18 @@ def rpc_assign(state: ParameterServerState, meta: Meta, arrays: list) -> tuple[M
 
 
 def rpc_push(state: ParameterServerState, meta: Meta, arrays: list) -> tuple[Meta, list]:
-    """Apply gradients to many variables with one optimizer: dense ``[grad]`` or sparse ``[indices, values]``."""
+    """Apply gradients to many variables with one optimizer: dense ``[grad]`` or sparse ``[indices, values]``.
+
+    ``read_back`` (optional) names variables whose values, read after every update of this push was applied,
+    come back as the answer's tensors (a worker's next step then needs no ``Read``).
+    """
     config = meta.get("optimizer")
     if not isinstance(config, dict):
         raise ValueError(f"field 'optimizer' must be an optimizer config object, got {config!r}")
     updates = meta.get("updates")
     if not isinstance(updates, list):
         raise ValueError(f"field 'updates' must be a list, got {updates!r}")
+    read_back = _names(meta, "read_back") if "read_back" in meta else []
     needed = sum(2 if isinstance(u, dict) and u.get("kind") == "sparse" else 1 for u in updates)
     _expect_arrays("Push", arrays, needed)
     steps = []
@@ -266,7 +280,7 @@ def rpc_push(state: ParameterServerState, meta: Meta, arrays: list) -> tuple[Met
             pos += 2
         else:
             raise ValueError(f"field 'updates[{i}].kind' has value {kind!r}: allowed are 'dense' and 'sparse'")
-    return {"steps": steps}, []
+    return {"steps": steps}, [state.read(n) for n in read_back]
 
 
 def rpc_list_variables(state: ParameterServerState, meta: Meta, arrays: list) -> tuple[Meta, list]:
@@ -282,6 +296,7 @@ BUILTIN_METHODS: dict[str, Callable[[ParameterServerState, Meta, list], tuple[Me
     "CreateVariables": rpc_create_variables,
     "Read": rpc_read,
     "ReadRows": rpc_read_rows,
+    "ReadMany": rpc_read_many,
     "Assign": rpc_assign,
     "Push": rpc_push,
     "ListVariables": rpc_list_variables,

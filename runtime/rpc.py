@@ -1,8 +1,15 @@
-"""The client half of kubeps' gRPC glue: one stream-stream method per registered name, raw bytes both ways.
+"""The client half of kubeps' gRPC glue: two paths per registered name, raw bytes both ways.
 
-Service paths are ``/kubeps.ParameterServer/<Method>`` and ``/kubeps.Worker/<Method>``. Requests and responses are
-wire frames (:mod:`kubeps.runtime.wire`) cut into chunks; serializers are the identity, so no protoc and no pickle.
-Every call has a deadline (fail fast: no ``wait_for_ready``), so a dead peer is an error, never a hang.
+Service paths are ``/kubeps.ParameterServer/<Method>`` and ``/kubeps.Worker/<Method>`` (stream-stream: requests
+and responses are wire frames (:mod:`kubeps.runtime.wire`) cut into chunks), plus the unary twin
+``/<service>/Unary.<Method>`` (one message each way). A request that fits one chunk takes the unary twin: a
+unary-unary round trip costs a third of a stream-stream one in grpc-python (no request-iterator thread, one batch
+of operations). If the answer turns out bigger than one chunk, the server -- having run the method exactly once --
+parks it and answers ``RESOURCE_EXHAUSTED`` with reason ``answer-parked``; the client then streams it in chunks
+with the reserved ``Collect`` method, so big tensors always travel in chunks both ways.
+
+Serializers are the identity, so no protoc and no pickle. Every call has a deadline (fail fast: no
+``wait_for_ready``), so a dead peer is an error, never a hang.
 """
 
 from __future__ import annotations
@@ -21,7 +28,11 @@ __all__ = [
     "CHANNEL_OPTIONS",
     "PS_SERVICE",
     "WORKER_SERVICE",
+    "ANSWER_PARKED",
+    "Call",
     "Client",
+    "COLLECT_METHOD",
+    "UNARY_PREFIX",
     "DEFAULT_TIMEOUT_S",
     "ERROR_REASON_KEY",
     "UNKNOWN_VARIABLE",
@@ -34,6 +45,15 @@ WORKER_SERVICE = "kubeps.Worker"
 ERROR_REASON_KEY = "x-kubeps-error"
 #: ``reason`` of a NOT_FOUND for a variable the parameter server does not hold (it restarted and lost it)
 UNKNOWN_VARIABLE = "unknown-variable"
+#: method-name prefix of the unary twin of every method: ``/kubeps.ParameterServer/Unary.Read``
+UNARY_PREFIX = "Unary."
+#: ``reason`` of the RESOURCE_EXHAUSTED a unary call gets when its answer is bigger than one chunk: the server ran
+#: the method once and parked the answer under the id in ``x-kubeps-answer-id``; the client streams it with
+#: :data:`COLLECT_METHOD` (so a non-idempotent method such as ``Push`` never runs twice)
+ANSWER_PARKED = "answer-parked"
+ANSWER_ID_KEY = "x-kubeps-answer-id"
+#: reserved stream-stream method of both services: the request is a parked answer's id, the answer its chunks
+COLLECT_METHOD = "Collect"
 #: Deadline of a call that has none of its own (seconds).
 DEFAULT_TIMEOUT_S = 30.0
 _MAX_MESSAGE = 64 << 20
@@ -73,6 +93,7 @@ class Client:
         self._lock = threading.Lock()
         self._channel: grpc.Channel | None = None
         self._methods: dict[str, Any] = {}
+        self._unary_methods: dict[str, Any] = {}
 
     def _method(self, name: str):
         with self._lock:
@@ -86,22 +107,37 @@ class Client:
                 self._methods[name] = method
             return method
 
-    def start(self, name: str, meta: dict[str, Any] | None = None, arrays: Sequence[Any] = (),
-              timeout: float | None = None):
-        """Start a call; returns the response iterator (a grpc call object: ``.cancel()`` aborts it)."""
-        chunks = wire.encode_chunks(meta, arrays, self.chunk_bytes or wire.DEFAULT_CHUNK_BYTES)
-        return self._method(name)(iter(chunks), timeout=self.timeout if timeout is None else timeout,
-                                  metadata=self._metadata)
+    def _unary(self, name: str):
+        with self._lock:
+            if self._channel is None:
+                self._channel = grpc.insecure_channel(_connect_address(self.address), options=CHANNEL_OPTIONS)
+            method = self._unary_methods.get(name)
+            if method is None:
+                method = self._channel.unary_unary(
+                    f"/{self.service}/{UNARY_PREFIX}{name}", request_serializer=_IDENTITY,
+                    response_deserializer=_IDENTITY,
+                )
+                self._unary_methods[name] = method
+            return method
 
-    def finish(self, call) -> tuple[dict[str, Any], list[np.ndarray]]:
+    def start(self, name: str, meta: dict[str, Any] | None = None, arrays: Sequence[Any] = (),
+              timeout: float | None = None) -> "Call":
+        """Start a call without waiting for it; ``finish(call)`` (or ``call.result()``) reads the answer.
+
+        A request that encodes to one chunk goes out on the method's unary twin (one gRPC message each way, no
+        request-iterator thread); a bigger one is streamed in chunks. ``.cancel()`` on the returned call aborts it.
+        """
+        timeout = self.timeout if timeout is None else timeout
+        chunks = wire.encode_chunks(meta, arrays, self.chunk_bytes or wire.DEFAULT_CHUNK_BYTES)
+        if len(chunks) == 1:
+            future = self._unary(name).future(chunks[0], timeout=timeout, metadata=self._metadata)
+            return Call(self, name, timeout, future=future)
+        stream = self._method(name)(iter(chunks), timeout=timeout, metadata=self._metadata)
+        return Call(self, name, timeout, stream=stream)
+
+    def finish(self, call: "Call") -> tuple[dict[str, Any], list[np.ndarray]]:
         """Read a started call's response; gRPC failures become :class:`RemoteError` with the status code name."""
-        try:
-            decoder = wire.MessageDecoder()
-            for chunk in call:
-                decoder.feed(chunk)
-            return decoder.finish()
-        except grpc.RpcError as err:
-            raise self._error(err) from None
+        return call.result()
 
     def call(self, name: str, meta: dict[str, Any] | None = None, arrays: Sequence[Any] = (),
              timeout: float | None = None) -> tuple[dict[str, Any], list[np.ndarray]]:
@@ -109,7 +145,13 @@ class Client:
             call = self.start(name, meta, arrays, timeout)
         except grpc.RpcError as err:
             raise self._error(err) from None
-        return self.finish(call)
+        return call.result()
+
+    def _collect(self, answer_id: str, timeout: float) -> tuple[dict[str, Any], list[np.ndarray]]:
+        """Fetch, streamed in chunks, an answer the server parked because it was too big for one unary message."""
+        chunks = wire.encode_chunks({"id": answer_id})
+        stream = self._method(COLLECT_METHOD)(iter(chunks), timeout=timeout, metadata=self._metadata)
+        return _read_stream(self, stream)
 
     def _error(self, err: grpc.RpcError) -> RemoteError:
         code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
@@ -133,3 +175,58 @@ class Client:
                 self._channel.close()
             self._channel = None
             self._methods.clear()
+            self._unary_methods.clear()
+
+
+def _read_stream(client: Client, stream) -> tuple[dict[str, Any], list[np.ndarray]]:
+    try:
+        decoder = wire.MessageDecoder()
+        for chunk in stream:
+            decoder.feed(chunk)
+        return decoder.finish()
+    except grpc.RpcError as err:
+        raise client._error(err) from None
+
+
+class Call:
+    """A started call (unary future or chunk stream): ``result()`` waits for and decodes the answer."""
+
+    __slots__ = ("_client", "_name", "_timeout", "_future", "_stream")
+
+    def __init__(self, client: Client, name: str, timeout: float, *, future=None, stream=None):
+        self._client, self._name, self._timeout = client, name, timeout
+        self._future, self._stream = future, stream
+
+    @property
+    def unary(self) -> bool:
+        return self._future is not None
+
+    def cancel(self) -> bool:
+        return (self._future or self._stream).cancel()
+
+    def result(self) -> tuple[dict[str, Any], list[np.ndarray]]:
+        if self._stream is not None:
+            return _read_stream(self._client, self._stream)
+        try:
+            answer = self._future.result()
+        except grpc.FutureCancelledError:
+            error = RemoteError(f"{self._client.service} at {self._client.address} failed with CANCELLED: "
+                                f"{self._name} was cancelled locally", code="CANCELLED", address=self._client.address)
+            error.reason = None
+            raise error from None
+        except grpc.RpcError as err:
+            error = self._client._error(err)
+            if error.code == "RESOURCE_EXHAUSTED" and error.reason == ANSWER_PARKED:
+                answer_id = _trailing(err, ANSWER_ID_KEY)
+                if answer_id:
+                    return self._client._collect(answer_id, self._timeout)
+            raise error from None
+        return wire.decode_message(answer)
+
+
+def _trailing(err: grpc.RpcError, key: str) -> str | None:
+    try:
+        trailing = err.trailing_metadata() if hasattr(err, "trailing_metadata") else None
+        return dict(trailing or ()).get(key)
+    except Exception:  # noqa: BLE001 - a failed call without metadata
+        return None

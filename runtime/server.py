@@ -24,6 +24,8 @@ import os
 import signal
 import sys
 import threading
+import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping
 
@@ -34,7 +36,8 @@ from .cluster import ClusterSpec, TFConfig, TFConfigError, parse_address
 from .errors import RuntimeConfigError
 from .ps import BUILTIN_METHODS as _PS_BUILTINS
 from .ps import ParameterServerState, UnknownVariableError
-from .rpc import CHANNEL_OPTIONS, ERROR_REASON_KEY, PS_SERVICE, UNKNOWN_VARIABLE, WORKER_SERVICE
+from .rpc import (ANSWER_ID_KEY, ANSWER_PARKED, CHANNEL_OPTIONS, COLLECT_METHOD, ERROR_REASON_KEY, PS_SERVICE,
+                  UNARY_PREFIX, UNKNOWN_VARIABLE, WORKER_SERVICE)
 from .security import TokenInterceptor, load_job_token, require_job_token
 from .worker import BUILTIN_METHODS as _WORKER_BUILTINS
 from .worker import WorkerState
@@ -54,7 +57,9 @@ Method = Callable[[Any, dict[str, Any], list], "tuple[dict[str, Any], list]"]
 _PS_METHODS: dict[str, Method] = dict(_PS_BUILTINS)
 _WORKER_METHODS: dict[str, Method] = dict(_WORKER_BUILTINS)
 _REGISTRY_LOCK = threading.Lock()
-_RESERVED = {"Ping"}
+_RESERVED = {"Ping", COLLECT_METHOD}
+#: how long a parked unary answer (too big for one message) waits for its client's Collect (seconds)
+PARKED_TTL_S = 120.0
 #: env var to bind somewhere else than all interfaces (tests bind 127.0.0.1)
 BIND_HOST_ENV = "KUBEPS_BIND_HOST"
 #: env var overriding the stream chunk size of answers (bytes)
@@ -116,26 +121,64 @@ def worker_methods() -> list[str]:
 _IDENTITY = lambda b: b  # noqa: E731
 
 
+class _ParkedAnswers:
+    """Answers of unary calls too big for one message, held until the client streams them (``Collect``)."""
+
+    def __init__(self, ttl_s: float = PARKED_TTL_S):
+        self._ttl = ttl_s
+        self._lock = threading.Lock()
+        self._answers: dict[str, tuple[float, list[bytes]]] = {}
+
+    def park(self, chunks: list[bytes]) -> str:
+        answer_id = uuid.uuid4().hex
+        now = time.monotonic()
+        with self._lock:
+            for key in [k for k, (t, _) in self._answers.items() if now - t > self._ttl]:
+                del self._answers[key]  # the client that would collect it went away
+            self._answers[answer_id] = (now, chunks)
+        return answer_id
+
+    def take(self, answer_id: str) -> list[bytes] | None:
+        with self._lock:
+            entry = self._answers.pop(answer_id, None)
+        return None if entry is None else entry[1]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._answers)
+
+
 class _ServiceHandler(grpc.GenericRpcHandler):
-    """Routes ``/<service>/<Method>`` to the method table, looked up per call."""
+    """Routes ``/<service>/<Method>`` (stream-stream) and ``/<service>/Unary.<Method>`` (unary-unary) to the
+    method table, looked up per call; ``/<service>/Collect`` streams a parked answer."""
 
     def __init__(self, service: str, table: dict[str, Method], state: Any, server: "Server"):
         self._prefix = f"/{service}/"
         self._table = table
         self._state = state
         self._server = server
+        self.parked = _ParkedAnswers()
 
     def service(self, handler_call_details):
         method = handler_call_details.method
         if not method.startswith(self._prefix):
             return None
         name = method[len(self._prefix):]
+        unary = name.startswith(UNARY_PREFIX)
+        if unary:
+            name = name[len(UNARY_PREFIX):]
+        elif name == COLLECT_METHOD:
+            return grpc.stream_stream_rpc_method_handler(self._collect, _IDENTITY, _IDENTITY)
         if name == "Ping":
             fn: Method = self._ping
         else:
             fn = self._table.get(name)
             if fn is None:
                 return None  # gRPC answers UNIMPLEMENTED
+        if unary:
+            return grpc.unary_unary_rpc_method_handler(
+                lambda request, context: self._invoke_unary(name, fn, request, context), _IDENTITY, _IDENTITY
+            )
         return grpc.stream_stream_rpc_method_handler(
             lambda requests, context: self._invoke(name, fn, requests, context), _IDENTITY, _IDENTITY
         )
@@ -144,14 +187,15 @@ class _ServiceHandler(grpc.GenericRpcHandler):
         return {"incarnation": self._server.incarnation, "job": self._server.job_name,
                 "task": self._server.task_index}, []
 
-    def _invoke(self, name: str, fn: Method, requests, context):
+    def _run(self, name: str, fn: Method, chunks, context) -> list[bytes]:
+        """Decode the request, run the method, encode the answer in chunks; failures abort with a status code."""
         try:
-            meta, arrays = wire.decode_chunks(requests)
+            meta, arrays = wire.decode_chunks(chunks)
         except wire.WireError as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: {err}")
         try:
             out_meta, out_arrays = fn(self._state, meta, arrays)
-            chunks = wire.encode_chunks(out_meta, out_arrays, self._server.chunk_bytes)
+            return wire.encode_chunks(out_meta, out_arrays, self._server.chunk_bytes)
         except (ValueError, TypeError) as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: {err}")
         except KeyError as err:
@@ -161,6 +205,35 @@ class _ServiceHandler(grpc.GenericRpcHandler):
         except Exception as err:  # noqa: BLE001 - never let a method take the server down
             log.exception("method %s failed", name)
             context.abort(grpc.StatusCode.INTERNAL, f"{name}: {type(err).__name__}: {err}")
+
+    def _invoke(self, name: str, fn: Method, requests, context):
+        yield from self._run(name, fn, requests, context)
+
+    def _invoke_unary(self, name: str, fn: Method, request: bytes, context) -> bytes:
+        chunks = self._run(name, fn, (request,), context)
+        if len(chunks) == 1:
+            return chunks[0]
+        # the method ran (it may not be idempotent: never ask the client to call it again); hand the answer
+        # over in chunks through Collect
+        answer_id = self.parked.park(chunks)
+        context.set_trailing_metadata(((ERROR_REASON_KEY, ANSWER_PARKED), (ANSWER_ID_KEY, answer_id)))
+        context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                      f"{name}: the answer has {len(chunks)} chunks; collect it streamed with id {answer_id}")
+
+    def _collect(self, requests, context):
+        try:
+            meta, _ = wire.decode_chunks(requests)
+        except wire.WireError as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{COLLECT_METHOD}: {err}")
+        answer_id = meta.get("id")
+        if not isinstance(answer_id, str):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"{COLLECT_METHOD}: field 'id' must be the string a unary call's trailing metadata "
+                          f"'{ANSWER_ID_KEY}' named, got {answer_id!r}")
+        chunks = self.parked.take(answer_id)
+        if chunks is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"{COLLECT_METHOD}: no parked answer {answer_id!r} (collected "
+                          f"already, or older than {PARKED_TTL_S:.0f} s)")
         yield from chunks
 
 

@@ -373,7 +373,8 @@ def embedding_lookup(params: Variable | ShardedVariable, ids: Any) -> np.ndarray
     """Rows ``params[ids]``, fetching only the requested rows (deduplicated) from the shards that own them.
 
     Remote shards are read with one ``ReadRows`` call per parameter server, all in parallel; the result has shape
-    ``ids.shape + params.shape[1:]``.
+    ``ids.shape + params.shape[1:]``. Inside a scheduled function, when the batched pull of the registered dense
+    variables is still due, it rides on these calls (``ReadMany``, one per PS) instead of costing calls of its own.
     """
     if not isinstance(params, (Variable, ShardedVariable)):
         raise RuntimeConfigError("params", type(params).__name__, "must be a Variable or ShardedVariable")
@@ -403,11 +404,26 @@ def embedding_lookup(params: Variable | ShardedVariable, ids: Any) -> np.ndarray
         transport = transport or var._require_transport()
         requests.setdefault(var._ps_index, []).append((s, positions))
     if requests:
-        results = transport.call_many({
-            ps: ("ReadRows", {"names": [shards[s]._key for s, _ in items]}, [local[pos] for _, pos in items])
-            for ps, items in requests.items()
-        })
-        for ps, items in requests.items():
-            for (_, positions), block in zip(items, results[ps][1]):
+        ctx = _context.current_closure_context()
+        dense: dict[int, list[str]] = {}  # a batched pull still due rides on these calls (ReadMany)
+        if ctx is not None and ctx.transport is transport:
+            for var in ctx.take_prefetch():
+                dense.setdefault(var._ps_index, []).append(var._key)
+        calls = {}
+        for ps in sorted(set(requests) | set(dense)):
+            items = requests.get(ps, [])
+            rows_names = [shards[s]._key for s, _ in items]
+            indices = [local[pos] for _, pos in items]
+            if ps in dense:
+                calls[ps] = ("ReadMany", {"names": dense[ps], "rows": rows_names}, indices)
+            else:
+                calls[ps] = ("ReadRows", {"names": rows_names}, indices)
+        results = transport.call_many(calls)
+        for ps, (_, arrays) in results.items():
+            values = dense.get(ps, [])
+            if values:
+                ctx.store(values, arrays[: len(values)])
+                ctx.pulls += 1
+            for (_, positions), block in zip(requests.get(ps, []), arrays[len(values):]):
                 rows[positions] = block
     return rows[inverse].reshape(ids_arr.shape + tuple(params.shape[1:]))

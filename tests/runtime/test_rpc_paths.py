@@ -1,0 +1,205 @@
+"""The unary fast path and the streamed path of every method: which one a call takes, big answers parked and
+collected in chunks (a non-idempotent method runs once), the token check and malformed frames on the unary path,
+and the number of RPCs a training step makes."""
+
+from __future__ import annotations
+
+import grpc
+import numpy as np
+import pytest
+
+from kubeps.runtime import wire
+from kubeps.runtime.context import current_closure_context
+from kubeps.runtime.coordinator import ClusterCoordinator
+from kubeps.runtime.errors import RemoteError, UnauthenticatedError
+from kubeps.runtime.optimizers import SGD
+from kubeps.runtime.partitioners import FixedShardsPartitioner
+from kubeps.runtime.rpc import ANSWER_PARKED, PS_SERVICE, UNARY_PREFIX, Client
+from kubeps.runtime.security import TOKEN_METADATA_KEY
+from kubeps.runtime.server import Server, register_ps_method
+from kubeps.runtime.training import IndexedSlices
+from kubeps.runtime.variables import Variable, embedding_lookup
+
+from .conftest import TOKEN, free_ports
+
+pytestmark = pytest.mark.timeout(120)
+
+CHUNK = 64 << 10  # small chunks keep the "big" messages small
+
+
+@pytest.fixture
+def ps_server():
+    port = free_ports(1)[0]
+    cluster = {"ps": [f"127.0.0.1:{port}"]}
+    server = Server(cluster, "ps", 0, token=TOKEN, bind_host="127.0.0.1", chunk_bytes=CHUNK)
+    client = Client(cluster["ps"][0], PS_SERVICE, TOKEN, timeout=10, chunk_bytes=CHUNK)
+    yield server, client
+    client.close()
+    server.stop(grace=None)
+
+
+_SEEN: list[str] = []
+
+
+def _recording(state, meta, arrays):
+    _SEEN.append(meta.get("tag", ""))
+    return {"tag": meta.get("tag")}, arrays
+
+
+register_ps_method("RecordForTest", _recording, replace=True)
+
+
+def test_small_request_and_answer_take_the_unary_path(ps_server):
+    server, client = ps_server
+    server.state.create("v", np.arange(6, dtype=np.float32))
+    call = client.start("Read", {"names": ["v"]})
+    assert call.unary
+    meta, (value,) = client.finish(call)
+    np.testing.assert_array_equal(value, np.arange(6, dtype=np.float32))
+    meta, _ = client.call("Ping")
+    assert meta["incarnation"] == server.incarnation and meta["job"] == "ps"
+
+
+def test_big_request_is_streamed_in_chunks(ps_server):
+    server, client = ps_server
+    big = np.arange(3 * CHUNK // 4, dtype=np.float32)  # 3 chunks
+    server.state.create("big", np.zeros_like(big))
+    call = client.start("Assign", {"names": ["big"], "ops": ["add"]}, [big])
+    assert not call.unary
+    client.finish(call)
+    np.testing.assert_array_equal(server.state.read("big"), big)
+
+
+def test_big_answer_to_a_unary_call_is_parked_and_streamed(ps_server):
+    server, client = ps_server
+    big = np.random.default_rng(0).standard_normal(CHUNK).astype(np.float32)  # 4 chunks
+    server.state.create("big", big)
+    call = client.start("Read", {"names": ["big"]})
+    assert call.unary  # the request is small; the answer is not
+    _, (value,) = call.result()
+    np.testing.assert_array_equal(value, big)
+    assert len(server._handler.parked) == 0  # collected
+
+    # the raw unary call says why and where the answer waits
+    channel = grpc.insecure_channel(client.address)
+    unary = channel.unary_unary(f"/{PS_SERVICE}/{UNARY_PREFIX}Read")
+    with pytest.raises(grpc.RpcError) as info:
+        unary(wire.encode_chunks({"names": ["big"]})[0], timeout=5, metadata=((TOKEN_METADATA_KEY, TOKEN),))
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert dict(info.value.trailing_metadata())["x-kubeps-error"] == ANSWER_PARKED
+    channel.close()
+
+
+def test_big_answer_of_a_push_applies_the_update_once(ps_server):
+    server, client = ps_server
+    big = np.ones(CHUNK, np.float32)
+    server.state.create("w", big)
+    meta, (value,) = client.call("Push", {"optimizer": SGD(learning_rate=1.0).get_config(),
+                                          "updates": [{"name": "w", "kind": "dense"}], "read_back": ["w"]},
+                                 [np.full(CHUNK, 0.5, np.float32)])
+    assert meta["steps"] == [1]  # a streamed request: the push itself is big too
+    meta, (value,) = client.call("Push", {"optimizer": SGD(learning_rate=1.0).get_config(),
+                                          "updates": [], "read_back": ["w"]})
+    assert meta["steps"] == []
+    np.testing.assert_array_equal(value, np.full(CHUNK, 0.5, np.float32))
+
+    server.state.create("small", np.ones(4, np.float32))
+    # small request (unary), big answer (parked): the update must run exactly once
+    meta, (small, w) = client.call("Push", {"optimizer": SGD(learning_rate=1.0).get_config(),
+                                            "updates": [{"name": "small", "kind": "dense"}],
+                                            "read_back": ["small", "w"]}, [np.ones(4, np.float32)])
+    assert meta["steps"] == [1] and server.state.get("small").updates == 1
+    np.testing.assert_array_equal(small, np.zeros(4, np.float32))
+    assert w.shape == (CHUNK,)
+
+
+def test_collect_of_an_unknown_answer_is_not_found(ps_server):
+    _, client = ps_server
+    with pytest.raises(RemoteError) as info:
+        client._collect("0" * 32, timeout=5)
+    assert info.value.code == "NOT_FOUND"
+
+
+def test_unary_path_refuses_a_wrong_token_before_deserialising(ps_server):
+    server, client = ps_server
+    _SEEN.clear()
+    wrong = Client(client.address, PS_SERVICE, "a-wrong-token-0123456789", timeout=5)
+    with pytest.raises(UnauthenticatedError):
+        wrong.call("RecordForTest", {"tag": "wrong"})
+    wrong.close()
+    # a malformed frame with a wrong token: refused for the token, never decoded (that would be INVALID_ARGUMENT)
+    channel = grpc.insecure_channel(client.address)
+    unary = channel.unary_unary(f"/{PS_SERVICE}/{UNARY_PREFIX}RecordForTest")
+    for metadata in ((), ((TOKEN_METADATA_KEY, "a-wrong-token-0123456789"),)):
+        with pytest.raises(grpc.RpcError) as info:
+            unary(b"not a frame at all", timeout=5, metadata=metadata)
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    channel.close()
+    assert _SEEN == []
+    assert client.call("RecordForTest", {"tag": "right"})[0] == {"tag": "right"}
+    assert _SEEN == ["right"]
+
+
+def test_malformed_unary_payload_is_invalid_argument_naming_the_field(ps_server):
+    server, client = ps_server
+    channel = grpc.insecure_channel(client.address)
+    unary = channel.unary_unary(f"/{PS_SERVICE}/{UNARY_PREFIX}RecordForTest")
+    good = b"".join(wire.encode_chunks({"tag": "x"}, [np.arange(4, dtype=np.int32)]))
+    md = ((TOKEN_METADATA_KEY, TOKEN),)
+    cases = {
+        b"XXXX" + good[4:]: "field 'magic'",
+        good.replace(b'"nbytes":16', b'"nbytes":12'): "field 'tensors[0].nbytes'",
+        good.replace(b'"int32"', b'"objec"'): "field 'tensors.0.dtype'",
+        good[:-8]: "field 'data_bytes'",
+    }
+    for payload, field in cases.items():
+        with pytest.raises(grpc.RpcError) as info:
+            unary(payload, timeout=5, metadata=md)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, payload[:40]
+        assert field in info.value.details() and info.value.details().startswith("RecordForTest: ")
+    channel.close()
+    assert client.call("RecordForTest", {"tag": "still serving"})[0] == {"tag": "still serving"}
+
+
+@pytest.fixture
+def coord(shared_cluster):
+    strategy = shared_cluster.strategy(variable_partitioner=FixedShardsPartitioner(2))
+    coordinator = ClusterCoordinator(strategy)
+    yield strategy, coordinator
+    coordinator.shutdown()
+    strategy.close()
+
+
+def test_a_training_step_makes_two_rpcs_per_ps(coord):
+    """Embedding lookup (table in 2 shards on 2 ps) + dense weights on both ps + one push: 2 calls per ps a step;
+    the first step's dense pull rides on the lookup's call, later steps read the values the pushes answered."""
+    strategy, coordinator = coord
+    with strategy.scope():
+        table = Variable(np.zeros((100, 4), np.float32), name="calls_table")  # sharded: part_0, part_1
+        ws = [Variable(np.full((1, 4), float(i), np.float32), name=f"calls_w{i}")  # one row: never sharded
+              for i in range(2)]
+    assert {w.device for w in ws} == {"/job:ps/replica:0/task:0/device:CPU:0", "/job:ps/replica:0/task:1/device:CPU:0"}
+    opt = SGD(learning_rate=1.0)
+
+    def steps(n):
+        ctx = current_closure_context()
+        per_step, seen = [], []
+        for step in range(n):
+            before = dict(ctx.transport.calls)
+            ids = np.array([1, 7, 60, 99, 7])
+            rows = embedding_lookup(table, ids)
+            x = rows.sum(axis=1, keepdims=True)
+            w0, w1 = ws[0].read_value(), ws[1].read_value()
+            seen.append((float(w0[0, 0]), float(w1[0, 0])))
+            opt.apply_gradients([(IndexedSlices(np.ones((5, 4), np.float32), ids), table),
+                                 (np.ones((1, 4), np.float32), ws[0]), (np.ones((1, 4), np.float32), ws[1])])
+            del x
+            per_step.append({ps: ctx.transport.calls[ps] - before.get(ps, 0) for ps in (0, 1)})
+        return per_step, seen, ctx.pulls
+
+    per_step, seen, pulls = coordinator.schedule(steps, args=(3,)).fetch()
+    assert per_step == [{0: 2, 1: 2}] * 3
+    assert pulls == 2  # the first step's pull, folded into the lookup's ReadMany on each ps; none after
+    assert seen == [(0.0, 1.0), (-1.0, 0.0), (-2.0, -1.0)]  # each step saw the previous push's result
+    np.testing.assert_array_equal(ws[0].numpy(), np.full((1, 4), -3.0, np.float32))
+    np.testing.assert_array_equal(table.numpy()[7], np.full(4, -6.0, np.float32))  # duplicates summed, 3 steps
