@@ -17,6 +17,8 @@
 #                    (default /tmp/kubeps-cp-$UID)
 #   KUBEPS_CP_CACHE  binary cache root (default ${XDG_CACHE_HOME:-~/.cache}/kubeps/controlplane)
 #   GO               go binary (default: go on PATH, else /usr/local/go/bin/go)
+#   KUBEPS_CP_ETCD   an etcd binary to use instead of the built one (e.g. Debian's
+#                    /usr/bin/etcd; 3.4.23 works but lacks RequestWatchProgress, see docs/testing.md)
 #   KUBEPS_CP_BUILD_JOBS  parallel go build jobs (default 2)
 #   (a file named .ephemeral in the state dir makes `down` delete the whole dir)
 #   KUBEPS_CP_WATCH_PID   `up` also starts a watchdog that runs `down` once this PID
@@ -47,6 +49,15 @@ mod_version() {
 K8S_VERSION="$(mod_version k8s.io/kubernetes)"
 ETCD_VERSION="$(mod_version go.etcd.io/etcd/server/v3)"
 BIN="$CACHE_ROOT/k8s-${K8S_VERSION}-etcd-${ETCD_VERSION}-kwok-${KWOK_VERSION}"
+
+# The executable of a component.
+exe_of() {
+  if [[ "$1" == etcd && -n "${KUBEPS_CP_ETCD:-}" ]]; then
+    readlink -f "$KUBEPS_CP_ETCD"
+  else
+    echo "$BIN/$1"
+  fi
+}
 
 find_go() {
   if [[ -n "${GO:-}" ]]; then echo "$GO"; return; fi
@@ -119,7 +130,7 @@ component_alive() {
   pid="$(<"$f")"
   [[ -n "$pid" ]] && pid_running "$pid" || return 1
   exe="$(readlink "/proc/$pid/exe" 2>/dev/null || true)"
-  [[ "$exe" == "$BIN/$1" ]]
+  [[ "$exe" == "$(exe_of "$1")" ]]
 }
 
 # A TCP port on 127.0.0.1 nobody listens on, below the ephemeral range so
@@ -212,7 +223,7 @@ start_component() {
   shift
   # setsid: the component outlives the shell (and pytest) that ran `up`, until `down`.
   # 9>&-: the daemons must not inherit (and so hold forever) the lock of `up`.
-  setsid "$BIN/$name" "$@" >"$STATE/logs/$name.log" 2>&1 </dev/null 9>&- &
+  setsid "$(exe_of "$name")" "$@" >"$STATE/logs/$name.log" 2>&1 </dev/null 9>&- &
   echo "$!" >"$(pid_file "$name")"
 }
 
@@ -246,6 +257,7 @@ is_up() {
   [[ -f "$STATE/apiserver.port" ]] && all_alive && admin_curl /readyz >/dev/null
 }
 
+# shellcheck disable=SC2317  # reached through wait_for
 nodes_ready() {
   local n
   n="$(kubectl_admin get nodes -l type=kwok \
@@ -254,6 +266,7 @@ nodes_ready() {
   [[ "$n" -ge "$NUM_NODES" ]]
 }
 
+# shellcheck disable=SC2317  # reached through wait_for
 default_sa_exists() { kubectl_admin -n default get serviceaccount default; }
 
 fail_up() {
@@ -437,15 +450,21 @@ cmd_status() {
   if is_up; then echo "up: $STATE"; else echo "not up: $STATE"; return 1; fi
 }
 
-case "${1:-}" in
-  build) cmd_build ;;
-  up) cmd_up ;;
-  down) cmd_down ;;
-  env) cmd_env ;;
-  status) cmd_status ;;
-  bin-dir) echo "$BIN" ;;
-  *)
-    echo "usage: $0 {build|up|down|env|status|bin-dir}" >&2
-    exit 2
-    ;;
-esac
+main() {
+  case "${1:-}" in
+    build) cmd_build ;;
+    up) cmd_up ;;
+    down) cmd_down ;;
+    env) cmd_env ;;
+    status) cmd_status ;;
+    bin-dir) echo "$BIN" ;;
+    *)
+      echo "usage: $0 {build|up|down|env|status|bin-dir}" >&2
+      exit 2
+      ;;
+  esac
+}
+
+# One line, read whole before it runs: a script edited (or checked out) while `build` or
+# `up` is running does not make bash read the rest of a changed file.
+main "$@"; exit
