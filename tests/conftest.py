@@ -331,8 +331,12 @@ def kube():
         try:
             handle.core().list_namespace(limit=1)
         except Exception as exc:  # noqa: BLE001
+            shutil.rmtree(handle._helm_home, ignore_errors=True)
             _unavailable(f"cluster of KUBEPS_TEST_KUBECONFIG={external} is not reachable: {exc}")
-        yield handle
+        try:
+            yield handle
+        finally:
+            shutil.rmtree(handle._helm_home, ignore_errors=True)
         return
 
     env = dict(os.environ)
@@ -341,7 +345,7 @@ def kube():
                            "kubectl", "kwok") if not os.access(os.path.join(bin_dir, b), os.X_OK)]
     if missing:
         go = _find_go()
-        how = ("run `hack/controlplane.sh build` (about 20-40 min cold on 2 cores; Go found at "
+        how = ("run `hack/controlplane.sh build` (7-20 min cold on 2 cores, then cached; Go found at "
                f"{go})" if go else
                "install Go >= 1.26 and run `hack/controlplane.sh build`")
         _unavailable(f"control-plane binaries missing in {bin_dir} ({', '.join(missing)}): {how}; "
