@@ -1,10 +1,14 @@
-"""Chaos harness: runs ``ctr_program.py`` as a real local cluster (RestartingLocalCluster) and records, with
-timestamps, every line the tasks print, so tests can measure failure detection and recovery."""
+"""Chaos harness: runs the CTR example (``examples/ctr/train.py``, the README's showcase) as a real local cluster
+(RestartingLocalCluster) and records, with timestamps, every line the tasks print, so tests can measure failure
+detection and recovery. The example's own output says what happened: ``no checkpoint in ...`` / ``resumed from step
+N`` when the chief starts, ``step S/T ... saved ckpt-K`` after each checkpoint, ``RESULT {...}`` at the end; its
+``--closure-log`` diagnostic records every start (``S``) and end (``E``) of a scheduled execution."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -14,7 +18,8 @@ import pytest
 
 from kubeps.runtime.supervisor import RestartPolicy, restarting_cluster_class
 
-PROGRAM = str(Path(__file__).with_name("ctr_program.py"))
+PROGRAM = str(Path(__file__).resolve().parents[2] / "examples" / "ctr" / "train.py")
+STEPS_PER_EXECUTION = 20  # the example's default
 
 
 class TimedLines:
@@ -47,22 +52,27 @@ class TimedLines:
                     return t
         return None
 
+    def matches(self, pattern: str) -> list[tuple[float, re.Match]]:
+        """``(time, match)`` of every line that ``pattern`` matches (``re.search``), oldest first."""
+        regex = re.compile(pattern)
+        with self._lock:
+            found = [(t, regex.search(line)) for t, line in self.lines]
+        return [(t, m) for t, m in found if m]
+
 
 class ChaosRun:
-    """One run of the CTR program under a restarting local cluster, driven from a background thread."""
+    """One run of the CTR example under a restarting local cluster, driven from a background thread."""
 
     def __init__(self, workdir: Path, *, num_ps=2, num_workers=3, evaluator=False, restart=True,
                  program_args: tuple[str, ...] = ()):
         workdir.mkdir(parents=True, exist_ok=True)
         self.dir = workdir
         self.ckpt = workdir / "ckpt"
-        self.out = workdir / "out.json"
         self.runs_log = workdir / "runs.log"
-        self.progress = workdir / "progress.jsonl"
         self.metrics = workdir / "metrics.jsonl"
         self.stream = TimedLines(workdir / "cluster.log")
-        args = ["--checkpoint-dir", str(self.ckpt), "--out", str(self.out), "--runs-log", str(self.runs_log),
-                "--progress", str(self.progress), "--metrics", str(self.metrics), *program_args]
+        args = ["--checkpoint-dir", str(self.ckpt), "--closure-log", str(self.runs_log), "--metrics",
+                str(self.metrics), *program_args]
         cls = restarting_cluster_class(RestartPolicy(restart=restart, max_restarts=50, backoff_initial=0.2,
                                                      backoff_max=2.0))
         self.cluster = cls(PROGRAM, args, num_ps=num_ps, num_workers=num_workers, evaluator=evaluator,
@@ -101,10 +111,18 @@ class ChaosRun:
     def task(self, task_type: str, index: int):
         return self.cluster.tasks.get((task_type, index))
 
-    def events(self) -> list[dict[str, Any]]:
-        if not self.progress.exists():
-            return []
-        return [json.loads(l) for l in self.progress.read_text().splitlines() if l.strip()]
+    def starts(self) -> list[dict[str, Any]]:
+        """Every start of the chief: ``time``, ``restored_step`` (0: fresh) and ``restore_seconds``."""
+        out = []
+        for t, m in self.stream.matches(r"^\[chief-0\] (?:no checkpoint in |resumed from step (\d+) \(.*restored "
+                                        r"in ([0-9.]+) s\))"):
+            out.append({"time": t, "restored_step": int(m.group(1) or 0), "restore_seconds": float(m.group(2) or 0)})
+        return out
+
+    def checkpoints(self) -> list[dict[str, Any]]:
+        """Every checkpoint the chief reported: ``time`` (printed just after the save), ``step``, ``name``."""
+        return [{"time": t, "step": int(m.group(1)), "name": m.group(2)}
+                for t, m in self.stream.matches(r"^\[chief-0\] step +(\d+)/\d+ .* saved (ckpt-\d+)")]
 
     def runs(self, kind: str = "E") -> list[tuple[int, int, int, float]]:
         """``(closure index, worker index, pid, time)`` of every closure end (``E``) or start (``S``)."""
@@ -118,7 +136,10 @@ class ChaosRun:
         return out
 
     def result(self) -> dict[str, Any]:
-        return json.loads(self.out.read_text())
+        """The chief's last ``RESULT {...}`` line (eval log-loss, AUC, references, ``resumed_from_step``)."""
+        found = self.stream.matches(r"^\[chief-0\] RESULT (\{.*\})$")
+        assert found, f"the chief printed no RESULT line; see {self.dir / 'cluster.log'}"
+        return json.loads(found[-1][1].group(1))
 
     def all_pids(self) -> list[int]:
         return [t.pid for t in self.cluster.tasks.values()]
