@@ -12,8 +12,9 @@ Both measurements use the model, layers, kernels, optimizer and data of ``exampl
 
 Examples/s are medians over ``--rounds`` rounds of ``--steps`` steps each (after a warm-up round). On the
 workers every step is timed with ``time.perf_counter``, and so is every call into the worker's parameter-server
-transport (``PSTransport.call_many``: the ``ReadRows`` of the embedding lookup, the ``Read`` of the dense
-weights, the ``Push`` of the gradients -- encoding, gRPC, the PS's work and the decoding). Their ratio is the
+transport (``PSTransport.call_many``: the ``ReadRows`` of the embedding lookup -- ``ReadMany`` when it also carries
+the dense weights' pull --, a ``Read`` of the dense weights if one is still needed, the ``Push`` of the gradients,
+which answers with the updated dense weights -- encoding, gRPC, the PS's work and the decoding). Their ratio is the
 share of step time spent in RPC and serialisation; the rest is data (``next(iterator)``) and compute. The frame
 encoding and decoding is also timed on its own (summed over the parallel calls' threads).
 
@@ -70,7 +71,7 @@ class WorkerTimers:
                 return timed_call_many(requests, timeout)
             finally:
                 entry = self.rpc.setdefault(method, [0, 0.0])
-                entry[0] += 1
+                entry[0] += len(requests)  # RPCs (one per PS of the fan-out)
                 entry[1] += time.perf_counter() - t0
 
         transport.call_many = call_many
@@ -148,6 +149,7 @@ def merge(parts: list[dict]) -> dict:
             entry[0] += calls
             entry[1] += seconds
     out["rpc_s"] = sum(s for _, s in out["rpc"].values())
+    out["rpcs"] = sum(c for c, _ in out["rpc"].values())
     return out
 
 
@@ -257,14 +259,17 @@ def report(args: argparse.Namespace, local_rates: list[float], local_cpu_ms: lis
     print(f"  share in RPC + serialisation        {100 * share:8.1f} %   (goal < 30%)")
     last = rounds[len(rounds) // 2]  # the middle round
     for method, (calls, seconds) in sorted(last["rpc"].items()):
-        print(f"    {method:<10} {calls / last['steps']:.1f} calls/step  {1e3 * seconds / last['steps']:6.2f} ms/step"
+        print(f"    {method:<10} {calls / last['steps']:.2f} RPCs/step  {1e3 * seconds / last['steps']:6.2f} ms/step"
               f"  {100 * seconds / last['step_s']:5.1f} %")
+    print(f"    all        {last['rpcs'] / last['steps']:.2f} RPCs/step (2 ps)")
     print(f"    of which frame encode/decode (thread time) {100 * codec:5.1f} %")
     print(f"  share in next(iterator)             {100 * data:8.1f} %")
     print(f"  share in compute (the rest)         {100 * (1 - share - data):8.1f} %")
     summary = {"in_process_examples_per_s": local, "distributed_examples_per_s": dist, "ratio": dist / local,
                "rpc_share": share, "codec_share": codec, "data_share": data, "worker_step_ms": step_ms,
-               "worker_cpu_ms_per_step": worker_cpu_ms, "in_process_step_ms": local_step_ms,
+               "worker_cpu_ms_per_step": worker_cpu_ms,
+               "rpcs_per_step": statistics.median(r["rpcs"] / r["steps"] for r in rounds),
+               "in_process_step_ms": local_step_ms,
                "in_process_cpu_ms_per_step": statistics.median(local_cpu_ms)}
     print("SUMMARY " + json.dumps(summary))
     return summary

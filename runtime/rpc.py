@@ -92,32 +92,23 @@ class Client:
         self._metadata = token_metadata(token)
         self._lock = threading.Lock()
         self._channel: grpc.Channel | None = None
-        self._methods: dict[str, Any] = {}
-        self._unary_methods: dict[str, Any] = {}
+        self._methods: dict[tuple[str, bool], Any] = {}
 
-    def _method(self, name: str):
+    def _method(self, name: str, unary: bool = False):
+        """The multi-callable of a method: its stream-stream path, or (``unary``) its unary-unary twin."""
         with self._lock:
             if self._channel is None:
                 self._channel = grpc.insecure_channel(_connect_address(self.address), options=CHANNEL_OPTIONS)
-            method = self._methods.get(name)
+            key = (name, unary)
+            method = self._methods.get(key)
             if method is None:
-                method = self._channel.stream_stream(
-                    f"/{self.service}/{name}", request_serializer=_IDENTITY, response_deserializer=_IDENTITY
-                )
-                self._methods[name] = method
-            return method
-
-    def _unary(self, name: str):
-        with self._lock:
-            if self._channel is None:
-                self._channel = grpc.insecure_channel(_connect_address(self.address), options=CHANNEL_OPTIONS)
-            method = self._unary_methods.get(name)
-            if method is None:
-                method = self._channel.unary_unary(
-                    f"/{self.service}/{UNARY_PREFIX}{name}", request_serializer=_IDENTITY,
-                    response_deserializer=_IDENTITY,
-                )
-                self._unary_methods[name] = method
+                if unary:
+                    method = self._channel.unary_unary(f"/{self.service}/{UNARY_PREFIX}{name}",
+                                                       request_serializer=_IDENTITY, response_deserializer=_IDENTITY)
+                else:
+                    method = self._channel.stream_stream(f"/{self.service}/{name}",
+                                                         request_serializer=_IDENTITY, response_deserializer=_IDENTITY)
+                self._methods[key] = method
             return method
 
     def start(self, name: str, meta: dict[str, Any] | None = None, arrays: Sequence[Any] = (),
@@ -130,7 +121,7 @@ class Client:
         timeout = self.timeout if timeout is None else timeout
         chunks = wire.encode_chunks(meta, arrays, self.chunk_bytes or wire.DEFAULT_CHUNK_BYTES)
         if len(chunks) == 1:
-            future = self._unary(name).future(chunks[0], timeout=timeout, metadata=self._metadata)
+            future = self._method(name, unary=True).future(chunks[0], timeout=timeout, metadata=self._metadata)
             return Call(self, name, timeout, future=future)
         stream = self._method(name)(iter(chunks), timeout=timeout, metadata=self._metadata)
         return Call(self, name, timeout, stream=stream)
@@ -175,7 +166,6 @@ class Client:
                 self._channel.close()
             self._channel = None
             self._methods.clear()
-            self._unary_methods.clear()
 
 
 def _read_stream(client: Client, stream) -> tuple[dict[str, Any], list[np.ndarray]]:
