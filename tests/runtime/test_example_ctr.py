@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,10 +22,10 @@ def load_example():
     return module
 
 
-def run_example(*script_args: str) -> tuple[subprocess.CompletedProcess, dict]:
+def run_example(*script_args: str, evaluator: bool = False) -> tuple[subprocess.CompletedProcess, dict]:
     result = subprocess.run(
-        [sys.executable, "-m", "kubeps.runtime.cli", "local", "--ps", "2", "--workers", "2", str(EXAMPLE),
-         "--", *script_args],
+        [sys.executable, "-m", "kubeps.runtime.cli", "local", "--ps", "2", "--workers", "2",
+         *(["--evaluator"] if evaluator else []), str(EXAMPLE), "--", *script_args],
         capture_output=True, text=True, timeout=170,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -59,6 +60,83 @@ def test_ctr_example_short_run_beats_the_base_rate_with_the_old_flags():
     assert metrics["logloss"] < metrics["base_logloss"] - 0.05
     assert metrics["logloss"] > metrics["teacher_logloss"] - 0.02
     assert metrics["auc"] > 0.7
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_ctr_example_checkpoints_feed_the_evaluator_and_a_second_run_resumes(tmp_path):
+    """With --checkpoint-dir: the sidecar evaluator writes one metrics line per checkpoint and stops by itself after
+    the final one (its numbers are the chief's); a second run with the same directory and more steps resumes."""
+    from kubeps.runtime.checkpoint import list_checkpoints, verify_checkpoint
+
+    steps, every = 1200, 300  # 4 checkpoints about a second apart: the evaluator (polling every 0.5 s) sees each
+    ckpt, metrics_path = tmp_path / "ckpt", tmp_path / "metrics.jsonl"
+    small = ("--train-examples", "50000", "--eval-examples", "10000", "--checkpoint-every", str(every),
+             "--checkpoint-dir", str(ckpt))
+    result, metrics = run_example("--steps", str(steps), "--metrics", str(metrics_path), *small, evaluator=True)
+    out = result.stdout
+    assert f"[chief-0] no checkpoint in {ckpt}: starting from step 0" in out
+    saved = re.findall(rf"^\[chief-0\] step +(\d+)/{steps} .* saved (ckpt-\d+)", out, re.M)
+    assert saved == [(str(every * (k + 1)), f"ckpt-{k}") for k in range(4)], out[-3000:]
+    assert "saved ckpt-3 (final)" in out and metrics["resumed_from_step"] == 0
+
+    records = [json.loads(line) for line in metrics_path.read_text().splitlines()]
+    assert [(r["checkpoint_number"], r["step"], r["final"]) for r in records] == [
+        (0, every, False), (1, 2 * every, False), (2, 3 * every, False), (3, steps, True)], records
+    assert all(set(r["metrics"]) == {"logloss", "auc", "gap_pct"} for r in records)
+    # the final checkpoint holds the model the chief evaluated, read from the files without the parameter servers
+    assert records[-1]["metrics"]["logloss"] == pytest.approx(metrics["logloss"], abs=1e-5)
+    assert records[-1]["metrics"]["auc"] == pytest.approx(metrics["auc"], abs=1e-5)
+    assert records[-1]["metrics"]["logloss"] < records[0]["metrics"]["logloss"]
+    assert f"[evaluator-0] ckpt-3 (step {steps}): eval log-loss" in out
+    assert f"[evaluator-0] evaluated 4 checkpoint(s); metrics in {metrics_path}" in out
+    assert re.search(r"evaluator-0 \(pid \d+\) exited with status 0", result.stderr), result.stderr[-2000:]
+
+    # again, with more steps: restores ckpt-3 (variables, Adagrad slots, step) and trains only the rest
+    result, resumed = run_example("--steps", str(steps + every), *small)
+    assert re.search(rf"^\[chief-0\] resumed from step {steps} \({re.escape(str(ckpt))}/ckpt-3, restored in ",
+                     result.stdout, re.M), result.stdout[-3000:]
+    assert f"[chief-0] step {steps + every:5d}/{steps + every}  train log-loss" in result.stdout
+    assert "saved ckpt-4 (final)" in result.stdout and f"[chief-0] trained {every} steps of 512" in result.stdout
+    assert resumed["resumed_from_step"] == steps
+    assert resumed["logloss"] < metrics["logloss"] + 0.005  # it went on from the trained model, not from scratch
+    latest = verify_checkpoint(list_checkpoints(str(ckpt))[-1][1])
+    assert latest.step == steps + every and latest.final
+    assert len(list_checkpoints(str(ckpt))) == 3  # max_to_keep
+
+
+def test_ctr_example_evaluator_without_a_checkpoint_dir_has_nothing_to_do(monkeypatch, capsys):
+    monkeypatch.delenv("KUBEPS_CHECKPOINT_DIR", raising=False)
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"evaluator": ["127.0.0.1:1"]},
+                                                "task": {"type": "evaluator", "index": 0}}))
+    assert load_example().main([]) == 0
+    assert "without --checkpoint-dir the evaluator has nothing to do" in capsys.readouterr().out
+
+
+def test_ctr_example_checkpoint_dir_defaults_to_the_environment(monkeypatch):
+    ex = load_example()
+    monkeypatch.delenv("KUBEPS_CHECKPOINT_DIR", raising=False)
+    assert ex.parse_args([]).checkpoint_dir is None
+    monkeypatch.setenv("KUBEPS_CHECKPOINT_DIR", "/ckpt/ctr")
+    assert ex.parse_args([]).checkpoint_dir == "/ckpt/ctr"
+    assert ex.parse_args(["--checkpoint-dir", "/elsewhere"]).checkpoint_dir == "/elsewhere"
+
+
+def test_ctr_model_checkpoint_round_trip_on_local_variables(tmp_path):
+    """What the evaluator does: a checkpoint of one model restored into a fresh local model evaluates the same."""
+    from kubeps.runtime.checkpoint import Checkpoint, CheckpointManager, StepCounter
+    from kubeps.runtime.data import InputContext
+
+    ex = load_example()
+    args = ex.parse_args(["--train-examples", "20000", "--eval-examples", "5000", "--vocab-size", "4096"])
+    model, optimizer = ex.build_model(args), ex.make_optimizer(args)
+    ex.train_steps(model, optimizer, iter(ex.make_dataset(args, InputContext())), 40)
+    names = [v.name for v in model.variables]
+    assert names[0] == "embedding/embeddings" and len(set(names)) == len(names) == 1 + 2 * len(args.hidden) + 2
+    path = CheckpointManager(Checkpoint(model=model, step=StepCounter(40)), str(tmp_path)).save(final=True)
+    fresh = ex.build_model(ex.parse_args(["--seed", "7", "--eval-examples", "5000", "--vocab-size", "4096"]))
+    assert Checkpoint(model=fresh).restore(path) == 40
+    assert ex.evaluate(fresh, args)["logloss"] == pytest.approx(ex.evaluate(model, args)["logloss"], abs=1e-7)
 
 
 def test_ctr_model_trains_in_process_on_local_variables():
@@ -119,3 +197,6 @@ def test_ctr_example_rejects_bad_arguments(capsys):
     with pytest.raises(SystemExit):
         ex.parse_args(["--hidden", "16", "0"])
     assert "--hidden units must be >= 1, got [16, 0]" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        ex.parse_args(["--checkpoint-every", "250"])
+    assert "--checkpoint-every=250 must be a multiple of --steps-per-execution=20" in capsys.readouterr().err
