@@ -269,9 +269,9 @@ def run_chief(args: argparse.Namespace, resolver: TFConfigClusterResolver) -> in
                 log_closure(closure_log, "E", index)
             return loss
 
-        # join (and checkpoint) every --checkpoint-every steps; without checkpoints, report five times
+        # join, report (and checkpoint) every --checkpoint-every steps
         executions = args.steps // steps_per_execution
-        chunk = args.checkpoint_every // steps_per_execution if manager else max(1, executions // 5)
+        chunk = args.checkpoint_every // steps_per_execution
         done = start // steps_per_execution  # executions, numbered from the start of training
         started = time.perf_counter()
         while done < executions:
@@ -348,8 +348,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--checkpoint-dir", default=os.environ.get("KUBEPS_CHECKPOINT_DIR") or None,
                    help="where the chief saves checkpoints and restores the latest one from; a path every task "
                         "sees or an fsspec URL (default: $KUBEPS_CHECKPOINT_DIR; unset: no checkpoints)")
-    p.add_argument("--checkpoint-every", type=int, default=480,
-                   help="steps between checkpoints, a multiple of --steps-per-execution (the last one is final)")
+    p.add_argument("--checkpoint-every", type=int, default=None,
+                   help="steps between checkpoints (and progress reports), a multiple of --steps-per-execution; "
+                        "the last checkpoint is final (default: a fifth of --steps, 480)")
     p.add_argument("--metrics", default=None,
                    help="the evaluator's JSON-lines output (default: CHECKPOINT_DIR/eval/metrics.jsonl)")
     p.add_argument("--evaluator-timeout", type=float, default=600.0,
@@ -359,15 +360,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "with its index, worker and pid (re-runs after worker failures show up twice)")
     args = p.parse_args(argv)
     for name in ("steps", "steps_per_execution", "batch_size", "vocab_size", "embedding_dim", "train_examples",
-                 "eval_examples", "checkpoint_every"):
+                 "eval_examples"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if any(h < 1 for h in args.hidden):
         p.error(f"--hidden units must be >= 1, got {args.hidden}")
     if args.steps % args.steps_per_execution:
         p.error(f"--steps={args.steps} must be a multiple of --steps-per-execution={args.steps_per_execution}")
-    if args.checkpoint_every % args.steps_per_execution:
-        p.error(f"--checkpoint-every={args.checkpoint_every} must be a multiple of "
+    if args.checkpoint_every is None:
+        args.checkpoint_every = max(1, args.steps // args.steps_per_execution // 5) * args.steps_per_execution
+    if args.checkpoint_every < 1 or args.checkpoint_every % args.steps_per_execution:
+        p.error(f"--checkpoint-every={args.checkpoint_every} must be a positive multiple of "
                 f"--steps-per-execution={args.steps_per_execution}")
     if not args.evaluator_timeout > 0:
         p.error(f"--evaluator-timeout must be > 0, got {args.evaluator_timeout}")

@@ -199,4 +199,6 @@ def test_ctr_example_rejects_bad_arguments(capsys):
     assert "--hidden units must be >= 1, got [16, 0]" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         ex.parse_args(["--checkpoint-every", "250"])
-    assert "--checkpoint-every=250 must be a multiple of --steps-per-execution=20" in capsys.readouterr().err
+    assert "--checkpoint-every=250 must be a positive multiple of --steps-per-execution=20" in capsys.readouterr().err
+    assert ex.parse_args([]).checkpoint_every == 480  # a fifth of the run
+    assert ex.parse_args(["--steps", "500", "--steps-per-execution", "50"]).checkpoint_every == 100
