@@ -69,7 +69,7 @@ def test_ctr_example_checkpoints_feed_the_evaluator_and_a_second_run_resumes(tmp
     the final one (its numbers are the chief's); a second run with the same directory and more steps resumes."""
     from kubeps.runtime.checkpoint import list_checkpoints, verify_checkpoint
 
-    steps, every = 1200, 300  # 4 checkpoints about a second apart: the evaluator (polling every 0.5 s) sees each
+    steps, every = 1200, 300  # 4 checkpoints about a second apart: the evaluator polls every 0.5 s
     ckpt, metrics_path = tmp_path / "ckpt", tmp_path / "metrics.jsonl"
     small = ("--train-examples", "50000", "--eval-examples", "10000", "--checkpoint-every", str(every),
              "--checkpoint-dir", str(ckpt))
@@ -81,15 +81,19 @@ def test_ctr_example_checkpoints_feed_the_evaluator_and_a_second_run_resumes(tmp
     assert "saved ckpt-3 (final)" in out and metrics["resumed_from_step"] == 0
 
     records = [json.loads(line) for line in metrics_path.read_text().splitlines()]
-    assert [(r["checkpoint_number"], r["step"], r["final"]) for r in records] == [
-        (0, every, False), (1, 2 * every, False), (2, 3 * every, False), (3, steps, True)], records
+    # One line per checkpoint it evaluated, in order, none twice; an evaluator that falls behind on a busy machine
+    # skips to the newest checkpoint (as TensorFlow's does), so intermediate ones may be missing, never the final.
+    seen = [(r["checkpoint_number"], r["step"], r["final"]) for r in records]
+    expected = [(0, every, False), (1, 2 * every, False), (2, 3 * every, False), (3, steps, True)]
+    assert seen == sorted(set(seen)) and set(seen) <= set(expected) and seen[-1] == expected[-1], records
+    assert len(seen) >= 2, "the evaluator saw the first checkpoints (about a second apart) and the final one"
     assert all(set(r["metrics"]) == {"logloss", "auc", "gap_pct"} for r in records)
     # the final checkpoint holds the model the chief evaluated, read from the files without the parameter servers
     assert records[-1]["metrics"]["logloss"] == pytest.approx(metrics["logloss"], abs=1e-5)
     assert records[-1]["metrics"]["auc"] == pytest.approx(metrics["auc"], abs=1e-5)
     assert records[-1]["metrics"]["logloss"] < records[0]["metrics"]["logloss"]
     assert f"[evaluator-0] ckpt-3 (step {steps}): eval log-loss" in out
-    assert f"[evaluator-0] evaluated 4 checkpoint(s); metrics in {metrics_path}" in out
+    assert f"[evaluator-0] evaluated {len(records)} checkpoint(s); metrics in {metrics_path}" in out
     assert re.search(r"evaluator-0 \(pid \d+\) exited with status 0", result.stderr), result.stderr[-2000:]
 
     # again, with more steps: restores ckpt-3 (variables, Adagrad slots, step) and trains only the rest
