@@ -1,1 +1,0 @@
-"""kubeps operator: reconciles PSTrainingJob resources into pods and Services."""

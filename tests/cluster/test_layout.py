@@ -1,0 +1,29 @@
+"""The source roots operator/ and runtime/ must never shadow a top-level module when Python runs from the
+repository root (``python -m pip``, ``python -m pytest`` in a fresh venv put the working directory first on
+sys.path). operator/ is therefore a namespace portion without ``__init__.py``: a regular module later on
+sys.path (the standard library's ``operator``) always wins over it, while ``kubeps.operator`` still maps to it."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_stdlib_operator_wins_from_the_repository_root():
+    # -S: no site, so nothing has imported ``operator`` yet, as in a bare venv running ``python -m pip``
+    code = "import collections, operator; print(operator.__file__)"
+    result = subprocess.run([sys.executable, "-S", "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert not result.stdout.strip().startswith(str(REPO)), result.stdout
+
+
+def test_no_init_in_the_operator_source_root():
+    assert not (REPO / "operator" / "__init__.py").exists()
+
+
+def test_kubeps_operator_still_imports():
+    import kubeps.operator.main  # noqa: F401
+    import kubeps.operator.planner as planner
+
+    assert Path(planner.__file__).parent == REPO / "operator"
