@@ -7,10 +7,15 @@ A :class:`Closure` moves through :class:`ClosureState`::
                          '----requeue()---------> QUEUED      (worker lost: at-least-once)
     QUEUED --(error raised by put/wait/done)--> CANCELLED
 
-Semantics as TensorFlow's: a non-retryable failure records the first error; while it is pending no more queued
-closures are handed out; the next ``put``/``wait``/``done`` raises it, clears it and cancels every queued closure
-(its :class:`RemoteValue` raises :class:`~kubeps.runtime.errors.CancelledError`). Closures that were in flight
-then belong to an older *epoch*: their later failures no longer count as the queue's error.
+Semantics as TensorFlow's: a non-retryable failure records the first error; the next ``put``/``wait``/``done``
+raises it and clears it. No closure of the global queue runs while an error is pending, so the ones queued when it
+is recorded are cancelled at once (their :class:`RemoteValue` raises :class:`~kubeps.runtime.errors.CancelledError`
+right away instead of blocking a ``fetch()`` until the user's next ``put``/``wait``/``done``), and a closure
+re-queued while it is pending is cancelled instead of parked (TF's ``put_back``). Closures that were in flight
+belong to an older *epoch* once the error is raised: their later failures no longer count as the queue's error.
+
+Every closure handed out by ``get`` must leave the in-flight set through exactly one of ``mark_finished``,
+``mark_failed``, ``requeue`` or ``fail_if_running`` (the dispatch thread's last resort), or ``join`` never returns.
 
 There is one global queue and one tagged queue per worker (per-worker resources); a worker takes from its tagged
 queue first.
@@ -169,9 +174,16 @@ class ClosureQueue:
     def set_error(self, error: BaseException) -> None:
         """Record an error that no single closure raised (a parameter server is gone)."""
         with self._cond:
-            if self._error is None:
-                self._error = error
+            self._record_error(error)
             self._cond.notify_all()
+
+    def _record_error(self, error: BaseException) -> None:
+        """Make ``error`` the pending error unless one is. Nothing of the global queue is handed out while an error
+        is pending and raising it cancels the queue, so what is queued now can never run: cancel it now, so that
+        nobody's ``fetch()`` waits for the user's next ``put``/``wait``/``done``."""
+        if self._error is None:
+            self._error = error
+            self._cancel_queued(error)
 
     @property
     def has_error(self) -> bool:
@@ -232,17 +244,38 @@ class ClosureQueue:
             self._inflight.discard(closure)
             closure.state = ClosureState.FAILED
             closure.remote_value._set_error(error)
-            if closure.epoch == self._epoch and self._error is None:
-                self._error = error
+            if closure.epoch == self._epoch:
+                self._record_error(error)
             self._cond.notify_all()
 
+    def fail_if_running(self, closure: Closure, attempt: int, error: BaseException) -> bool:
+        """``mark_failed`` if ``closure`` is still in flight in attempt ``attempt`` (the caller's); False when it
+        already left that attempt (finished, failed, re-queued, cancelled, or running again elsewhere).
+
+        The last resort of a dispatch thread that caught an unexpected error: whatever step raised, the closure
+        it held is failed exactly once and never left in flight.
+        """
+        with self._cond:
+            if closure.state is not ClosureState.RUNNING or closure.attempts != attempt \
+                    or closure not in self._inflight:
+                return False
+        self.mark_failed(closure, error)
+        return True
+
     def requeue(self, closure: Closure) -> None:
-        """Its worker was lost: run it again (front of its queue). A closure of a cancelled epoch is cancelled."""
+        """Its worker was lost: run it again (front of its queue).
+
+        Cancelled instead when the queue stopped, when the closure belongs to a cancelled epoch, or when an error is
+        pending and the closure is for any worker (it could not run before that error is raised, and raising it
+        cancels the queue: parked there its ``fetch()`` would block until then).
+        """
         with self._cond:
             self._inflight.discard(closure)
-            if closure.epoch != self._epoch or self._stopped:
+            pending = self._error is not None and closure.worker is None
+            if closure.epoch != self._epoch or self._stopped or pending:
                 closure.state = ClosureState.CANCELLED
-                closure.remote_value._set_error(CancelledError("the function was cancelled after its worker failed"))
+                why = f"an earlier one failed: {self._error!r}" if pending else "its worker failed"
+                closure.remote_value._set_error(CancelledError(f"the function was cancelled after {why}"))
             else:
                 closure.state = ClosureState.QUEUED
                 target = self._queue if closure.worker is None else self._per_worker[closure.worker]

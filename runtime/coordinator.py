@@ -37,9 +37,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
 import cloudpickle
+import grpc
 import numpy as np
 
-from .closure_queue import Closure, ClosureQueue, RemoteValue
+from .closure_queue import Closure, ClosureQueue, ClosureState, RemoteValue
 from .context import ps_restarted, ps_restarted_error
 from .errors import (
     ClosureError,
@@ -60,6 +61,24 @@ log = logging.getLogger("kubeps.runtime.coordinator")
 #: worker RPC failures that are the request's fault, not the worker's: the closure fails instead of re-running
 _NON_RETRYABLE_CODES = frozenset({"UNAUTHENTICATED", "PERMISSION_DENIED", "INVALID_ARGUMENT", "NOT_FOUND",
                                   "UNIMPLEMENTED", "FAILED_PRECONDITION"})
+#: raw gRPC errors that can escape a transport instead of a RemoteError: the call did not complete (a cancelled
+#: future, a failed call), so the worker is treated as lost and the closure re-run, as for a RemoteError
+_GRPC_CALL_ERRORS = (grpc.RpcError, grpc.FutureCancelledError, grpc.FutureTimeoutError)
+
+
+def _as_remote_error(err: BaseException, address: str) -> RemoteError:
+    """A raw gRPC error that escaped the transport, as the :class:`RemoteError` it should have been."""
+    if isinstance(err, grpc.FutureCancelledError):
+        code = "CANCELLED"
+    elif isinstance(err, grpc.FutureTimeoutError):
+        code = "DEADLINE_EXCEEDED"
+    else:
+        status = err.code() if callable(getattr(err, "code", None)) else None
+        code = getattr(status, "name", None) or "UNKNOWN"
+    error = RemoteError(f"{WORKER_SERVICE} at {address} failed with {code}: {type(err).__name__}: {err}",
+                        code=code, address=address)
+    error.reason = None
+    return error
 
 
 # -- shipping functions ----------------------------------------------------------------------------------------------
@@ -289,6 +308,8 @@ class ClusterCoordinator:
                                                                 for i in range(strategy.num_ps)}
         self._ps_heartbeats = [_Heartbeat() for _ in range(strategy.num_ps)]
         self._ps_failed: dict[int, PSUnavailableError] = {}
+        #: per ps, when it was last marked failed and why (kept when the heartbeat sees it answer again)
+        self._ps_failed_at: dict[int, tuple[float, PSUnavailableError]] = {}
         self._pinger = ThreadPoolExecutor(max_workers=strategy.num_ps + len(strategy.worker_addresses),
                                           thread_name_prefix="kubeps-ping")
         self._workers = [
@@ -436,25 +457,65 @@ class ClusterCoordinator:
             raise RuntimeError("this ClusterCoordinator was shut down")
 
     def _dispatch_loop(self, worker: _WorkerHandle) -> None:
+        """The worker's dispatch thread. It ends only when the coordinator stops: an unexpected error in an
+        iteration is logged and fails the closure the thread held (:meth:`_dispatch_failed`), so no closure is
+        ever left in flight by a dead thread (``join`` would wait forever)."""
         while not self._stopping.is_set():
-            if not worker.healthy:
-                if not self.wait_for_worker(worker):
+            closure, attempt = None, 0
+            try:
+                if not worker.healthy:
+                    if not self.wait_for_worker(worker):
+                        continue
+                    if worker.failures and not self.rebuild_worker_resources(worker):
+                        worker.healthy = False
+                        self._stopping.wait(1.0)  # do not hammer a worker whose rebuild keeps failing
+                        continue
+                closure = self._queue.get(worker.index, timeout=0.5)
+                if closure is None:
                     continue
-                if worker.failures and not self.rebuild_worker_resources(worker):
-                    worker.healthy = False
-                    self._stopping.wait(1.0)  # do not hammer a worker whose rebuild keeps failing
-                    continue
-            closure = self._queue.get(worker.index, timeout=0.5)
-            if closure is None:
-                continue
-            self._run_closure(worker, closure)
+                attempt = closure.attempts
+                self._run_closure(worker, closure)
+            except BaseException as err:  # noqa: BLE001 - the thread must outlive any error (see _dispatch_failed)
+                self._dispatch_failed(worker, closure, attempt, err)
+
+    def _dispatch_failed(self, worker: _WorkerHandle, closure: Closure | None, attempt: int,
+                         error: BaseException) -> None:
+        """An iteration of ``worker``'s dispatch thread raised ``error`` (a bug, a malformed answer...): log it
+        and fail the closure the thread still held with it -- not re-run, as the same error would likely come
+        back forever; while stopping it is cancelled. A closure the iteration had already handed on (finished,
+        failed, re-queued) is left alone. Then the thread goes on, after a pause when no closure was involved
+        (e.g. reconnecting raised) so that a persistent error does not spin."""
+        worker.call = None
+        held = closure is not None and closure.state is ClosureState.RUNNING and closure.attempts == attempt
+        log.error("dispatch thread of worker %d (%s) caught an unexpected error%s", worker.index, worker.address,
+                  f" running {closure!r}" if held else "", exc_info=error)
+        try:
+            if closure is not None:
+                if self._stopping.is_set():
+                    if held:
+                        self._queue.requeue(closure)  # cancels it: the queue is stopped
+                elif self._queue.fail_if_running(closure, attempt, error):
+                    self._closure_done()
+            if not held:
+                worker.healthy = False  # reconnect (and rebuild) before taking more work
+                self._stopping.wait(1.0)
+        except BaseException:  # noqa: BLE001 - last resort: never let the handler itself end the thread
+            log.exception("dispatch thread of worker %d could not recover from %r", worker.index, error)
 
     def _run_closure(self, worker: _WorkerHandle, closure: Closure) -> None:
+        if self._stopping.is_set():
+            self._queue.requeue(closure)  # cancels it: taken just as the coordinator stopped
+            return
         method = "RunClosure" if closure.kind == "closure" else "CreateResource"
         meta_in = {"closure_id": closure.id, **closure.info}
         try:
-            worker.call = worker.client.start(method, meta_in, [closure.payload], timeout=self.closure_timeout)
-            meta, arrays = worker.client.finish(worker.call)
+            try:
+                worker.call = worker.client.start(method, meta_in, [closure.payload], timeout=self.closure_timeout)
+                meta, arrays = worker.client.finish(worker.call)
+            except _GRPC_CALL_ERRORS as raw:  # the transport should have made it a RemoteError
+                log.warning("worker %d: %s escaped the transport; handled as %s", worker.index,
+                            type(raw).__name__, "a failed call")
+                raise _as_remote_error(raw, worker.address) from raw
         except RemoteError as err:
             worker.call = None
             if self._stopping.is_set():
@@ -596,7 +657,21 @@ class ClusterCoordinator:
                 log.warning("transient error %d/%d from ps %d (errors less than %.1f s apart count once): %s",
                             count, self.max_transient_ps_errors, ps_index, self.ps_error_interval, message)
             # retry after a pause, so a worker in reconnect backoff does not spin through the queue
+            paused_at = time.monotonic()
             self._stopping.wait(max(0.05, self.ps_error_interval / 2))
+            with self._lock:
+                failed_at, failure = self._ps_failed_at.get(ps_index, (float("-inf"), None))
+                if ps_index in self._ps_failed:
+                    failure = self._ps_failed[ps_index]
+                elif failed_at < paused_at:
+                    failure = None  # an older incident, recovered from before this error
+            if failure is not None:
+                # another closure used up the tolerance (or the heartbeat gave up on the ps) during the pause:
+                # this one failed for the same reason. Re-queued, it would sit behind the pending error (no
+                # closure is handed out then) and only be cancelled. (Checked even when the heartbeat already saw
+                # the ps answer again: the job failed all the same.)
+                self._queue.mark_failed(closure, failure)
+                return
             self._queue.requeue(closure)
             return
         error = PSUnavailableError(
@@ -615,6 +690,7 @@ class ClusterCoordinator:
             first = known is None or (ps_restarted(error) and not ps_restarted(known))
             if first:
                 self._ps_failed[ps_index] = error
+                self._ps_failed_at[ps_index] = (time.monotonic(), error)
         if first:
             log.error("%s", error)
             self._queue.set_error(error)
@@ -629,10 +705,17 @@ class ClusterCoordinator:
         tick = min(self.heartbeat_interval, 0.1)
         while not self._stopping.wait(tick):
             now = time.monotonic()
+            # one peer's error must neither end the failure detector nor skip the other peers
             for ps in range(self.strategy.num_ps):
-                self._heartbeat_ps(ps, now)
+                self._guarded(self._heartbeat_ps, ps, now)
             for worker in self._workers:
-                self._heartbeat_worker(worker, now)
+                self._guarded(self._heartbeat_worker, worker, now)
+
+    def _guarded(self, fn: Callable[..., Any], *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception:  # noqa: BLE001 - logged; the monitor thread goes on
+            log.exception("failure detector: %s%r raised", getattr(fn, "__name__", fn), args)
 
     @property
     def _dead_after(self) -> float:

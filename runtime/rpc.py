@@ -138,10 +138,19 @@ class Client:
             raise self._error(err) from None
         return call.result()
 
-    def _collect(self, answer_id: str, timeout: float) -> tuple[dict[str, Any], list[np.ndarray]]:
-        """Fetch, streamed in chunks, an answer the server parked because it was too big for one unary message."""
+    def _collect(self, answer_id: str, timeout: float, call: "Call | None" = None) -> tuple[dict[str, Any],
+                                                                                           list[np.ndarray]]:
+        """Fetch, streamed in chunks, an answer the server parked because it was too big for one unary message.
+
+        With ``call``, the stream is attached to it, so that ``call.cancel()`` (the failure detector giving up on a
+        frozen peer) aborts the collection too instead of leaving it to its deadline.
+        """
         chunks = wire.encode_chunks({"id": answer_id})
         stream = self._method(COLLECT_METHOD)(iter(chunks), timeout=timeout, metadata=self._metadata)
+        if call is not None:
+            call._collecting = stream
+            if call._cancelled:  # cancel() ran before the stream was attached: it did not see it
+                stream.cancel()
         return _read_stream(self, stream)
 
     def _error(self, err: grpc.RpcError) -> RemoteError:
@@ -181,35 +190,51 @@ def _read_stream(client: Client, stream) -> tuple[dict[str, Any], list[np.ndarra
 class Call:
     """A started call (unary future or chunk stream): ``result()`` waits for and decodes the answer."""
 
-    __slots__ = ("_client", "_name", "_timeout", "_future", "_stream")
+    __slots__ = ("_client", "_name", "_timeout", "_future", "_stream", "_collecting", "_cancelled")
 
     def __init__(self, client: Client, name: str, timeout: float, *, future=None, stream=None):
         self._client, self._name, self._timeout = client, name, timeout
         self._future, self._stream = future, stream
+        self._collecting = None  # the Collect stream of a parked answer, once started
+        self._cancelled = False
 
     @property
     def unary(self) -> bool:
         return self._future is not None
 
     def cancel(self) -> bool:
-        return (self._future or self._stream).cancel()
+        """Abort the call -- the Collect stream of its parked answer too, once that started; ``result()`` then
+        raises a :class:`RemoteError` with code ``CANCELLED``."""
+        self._cancelled = True
+        cancelled = (self._future or self._stream).cancel()
+        collecting = self._collecting
+        if collecting is not None:
+            cancelled = collecting.cancel() or cancelled
+        return cancelled
+
+    def _cancelled_error(self) -> RemoteError:
+        error = RemoteError(f"{self._client.service} at {self._client.address} failed with CANCELLED: "
+                            f"{self._name} was cancelled locally", code="CANCELLED", address=self._client.address)
+        error.reason = None
+        return error
 
     def result(self) -> tuple[dict[str, Any], list[np.ndarray]]:
+        """The decoded answer. Every failure is a :class:`RemoteError` (a cancelled call: code ``CANCELLED``), never
+        a raw gRPC exception: callers' threads (the coordinator's dispatch threads) handle only that."""
         if self._stream is not None:
             return _read_stream(self._client, self._stream)
         try:
             answer = self._future.result()
         except grpc.FutureCancelledError:
-            error = RemoteError(f"{self._client.service} at {self._client.address} failed with CANCELLED: "
-                                f"{self._name} was cancelled locally", code="CANCELLED", address=self._client.address)
-            error.reason = None
-            raise error from None
+            raise self._cancelled_error() from None
         except grpc.RpcError as err:
             error = self._client._error(err)
             if error.code == "RESOURCE_EXHAUSTED" and error.reason == ANSWER_PARKED:
                 answer_id = _trailing(err, ANSWER_ID_KEY)
                 if answer_id:
-                    return self._client._collect(answer_id, self._timeout)
+                    if self._cancelled:
+                        raise self._cancelled_error() from None
+                    return self._client._collect(answer_id, self._timeout, call=self)
             raise error from None
         return wire.decode_message(answer)
 

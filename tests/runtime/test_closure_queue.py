@@ -136,3 +136,57 @@ def test_stop_cancels_and_unblocks():
         c.remote_value.fetch()
     with pytest.raises(RuntimeError, match="shut down"):
         q.put(Closure(2))
+
+
+def test_error_cancels_queued_closures_at_once():
+    """Nothing of the global queue runs while an error is pending, so a fetch() of a queued closure must not wait
+    for the user's next put/wait/done: it raises CancelledError as soon as the error is recorded."""
+    q = ClosureQueue()
+    running, queued = Closure("running"), [Closure(i) for i in range(3)]
+    q.put(running)
+    for c in queued:
+        q.put(c)
+    assert q.get(0, 1) is running
+    q.mark_failed(running, ValueError("first"))
+    for c in queued:
+        assert c.state is ClosureState.CANCELLED
+        with pytest.raises(CancelledError, match="first"):
+            c.remote_value.fetch(timeout=0.1)
+    with pytest.raises(ValueError, match="first"):
+        q.done()
+    assert q.done() is True
+
+
+def test_requeue_while_an_error_is_pending_cancels():
+    """TF's put_back: a closure re-queued while an error is pending is cancelled, not parked in the queue (where
+    nothing would hand it out, nor cancel it before the next put/wait/done)."""
+    q = ClosureQueue()
+    a, b = Closure("a"), Closure("b")
+    q.put(a)
+    q.put(b)
+    ra, rb = q.get(0, 1), q.get(1, 1)
+    q.set_error(ConnectionError("ps gone"))
+    q.requeue(rb)  # its worker was lost after the error was recorded
+    assert rb.state is ClosureState.CANCELLED and q.stats() == {"queued": 0, "inflight": 1, "per_worker": 0}
+    with pytest.raises(CancelledError, match="ps gone"):
+        rb.remote_value.fetch(timeout=0.1)
+    q.mark_finished(ra, 1)
+    with pytest.raises(ConnectionError):
+        q.wait(timeout=1)
+    assert q.wait(timeout=1) is True
+
+
+def test_fail_if_running_only_fails_the_callers_attempt():
+    q = ClosureQueue()
+    c = Closure("c")
+    q.put(c)
+    assert q.get(0, 1) is c
+    attempt = c.attempts
+    q.requeue(c)  # handed on before the dispatch thread's error handler ran
+    assert q.fail_if_running(c, attempt, RuntimeError("late")) is False
+    assert q.get(1, 1) is c  # running again elsewhere: not the old attempt's to fail either
+    assert q.fail_if_running(c, attempt, RuntimeError("late")) is False and c.state is ClosureState.RUNNING
+    assert q.fail_if_running(c, c.attempts, RuntimeError("now")) is True
+    assert c.state is ClosureState.FAILED and q.stats()["inflight"] == 0
+    with pytest.raises(RuntimeError, match="now"):
+        c.remote_value.fetch()
