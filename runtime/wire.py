@@ -65,6 +65,22 @@ ALLOWED_DTYPES = (
     "complex128",
 )
 _DTYPES = {name: np.dtype(name).newbyteorder("<") for name in ALLOWED_DTYPES}
+#: Largest size (elements or bytes) numpy can index on this platform.
+_MAX_SIZE = int(np.iinfo(np.intp).max)
+
+
+def _numpy_max_rank() -> int:
+    for rank in (64, 32):  # numpy 2 allows 64 dimensions, numpy 1 allows 32
+        try:
+            np.empty((0,) * rank)
+            return rank
+        except ValueError:
+            continue
+    return 32
+
+
+#: Most dimensions an array may have on the wire (numpy's own limit).
+MAX_RANK = _numpy_max_rank()
 
 
 class WireError(ValueError):
@@ -124,6 +140,13 @@ class MessageHeader(BaseModel):
     meta: dict[str, Any] = {}
     tensors: list[TensorHeader] = []
     data_bytes: int = 0
+
+    @field_validator("data_bytes")
+    @classmethod
+    def _data_size(cls, value: int) -> int:
+        if not 0 <= value <= _MAX_SIZE:
+            raise ValueError(f"{value} is out of range; must be in [0, {_MAX_SIZE}]")
+        return value
 
 
 def _tensor_header(i: int, array: np.ndarray, offset: int) -> TensorHeader:
@@ -226,10 +249,10 @@ class MessageDecoder:
                 self._single = rest
                 self._filled = len(rest)
                 return
-            self._buffer = np.empty(self._header.data_bytes, dtype=np.uint8)
+            self._buffer = _allocate(self._header.data_bytes)
             view = rest
         elif self._single is not None:
-            self._buffer = np.empty(self._header.data_bytes, dtype=np.uint8)
+            self._buffer = _allocate(self._header.data_bytes)
             self._buffer[: self._filled] = np.frombuffer(self._single, dtype=np.uint8)
             self._single = None
         end = self._filled + len(view)
@@ -262,6 +285,13 @@ class MessageDecoder:
         return header.meta, arrays
 
 
+def _allocate(data_bytes: int) -> np.ndarray:
+    try:
+        return np.empty(data_bytes, dtype=np.uint8)
+    except (MemoryError, ValueError) as err:
+        raise WireError("data_bytes", data_bytes, f"cannot allocate the declared data section ({err})") from None
+
+
 def _parse_header(view: memoryview) -> tuple[MessageHeader, int]:
     if len(view) < _PREFIX.size:
         raise WireError("frame", bytes(view[:16]), f"message truncated: a frame starts with {_PREFIX.size} bytes")
@@ -291,6 +321,11 @@ def _check_tensor_table(header: MessageHeader) -> None:
     position = 0
     for i, th in enumerate(header.tensors):
         itemsize = _DTYPES[th.dtype].itemsize
+        if len(th.shape) > MAX_RANK:
+            raise WireError(f"tensors[{i}].shape", list(th.shape), f"at most {MAX_RANK} dimensions are allowed")
+        if any(d > _MAX_SIZE for d in th.shape) or math.prod(th.shape) * itemsize > _MAX_SIZE:
+            raise WireError(f"tensors[{i}].shape", list(th.shape),
+                            f"dimensions and total size must each be at most {_MAX_SIZE}")
         expected = math.prod(th.shape) * itemsize
         if th.nbytes != expected:
             raise WireError(

@@ -124,3 +124,33 @@ def test_big_endian_input_is_sent_little_endian():
     _, (out,) = decode_message(_frame({}, [a]))
     assert out.dtype == np.dtype("<i4")
     np.testing.assert_array_equal(out, a)
+
+
+def _raw_frame(header: dict, data: bytes = b"") -> bytes:
+    body = json.dumps(header).encode()
+    head = struct.pack("<4sI", wire.MAGIC, len(body)) + body
+    return head + b"\0" * ((-len(head)) % 8) + data
+
+
+@pytest.mark.parametrize(
+    "header, data, field",
+    [
+        ({"data_bytes": -5}, b"", "data_bytes"),
+        ({"data_bytes": 10**30}, b"", "data_bytes"),
+        ({"data_bytes": 2**63}, b"", "data_bytes"),
+        ({"tensors": [{"dtype": "float32", "shape": [0, 10**30], "offset": 0, "nbytes": 0}]}, b"", "tensors[0].shape"),
+        ({"tensors": [{"dtype": "float32", "shape": [2**70], "offset": 0, "nbytes": 4 * 2**70}],
+          "data_bytes": 4 * 2**70}, b"", "data_bytes"),
+        ({"data_bytes": 1 << 60}, b"", "data_bytes"),  # in range, but no machine can allocate it
+        ({"tensors": [{"dtype": "float32", "shape": [1] * 65, "offset": 0, "nbytes": 4}], "data_bytes": 8},
+         b"\0" * 8, "tensors[0].shape"),
+    ],
+)
+def test_absurd_sizes_and_ranks_are_wire_errors(header, data, field):
+    """Sizes numpy cannot allocate and ranks it cannot represent are malformed frames (WireError, which servers
+    answer INVALID_ARGUMENT), not a bare ValueError from numpy escaping the decoder."""
+    frame = _raw_frame(header, data)
+    for chunks in ([frame], [frame[: len(frame) - len(data)], data]):  # one chunk, and header then data
+        with pytest.raises(WireError) as info:
+            decode_chunks(chunks)
+        assert info.value.field == field
