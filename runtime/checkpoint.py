@@ -1021,6 +1021,13 @@ class CheckpointManager:
                 or checkpoint_number < 0:
             raise CheckpointError(f"checkpoint_number={checkpoint_number!r} is invalid: allowed is an int >= 0")
         checkpoint_number = int(checkpoint_number)
+        if committed and checkpoint_number < committed[-1][0]:
+            # checkpoints are ordered by number (latest_checkpoint, max_to_keep, the evaluator): a lower one would
+            # never be the latest, and once max_to_keep is reached the sweep would delete it right away
+            raise CheckpointError(
+                f"checkpoint_number={checkpoint_number} is invalid: the newest committed checkpoint is "
+                f"{committed[-1][0]}; allowed is a number above it (or None for the next one)"
+            )
         path = self.storage.join(self.directory, f"{CHECKPOINT_PREFIX}{checkpoint_number}")
         # partial checkpoints (no manifest) are the remains of interrupted saves: nobody reads them
         committed_paths = {p for _, p in committed}

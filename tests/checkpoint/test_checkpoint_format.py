@@ -291,3 +291,20 @@ def test_fsspec_memory_filesystem():
     with pytest.raises(CheckpointCorruptError, match="sha256"):
         verify_checkpoint(path)
     fs.rm("/kubeps-test", recursive=True)
+
+
+def test_save_refuses_a_number_below_the_newest_so_max_to_keep_never_deletes_it(tmp_path):
+    """Checkpoints are ordered by number (``latest_checkpoint``, ``max_to_keep``, the evaluator): a save numbered
+    below the newest committed one would not become the latest and, with ``max_to_keep`` reached, was deleted by
+    the sweep right after its own save -- ``save()`` returned the path of a checkpoint that no longer existed."""
+    x = np.arange(4.0)
+    mgr = CheckpointManager(Checkpoint(x=x), tmp_path, max_to_keep=2)
+    mgr.save(checkpoint_number=5)
+    newest = mgr.save(checkpoint_number=6)
+    with pytest.raises(CheckpointError, match=r"checkpoint_number=3 is invalid.*newest committed checkpoint is 6"):
+        mgr.save(checkpoint_number=3)
+    assert [os.path.basename(p) for p in mgr.checkpoints] == ["ckpt-5", "ckpt-6"]
+    assert mgr.latest_checkpoint == newest
+    path = mgr.save(checkpoint_number=9)  # above the newest: fine, and the oldest (ckpt-5) goes
+    assert os.path.exists(os.path.join(path, "manifest.json"))
+    assert [os.path.basename(p) for p in mgr.checkpoints] == ["ckpt-6", "ckpt-9"]
