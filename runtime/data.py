@@ -742,44 +742,42 @@ class _InterleaveDataset(Dataset):
         self._block_length = block_length
 
     def _iterate(self) -> Iterator[Any]:
+        # tf.data's InterleaveDataset: a cycle of ``cycle_length`` slots visited in turn, ``block_length``
+        # elements from each; an exhausted iterator frees its slot and the cycle moves on to the next one; an
+        # empty slot is filled from the input when the cycle reaches it
         outer = self._parent._iterate()
-        open_its: list[Iterator[Any]] = []
+        slots: list[Iterator[Any] | None] = [None] * self._cycle_length
+        num_open = 0
+        index = 0
+        end_of_input = False
         try:
-            exhausted_outer = False
-            while True:
-                while not exhausted_outer and len(open_its) < self._cycle_length:
+            while not end_of_input or num_open:
+                it = slots[index]
+                if it is not None:
+                    for _ in range(self._block_length):
+                        try:
+                            element = next(it)
+                        except StopIteration:
+                            slots[index] = None
+                            num_open -= 1
+                            _close(it)
+                            break
+                        yield element
+                    index = (index + 1) % self._cycle_length
+                elif not end_of_input:
                     try:
                         element = next(outer)
                     except StopIteration:
-                        exhausted_outer = True
-                        break
-                    open_its.append(_sub_iterator(_call(self._fn, element)))
-                if not open_its:
-                    return
-                i = 0
-                while i < len(open_its):
-                    it = open_its[i]
-                    finished = False
-                    for _ in range(self._block_length):
-                        try:
-                            yield next(it)
-                        except StopIteration:
-                            finished = True
-                            break
-                    if finished:
-                        _close(open_its.pop(i))
-                        # refill the freed slot before moving on, as tf.data does
-                        if not exhausted_outer:
-                            try:
-                                element = next(outer)
-                                open_its.insert(i, _sub_iterator(_call(self._fn, element)))
-                            except StopIteration:
-                                exhausted_outer = True
-                    else:
-                        i += 1
+                        end_of_input = True
+                        continue
+                    slots[index] = _sub_iterator(_call(self._fn, element))
+                    num_open += 1
+                else:
+                    index = (index + 1) % self._cycle_length
         finally:
-            for it in open_its:
-                _close(it)
+            for it in slots:
+                if it is not None:
+                    _close(it)
             outer.close()
 
     def _repr_node(self) -> str:

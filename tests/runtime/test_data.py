@@ -298,6 +298,16 @@ def test_interleave_cycle_and_block(twelve_in_files):
     assert values(Dataset.range(3).flat_map(lambda i: [i] * i)) == [1, 2, 2]
 
 
+
+def test_interleave_moves_on_after_an_exhausted_iterator_as_tf_data():
+    """tf.data's own docstring example: when an iterator ends, interleave advances to the next slot of the cycle and
+    refills the freed slot only when the cycle comes back to it (kubeps refilled it and read it at once)."""
+    ds = Dataset.range(1, 6).interleave(lambda x: Dataset.from_tensors(x).repeat(6), cycle_length=2, block_length=4)
+    assert values(ds) == [1, 1, 1, 1, 2, 2, 2, 2, 1, 1, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 3, 3, 4, 4, 5, 5, 5, 5, 5, 5]
+    # an iterator that ends mid-block hands over to the next slot at once; empty ones are skipped
+    uneven = Dataset.range(4).interleave(lambda x: [int(x)] * [1, 3, 0, 2][int(x)], cycle_length=2, block_length=2)
+    assert values(uneven) == [0, 1, 1, 1, 3, 3]
+
 # -- auto-sharding ------------------------------------------------------------------------------------------------
 def test_guide_data_example_two_workers():
     # One file of 0..11, per-replica batch of 2: worker 0 gets [0,1] [4,5] [8,9], worker 1 [2,3] [6,7] [10,11].
