@@ -63,6 +63,7 @@ class ParameterServerStrategy:
         self._lock = threading.Lock()
         self._next_ps = 0
         self._names: dict[str, int] = {}
+        self._keys: set[str] = set()  # every key handed out (variables and shards)
         if not ps_startup_timeout > 0:
             raise RuntimeConfigError("ps_startup_timeout", ps_startup_timeout, "must be a number of seconds > 0")
         self._ps_startup_timeout = float(ps_startup_timeout)
@@ -134,11 +135,21 @@ class ParameterServerStrategy:
         self._ps_ready = True
 
     # -- variable creation -----------------------------------------------------------------------------------
-    def _unique_name(self, name: str) -> str:
+    def _unique_name(self, name: str, shards: int = 1) -> str:
+        """``name``, else ``name_1``, ``name_2`` ...: the first key neither generated nor given before (shard keys
+        ``key/part_i`` count too), so that no CreateVariables ever replaces another variable on a ps."""
         with self._lock:
             count = self._names.get(name, 0)
-            self._names[name] = count + 1
-        return name if count == 0 else f"{name}_{count}"
+            while True:
+                key = name if count == 0 else f"{name}_{count}"
+                count += 1
+                parts = [f"{key}/part_{i}" for i in range(shards)] if shards > 1 else []
+                if key not in self._keys and not self._keys.intersection(parts):
+                    break
+            self._names[name] = count
+            self._keys.add(key)
+            self._keys.update(parts)
+        return key
 
     def _place(self) -> int:
         with self._lock:
@@ -171,8 +182,8 @@ class ParameterServerStrategy:
         if shape is not None and tuple(array.shape) != tuple(shape):
             raise RuntimeConfigError("shape", shape, f"the initial value has shape {list(array.shape)}")
         self.wait_for_parameter_servers()
-        key = self._unique_name(name or "Variable")
         n = self._num_shards(tuple(array.shape), array.dtype)
+        key = self._unique_name(name or "Variable", n)
         if n == 1:
             ps = self._place()
             self._transport.call(ps, "CreateVariables", {"names": [key]}, [array])

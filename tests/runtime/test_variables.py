@@ -94,6 +94,28 @@ def test_embedding_lookup_owner_arithmetic_and_dedup(servers, monkeypatch):
         embedding_lookup(emb, [13])
 
 
+def test_an_explicit_name_never_reuses_a_generated_one(servers):
+    """``Variable(name="dup")`` twice makes "dup" and "dup_1"; a third variable named "dup_1" explicitly used to get
+    the key "dup_1" again, and its CreateVariables replaced the second variable's shards on the ps."""
+    cluster, ps = servers
+    strategy = _strategy(cluster, FixedShardsPartitioner(2))
+    with strategy.scope():
+        first = Variable(np.zeros(2, np.float32), name="dup")
+        second = Variable(np.ones(2, np.float32), name="dup")                # "dup_1"
+        Variable(np.zeros(1, np.float32), name="filler")
+        third = Variable(np.full(5, 7.0, np.float32), name="dup_1")          # must not be "dup_1" again
+        table = Variable(np.zeros((4, 2), np.float32), name="tab")          # shards tab/part_0, tab/part_1
+        clash = Variable(np.full(3, 9.0, np.float32), name="tab/part_1")   # must not replace a shard
+    keys = [k for v in (first, second, third, table, clash)
+            for k in [v.name] + ([s.name for s in v.variables] if isinstance(v, ShardedVariable) else [])]
+    assert len(set(keys)) == len(keys), keys
+    assert second.name == "dup_1" and third.name != "dup_1"
+    np.testing.assert_array_equal(second.numpy(), [1, 1])
+    np.testing.assert_array_equal(third.numpy(), [7] * 5)
+    np.testing.assert_array_equal(table.numpy(), np.zeros((4, 2)))
+    np.testing.assert_array_equal(clash.numpy(), [9] * 3)
+
+
 def test_partitioner_edge_cases(servers):
     cluster, _ = servers
     strategy = _strategy(cluster, MinSizePartitioner(min_shard_bytes=8, max_shards=3))
