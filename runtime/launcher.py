@@ -307,6 +307,9 @@ class LocalCluster:
             if previous is not None:
                 if previous.running:
                     raise LauncherError(f"{previous.name} is still running (pid {previous.pid})")
+                # what the previous run left in its process group goes with it: once reaped, its group id is
+                # free and nothing could reach those processes any more
+                self._signal_group(previous, signal.SIGKILL)
                 self._reap(previous)
             try:
                 popen = subprocess.Popen(

@@ -286,6 +286,54 @@ def test_local_cluster_restarts_a_task_through_on_task_exit(script, pid_dir, tmp
     assert_all_gone({"ps-0": cluster.tasks[("ps", 0)].pid, "worker-0": worker.pid, "first": restarted[0]})
 
 
+ORPHAN_SCRIPT = r"""
+import json, os, subprocess, sys, time
+task = json.loads(os.environ["TF_CONFIG"])["task"]
+pid_dir = sys.argv[1]
+name = f"{task['type']}-{task['index']}"
+if name == "worker-0" and not os.path.exists(os.path.join(pid_dir, "grandchild")):
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with open(os.path.join(pid_dir, ".grandchild"), "w") as f:
+        f.write(str(child.pid))
+    os.replace(os.path.join(pid_dir, ".grandchild"), os.path.join(pid_dir, "grandchild"))
+    sys.exit(2)  # the worker dies, its child lives on in the worker's process group
+with open(os.path.join(pid_dir, name), "w") as f:
+    f.write(str(os.getpid()))
+time.sleep(3 if name == "chief-0" else 600)
+"""
+
+
+def test_restarting_a_task_kills_what_its_previous_run_left_in_its_process_group(tmp_path, pid_dir):
+    """A restarted task's previous process group was reaped without being signalled: a child the dead task had
+    started lived on (and, once the group was reaped, no stop() could reach it any more)."""
+    script = tmp_path / "orphan.py"
+    script.write_text(ORPHAN_SCRIPT)
+
+    class Restarting(LocalCluster):
+        def on_task_exit(self, task):
+            super().on_task_exit(task)
+            self.start_task(task.task_type, task.index)
+
+    devnull = open(os.devnull, "w")
+    cluster = Restarting(str(script), [str(pid_dir)], num_ps=1, num_workers=1, output=devnull, log=devnull)
+    grandchild = None
+    try:
+        cluster.start()
+        assert cluster.wait(timeout=30) == 0  # the chief runs 3 s; worker-0 dies and is restarted meanwhile
+        found = wait_for_pids(pid_dir, 4)  # ps-0, chief-0, the grandchild and the restarted worker-0
+        assert "worker-0" in found and cluster.tasks[("worker", 0)].running
+        grandchild = found["grandchild"]
+        deadline = time.monotonic() + 5
+        while alive(grandchild) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not alive(grandchild), "the first worker's child survived its restart"
+    finally:
+        cluster.stop()
+        devnull.close()
+        if grandchild is not None and alive(grandchild):
+            os.kill(grandchild, signal.SIGKILL)
+
 def test_local_cluster_start_task_checks(script, tmp_path):
     cluster = LocalCluster(str(script), num_ps=1, num_workers=1, output=open(os.devnull, "w"), log=open(os.devnull, "w"))
     with pytest.raises(LauncherError, match="has 1 'ps' task"):
