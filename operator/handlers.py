@@ -232,10 +232,13 @@ class Reconciler:
         namespace, name = key
         for action in plan.of(planner.Event):
             kopf.event(job, type=action.type, reason=action.reason, message=action.message)
+        secret_ready = True
         for action in plan.of(planner.CreateSecret):
-            await self.create_secret(key, job, action)
-        creates = [self.create_child(key, job, a) for a in plan.actions
-                   if isinstance(a, (planner.CreateService, planner.CreatePod))]
+            secret_ready = await self.create_secret(key, job, action)
+        # Without the job's own Secret no pod is made: one started with another owner's token would disagree with
+        # the pods started after it.
+        kinds = (planner.CreateService, planner.CreatePod) if secret_ready else (planner.CreateService,)
+        creates = [self.create_child(key, job, a) for a in plan.actions if isinstance(a, kinds)]
         deletes = [self.delete_child(key, job, a) for a in plan.actions
                    if isinstance(a, (planner.DeletePod, planner.DeleteService))]
         results = await asyncio.gather(*creates, *deletes, return_exceptions=True)
@@ -245,9 +248,11 @@ class Reconciler:
         for action in plan.of(planner.DeleteJob):
             await self.delete_job(key, job, action)
 
-    async def create_secret(self, key: Key, job: dict, action: planner.CreateSecret) -> None:
+    async def create_secret(self, key: Key, job: dict, action: planner.CreateSecret) -> bool:
+        """Create the job's Secret; returns whether the job's own Secret exists now."""
         from kubernetes.client.exceptions import ApiException
 
+        uid = job["metadata"]["uid"]
         body = copy.deepcopy(action.body)
         token = secrets.token_urlsafe(32)
         body["data"] = {planner.TOKEN_KEY: base64.b64encode(token.encode()).decode()}
@@ -257,9 +262,20 @@ class Reconciler:
             if err.status != 409:
                 metrics.API_ERRORS.labels("create-secret", str(err.status)).inc()
                 raise
+            existing = await self.call(self.kube.read_secret, key[0], action.name)
+            if existing is None or not planner._controlled_by(existing, uid):
+                # Someone else's, e.g. the Secret of a deleted job of the same name that the garbage collector has
+                # not removed yet: not ours to use. Retry until it is gone (Secrets are not watched).
+                log.info("Secret %s/%s exists but is not controlled by job %s; retrying", key[0], action.name, uid)
+                kopf.event(job, type="Warning", reason="SecretConflict",
+                           message=f"Secret {action.name} exists but belongs to another owner; waiting for it to "
+                                   f"be removed before creating pods")
+                self.schedule(key, 2.0)
+                return False
         else:
             kopf.event(job, type="Normal", reason="SecretCreated", message=f"Created Secret {action.name}")
-        self.secrets[key] = job["metadata"]["uid"]
+        self.secrets[key] = uid
+        return True
 
     async def create_child(self, key: Key, job: dict, action) -> None:
         from kubernetes.client.exceptions import ApiException

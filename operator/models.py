@@ -301,7 +301,7 @@ class PSTrainingJobStatus(BaseModel):
     #: Bumped at every PS restart; a chief pod of an older epoch is restarted so it rebuilds its variables.
     chiefEpoch: int = 0
     #: UIDs of failed or finished pods already accounted for (so a restarted operator never counts twice).
-    handledPods: list[str] = Field(default_factory=list, max_length=256)
+    handledPods: list[str] = Field(default_factory=list, max_length=4096)
 
 
 class SpecError(ValueError):

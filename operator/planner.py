@@ -53,7 +53,9 @@ LABEL_ROLE = "kubeps.dev/job-role"
 ANNOTATION_EPOCH = "kubeps.dev/chief-epoch"
 MAIN_CONTAINER_NAMES = ("kubeps", "tensorflow")
 TOKEN_KEY = "token"
-HANDLED_LIMIT = 256
+#: Covers every pod a job can have (chief, 100 PS, 1000 workers, evaluator), twice: a terminating pod and its
+#: replacement. Dropping a UID still observed would count that pod again at every reconcile.
+HANDLED_LIMIT = 4096
 
 #: Condition reasons.
 R_CREATED = "PSTrainingJobCreated"
@@ -65,6 +67,7 @@ R_ALL_WORKERS_FAILED = "AllWorkersFailed"
 R_BACKOFF = "BackoffLimitExceeded"
 R_DEADLINE = "DeadlineExceeded"
 R_INVALID = "InvalidSpec"
+R_INVALID_TEMPLATE = "InvalidPodTemplate"
 R_SUSPENDED = "Suspended"
 R_RESUMED = "Resumed"
 
@@ -475,6 +478,17 @@ class _Planner:
         if pod.uid is not None and pod.uid not in self.status.handledPods:
             self.status.handledPods.append(pod.uid)
 
+    def retire(self, pod: ObservedPod) -> bool:
+        """Account for a chief or PS pod that goes away (restarted, deleted, suspended) once: mark it handled and
+        keep its in-place container restarts in ``backoffCount``, which would otherwise vanish with the pod.
+        Returns False when it was already retired."""
+        if self.handled(pod):
+            return False
+        self.mark_handled(pod)
+        if pod.replica_type in (ReplicaType.CHIEF, ReplicaType.PS):
+            self.status.backoffCount += pod.restart_count
+        return True
+
     def retries(self, policy: RestartPolicy, pod: ObservedPod) -> bool:
         """Whether a replica's restart policy recreates this finished pod."""
         if pod.phase == "Succeeded":
@@ -486,10 +500,11 @@ class _Planner:
         return True
 
     def backoff_used(self) -> int:
+        # Pods already retired have their in-place restarts folded into backoffCount.
         live = sum(
             p.restart_count
             for p in self.pods
-            if p.replica_type in (ReplicaType.CHIEF, ReplicaType.PS) and not p.terminating
+            if p.replica_type in (ReplicaType.CHIEF, ReplicaType.PS) and not self.handled(p)
         )
         return self.status.backoffCount + live
 
@@ -499,8 +514,8 @@ class _Planner:
         if self.spec is not None:
             policy = self.spec.runPolicy.cleanPodPolicy
         else:
-            raw = ((self.job.get("spec") or {}).get("runPolicy") or {}).get("cleanPodPolicy")
-            if raw in {p.value for p in CleanPodPolicy}:
+            raw = self.raw_run_policy().get("cleanPodPolicy")
+            if isinstance(raw, str) and raw in {p.value for p in CleanPodPolicy}:
                 policy = CleanPodPolicy(raw)
         if policy is CleanPodPolicy.NONE:
             return
@@ -516,8 +531,19 @@ class _Planner:
             if policy is CleanPodPolicy.ALL or svc_name in removed:
                 self.plan.actions.append(DeleteService(svc_name, "cleanPodPolicy " + policy.value))
 
+    def raw_run_policy(self) -> dict:
+        """``spec.runPolicy`` as written, for a job whose spec the models rejected (any shape)."""
+        spec = self.job.get("spec")
+        run_policy = spec.get("runPolicy") if isinstance(spec, dict) else None
+        return run_policy if isinstance(run_policy, dict) else {}
+
     def ttl(self) -> None:
-        raw = ((self.job.get("spec") or {}).get("runPolicy") or {}).get("ttlSecondsAfterFinished")
+        if self.spec is not None:
+            raw = self.spec.runPolicy.ttlSecondsAfterFinished
+        else:
+            raw = self.raw_run_policy().get("ttlSecondsAfterFinished")
+            if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
+                return  # an invalid spec with an unusable TTL: keep the failed job
         if raw is None:
             return
         finished = parse_time(self.status.completionTime) or self.now
@@ -529,6 +555,11 @@ class _Planner:
 
     # -- main ---------------------------------------------------------------------------------------------------
     def run(self) -> Plan:
+        if self.meta.get("deletionTimestamp"):
+            # Being deleted (foreground cascade, or a finalizer of someone else's): the garbage collector removes
+            # the children; recreating them would fight it. Nothing to do, nothing to write.
+            self.plan.status = copy.deepcopy(dict(self.job.get("status") or {}))
+            return self.plan
         if not self.terminal:
             try:
                 models.check_name(self.name)
@@ -541,6 +572,8 @@ class _Planner:
             except SpecError:
                 self.spec = None
         if not self.terminal:
+            self.check_templates()
+        if not self.terminal:
             self.reconcile()
         if self.terminal:
             self.cleanup()
@@ -548,6 +581,20 @@ class _Planner:
             self.plan.terminal = True
         self.summarise()
         return self.plan
+
+    def check_templates(self) -> None:
+        """Fail the job when a template cannot be made into a pod (the CRD preserves unknown fields, so e.g.
+        ``metadata.labels: "a=b"`` or ``env: "X=1"`` reach the planner) instead of raising on every reconcile."""
+        for rt in models.REPLICA_TYPES:
+            if self.spec.replicaSpecs.get(rt) is None:
+                continue
+            try:
+                pod_body(self.job, rt, 0, self.status.chiefEpoch, self.config)
+                service_body(self.job, rt, 0)
+            except (TypeError, ValueError, AttributeError, KeyError, IndexError) as err:
+                self.fail(R_INVALID_TEMPLATE, f"spec.replicaSpecs.{rt.value}.template cannot be made into a pod: "
+                                              f"{type(err).__name__}: {err}")
+                return
 
     def reconcile(self) -> None:
         spec = self.spec
@@ -568,6 +615,8 @@ class _Planner:
             for ctype in (ConditionType.RUNNING, ConditionType.RESTARTING):
                 self.set_condition(ctype, False, R_SUSPENDED, "The job is suspended.")
             for pod in sorted(self.pods, key=lambda p: p.name):
+                if pod.replica_type in (ReplicaType.CHIEF, ReplicaType.PS):
+                    self.retire(pod)  # so that a pod still terminating at resume is not taken for a lost one
                 if not pod.terminating:
                     self.delete_pod(pod, "suspended")
             for svc_name in sorted(self.services):
@@ -636,33 +685,51 @@ class _Planner:
             if pod is None:
                 self.create_pod(ReplicaType.PS, index)
                 continue
-            if pod.terminating or not pod.finished:
-                continue
-            if pod.phase == "Succeeded" and policy is not RestartPolicy.ALWAYS:
-                continue  # a PS that chose to exit; the chief decides the job's fate
-            if self.handled(pod):
-                self.delete_pod(pod, "restart")
-                continue
-            what = _ended(pod, f"ps {index}")
-            if not self.retries(policy, pod):
+            if pod.terminating:
+                if self.handled(pod):
+                    continue  # our own delete (restart, suspend): recreated once gone
+                # Deleted by someone else (kubectl delete, a drain, the node lifecycle controller): the PS's
+                # variables are lost as surely as after a failure, so the chief must restart too. Recreated once
+                # gone, like an evicted pod (no exit code), whatever the policy; counted against backoffLimit.
+                what = f"ps {index} (pod {pod.name}) was deleted"
+                retry, delete = True, False
+            else:
+                if not pod.finished:
+                    continue
+                if pod.phase == "Succeeded" and policy is not RestartPolicy.ALWAYS:
+                    continue  # a PS that chose to exit; the chief decides the job's fate
+                if self.handled(pod):
+                    self.delete_pod(pod, "restart")
+                    continue
+                what = _ended(pod, f"ps {index}")
+                retry, delete = self.retries(policy, pod), True
+            if not retry:
                 self.fail(R_PS_FAILED, f"{what}; restartPolicy {policy.value} does not retry it.")
                 return True
             if not self.restart_allowed(what):
                 return True
-            self.mark_handled(pod)
+            self.retire(pod)
             self.status.backoffCount += 1
             self.status.chiefEpoch += 1
             ps_status = self.replica_status(ReplicaType.PS)
             ps_status.restarts += 1
-            if pod.phase == "Failed":
+            if pod.phase == "Failed" or not delete:
                 ps_status.failed += 1
-            self.replica_status(ReplicaType.CHIEF).restarts += 1
             message = f"{what}; restarting it and the chief, which restores the latest checkpoint."
             self.set_condition(ConditionType.RESTARTING, True, R_PS_FAILED, message)
             self.set_condition(ConditionType.RUNNING, False, R_PS_FAILED, message)
             self.event("Warning", "PSRestarting", message)
-            self.delete_pod(pod, "restart")
+            if delete:
+                self.delete_pod(pod, "restart")
         return False
+
+    def restart_chief_for_epoch(self, pod: ObservedPod) -> None:
+        """Delete a chief pod of an older epoch (a PS restarted); counted as one chief restart, once per pod."""
+        if self.retire(pod):
+            self.replica_status(ReplicaType.CHIEF).restarts += 1
+            self.event("Normal", "ChiefRestarting", f"Restarting the chief ({pod.name}) after a parameter server "
+                                                    f"restart")
+        self.delete_pod(pod, "restart after a parameter server restart")
 
     def reconcile_chief(self, spec: PSTrainingJobSpec) -> bool:
         policy = spec.replicaSpecs.Chief.restartPolicy
@@ -671,12 +738,18 @@ class _Planner:
             self.create_pod(ReplicaType.CHIEF, 0)
             return False
         if pod.terminating:
-            return False
+            if self.handled(pod):
+                return False  # our own delete: recreated once gone
+            if pod.epoch < self.status.chiefEpoch:
+                # Restarted for a PS restart (by an operator that did not mark it handled yet).
+                if self.retire(pod):
+                    self.replica_status(ReplicaType.CHIEF).restarts += 1
+                return False
+            # Deleted by someone else: recreated once gone, like an evicted chief, within backoffLimit.
+            return self.chief_restart(f"the chief (pod {pod.name}) was deleted", pod, delete=False)
         if not pod.finished:
             if pod.epoch < self.status.chiefEpoch:
-                self.delete_pod(pod, "restart after a parameter server restart")
-                self.event("Normal", "ChiefRestarting",
-                           f"Restarting the chief ({pod.name}) after a parameter server restart")
+                self.restart_chief_for_epoch(pod)
             elif self.backoff_used() > spec.runPolicy.backoffLimit:
                 self.fail(R_BACKOFF, f"The chief and parameter servers restarted {self.backoff_used()} time(s) "
                                      f"(including in-place container restarts), more than backoffLimit "
@@ -684,16 +757,23 @@ class _Planner:
                 return True
             return False
         # Failed (Succeeded was handled before).
-        if self.handled(pod) or pod.epoch < self.status.chiefEpoch:
+        if self.handled(pod):
             self.delete_pod(pod, "restart")
+            return False
+        if pod.epoch < self.status.chiefEpoch:
+            self.restart_chief_for_epoch(pod)  # part of the PS restart: not counted twice against backoffLimit
             return False
         what = _ended(pod, "the chief")
         if not self.retries(policy, pod):
             self.fail(R_CHIEF_FAILED, f"{what}; restartPolicy {policy.value} does not retry it.")
             return True
+        return self.chief_restart(what, pod, delete=True)
+
+    def chief_restart(self, what: str, pod: ObservedPod, delete: bool) -> bool:
+        """Count one chief restart against backoffLimit; returns True when the job failed instead."""
         if not self.restart_allowed(what):
             return True
-        self.mark_handled(pod)
+        self.retire(pod)
         self.status.backoffCount += 1
         chief_status = self.replica_status(ReplicaType.CHIEF)
         chief_status.restarts += 1
@@ -702,7 +782,8 @@ class _Planner:
         self.set_condition(ConditionType.RESTARTING, True, R_CHIEF_FAILED, message)
         self.set_condition(ConditionType.RUNNING, False, R_CHIEF_FAILED, message)
         self.event("Warning", "ChiefRestarting", message)
-        self.delete_pod(pod, "restart")
+        if delete:
+            self.delete_pod(pod, "restart")
         return False
 
     def reconcile_replicas(self, rt: ReplicaType, count: int, spec: PSTrainingJobSpec) -> bool:

@@ -250,3 +250,41 @@ def test_example_manifest_runs(kube, ns, name):
     create_job(kube, ns, manifest)
     job = wait_state(kube, ns, name, "Running", timeout=30)
     assert job["status"]["ps"].endswith("/2")
+
+
+def test_secret_left_by_another_owner_is_replaced_before_any_pod_is_made(kube, ns):
+    """A job re-created under the name of one just deleted finds the old job's Secret until the garbage collector
+    removes it. The operator must not take it for its own: pods started with the old token would disagree with
+    pods started after, and once the old Secret is gone no new one would ever be made."""
+    core = kube.core()
+    owner = core.create_namespaced_config_map(ns, {"metadata": {"name": "old-owner"}})
+    core.create_namespaced_secret(ns, {
+        "metadata": {"name": "re-kubeps-token", "labels": {"kubeps.dev/job-name": "re"},
+                     "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "old-owner",
+                                          "uid": owner.metadata.uid, "controller": True}]},
+        "data": {"token": base64.b64encode(b"old-token").decode()}})
+    job = create_job(kube, ns, job_manifest("re", ps=1, workers=1))
+    import time
+
+    time.sleep(2.0)
+    assert not pods_of(kube, ns, "re"), "pods made while the Secret is someone else's"
+    core.delete_namespaced_config_map("old-owner", ns, propagation_policy="Background")
+
+    def own_secret():
+        secret = core.read_namespaced_secret("re-kubeps-token", ns)
+        refs = secret.metadata.owner_references or []
+        return secret if any(r.uid == job["metadata"]["uid"] and r.controller for r in refs) else None
+
+    secret = kube.wait_for(own_secret, timeout=30, what="the job's own Secret")
+    assert base64.b64decode(secret.data["token"]) != b"old-token"
+    wait_state(kube, ns, "re", "Running", timeout=30)
+
+
+def test_template_the_planner_cannot_use_fails_the_job_without_a_crash_loop(kube, ns, operator):
+    # The CRD preserves a template's unknown fields as written, so the API server accepts an env that is not a list.
+    bad = {"spec": {"containers": [{"name": "kubeps", "image": "x", "env": "MODE=train"}]}}
+    create_job(kube, ns, job_manifest("badenv", templates={"PS": bad}))
+    job = wait_state(kube, ns, "badenv", "Failed")
+    cond = condition(job, "Failed")
+    assert cond["reason"] == "InvalidPodTemplate" and "spec.replicaSpecs.PS.template" in cond["message"]
+    assert not pods_of(kube, ns, "badenv")

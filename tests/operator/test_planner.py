@@ -10,7 +10,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from kubeps.operator import planner as P
+from kubeps.operator import models, planner as P
 from kubeps.runtime.cluster import TFConfig
 
 NOW = datetime(2025, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
@@ -591,3 +591,169 @@ def test_operator_killed_mid_reconcile_converges_without_duplicates_or_orphans(s
     expected = {"ctr-chief-0", "ctr-ps-0", "ctr-ps-1", "ctr-evaluator-0"} | {f"ctr-worker-{i}" for i in range(4)}
     assert set(world.pods) == expected and set(world.services) == expected
     assert world.created.count("ctr-ps-1") == 1  # never created twice while it lived
+
+
+# ----------------------------------------------------------------------------------------------- review findings
+def mark_deleted(world: World, name: str) -> None:
+    """Someone other than the operator deleted the pod (kubectl delete, a drain, the node lifecycle controller):
+    it is terminating, and still running for its grace period."""
+    world.pods[name]["metadata"]["deletionTimestamp"] = "2025-01-01T12:00:00Z"
+
+
+def test_ps_deleted_by_someone_else_restarts_the_chief_too():
+    world = running(ps=2)
+    chief_uid = world.pods["ctr-chief-0"]["metadata"]["uid"]
+    mark_deleted(world, "ctr-ps-1")
+    plan = world.step()
+    assert [a.name for a in plan.of(P.DeletePod)] == ["ctr-chief-0"]
+    assert world.is_true("Restarting") and world.cond("Restarting")["reason"] == "PSFailed"
+    assert "ctr-ps-1" in world.cond("Restarting")["message"] and "deleted" in world.cond("Restarting")["message"]
+    assert world.job["status"]["backoffCount"] == 1 and world.job["status"]["chiefEpoch"] == 1
+    world.step()  # the same terminating pod seen again: counted once
+    assert world.job["status"]["backoffCount"] == 1
+    del world.pods["ctr-ps-1"]
+    world.converge()
+    assert world.pods["ctr-chief-0"]["metadata"]["uid"] != chief_uid
+    world.run_all()
+    world.converge()
+    assert world.is_true("Running") and world.job["status"]["replicaStatuses"]["PS"]["restarts"] == 1
+
+
+def test_chief_deleted_by_someone_else_counts_as_a_chief_restart():
+    world = running(run_policy={"backoffLimit": 1})
+    mark_deleted(world, "ctr-chief-0")
+    world.step()
+    assert world.is_true("Restarting") and world.cond("Restarting")["reason"] == "ChiefFailed"
+    assert world.job["status"]["backoffCount"] == 1
+    assert world.job["status"]["replicaStatuses"]["Chief"]["restarts"] == 1
+    del world.pods["ctr-chief-0"]
+    world.converge()
+    world.run_all()
+    world.converge()
+    assert world.is_true("Running")
+    mark_deleted(world, "ctr-chief-0")
+    world.step()
+    assert world.cond("Failed")["reason"] == "BackoffLimitExceeded"
+
+
+def test_pods_still_terminating_after_suspend_are_not_failures_on_resume():
+    world = running(ps=2)
+    world.job["spec"]["runPolicy"]["suspend"] = True
+    plan = world.plan()
+    world.apply(plan, limit=0)  # status written; the pods are deleted, but still terminating when resumed
+    for name in list(world.pods):
+        mark_deleted(world, name)
+    world.job["spec"]["runPolicy"]["suspend"] = False
+    world.step()
+    assert not world.is_true("Restarting") and world.job["status"]["backoffCount"] == 0
+    world.pods.clear()
+    world.converge()
+    world.run_all()
+    world.converge()
+    assert world.is_true("Running") and world.job["status"]["restarts"] == 0
+
+
+def test_our_own_chief_restart_is_not_mistaken_for_a_deletion():
+    world = running(ps=1)
+    world.exit("ctr-ps-0", 137)
+    chief = copy.deepcopy(world.pods["ctr-chief-0"])
+    world.step()
+    # The chief's delete was issued: it is terminating (not yet gone) in the next observation.
+    world.pods["ctr-chief-0"] = chief
+    mark_deleted(world, "ctr-chief-0")
+    world.step()
+    status = world.job["status"]
+    assert status["backoffCount"] == 1 and status["replicaStatuses"]["Chief"]["restarts"] == 1
+    assert world.cond("Restarting")["reason"] == "PSFailed"
+
+
+def test_in_place_restarts_of_a_recreated_pod_still_count_against_backoff():
+    world = running(run_policy={"backoffLimit": 3})
+    world.pods["ctr-chief-0"]["status"]["containerStatuses"][0]["restartCount"] = 2
+    world.step()
+    assert world.is_true("Running")
+    world.exit("ctr-ps-0", 137)  # restart 3 of 3: allowed, and the chief (2 in-place restarts) is recreated
+    world.converge()
+    world.run_all()
+    world.converge()
+    assert world.is_true("Running") and world.job["status"]["backoffCount"] == 3
+    world.exit("ctr-ps-1", 137)  # restart 4 > backoffLimit 3
+    world.step()
+    assert world.cond("Failed")["reason"] == "BackoffLimitExceeded"
+
+
+def test_two_ps_failing_together_restart_the_chief_once():
+    world = running(ps=2)
+    world.exit("ctr-ps-0", 137)
+    world.exit("ctr-ps-1", 137)
+    world.converge()
+    world.run_all()
+    world.converge()
+    status = world.job["status"]
+    assert world.created.count("ctr-chief-0") == 2  # created once, recreated once
+    assert status["replicaStatuses"]["Chief"]["restarts"] == 1
+    assert status["replicaStatuses"]["PS"]["restarts"] == 2
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda t: t.update(metadata={"labels": "team=ads"}),
+    lambda t: t.update(metadata={"annotations": ["a"]}),
+    lambda t: t["spec"]["containers"][0].update(env="TF_CONFIG={}"),
+    lambda t: t["spec"]["containers"][0].update(env=["A=1"]),
+])
+def test_template_the_planner_cannot_build_a_pod_from_fails_the_job_instead_of_raising(mutate):
+    job = make_job()
+    mutate(job["spec"]["replicaSpecs"]["Worker"]["template"])
+    world = World(job)
+    plan = world.step()
+    assert plan.terminal and not plan.of(P.CreatePod)
+    cond = world.cond("Failed")
+    assert cond["reason"] == "InvalidPodTemplate" and "spec.replicaSpecs.Worker.template" in cond["message"]
+    assert world.plan().actions == []
+
+
+@pytest.mark.parametrize("run_policy", [
+    {"ttlSecondsAfterFinished": "soon", "backoffLimit": -1},
+    {"ttlSecondsAfterFinished": "soon", "cleanPodPolicy": "Sometimes"},
+])
+def test_invalid_run_policy_fails_the_job_instead_of_raising(run_policy):
+    world = World(make_job(run_policy=run_policy))
+    world.step()
+    assert world.cond("Failed")["reason"] == "InvalidSpec"
+    job = make_job()
+    job["spec"]["runPolicy"] = ["suspend"]
+    world = World(job)
+    world.step()
+    assert world.cond("Failed")["reason"] == "InvalidSpec" and "runPolicy" in world.cond("Failed")["message"]
+
+
+def test_job_being_deleted_in_the_foreground_recreates_nothing():
+    """kubectl delete --cascade=foreground: the job stays (deletionTimestamp set) while the garbage collector deletes
+    its children; recreating them would fight the collector and count restarts that never happened."""
+    world = running(ps=2)
+    status = copy.deepcopy(world.job["status"])
+    world.job["metadata"]["deletionTimestamp"] = "2025-01-01T12:00:00Z"
+    mark_deleted(world, "ctr-ps-0")
+    mark_deleted(world, "ctr-chief-0")
+    del world.pods["ctr-worker-0"]
+    plan = world.plan()
+    assert not plan.of(P.CreatePod) and not plan.of(P.CreateService) and not plan.of(P.DeletePod)
+    assert plan.status["backoffCount"] == status["backoffCount"] and plan.status["conditions"] == status["conditions"]
+
+
+def test_many_workers_failed_for_good_are_counted_once():
+    """More finished pods than handledPods used to keep (256): the oldest UIDs were dropped, counted again at the
+    next reconcile, and so on forever (a status write per reconcile, each triggering the next)."""
+    world = running(workers=300, policies={"Worker": "Never"})
+    for i in range(280):
+        world.exit(f"ctr-worker-{i}", 1)
+    world.step()
+    plan = world.converge()
+    assert world.job["status"]["replicaStatuses"]["Worker"]["failed"] == 280
+    assert plan.status == world.job["status"] and not plan.of(P.Event)
+
+
+def test_handled_pods_limit_covers_every_pod_a_job_can_have():
+    most = 1 + models.MAX_PS + models.MAX_WORKERS + 1
+    assert P.HANDLED_LIMIT >= 2 * most  # each name may have a terminating pod and its replacement
+    assert models.PSTrainingJobStatus.model_fields["handledPods"].metadata[0].max_length >= P.HANDLED_LIMIT
