@@ -21,6 +21,8 @@ from typing import Any, Iterable, Mapping
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
+from .errors import FieldError, short_repr
+
 __all__ = [
     "TASK_TYPES",
     "TRAINING_TASK_TYPES",
@@ -42,19 +44,11 @@ SINGLETON_TASK_TYPES = ("chief", "evaluator")
 _DNS_LABEL = re.compile(r"^[a-zA-Z0-9]([-a-zA-Z0-9_]{0,61}[a-zA-Z0-9])?$")
 
 
-class TFConfigError(ValueError):
+class TFConfigError(FieldError):
     """TF_CONFIG (or a cluster spec) is malformed; the message names the field, the value and what is allowed."""
 
-    def __init__(self, field: str, value: Any, allowed: str):
-        self.field = field
-        self.value = value
-        self.allowed = allowed
-        super().__init__(f"TF_CONFIG field '{field}' has invalid value {_short(value)}: {allowed}")
-
-
-def _short(value: Any, limit: int = 120) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    template = "TF_CONFIG field '{field}' has invalid value {value}: {allowed}"
+    value_chars = 120
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -192,7 +186,7 @@ class TFConfig(BaseModel):
             try:
                 data = json.loads(data)
             except json.JSONDecodeError as err:
-                raise TFConfigError("TF_CONFIG", _short(data, 60), f"must be a JSON object ({err})") from None
+                raise TFConfigError("TF_CONFIG", short_repr(data, 60), f"must be a JSON object ({err})") from None
         if not isinstance(data, Mapping):
             raise TFConfigError("TF_CONFIG", data, "must be a JSON object with 'cluster' and 'task'")
         try:

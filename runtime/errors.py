@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 __all__ = [
+    "FieldError",
     "ClosureError",
     "CancelledError",
     "InsecureServerError",
@@ -15,17 +16,32 @@ __all__ = [
 ]
 
 
-class RuntimeConfigError(ValueError):
-    """A bad argument or configuration; the message names the field, the value and what is allowed."""
+def short_repr(value: object, limit: int) -> str:
+    """``repr(value)``, cut to ``limit`` characters so a huge payload never floods an error message."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class FieldError(ValueError):
+    """Bad input. The message names the field, the value and what is allowed; each subclass words it for its
+    context (TF_CONFIG, a wire frame, an argument). ``field``, ``value`` and ``allowed`` are kept as attributes."""
+
+    template = "'{field}' has invalid value {value}: {allowed}"
+    value_chars = 160
 
     def __init__(self, field: str, value: object, allowed: str):
         self.field = field
         self.value = value
         self.allowed = allowed
-        text = repr(value)
-        if len(text) > 160:
-            text = text[:157] + "..."
-        super().__init__(f"'{field}' has invalid value {text}: {allowed}")
+        super().__init__(self.template.format(field=field, value=short_repr(value, self.value_chars), allowed=allowed))
+
+    def __reduce__(self):
+        # the default (cls, self.args) would call __init__ with the formatted message alone
+        return (type(self), (self.field, self.value, self.allowed))
+
+
+class RuntimeConfigError(FieldError):
+    """A bad argument or configuration; the message names the field, the value and what is allowed."""
 
 
 class CancelledError(Exception):

@@ -25,6 +25,8 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
+from .errors import FieldError
+
 __all__ = [
     "ALLOWED_DTYPES",
     "DEFAULT_CHUNK_BYTES",
@@ -83,17 +85,11 @@ def _numpy_max_rank() -> int:
 MAX_RANK = _numpy_max_rank()
 
 
-class WireError(ValueError):
+class WireError(FieldError):
     """A malformed message: names the field, the value and what is allowed."""
 
-    def __init__(self, field: str, value: Any, allowed: str):
-        self.field = field
-        self.value = value
-        self.allowed = allowed
-        text = repr(value)
-        if len(text) > 120:
-            text = text[:117] + "..."
-        super().__init__(f"malformed message: field '{field}' has value {text}: {allowed}")
+    template = "malformed message: field '{field}' has value {value}: {allowed}"
+    value_chars = 120
 
 
 def _align(n: int) -> int:

@@ -135,3 +135,17 @@ def test_parse_address(address, expected):
 def test_parse_address_rejects(address):
     with pytest.raises(ValueError):
         parse_address(address)
+
+
+def test_field_errors_survive_pickling_with_their_fields():
+    """A closure's error travels back from a worker pickled; a 3-argument error must rebuild, message and all."""
+    import pickle
+
+    from kubeps.runtime.errors import FieldError, RuntimeConfigError
+    from kubeps.runtime.wire import WireError
+
+    for err in (TFConfigError("task.index", 7, "must be in 0..0"), RuntimeConfigError("steps", -1, "must be >= 1"),
+                WireError("magic", b"xx", "must be b'KPS1'")):
+        back = pickle.loads(pickle.dumps(err))
+        assert type(back) is type(err) and isinstance(back, FieldError)
+        assert str(back) == str(err) and (back.field, back.value, back.allowed) == (err.field, err.value, err.allowed)
