@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
+from . import npyfiles
 from .storage import Storage, is_temporary, normalize_path, storage_for
 
 __all__ = [
@@ -311,13 +312,7 @@ def read_slice_rows(storage: Storage, directory: str, entry: SliceEntry, shape: 
     with f:
         reader = _HashingReader(f)
         try:
-            version = np.lib.format.read_magic(reader)
-            if version == (1, 0):
-                fshape, fortran, fdtype = np.lib.format.read_array_header_1_0(reader)
-            elif version == (2, 0):
-                fshape, fortran, fdtype = np.lib.format.read_array_header_2_0(reader)
-            else:
-                raise ValueError(f"unsupported .npy version {version}")
+            fshape, fortran, fdtype = npyfiles.read_header(reader)
         except (ValueError, SyntaxError, EOFError) as err:
             raise CheckpointCorruptError(f"{what}: file {path} is not a valid .npy file ({err})") from None
         if tuple(fshape) != expected_shape or fdtype != dt or fortran:

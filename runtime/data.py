@@ -34,6 +34,8 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from . import npyfiles
+
 __all__ = [
     "AUTOTUNE",
     "AutoShardPolicy",
@@ -1027,7 +1029,7 @@ def read_csv(
 
 def read_npy(path: str) -> Iterator[np.ndarray]:
     """Rows (axis-0 slices) of a ``.npy`` array, memory-mapped."""
-    array = np.load(path, mmap_mode="r", allow_pickle=False)
+    array = npyfiles.load(path, mmap_mode="r", allow_pickle=False)
     if array.ndim == 0:
         raise ValueError(f"{path}: holds a scalar; read_npy needs an array with at least one dimension")
     for i in range(array.shape[0]):
@@ -1036,8 +1038,7 @@ def read_npy(path: str) -> Iterator[np.ndarray]:
 
 def read_npz(path: str) -> Iterator[dict[str, np.ndarray]]:
     """Rows of the arrays of a ``.npz`` file as ``{name: row}`` dicts (all arrays need the same row count)."""
-    with np.load(path, allow_pickle=False) as archive:
-        arrays = {name: archive[name] for name in archive.files}
+    arrays = npyfiles.load_npz(path)
     yield from _TensorSlicesDataset(arrays)._iterate()
 
 

@@ -308,3 +308,45 @@ def test_save_refuses_a_number_below_the_newest_so_max_to_keep_never_deletes_it(
     path = mgr.save(checkpoint_number=9)  # above the newest: fine, and the oldest (ckpt-5) goes
     assert os.path.exists(os.path.join(path, "manifest.json"))
     assert [os.path.basename(p) for p in mgr.checkpoints] == ["ckpt-6", "ckpt-9"]
+
+
+class _CountingLock:
+    """Stands in for npyfiles' lock: counts acquisitions and checks no two threads ever hold it at once."""
+
+    def __init__(self):
+        import threading
+
+        self._lock = threading.Lock()
+        self.acquired = 0
+
+    def __enter__(self):
+        assert self._lock.acquire(timeout=10), "two header parses at once"
+        self.acquired += 1
+        return self
+
+    def __exit__(self, *exc):
+        self._lock.release()
+
+
+def test_restore_parses_every_npy_header_under_the_process_wide_lock(tmp_path, monkeypatch):
+    """numpy parses .npy headers with ast.literal_eval, which races between threads on CPython < 3.11.8
+    (SystemError: AST constructor recursion depth mismatch, seen in CI); restores read files from thread pools."""
+    from kubeps.runtime import npyfiles
+
+    lock = _CountingLock()
+    monkeypatch.setattr(npyfiles, "_HEADER_LOCK", lock)
+    full = np.arange(13 * 4, dtype=np.float32).reshape(13, 4)
+    src = ShardedArrays("emb", full, 5, slots={"adagrad": {"accumulator": full + 1}}, updates=3)
+    path = CheckpointManager(Checkpoint(emb=src), tmp_path).save(step=2)
+    dst = ShardedArrays("emb", np.zeros_like(full), 2, slots=None)
+    assert Checkpoint(emb=dst).restore(path) == 2
+    assert lock.acquired >= 5  # one per data file read, at least
+
+
+def test_no_module_parses_npy_headers_outside_npyfiles():
+    from pathlib import Path
+
+    runtime = Path(ck.__file__).parent
+    offenders = [p.name for p in runtime.glob("*.py") if p.name != "npyfiles.py"
+                 and any(s in p.read_text() for s in ("np.load(", "read_array_header", "literal_eval"))]
+    assert not offenders, f"parse .npy headers through kubeps.runtime.npyfiles (thread-safe): {offenders}"
