@@ -450,16 +450,9 @@ async def _job_event(event: dict, body: kopf.Body, **kwargs: Any) -> None:
 
 
 @kopf.on.event("", "v1", "pods", labels={planner.LABEL_JOB: kopf.PRESENT})
-async def _pod_event(namespace: str, labels: dict, **kwargs: Any) -> None:
-    reconciler = _reconciler()
-    reconciler.capture_indexes(kwargs)
-    key = (namespace, labels[planner.LABEL_JOB])
-    if key in reconciler.jobs:
-        reconciler.trigger(key)
-
-
 @kopf.on.event("", "v1", "services", labels={planner.LABEL_JOB: kopf.PRESENT})
-async def _service_event(namespace: str, labels: dict, **kwargs: Any) -> None:
+async def _child_event(namespace: str, labels: dict, **kwargs: Any) -> None:
+    """A pod or Service of a job changed: reconcile its job."""
     reconciler = _reconciler()
     reconciler.capture_indexes(kwargs)
     key = (namespace, labels[planner.LABEL_JOB])

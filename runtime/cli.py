@@ -69,24 +69,17 @@ def _port_base(text: str) -> int:
     return value
 
 
-def _grace(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--grace-period must be a number of seconds >= 0, got {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"--grace-period must be a number of seconds >= 0, got {text}")
-    return value
+def _seconds(flag: str):
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} must be a number of seconds >= 0, got {text!r}") from None
+        if not value >= 0:
+            raise argparse.ArgumentTypeError(f"{flag} must be a number of seconds >= 0, got {text}")
+        return value
 
-
-def _evaluator_grace(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--evaluator-grace must be a number of seconds >= 0, got {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"--evaluator-grace must be a number of seconds >= 0, got {text}")
-    return value
+    return parse
 
 
 def _host(text: str) -> str:
@@ -131,13 +124,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     local.add_argument(
         "--grace-period",
-        type=_grace,
+        type=_seconds("--grace-period"),
         default=5.0,
         help="seconds between SIGTERM and SIGKILL when stopping tasks (default 5)",
     )
     local.add_argument(
         "--evaluator-grace",
-        type=_evaluator_grace,
+        type=_seconds("--evaluator-grace"),
         default=60.0,
         help=(
             "after the chief succeeds, seconds the evaluator may take to evaluate the final checkpoint and exit "

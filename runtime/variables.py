@@ -69,6 +69,19 @@ class _ArrayLike:
     def numpy(self) -> np.ndarray:
         return np.asarray(self.read_value())
 
+    # subclasses set _name, _shape and _dtype
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._dtype
+
     @property
     def ndim(self) -> int:
         return len(self.shape)
@@ -133,18 +146,6 @@ class Variable(_ArrayLike):
         self._local_updates = 0
 
     # -- properties --------------------------------------------------------------------------------------------
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self._shape
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self._dtype
-
     @property
     def is_remote(self) -> bool:
         return self._ps_index is not None
@@ -258,18 +259,6 @@ class ShardedVariable(_ArrayLike):
     @property
     def variables(self) -> list[Variable]:
         return list(self._variables)
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self._shape
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self._dtype
 
     @property
     def num_shards(self) -> int:

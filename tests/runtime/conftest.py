@@ -155,3 +155,16 @@ def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCl
         yield cluster.start()
     finally:
         cluster.stop()
+
+
+@pytest.fixture
+def coord(shared_cluster: LocalCluster):
+    """``(strategy, coordinator)`` on the module's shared cluster; tables split in 2 shards."""
+    from kubeps.runtime.coordinator import ClusterCoordinator
+    from kubeps.runtime.partitioners import FixedShardsPartitioner
+
+    strategy = shared_cluster.strategy(variable_partitioner=FixedShardsPartitioner(2))
+    coordinator = ClusterCoordinator(strategy)
+    yield strategy, coordinator
+    coordinator.shutdown()
+    strategy.close()

@@ -7,24 +7,13 @@ import collections
 import numpy as np
 import pytest
 
-from kubeps.runtime.coordinator import ClusterCoordinator
 from kubeps.runtime.errors import CancelledError
 from kubeps.runtime.context import get_current_worker_index
 from kubeps.runtime.optimizers import SGD
-from kubeps.runtime.partitioners import FixedShardsPartitioner
 from kubeps.runtime.training import IndexedSlices
 from kubeps.runtime.variables import ShardedVariable, Variable, embedding_lookup
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def coord(shared_cluster):
-    strategy = shared_cluster.strategy(variable_partitioner=FixedShardsPartitioner(2))
-    coordinator = ClusterCoordinator(strategy)
-    yield strategy, coordinator
-    coordinator.shutdown()
-    strategy.close()
 
 
 def test_schedule_join_fetch(coord):
@@ -61,7 +50,6 @@ def test_nested_results_and_worker_index(coord):
 
 def test_error_propagation_and_cancellation(coord):
     strategy, coordinator = coord
-    import threading
     import time
 
     def fail():

@@ -10,10 +10,8 @@ import pytest
 
 from kubeps.runtime import wire
 from kubeps.runtime.context import current_closure_context
-from kubeps.runtime.coordinator import ClusterCoordinator
 from kubeps.runtime.errors import RemoteError, UnauthenticatedError
 from kubeps.runtime.optimizers import SGD
-from kubeps.runtime.partitioners import FixedShardsPartitioner
 from kubeps.runtime.rpc import ANSWER_PARKED, PS_SERVICE, UNARY_PREFIX, Client
 from kubeps.runtime.security import TOKEN_METADATA_KEY
 from kubeps.runtime.server import Server, register_ps_method
@@ -159,15 +157,6 @@ def test_malformed_unary_payload_is_invalid_argument_naming_the_field(ps_server)
         assert field in info.value.details() and info.value.details().startswith("RecordForTest: ")
     channel.close()
     assert client.call("RecordForTest", {"tag": "still serving"})[0] == {"tag": "still serving"}
-
-
-@pytest.fixture
-def coord(shared_cluster):
-    strategy = shared_cluster.strategy(variable_partitioner=FixedShardsPartitioner(2))
-    coordinator = ClusterCoordinator(strategy)
-    yield strategy, coordinator
-    coordinator.shutdown()
-    strategy.close()
 
 
 def test_a_training_step_makes_two_rpcs_per_ps(coord):
