@@ -34,7 +34,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ctr" / "train.py"
 

@@ -41,7 +41,7 @@ import grpc
 import numpy as np
 
 from .closure_queue import Closure, ClosureQueue, ClosureState, RemoteValue
-from .context import ps_restarted, ps_restarted_error
+from .context import ps_restarted
 from .errors import (
     ClosureError,
     PSUnavailableError,

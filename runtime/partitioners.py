@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -10,7 +9,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from kubeps.runtime.errors import RemoteError, RuntimeConfigError
+from kubeps.runtime.errors import RuntimeConfigError
 from kubeps.runtime.rpc import PS_SERVICE, WORKER_SERVICE, Client
 from kubeps.runtime.server import Server, ps_methods, register_ps_method, register_worker_method
 
