@@ -70,6 +70,7 @@ R_INVALID = "InvalidSpec"
 R_INVALID_TEMPLATE = "InvalidPodTemplate"
 R_SUSPENDED = "Suspended"
 R_RESUMED = "Resumed"
+R_SECRET_LOST = "TokenSecretLost"
 
 
 @dataclass(frozen=True)
@@ -213,6 +214,8 @@ class ObservedPod:
     restart_count: int
     epoch: int
     reason: str | None
+    #: When the main container (else the last container) terminated, if the kubelet said.
+    finished_at: datetime | None = None
 
     @property
     def finished(self) -> bool:
@@ -236,11 +239,16 @@ def observe_pod(pod: Mapping[str, Any]) -> ObservedPod:
     restart_count = sum(int(s.get("restartCount") or 0) for s in statuses)
     restart_count += sum(int(s.get("restartCount") or 0) for s in status.get("initContainerStatuses") or [])
     exit_code = None
+    finished_at = None
     ordered = sorted(statuses, key=lambda s: s.get("name") not in MAIN_CONTAINER_NAMES)
     for s in ordered:  # the main container's code first, else the first non-zero one, else any
         term = (s.get("state") or {}).get("terminated")
         if term is not None and (exit_code is None or (exit_code == 0 and term.get("exitCode"))):
             exit_code = int(term.get("exitCode", 0))
+            try:
+                finished_at = parse_time(term.get("finishedAt"))
+            except (TypeError, ValueError):
+                finished_at = None
             if s.get("name") in MAIN_CONTAINER_NAMES and exit_code:
                 break
     ready = any(
@@ -262,6 +270,7 @@ def observe_pod(pod: Mapping[str, Any]) -> ObservedPod:
         restart_count=restart_count,
         epoch=epoch,
         reason=status.get("reason"),
+        finished_at=finished_at,
     )
 
 
@@ -629,20 +638,31 @@ class _Planner:
         if self.status.startTime is None:
             self.status.startTime = self.now_text
 
-        # Deadline.
+        # Chief success ends the job, whatever else happened in the meantime; a chief that finished before the
+        # deadline succeeded even when the operator only sees it after the deadline (restart, lag).
+        chief = self.by_key.get((ReplicaType.CHIEF, 0))
+        succeeded = chief is not None and not chief.terminating and chief.phase == "Succeeded"
+        deadline = None
         if run_policy.activeDeadlineSeconds is not None:
             started = parse_time(self.status.startTime) or self.now
+            deadline = started + timedelta(seconds=run_policy.activeDeadlineSeconds)
+        if succeeded and (deadline is None or self.now < deadline or chief.finished_at is None
+                          or chief.finished_at <= deadline):
+            self.succeed(f"The chief ({chief.name}) exited with code 0.")
+            return
+
+        # Deadline.
+        if deadline is not None:
             elapsed = (self.now - started).total_seconds()
-            if elapsed >= run_policy.activeDeadlineSeconds:
+            if self.now >= deadline:
                 self.fail(R_DEADLINE, f"The job ran {int(elapsed)} s, longer than activeDeadlineSeconds="
                                       f"{run_policy.activeDeadlineSeconds}.")
                 return
-            self.requeue(run_policy.activeDeadlineSeconds - elapsed)
+            self.requeue((deadline - self.now).total_seconds())
 
-        # Chief success ends the job, whatever else happened in the meantime.
-        chief = self.by_key.get((ReplicaType.CHIEF, 0))
-        if chief is not None and not chief.terminating and chief.phase == "Succeeded":
-            self.succeed(f"The chief ({chief.name}) exited with code 0.")
+        # The job's token Secret is gone (deleted by hand) while its pods run with the token it held. A pod started
+        # now would get the new token the operator creates, which the running ones refuse: restart them all.
+        if self.secret is None and self.restart_for_lost_secret():
             return
 
         # Pods that should not exist: replica types or indices beyond the spec (Worker scale-down).
@@ -722,6 +742,25 @@ class _Planner:
             if delete:
                 self.delete_pod(pod, "restart")
         return False
+
+    def restart_for_lost_secret(self) -> bool:
+        """Delete every pod of the job after its token Secret vanished; returns whether any was deleted. Not a
+        failure of the job's: nothing is counted against backoffLimit."""
+        present = [p for p in self.pods if not p.terminating]
+        if not present:
+            return False
+        message = (f"Secret {secret_name(self.name)} was deleted while {len(present)} pod(s) held its token; "
+                   f"restarting them all with a new token, the chief restores the latest checkpoint.")
+        self.set_condition(ConditionType.RESTARTING, True, R_SECRET_LOST, message)
+        self.set_condition(ConditionType.RUNNING, False, R_SECRET_LOST, message)
+        self.event("Warning", R_SECRET_LOST, message)
+        for pod in sorted(present, key=lambda p: p.name):
+            if pod.replica_type in (ReplicaType.CHIEF, ReplicaType.PS) and self.retire(pod):
+                self.replica_status(pod.replica_type).restarts += 1
+            else:
+                self.mark_handled(pod)
+            self.delete_pod(pod, "token Secret lost")
+        return True
 
     def restart_chief_for_epoch(self, pod: ObservedPod) -> None:
         """Delete a chief pod of an older epoch (a PS restarted); counted as one chief restart, once per pod."""

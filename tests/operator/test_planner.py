@@ -486,6 +486,50 @@ def test_active_deadline_fails_and_requeues_before():
     assert {a.name for a in plan.of(P.DeletePod)} == set(world.created)
 
 
+@pytest.mark.parametrize("finished_after,state", [(50, "Succeeded"), (59, "Succeeded"), (61, "Failed"),
+                                                   (None, "Succeeded")])
+def test_chief_success_seen_after_the_deadline_counts_when_it_finished(finished_after, state):
+    """The operator may see a chief's exit late (a restart, a slow watch): when it exited decides, not when seen."""
+    world = World(make_job(run_policy={"activeDeadlineSeconds": 60}))
+    world.converge()
+    world.run_all()
+    world.exit("ctr-chief-0", 0)
+    if finished_after is not None:
+        term = world.pods["ctr-chief-0"]["status"]["containerStatuses"][0]["state"]["terminated"]
+        term["finishedAt"] = P.fmt_time(NOW + timedelta(seconds=finished_after))
+    world.now += timedelta(seconds=90)
+    world.step()
+    assert world.job["status"]["state"] == state
+    if state == "Failed":
+        assert world.cond("Failed")["reason"] == "DeadlineExceeded"
+
+
+def test_lost_token_secret_restarts_every_pod_with_a_new_one_without_using_backoff():
+    world = running(evaluator=1)
+    before = {name: pod["metadata"]["uid"] for name, pod in world.pods.items()}
+    world.secret = None  # someone ran kubectl delete secret ctr-kubeps-token
+    plan = world.step()
+    assert plan.of(P.CreateSecret) and not plan.of(P.CreatePod)
+    assert {a.name for a in plan.of(P.DeletePod)} == set(before)
+    assert world.is_true("Restarting") and world.cond("Restarting")["reason"] == "TokenSecretLost"
+    assert "ctr-kubeps-token" in world.cond("Restarting")["message"]
+    assert world.job["status"].get("backoffCount", 0) == 0
+    world.converge()
+    assert set(world.pods) == set(before) and all(world.pods[n]["metadata"]["uid"] != u for n, u in before.items())
+    world.run_all()
+    world.step()
+    assert world.is_true("Running") and not world.is_true("Restarting")
+    assert world.job["status"]["replicaStatuses"]["Chief"]["restarts"] == 1
+    assert world.job["status"]["replicaStatuses"]["PS"]["restarts"] == 2
+    assert world.plan().actions == []
+
+
+def test_no_secret_and_no_pods_is_just_a_new_job():
+    world = World(make_job())
+    plan = world.plan()
+    assert plan.of(P.CreateSecret) and not plan.of(P.DeletePod) and not world.is_true("Restarting")
+
+
 def test_ttl_deletes_the_finished_job_when_due():
     world = running(run_policy={"ttlSecondsAfterFinished": 30})
     world.exit("ctr-chief-0", 0)
