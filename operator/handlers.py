@@ -158,15 +158,15 @@ class Reconciler:
         # Index values are private slim copies (see _slim) that the planner only reads.
         pods = list(self.pods_index.get(key, [])) if self.pods_index else []
         services = list(self.services_index.get(key, [])) if self.services_index else []
-        secret: dict | None = {"metadata": {"name": planner.secret_name(name)}} if self.secrets.get(key) == uid else None
-        if secret is None:
-            secret = await self.call(self.kube.read_secret, namespace, planner.secret_name(name))
-            if secret is not None and planner._controlled_by(secret, uid):
-                self.secrets[key] = uid
-            elif secret is not None:
-                secret = None  # a leftover of an older job of the same name; garbage collection removes it
+        cached = self.secrets.get(key) == uid
+        secret = {"metadata": {"name": planner.secret_name(name)}} if cached else await self.read_own_secret(key, uid)
         now = datetime.now(timezone.utc)
         plan = planner.plan(job, pods, services, secret, now, self.config)
+        if cached and plan.of(planner.CreatePod) and await self.read_own_secret(key, uid) is None:
+            # A new pod reads its token from the Secret, which someone may have deleted since it was made (Secrets
+            # are not watched: that would need rights to read every Secret). Without it the planner restarts the
+            # pods that hold the old token, with a new Secret.
+            plan = planner.plan(job, pods, services, None, now, self.config)
         self.reconciles += 1
 
         old_status = job.get("status") or {}
@@ -185,6 +185,16 @@ class Reconciler:
         if plan.requeue_after is not None:
             self.schedule(key, plan.requeue_after + 0.5)
         metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
+
+    async def read_own_secret(self, key: Key, uid: str | None) -> dict | None:
+        """The job's token Secret if it exists and belongs to this job (remembered), else None (forgotten)."""
+        secret = await self.call(self.kube.read_secret, key[0], planner.secret_name(key[1]))
+        if secret is not None and planner._controlled_by(secret, uid):
+            self.secrets[key] = uid
+            return secret
+        # None, or a leftover of an older job of the same name that garbage collection removes
+        self.secrets.pop(key, None)
+        return None
 
     async def write_status(self, key: Key, job: dict, status: dict) -> dict | None:
         from kubernetes.client.exceptions import ApiException

@@ -280,6 +280,30 @@ def test_secret_left_by_another_owner_is_replaced_before_any_pod_is_made(kube, n
     wait_state(kube, ns, "re", "Running", timeout=30)
 
 
+def test_deleted_token_secret_is_remade_and_pods_holding_the_old_token_restart(kube, ns, operator):
+    """kubectl delete secret on a running job: the next pod the operator makes would find no token (or, once a
+    new Secret exists, a token the running pods refuse). So the Secret is made again and every pod restarts."""
+    core = kube.core()
+    create_job(kube, ns, job_manifest("tok", ps=1, workers=2, run_policy={"backoffLimit": 0}))
+    wait_state(kube, ns, "tok", "Running", timeout=30)
+    old_token = core.read_namespaced_secret("tok-kubeps-token", ns).data["token"]
+    before = uids(pods_of(kube, ns, "tok"))
+    core.delete_namespaced_secret("tok-kubeps-token", ns)
+    kube.terminate_pod(ns, "tok-worker-1", 1, wait=False)  # the operator must make a pod: it looks again
+
+    def all_restarted():
+        now = uids(pods_of(kube, ns, "tok"))
+        return now if set(now) == set(before) and all(now[n] != before[n] for n in before) else None
+
+    kube.wait_for(all_restarted, timeout=40, what="every pod of tok recreated")
+    secret = core.read_namespaced_secret("tok-kubeps-token", ns)
+    assert secret.data["token"] != old_token
+    job = wait_state(kube, ns, "tok", "Running", timeout=30)
+    assert job["status"]["backoffCount"] == 0
+    reasons = {e.reason for e in core.list_namespaced_event(ns).items if e.involved_object.name == "tok"}
+    assert "TokenSecretLost" in reasons
+
+
 def test_template_the_planner_cannot_use_fails_the_job_without_a_crash_loop(kube, ns, operator):
     # The CRD preserves a template's unknown fields as written, so the API server accepts an env that is not a list.
     bad = {"spec": {"containers": [{"name": "kubeps", "image": "x", "env": "MODE=train"}]}}
