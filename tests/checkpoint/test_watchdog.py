@@ -38,13 +38,13 @@ def test_dumps_stacks_of_all_threads_when_idle():
 def test_progress_keeps_it_quiet():
     counter = [0]
     out = io.StringIO()
-    wd = Watchdog(0.3, progress=lambda: counter[0], output=out, poll_interval=0.05).start()
+    wd = Watchdog(1.0, progress=lambda: counter[0], output=out, poll_interval=0.05).start()
     try:
-        for _ in range(20):  # 1 s of steady progress, three timeouts' worth
+        for _ in range(60):  # 3 s of steady progress, three timeouts' worth (a stall under 0.9 s is tolerated)
             counter[0] += 1
             time.sleep(0.05)
         assert wd.triggered == 0 and out.getvalue() == ""
-        for _ in range(10):
+        for _ in range(30):
             wd.notify()
             time.sleep(0.05)
         assert wd.triggered == 0

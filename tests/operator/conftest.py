@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,15 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from kubeps.runtime.launcher import free_ports
+
 REPO = Path(__file__).resolve().parents[2]
 GROUP, VERSION, PLURAL = "kubeps.dev", "v1alpha1", "pstrainingjobs"
 NS_PREFIX = "kop-"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class OperatorProcess:
@@ -39,8 +34,7 @@ class OperatorProcess:
         self.log_path = log_path
         self.extra_args = extra_args or []
         self.proc: subprocess.Popen | None = None
-        self.metrics_port = free_port()
-        self.liveness_port = free_port()
+        self.metrics_port, self.liveness_port = free_ports(2)  # held together: never the same port twice
 
     def start(self, wait: bool = True) -> "OperatorProcess":
         args = [sys.executable, "-m", "kubeps.operator.main", "--bind-address", "127.0.0.1",

@@ -97,9 +97,9 @@ def test_chief_exit_0_succeeds_and_cleans_up_running_pods(kube, ns):
     job = wait_state(kube, ns, "done", "Succeeded")
     assert condition(job, "Succeeded")["reason"] == "ChiefSucceeded"
     assert job["status"]["completionTime"]
-    kube.wait_for(lambda: sorted(pods_of(kube, ns, "done")) == ["done-chief-0"], timeout=20,
-                  what="ps, workers and evaluator deleted (cleanPodPolicy Running)")
-    assert sorted(services_of(kube, ns, "done")) == ["done-chief-0"]
+    # pods and Services are deleted concurrently: wait for both
+    kube.wait_for(lambda: sorted(pods_of(kube, ns, "done")) == sorted(services_of(kube, ns, "done"))
+                  == ["done-chief-0"], timeout=20, what="ps, workers and evaluator deleted with their Services (cleanPodPolicy Running)")
 
 
 def test_worker_failure_replaces_the_worker_and_keeps_running(kube, ns):
@@ -212,7 +212,8 @@ def test_worker_scale_up_and_down(kube, ns):
     job = kube.wait_for(lambda: (j := get_job(kube, ns, "sc"))["status"]["workers"] == "1/1" and j, timeout=20,
                         what="1/1 workers")
     assert job["status"]["state"] == "Running" and job["status"]["observedGeneration"] == 3
-    assert sorted(n for n in services_of(kube, ns, "sc") if "worker" in n) == ["sc-worker-0"]
+    kube.wait_for(lambda: sorted(n for n in services_of(kube, ns, "sc") if "worker" in n) == ["sc-worker-0"],
+                  timeout=20, what="the Services of workers 1..3 removed")
 
 
 def test_deleting_the_job_garbage_collects_children(kube, ns):

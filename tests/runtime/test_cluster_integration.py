@@ -270,7 +270,8 @@ def test_hung_worker_is_detected_by_heartbeat_and_its_closure_reruns(make_cluste
 
     cluster = make_cluster(num_ps=1, num_workers=2)
     strategy = cluster.strategy()
-    coordinator = ClusterCoordinator(strategy, heartbeat_interval=0.3, heartbeat_failures=3)
+    # a 2 s silence budget: a smaller one can take a busy (not hung) ps for dead on a loaded machine
+    coordinator = ClusterCoordinator(strategy, heartbeat_interval=0.5, heartbeat_failures=4)
     proc = cluster.procs[("worker", 0)]
     try:
         def slow(seconds):

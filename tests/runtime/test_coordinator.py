@@ -48,12 +48,18 @@ def test_nested_results_and_worker_index(coord):
     assert seen <= {0, 1} and seen
 
 
-def test_error_propagation_and_cancellation(coord):
+def test_error_propagation_and_cancellation(coord, tmp_path):
     strategy, coordinator = coord
     import time
 
+    queued_marker = str(tmp_path / "queued")
+
     def fail():
-        time.sleep(0.5)  # lets the test queue the others first
+        import os
+
+        deadline = time.monotonic() + 30
+        while not os.path.exists(queued_marker) and time.monotonic() < deadline:
+            time.sleep(0.01)  # until the test has queued the others
         raise ValueError("boom from worker")
 
     def slow(i):
@@ -62,6 +68,7 @@ def test_error_propagation_and_cancellation(coord):
 
     bad = coordinator.schedule(fail)
     queued = [coordinator.schedule(slow, args=(i,)) for i in range(20)]
+    open(queued_marker, "w").close()
     with pytest.raises(ValueError, match="boom from worker"):
         coordinator.join()
     with pytest.raises(ValueError, match="boom from worker") as info:

@@ -266,7 +266,8 @@ def test_local_cluster_restarts_a_task_through_on_task_exit(script, pid_dir, tmp
                 restarted.append(task.pid)
                 self.start_task(task.task_type, task.index)
 
-    spec = {"chief": {"sleep": 1.5}, "worker-0": {"exit": 2, "sleep": 0.1}, "default": FOREVER}
+    # the chief outlives the worker's failure, its restart (a second interpreter start) and second REPORT
+    spec = {"chief": {"sleep": 4.0}, "worker-0": {"exit": 2, "sleep": 0.1}, "default": FOREVER}
     out = open(tmp_path / "out.txt", "w+")
     log = open(tmp_path / "log.txt", "w+")
     cluster = Restarting(str(script), [str(pid_dir), json.dumps(spec)], num_ps=1, num_workers=1, output=out, log=log)

@@ -65,11 +65,12 @@ def test_sparse_pushes_with_duplicates_are_atomic():
 
 
 class _SlowOptimizer:
-    """Sleeps inside the update: shows whether two variables' updates overlap."""
+    """Sleeps inside the update (or meets the other update there): shows whether two variables' updates overlap."""
 
     active = 0
     peak = 0
     lock = threading.Lock()
+    meet: threading.Barrier | None = None  # both updates must be inside at once, else BrokenBarrierError
 
     def init_slots(self, var):
         return {}
@@ -78,7 +79,10 @@ class _SlowOptimizer:
         with _SlowOptimizer.lock:
             _SlowOptimizer.active += 1
             _SlowOptimizer.peak = max(_SlowOptimizer.peak, _SlowOptimizer.active)
-        time.sleep(0.05)
+        if _SlowOptimizer.meet is not None:
+            _SlowOptimizer.meet.wait(timeout=10)
+        else:
+            time.sleep(0.05)
         var -= grad
         with _SlowOptimizer.lock:
             _SlowOptimizer.active -= 1
@@ -88,7 +92,11 @@ def test_unrelated_shards_are_not_serialised():
     state = ParameterServerState(optimizer_factory=lambda config: _SlowOptimizer())
     state.create("a", np.zeros(3))
     state.create("b", np.zeros(3))
-    _hammer(2, lambda i: state.apply_dense("ab"[i], {"class_name": "Slow"}, np.ones(3)))
+    _SlowOptimizer.meet = threading.Barrier(2)  # deterministic: a serialising PS never lets both in
+    try:
+        _hammer(2, lambda i: state.apply_dense("ab"[i], {"class_name": "Slow"}, np.ones(3)))
+    finally:
+        _SlowOptimizer.meet = None
     assert _SlowOptimizer.peak == 2
     _SlowOptimizer.peak = 0
     _hammer(2, lambda i: state.apply_dense("a", {"class_name": "Slow"}, np.ones(3)))
