@@ -112,6 +112,8 @@ class TaskProcess:
     output_thread: threading.Thread | None = None
     waiter_thread: threading.Thread | None = None
     reaped: bool = False
+    #: its exit was reported (or handled by a restart policy): not to be reported again
+    exit_handled: bool = False
 
     @property
     def name(self) -> str:
@@ -378,7 +380,12 @@ class LocalCluster:
         evaluator to exit by itself -- a sidecar evaluator stops after the final checkpoint. True if it did (or
         there is none running)."""
         task = self.tasks.get(("evaluator", 0))
-        if task is None or not task.running:
+        if task is None:
+            return True
+        if not task.running:
+            # exited about when the chief did: its exit may still be queued behind the chief's, unreported
+            if not task.exit_handled:
+                self._report_evaluator_exit(task)
             return True
         grace = self.evaluator_grace if timeout is None else max(0.0, min(self.evaluator_grace, timeout))
         if grace <= 0:
@@ -390,15 +397,20 @@ class LocalCluster:
         if task.running:
             self.report(f"the evaluator did not finish within {grace:.0f} s (--evaluator-grace); stopping it")
             return False
+        self._report_evaluator_exit(task)
+        return True
+
+    def _report_evaluator_exit(self, task: TaskProcess) -> None:
         if task.output_thread is not None:
             task.output_thread.join(timeout=2.0)  # its last lines first
+        task.exit_handled = True
         self.report(f"{task.name} (pid {task.pid}) exited with status "
                     f"{exit_status(task.returncode if task.returncode is not None else -1)}")
-        return True
 
     def on_task_exit(self, task: TaskProcess) -> None:
         """Called when a task other than the chief exits while the chief runs. Reports it; a restart policy
         overrides this (and calls :meth:`start_task`)."""
+        task.exit_handled = True
         status = exit_status(task.returncode if task.returncode is not None else -1)
         if task.task_type == "evaluator":
             self.report(f"{task.name} (pid {task.pid}) exited with status {status}")

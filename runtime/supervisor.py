@@ -315,6 +315,7 @@ class RestartingLocalClusterMixin:
     def on_task_exit(self, task) -> None:  # called by LocalCluster.wait for every non-chief exit
         from .launcher import exit_status  # noqa: PLC0415
 
+        task.exit_handled = True
         status = exit_status(task.returncode if task.returncode is not None else -1)
         self._record("exit", task.name, status)
         key = (task.task_type, task.index)

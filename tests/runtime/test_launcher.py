@@ -4,6 +4,7 @@ are throwaway scripts that report their TF_CONFIG and then exit, fail or sleep a
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import socket
@@ -19,7 +20,8 @@ from kubeps.runtime.launcher import LauncherError, LocalCluster, exit_status, fr
 
 # The task script: argv[1] is a directory for pid files, argv[2] a JSON behaviour per task type
 # ({"chief": {"exit": 3}, "worker": {"sleep": 60}, ...}); "default" applies to types not named. "wait_for": N
-# waits until N tasks have written their pid file (so every task has reported before the chief ends).
+# waits until N tasks have written their pid file (so every task has reported before the chief ends);
+# "wait_starts": N waits until tasks have started N times in all (restarts included).
 TASK_SCRIPT = r'''
 import json, os, signal, sys, time
 config = json.loads(os.environ["TF_CONFIG"])
@@ -39,8 +41,13 @@ tmp = os.path.join(pid_dir, f".{task_type}-{index}")
 with open(tmp, "w") as f:
     f.write(str(os.getpid()))
 os.replace(tmp, os.path.join(pid_dir, f"{task_type}-{index}"))
+with open(os.path.join(pid_dir, ".starts"), "a") as f:
+    f.write(f"{task_type}-{index}\n")
 deadline = time.time() + 30
 while len([n for n in os.listdir(pid_dir) if not n.startswith(".")]) < behaviour.get("wait_for", 0):
+    assert time.time() < deadline, "the other tasks did not start"
+    time.sleep(0.01)
+while len(open(os.path.join(pid_dir, ".starts")).read().split()) < behaviour.get("wait_starts", 0):
     assert time.time() < deadline, "the other tasks did not start"
     time.sleep(0.01)
 time.sleep(behaviour.get("sleep", 0))
@@ -220,7 +227,7 @@ def test_task_ignoring_sigterm_is_killed_after_the_grace_period(script, pid_dir,
     )
     assert code == 0
     assert "did not stop within 0.5 s: SIGKILL" in err
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 30  # not the default 60 s grace, and no hang
     assert_all_gone(pids(pid_dir))
 
 
@@ -266,8 +273,8 @@ def test_local_cluster_restarts_a_task_through_on_task_exit(script, pid_dir, tmp
                 restarted.append(task.pid)
                 self.start_task(task.task_type, task.index)
 
-    # the chief outlives the worker's failure, its restart (a second interpreter start) and second REPORT
-    spec = {"chief": {"sleep": 4.0}, "worker-0": {"exit": 2, "sleep": 0.1}, "default": FOREVER}
+    # the chief ends once ps-0, worker-0, itself and worker-0 again have started (each after its REPORT)
+    spec = {"chief": {"wait_starts": 4}, "worker-0": {"exit": 2, "sleep": 0.1}, "default": FOREVER}
     out = open(tmp_path / "out.txt", "w+")
     log = open(tmp_path / "log.txt", "w+")
     cluster = Restarting(str(script), [str(pid_dir), json.dumps(spec)], num_ps=1, num_workers=1, output=out, log=log)
@@ -460,8 +467,8 @@ def test_python_dash_m_entry_point():
 
 # -- the evaluator after a successful chief -----------------------------------------------------------------------
 def test_evaluator_gets_a_grace_period_to_finish_after_the_chief(script, pid_dir, capsys):
-    # the evaluator is still working (1.5 s) when the chief succeeds: plain `kubeps local` lets it finish
-    spec = {"chief": {"wait_for": 4}, "evaluator": {"wait_for": 4, "sleep": 1.5, "exit": 0}, "default": FOREVER}
+    # the evaluator is still working (5 s) when the chief succeeds: plain `kubeps local` lets it finish
+    spec = {"chief": {"wait_for": 4}, "evaluator": {"wait_for": 4, "sleep": 5, "exit": 0}, "default": FOREVER}
     args = ["local", str(script), "--ps", "1", "--workers", "1", "--evaluator"]
     code, _, err = run_main(args + ["--evaluator-grace", "30", "--", str(pid_dir), json.dumps(spec)], capsys)
     assert code == 0
@@ -471,12 +478,31 @@ def test_evaluator_gets_a_grace_period_to_finish_after_the_chief(script, pid_dir
     assert_all_gone(pids(pid_dir))
 
 
+def test_evaluator_exiting_with_the_chief_is_still_reported(script, pid_dir, tmp_path):
+    """Both exit before wait() looks: the chief's exit is handled first, the evaluator's still queued behind it."""
+    spec = {"chief": {"wait_for": 4}, "evaluator": {"wait_for": 4, "sleep": 0.3}, "default": FOREVER}
+    log = open(tmp_path / "log.txt", "w+")
+    cluster = LocalCluster(str(script), [str(pid_dir), json.dumps(spec)], num_ps=1, num_workers=1, evaluator=True,
+                           output=open(tmp_path / "out.txt", "w"), log=log)
+    try:
+        cluster.start()
+        deadline = time.monotonic() + 30
+        while any(cluster.tasks[k].running for k in (("chief", 0), ("evaluator", 0))):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert cluster.wait(timeout=30) == 0
+    finally:
+        cluster.stop()
+    log.seek(0)
+    assert re.search(r"evaluator-0 \(pid \d+\) exited with status 0", log.read())
+
+
 def test_evaluator_grace_is_bounded_and_can_be_turned_off(script, pid_dir, capsys):
     spec = {"chief": {"wait_for": 4}, "evaluator": FOREVER, "default": FOREVER}
     args = ["local", str(script), "--ps", "1", "--workers", "1", "--evaluator"]
     started = time.monotonic()
     code, _, err = run_main(args + ["--evaluator-grace", "0.5", "--", str(pid_dir), json.dumps(spec)], capsys)
-    assert code == 0 and time.monotonic() - started < 15
+    assert code == 0 and time.monotonic() - started < 30  # not the default 60 s grace
     assert "the evaluator did not finish within" in err and "stopping" in err and "evaluator-0" in err
     assert_all_gone(pids(pid_dir))
     for p in pid_dir.iterdir():
