@@ -68,6 +68,8 @@ def test_operator_killed_mid_reconcile_converges(crd, kube, tmp_path):
             ra = get_job(kube, ns, "ra")
             rb = get_job(kube, ns, "rb")
             pods_ok = set(pods_of(kube, ns, "rb")) == expected_names("rb", 2, 2)
+            # pods and Services are deleted concurrently: the Services of the removed workers may lag
+            pods_ok = pods_ok and set(services_of(kube, ns, "rb")) == expected_names("rb", 2, 2)
             return (ra["status"].get("state") == "Running" and ra["status"].get("backoffCount") == 1
                     and rb["status"].get("workers") == "2/2" and pods_ok and (ra, rb))
 

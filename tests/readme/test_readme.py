@@ -21,11 +21,12 @@ def test_readme_python_example_trains_under_kubeps_local(tmp_path):
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     line = next(l for l in result.stdout.splitlines() if "[chief-0] w =" in l)
-    # 200 SGD steps of (w - 1) * 2/8 * 0.1 from 0: w is close to 1; each of the 2 looked-up rows got 200 pushes.
+    # 200 SGD steps of (w - 1) * 2/8 * 0.1 from 0: w is close to 1; each of the 2 looked-up rows got 200 pushes
+    # (a few more if a closure re-ran after a worker looked dead: execution is at-least-once).
     values = [float(v) for v in re.findall(r"-?\d+\.\d+", line.split("|")[0])]
     assert len(values) == 8 and all(0.95 < v <= 1.0 for v in values), line
     rows = [float(v) for v in re.findall(r"-?\d+(?:\.\d*)?", line.split("emb rows:")[1])]
-    assert len(rows) == 2 and all(abs(v + 20.0) < 0.01 for v in rows), line
+    assert len(rows) == 2 and all(-20.61 < v < -19.99 for v in rows), line
 
 
 def test_quick_start_commands_exist():

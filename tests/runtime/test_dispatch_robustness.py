@@ -134,6 +134,9 @@ def test_error_while_reconnecting_does_not_end_the_thread(fake):
         worker.healthy = False  # the next iteration reconnects first; that raises once
     value = coordinator.schedule(int)
     assert value.fetch(timeout=10) == 7
+    deadline = time.monotonic() + 10  # the failure may be used up just after the closure is answered
+    while client.ping_failures and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert _thread_alive(coordinator) and not client.ping_failures
 
 
@@ -163,7 +166,7 @@ def test_ps_failed_during_the_retry_pause_fails_the_closure_instead_of_parking_i
     start = time.monotonic()
     with pytest.raises(PSUnavailableError, match="4 errors"):
         closure.remote_value.fetch(timeout=5)
-    assert time.monotonic() - start < 1
+    assert time.monotonic() - start < 4  # failed, not left waiting for the 5 s timeout
     assert closure.state is ClosureState.FAILED
     with pytest.raises(PSUnavailableError):
         coordinator.join()
