@@ -29,7 +29,7 @@ for _module, _names in {
         "UnauthenticatedError WorkerUnavailableError"
     ),
     "partitioners": "Partitioner FixedShardsPartitioner MinSizePartitioner MaxSizePartitioner",
-    "data": "AUTOTUNE AutoShardPolicy Dataset DistributeOptions InputContext Options TextLineDataset auto_shard",
+    "data": "AUTOTUNE AutoShardPolicy Dataset DistributeOptions DistributedDataset InputContext Options TextLineDataset auto_shard",
     "optimizers": (
         "Optimizer SGD Momentum Adagrad Adam Ftrl optimizer_from_config LearningRateSchedule ExponentialDecay "
         "InverseTimeDecay PiecewiseConstantDecay PolynomialDecay CosineDecay schedule_from_config"

@@ -367,9 +367,16 @@ class ClusterCoordinator:
         return val
 
     def create_per_worker_dataset(self, dataset_fn: Any) -> PerWorkerDataset:
-        """Build ``dataset_fn()`` (or ``dataset_fn(input_context)``) on every worker."""
+        """Build ``dataset_fn()`` (or ``dataset_fn(input_context)``) on every worker; or build a
+        ``DistributedDataset`` from ``strategy.experimental_distribute_dataset`` /
+        ``strategy.distribute_datasets_from_function`` there."""
+        from .data import DistributedDataset
+
         if isinstance(dataset_fn, PerWorkerDataset):
             return dataset_fn
+        if isinstance(dataset_fn, DistributedDataset):
+            _ship_by_value(dataset_fn._per_worker_fn)
+            dataset_fn = dataset_fn.build  # a function of the worker's InputContext
         if not callable(dataset_fn):
             raise RuntimeConfigError("dataset_fn", type(dataset_fn).__name__,
                                      "must be a function that returns a dataset (an iterable) on the worker")

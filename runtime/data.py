@@ -35,6 +35,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from . import npyfiles
+from .errors import RuntimeConfigError
 
 __all__ = [
     "AUTOTUNE",
@@ -42,6 +43,7 @@ __all__ = [
     "Dataset",
     "DatasetIterator",
     "DistributeOptions",
+    "DistributedDataset",
     "InputContext",
     "Options",
     "TextLineDataset",
@@ -1113,3 +1115,58 @@ def auto_shard(
     options = sharded.options
     options.experimental_distribute.auto_shard_policy = AutoShardPolicy.OFF
     return sharded.with_options(options)
+
+
+# -- the strategy's dataset distribution ----------------------------------------------------------------------------
+class DistributedDataset:
+    """What ``strategy.experimental_distribute_dataset`` and ``strategy.distribute_datasets_from_function`` return on
+    the coordinator (TF's ``DistributedDataset``): a recipe that ``ClusterCoordinator.create_per_worker_dataset``
+    builds on every worker. It is not iterated on the coordinator."""
+
+    def __init__(self, per_worker_fn: Callable[[InputContext], Any], what: str):
+        self._per_worker_fn = per_worker_fn
+        self._what = what
+
+    def build(self, input_context: InputContext) -> Any:
+        """The dataset of the worker ``input_context`` describes (runs on that worker)."""
+        return self._per_worker_fn(input_context)
+
+    def __iter__(self):
+        raise TypeError(
+            f"a distributed dataset ({self._what}) is read on the workers: pass it to "
+            "coordinator.create_per_worker_dataset() and schedule functions that take iter() of the result"
+        )
+
+    def __repr__(self) -> str:
+        return f"DistributedDataset({self._what})"
+
+
+def _check_input_options(options: Any) -> None:
+    if options is not None:
+        raise RuntimeConfigError(
+            "options", type(options).__name__,
+            "must be None: tf.distribute.InputOptions place input on accelerators, and kubeps workers feed from host "
+            "memory",
+        )
+
+
+def distribute_dataset(dataset: Any, options: Any = None) -> DistributedDataset:
+    """``experimental_distribute_dataset``: every worker reads its auto-shard of ``dataset`` (see :func:`auto_shard`;
+    one replica per worker, so batches keep their size)."""
+    _check_input_options(options)
+    dataset = as_dataset(dataset)
+    return DistributedDataset(
+        lambda ctx: auto_shard(dataset, ctx.num_input_pipelines, ctx.input_pipeline_id),
+        "experimental_distribute_dataset",
+    )
+
+
+def distribute_datasets_from_function(dataset_fn: Any, options: Any = None) -> DistributedDataset:
+    """``distribute_datasets_from_function``: every worker calls ``dataset_fn(input_context)``; batching and
+    sharding are the function's own."""
+    _check_input_options(options)
+    if not callable(dataset_fn):
+        raise RuntimeConfigError("dataset_fn", type(dataset_fn).__name__,
+                                 "must be a function of an InputContext that returns a dataset")
+    name = getattr(dataset_fn, "__name__", type(dataset_fn).__name__)
+    return DistributedDataset(dataset_fn, f"distribute_datasets_from_function({name})")

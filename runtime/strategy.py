@@ -206,6 +206,22 @@ class ParameterServerStrategy:
         """Run ``fn`` once (one replica per worker, as TF's PS strategy on CPU): ``fn(*args, **kwargs)``."""
         return fn(*args, **(kwargs or {}))
 
+    def experimental_distribute_dataset(self, dataset: Any, options: Any = None) -> Any:
+        """Every worker reads its auto-shard of ``dataset`` (its ``AutoShardPolicy``; batches keep their size, one
+        replica per worker). On the coordinator: a ``DistributedDataset`` for
+        ``ClusterCoordinator.create_per_worker_dataset``; inside a dataset fn on a worker: that worker's dataset."""
+        from .data import distribute_dataset
+
+        return distribute_dataset(dataset, options)
+
+    def distribute_datasets_from_function(self, dataset_fn: Callable, options: Any = None) -> Any:
+        """Every worker calls ``dataset_fn(input_context)`` (batching and sharding are its own). On the
+        coordinator: a ``DistributedDataset`` for ``ClusterCoordinator.create_per_worker_dataset``; inside a
+        dataset fn on a worker: that worker's dataset."""
+        from .data import distribute_datasets_from_function
+
+        return distribute_datasets_from_function(dataset_fn, options)
+
     @property
     def num_replicas_in_sync(self) -> int:
         return 1
@@ -231,6 +247,23 @@ class _WorkerSideStrategy:
 
     def run(self, fn: Callable, args: tuple = (), kwargs: dict | None = None) -> Any:
         return fn(*args, **(kwargs or {}))
+
+    def _input_context(self) -> Any:
+        from .data import InputContext
+
+        return InputContext(num_input_pipelines=self.num_workers, input_pipeline_id=_context.get_current_worker_index())
+
+    def experimental_distribute_dataset(self, dataset: Any, options: Any = None) -> Any:
+        """Inside a dataset fn (TF's per-worker pattern): this worker's auto-shard of ``dataset``."""
+        from .data import distribute_dataset
+
+        return distribute_dataset(dataset, options).build(self._input_context())
+
+    def distribute_datasets_from_function(self, dataset_fn: Callable, options: Any = None) -> Any:
+        """Inside a dataset fn (TF's per-worker pattern): ``dataset_fn(input_context)`` of this worker."""
+        from .data import distribute_datasets_from_function
+
+        return distribute_datasets_from_function(dataset_fn, options).build(self._input_context())
 
     def scope(self):
         return contextlib.nullcontext(self)

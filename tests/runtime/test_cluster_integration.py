@@ -71,6 +71,48 @@ def test_per_worker_dataset_and_worker_index(coord):
         assert pipeline == worker and n == 2
 
 
+def test_strategy_distributes_datasets_as_tensorflow_does(coord):
+    """Both of TF's forms: a DistributedDataset made on the coordinator and handed to create_per_worker_dataset, and
+    the tutorial's dataset fn that calls the captured strategy on the worker."""
+    from kubeps.runtime.data import Dataset, DistributedDataset
+    from kubeps.runtime.errors import RuntimeConfigError
+
+    strategy, coordinator = coord
+    data = np.arange(40)
+
+    def take(it):
+        return get_current_worker_index(), int(next(it))
+
+    def drawn(per_worker_dataset, n=12):
+        iterator = iter(per_worker_dataset)
+        return coordinator.fetch([coordinator.schedule(take, args=(iterator,)) for _ in range(n)])
+
+    dist = strategy.experimental_distribute_dataset(Dataset.from_tensor_slices(data).repeat())
+    assert isinstance(dist, DistributedDataset)
+    with pytest.raises(TypeError, match="create_per_worker_dataset"):
+        iter(dist)
+    out = drawn(coordinator.create_per_worker_dataset(dist))
+    assert {w for w, _ in out} <= {0, 1} and all(value % 2 == worker for worker, value in out)  # DATA: worker::2
+
+    def dataset_fn(ctx):
+        assert ctx.num_input_pipelines == 2 and ctx.input_pipeline_id == get_current_worker_index()
+        return Dataset.from_tensor_slices(data + 1000 * ctx.input_pipeline_id).repeat()
+
+    on_coordinator = strategy.distribute_datasets_from_function(dataset_fn)
+    on_workers = lambda: strategy.distribute_datasets_from_function(dataset_fn)  # noqa: E731 - TF's tutorial form
+    on_workers_sharded = lambda: strategy.experimental_distribute_dataset(data)  # noqa: E731
+    for per_worker_dataset in (on_coordinator, on_workers):
+        out = drawn(coordinator.create_per_worker_dataset(per_worker_dataset))
+        assert all(value // 1000 == worker for worker, value in out), out
+    out = drawn(coordinator.create_per_worker_dataset(on_workers_sharded), n=8)
+    assert all(value % 2 == worker for worker, value in out), out
+
+    with pytest.raises(RuntimeConfigError, match="'options' has invalid value 'object': must be None"):
+        strategy.experimental_distribute_dataset(data, options=object())
+    with pytest.raises(RuntimeConfigError, match="'dataset_fn' has invalid value 'int': must be a function"):
+        strategy.distribute_datasets_from_function(42)
+
+
 def test_one_pull_per_ps_per_step(coord):
     strategy, coordinator = coord
     with strategy.scope():
