@@ -77,8 +77,24 @@ class RemoteValue:
     def get(self, timeout: float | None = None) -> Any:
         return self.fetch(timeout)
 
+    def __reduce__(self):
+        # Passed to schedule(): a finished one travels as its value, as TensorFlow resolves it on the worker.
+        status = self._status
+        if status is RemoteValueStatus.READY:
+            return (_resolved, (self._value,))
+        if status is RemoteValueStatus.ABORTED:
+            raise TypeError(f"a RemoteValue passed to schedule() has no value: its function failed with "
+                            f"{type(self._error).__name__}: {self._error}")
+        raise TypeError("a RemoteValue passed to schedule() must be ready, and its function has not finished: "
+                        "fetch() it (or join()) before scheduling the function that uses it")
+
     def __repr__(self) -> str:
         return f"<RemoteValue {self._status.value}>"
+
+
+def _resolved(value: Any) -> Any:
+    """What a finished RemoteValue becomes when it is unpickled on a worker: its value."""
+    return value
 
 
 class ClosureState(enum.Enum):

@@ -87,6 +87,30 @@ def test_error_propagation_and_cancellation(coord, tmp_path):
     coordinator.join()
 
 
+def test_remote_value_as_an_argument(coord):
+    """As in TensorFlow: a finished RemoteValue passed to schedule() resolves to its value on the worker."""
+    strategy, coordinator = coord
+    first = coordinator.schedule(lambda: np.arange(3.0))
+    first.fetch(timeout=30)
+    assert coordinator.schedule(lambda v, w: float((v * w).sum()), args=(first,), kwargs={"w": 2.0}
+                                ).fetch(timeout=30) == 6.0
+    assert coordinator.schedule(lambda d: d["x"].tolist(), args=({"x": first},)).fetch(timeout=30) == [0, 1, 2]
+
+    slow = coordinator.schedule(lambda: __import__("time").sleep(2.0))
+    with pytest.raises(TypeError, match="must be ready, and its function has not finished"):
+        coordinator.schedule(lambda v: v, args=(slow,))
+
+    def boom():
+        raise KeyError("nope")
+
+    failed = coordinator.schedule(boom)
+    with pytest.raises(KeyError):
+        coordinator.join()
+    with pytest.raises(TypeError, match="has no value: its function failed with KeyError"):
+        coordinator.schedule(lambda v: v, args=(failed,))
+    coordinator.join()
+
+
 def test_variables_sgd_training_loop(coord):
     strategy, coordinator = coord
     with strategy.scope():
