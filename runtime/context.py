@@ -28,6 +28,7 @@ __all__ = [
     "ClosureContext",
     "PSTransport",
     "current_closure_context",
+    "current_input_context",
     "current_strategy",
     "get_current_worker_index",
     "ps_restarted",
@@ -273,6 +274,13 @@ def get_current_worker_index() -> int:
             "to ClusterCoordinator.schedule or create_per_worker_dataset); this code runs on the coordinator"
         )
     return ctx.worker_index
+
+
+def current_input_context(num_workers: int) -> Any:
+    """The ``InputContext`` of the worker running the current dataset function: one input pipeline per worker."""
+    from .data import InputContext
+
+    return InputContext(num_input_pipelines=num_workers, input_pipeline_id=get_current_worker_index())
 
 
 def push_strategy(strategy: Any) -> None:

@@ -41,7 +41,7 @@ import grpc
 import numpy as np
 
 from .closure_queue import Closure, ClosureQueue, ClosureState, RemoteValue
-from .context import ps_restarted
+from .context import current_input_context, ps_restarted
 from .errors import (
     ClosureError,
     PSUnavailableError,
@@ -111,17 +111,13 @@ def _dumps(obj: Any, what: str) -> np.ndarray:
 
 def _build_dataset(dataset_fn: Callable, num_workers: int) -> Any:
     """Runs on a worker: call ``dataset_fn()`` or ``dataset_fn(input_context)``."""
-    from .context import get_current_worker_index
-
     try:
         params = [p for p in inspect.signature(dataset_fn).parameters.values()
                   if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     except (TypeError, ValueError):
         params = []
     if params:
-        from .data import InputContext
-
-        return dataset_fn(InputContext(num_input_pipelines=num_workers, input_pipeline_id=get_current_worker_index()))
+        return dataset_fn(current_input_context(num_workers))
     return dataset_fn()
 
 

@@ -410,11 +410,11 @@ class LocalCluster:
     def on_task_exit(self, task: TaskProcess) -> None:
         """Called when a task other than the chief exits while the chief runs. Reports it; a restart policy
         overrides this (and calls :meth:`start_task`)."""
-        task.exit_handled = True
-        status = exit_status(task.returncode if task.returncode is not None else -1)
         if task.task_type == "evaluator":
-            self.report(f"{task.name} (pid {task.pid}) exited with status {status}")
+            self._report_evaluator_exit(task)
         else:
+            task.exit_handled = True
+            status = exit_status(task.returncode if task.returncode is not None else -1)
             self.report(
                 f"{task.name} (pid {task.pid}) exited with status {status} before the chief; it is not restarted "
                 f"(the chief may fail or hang without it)"

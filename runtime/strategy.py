@@ -248,22 +248,18 @@ class _WorkerSideStrategy:
     def run(self, fn: Callable, args: tuple = (), kwargs: dict | None = None) -> Any:
         return fn(*args, **(kwargs or {}))
 
-    def _input_context(self) -> Any:
-        from .data import InputContext
-
-        return InputContext(num_input_pipelines=self.num_workers, input_pipeline_id=_context.get_current_worker_index())
-
     def experimental_distribute_dataset(self, dataset: Any, options: Any = None) -> Any:
         """Inside a dataset fn (TF's per-worker pattern): this worker's auto-shard of ``dataset``."""
         from .data import distribute_dataset
 
-        return distribute_dataset(dataset, options).build(self._input_context())
+        return distribute_dataset(dataset, options).build(_context.current_input_context(self.num_workers))
 
     def distribute_datasets_from_function(self, dataset_fn: Callable, options: Any = None) -> Any:
         """Inside a dataset fn (TF's per-worker pattern): ``dataset_fn(input_context)`` of this worker."""
         from .data import distribute_datasets_from_function
 
-        return distribute_datasets_from_function(dataset_fn, options).build(self._input_context())
+        return distribute_datasets_from_function(dataset_fn, options).build(
+            _context.current_input_context(self.num_workers))
 
     def scope(self):
         return contextlib.nullcontext(self)
