@@ -1,12 +1,22 @@
-"""A thin, rate-limited, thread-safe wrapper over the Kubernetes API calls the operator makes.
+"""The operator's own Kubernetes API calls: a few REST requests on kopf's event loop, behind one token bucket.
 
 Every call waits for a token of a shared token bucket (``qps`` per second, ``burst`` at once), so a burst of jobs
 cannot flood the API server and the limit is one number to tune (users of TFJob hit its low fixed QPS).
-Errors are :class:`kubernetes.client.exceptions.ApiException` with ``status`` set.
+
+Why not the ``kubernetes`` package: its API classes walk every body into and out of client models, run in a
+thread pool, and importing it costs about 20 MB of memory; the operator makes seven kinds of request with plain
+dicts. Requests go through :meth:`KubeClient.request`, the one place that sends, reads the whole answer (so a
+pooled connection is never handed back with an unread body, whose bytes the next request on it would read as its
+status line) and turns a failure into :class:`ApiError`. Credentials come from :func:`login` (kopf's service
+account and kubeconfig readers, plus kubeconfig ``exec`` plugins), which the operator also gives kopf.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
+import subprocess
 import threading
 import time
 from typing import Any
@@ -14,6 +24,15 @@ from typing import Any
 from . import models
 
 MERGE_PATCH = "application/merge-patch+json"
+JOBS = f"/apis/{models.GROUP}/{models.VERSION}/namespaces"
+
+
+class ApiError(Exception):
+    """A request the API server answered with an error status (``status``; ``body`` is its text)."""
+
+    def __init__(self, method: str, path: str, status: int, body: str):
+        self.status, self.body = status, body
+        super().__init__(f"{method} {path}: {status} {body[:300]}")
 
 
 class TokenBucket:
@@ -26,100 +45,169 @@ class TokenBucket:
         self._sleep = sleep
         self._lock = threading.Lock()
 
-    def acquire(self) -> float:
-        """Take one token, sleeping as needed; returns the seconds waited."""
+    def reserve(self) -> float:
+        """Take one token; returns the seconds to wait before using it."""
         with self._lock:
             now = self._clock()
             self._tokens = min(self.burst, self._tokens + (now - self._last) * self.qps)
             self._last = now
             self._tokens -= 1.0
-            wait = 0.0 if self._tokens >= 0 else -self._tokens / self.qps
+            return 0.0 if self._tokens >= 0 else -self._tokens / self.qps
+
+    def acquire(self) -> float:
+        """Take one token, sleeping as needed; returns the seconds waited."""
+        wait = self.reserve()
         if wait:
             self._sleep(wait)
         return wait
 
 
-def load_api_client(kubeconfig: str | None = None, pool_size: int = 16):
-    """An ApiClient from a kubeconfig (KUBECONFIG or ~/.kube/config) or the in-cluster service account."""
-    from kubernetes import client, config
+def login(settings=None, **_: Any):
+    """Credentials as a ``kopf.ConnectionInfo``: the pod's service account, else the kubeconfig (whose ``exec``
+    plugin, e.g. a cloud provider's token helper, is run when the user has one)."""
+    import kopf
 
-    configuration = client.Configuration()
-    try:
-        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-    except Exception:  # noqa: BLE001 - no kubeconfig: running in a pod
-        config.load_incluster_config(client_configuration=configuration)
-    configuration.connection_pool_maxsize = max(pool_size, 4)
-    return client.ApiClient(configuration)
+    settings = settings or kopf.OperatorSettings()
+    info = kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(settings=settings)
+    if info is None:
+        raise kopf.LoginError("no service account and no kubeconfig (KUBECONFIG or ~/.kube/config)")
+    if not (info.token or info.certificate_path or info.certificate_data or info.username):
+        token = _exec_token()
+        if token:
+            info = kopf.ConnectionInfo(**{**_fields(info), "token": token})
+    return info
+
+
+def _fields(info) -> dict:
+    import dataclasses
+
+    return {f.name: getattr(info, f.name) for f in dataclasses.fields(info)}
+
+
+def _exec_token() -> str | None:
+    """The token of the current kubeconfig user's ``exec`` credential plugin, if it has one."""
+    import yaml
+
+    path = (os.environ.get("KUBECONFIG") or "~/.kube/config").split(os.pathsep)[0]
+    with open(os.path.expanduser(path), encoding="utf-8") as f:
+        config = yaml.safe_load(f) or {}
+    context = next((c.get("context") or {} for c in config.get("contexts") or []
+                    if c.get("name") == config.get("current-context")), {})
+    user = next((u.get("user") or {} for u in config.get("users") or [] if u.get("name") == context.get("user")), {})
+    plugin = user.get("exec")
+    if not plugin:
+        return None
+    env = dict(os.environ, **{e["name"]: e["value"] for e in plugin.get("env") or []})
+    out = subprocess.run([plugin["command"], *(plugin.get("args") or [])], env=env, capture_output=True,
+                         check=True, timeout=60).stdout
+    return (json.loads(out).get("status") or {}).get("token")
 
 
 class KubeClient:
-    def __init__(self, api_client, qps: float = 100.0, burst: int = 200):
-        from kubernetes import client
+    """The API calls of the operator, on the running event loop (one aiohttp session, ``pool_size`` connections)."""
 
-        self.api_client = api_client
-        self.core = client.CoreV1Api(api_client)
-        self.custom = client.CustomObjectsApi(api_client)
+    def __init__(self, qps: float = 100.0, burst: int = 200, pool_size: int = 16, login=login):
         self.limiter = TokenBucket(qps, burst)
+        self.pool_size = max(4, pool_size)
+        self.requests = 0
+        self._login = login
+        self._session = None
+        self._server = ""
+        self._connecting = asyncio.Lock()
 
-    def _wait(self) -> None:
-        self.limiter.acquire()
+    async def _connect(self, stale=None):
+        """The session, opened on first use or when ``stale`` (refused with 401) is still the current one."""
+        async with self._connecting:
+            if self._session is not None and self._session is not stale:
+                return self._session
+            import aiohttp
+
+            info = await asyncio.get_running_loop().run_in_executor(None, self._login)
+            headers = {"Accept": "application/json", "User-Agent": "kubeps-operator"}
+            if info.token:
+                headers["Authorization"] = f"{info.scheme or 'Bearer'} {info.token}"
+            auth = aiohttp.BasicAuth(info.username, info.password or "") if info.username else None
+            ssl = info.as_ssl_context() if info.server.startswith("https") else False
+            old = self._session
+            self._server = info.server.rstrip("/")
+            self._session = aiohttp.ClientSession(
+                headers=headers, auth=auth,
+                connector=aiohttp.TCPConnector(ssl=ssl, limit=self.pool_size),
+                timeout=aiohttp.ClientTimeout(total=60, connect=10))
+            if old is not None:  # requests still on it may finish (the total timeout): close it after that
+                asyncio.get_running_loop().call_later(61, asyncio.ensure_future, old.close())
+            return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
+
+    async def request(self, method: str, path: str, body: Any = None, *, content_type: str = "application/json",
+                      answer: bool = False) -> Any:
+        """Send one request; returns the decoded answer when ``answer``, else None. Raises :class:`ApiError`.
+
+        The answer is always read to its end, also when it is not wanted, before the connection is reused; a
+        401 logs in again (a rotated service-account token) and retries once.
+        """
+        wait = self.limiter.reserve()
+        if wait:
+            await asyncio.sleep(wait)
+        session = self._session or await self._connect()
+        data = None if body is None else json.dumps(body)
+        for attempt in (0, 1):
+            self.requests += 1
+            async with session.request(method, self._server + path, data=data,
+                                       headers={"Content-Type": content_type}) as resp:
+                raw = await resp.read()
+                status = resp.status
+            if status == 401 and attempt == 0:
+                session = await self._connect(stale=session)
+                continue
+            if status >= 400:
+                raise ApiError(method, path, status, raw.decode(errors="replace"))
+            return json.loads(raw) if answer else None
 
     # -- jobs ----------------------------------------------------------------------------------------------------
-    def get_job(self, namespace: str, name: str) -> dict:
-        self._wait()
-        return self.custom.get_namespaced_custom_object(models.GROUP, models.VERSION, namespace, models.PLURAL, name)
+    async def get_job(self, namespace: str, name: str) -> dict:
+        return await self.request("GET", f"{JOBS}/{namespace}/{models.PLURAL}/{name}", answer=True)
 
-    def patch_job_status(self, namespace: str, name: str, body: dict) -> dict:
-        self._wait()
-        return self.custom.patch_namespaced_custom_object_status(
-            models.GROUP, models.VERSION, namespace, models.PLURAL, name, body, _content_type=MERGE_PATCH
-        )
+    async def patch_job_status(self, namespace: str, name: str, body: dict) -> dict:
+        return await self.request("PATCH", f"{JOBS}/{namespace}/{models.PLURAL}/{name}/status", body,
+                                  content_type=MERGE_PATCH, answer=True)
 
-    def delete_job(self, namespace: str, name: str, uid: str | None) -> None:
-        self._wait()
-        body: dict[str, Any] = {"propagationPolicy": "Background"}
-        if uid:
-            body["preconditions"] = {"uid": uid}
-        self.custom.delete_namespaced_custom_object(
-            models.GROUP, models.VERSION, namespace, models.PLURAL, name, body=body
-        )
+    async def delete_job(self, namespace: str, name: str, uid: str | None) -> None:
+        await self.request("DELETE", f"{JOBS}/{namespace}/{models.PLURAL}/{name}", _delete_options(uid))
 
     # -- children ------------------------------------------------------------------------------------------------
-    def create_pod(self, namespace: str, body: dict) -> None:
-        self._wait()
-        self.core.create_namespaced_pod(namespace, body, _preload_content=False).release_conn()
+    async def create_pod(self, namespace: str, body: dict) -> None:
+        await self.request("POST", f"/api/v1/namespaces/{namespace}/pods", body)
 
-    def delete_pod(self, namespace: str, name: str, uid: str | None, grace_seconds: int | None = None) -> None:
-        self._wait()
-        body: dict[str, Any] = {"propagationPolicy": "Background"}
-        if uid:
-            body["preconditions"] = {"uid": uid}
-        if grace_seconds is not None:
-            body["gracePeriodSeconds"] = grace_seconds
-        self.core.delete_namespaced_pod(name, namespace, body=body, _preload_content=False).release_conn()
+    async def delete_pod(self, namespace: str, name: str, uid: str | None, grace_seconds: int | None = None) -> None:
+        await self.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", _delete_options(uid, grace_seconds))
 
-    def create_service(self, namespace: str, body: dict) -> None:
-        self._wait()
-        self.core.create_namespaced_service(namespace, body, _preload_content=False).release_conn()
+    async def create_service(self, namespace: str, body: dict) -> None:
+        await self.request("POST", f"/api/v1/namespaces/{namespace}/services", body)
 
-    def delete_service(self, namespace: str, name: str) -> None:
-        self._wait()
-        self.core.delete_namespaced_service(name, namespace, _preload_content=False).release_conn()
+    async def delete_service(self, namespace: str, name: str) -> None:
+        await self.request("DELETE", f"/api/v1/namespaces/{namespace}/services/{name}", _delete_options(None))
 
-    def read_secret(self, namespace: str, name: str) -> dict | None:
-        from kubernetes.client.exceptions import ApiException
-
-        self._wait()
+    async def read_secret(self, namespace: str, name: str) -> dict | None:
         try:
-            resp = self.core.read_namespaced_secret(name, namespace, _preload_content=False)
-        except ApiException as err:
+            return await self.request("GET", f"/api/v1/namespaces/{namespace}/secrets/{name}", answer=True)
+        except ApiError as err:
             if err.status == 404:
                 return None
             raise
-        import json
 
-        return json.loads(resp.data)
+    async def create_secret(self, namespace: str, body: dict) -> None:
+        await self.request("POST", f"/api/v1/namespaces/{namespace}/secrets", body)
 
-    def create_secret(self, namespace: str, body: dict) -> None:
-        self._wait()
-        self.core.create_namespaced_secret(namespace, body, _preload_content=False).release_conn()
+
+def _delete_options(uid: str | None, grace_seconds: int | None = None) -> dict:
+    body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+    if uid:
+        body["preconditions"] = {"uid": uid}
+    if grace_seconds is not None:
+        body["gracePeriodSeconds"] = grace_seconds
+    return body

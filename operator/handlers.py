@@ -18,32 +18,23 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import concurrent.futures
 import copy
 import logging
 import secrets
 import time
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import Any
 
 import kopf
 
 from . import metrics, models, planner
-from .client import KubeClient, load_api_client
-from .settings import Settings
+from . import client
+from .client import ApiError, KubeClient
+from .settings import Settings, kopf_settings
 
 log = logging.getLogger("kubeps.operator")
 
 Key = tuple[str, str]  # (namespace, job name)
-
-_configured: Settings | None = None
-
-
-def configure(settings: Settings) -> None:
-    """Use these settings at the next start-up (``main`` calls it; ``kopf run`` reads the environment)."""
-    global _configured
-    _configured = settings
-
 
 def _rv(obj: dict) -> int | None:
     try:
@@ -67,9 +58,11 @@ def _api_message(err: Exception) -> str:
 
 
 class Reconciler:
-    def __init__(self, settings: Settings, kube: KubeClient):
+    """The operator's state (kopf's ``memo.reconciler``): the latest job bodies, per-job reconcile tasks, timers."""
+
+    def __init__(self, settings: Settings, kube: KubeClient | None = None):
         self.settings = settings
-        self.kube = kube
+        self.kube = kube or KubeClient(qps=settings.api_qps, burst=settings.api_burst, pool_size=settings.workers)
         self.config = planner.PlanConfig(default_image=settings.default_image,
                                           cluster_domain=settings.cluster_domain)
         self.jobs: dict[Key, dict] = {}
@@ -80,8 +73,6 @@ class Reconciler:
         self.tasks: dict[Key, asyncio.Task] = {}
         self.timers: dict[Key, asyncio.TimerHandle] = {}
         self.children_seen: set[str] = set()
-        self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=settings.workers,
-                                                              thread_name_prefix="kubeps-api")
         self.limit = asyncio.Semaphore(settings.workers)
         self.reconciles = 0
         self.last_error: str | None = None
@@ -144,9 +135,6 @@ class Reconciler:
         if key in self.jobs:
             self.trigger(key)
 
-    async def call(self, fn: Callable, *args) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
-
     # -- one reconcile -------------------------------------------------------------------------------------------
     async def reconcile(self, key: Key) -> None:
         job = self.jobs.get(key)
@@ -188,7 +176,7 @@ class Reconciler:
 
     async def read_own_secret(self, key: Key, uid: str | None) -> dict | None:
         """The job's token Secret if it exists and belongs to this job (remembered), else None (forgotten)."""
-        secret = await self.call(self.kube.read_secret, key[0], planner.secret_name(key[1]))
+        secret = await self.kube.read_secret(key[0], planner.secret_name(key[1]))
         if secret is not None and planner._controlled_by(secret, uid):
             self.secrets[key] = uid
             return secret
@@ -197,22 +185,20 @@ class Reconciler:
         return None
 
     async def write_status(self, key: Key, job: dict, status: dict) -> dict | None:
-        from kubernetes.client.exceptions import ApiException
-
         old = job.get("status") or {}
         body_status = dict(status)
         for gone in set(old) - set(status):
             body_status[gone] = None
         body = {"metadata": {"resourceVersion": job["metadata"]["resourceVersion"]}, "status": body_status}
         try:
-            written = await self.call(self.kube.patch_job_status, key[0], key[1], body)
-        except ApiException as err:
+            written = await self.kube.patch_job_status(key[0], key[1], body)
+        except ApiError as err:
             metrics.API_ERRORS.labels("patch-status", str(err.status)).inc()
             if err.status == 404:
                 self.forget(key)
                 return None
             if err.status == 409:
-                fresh = await self.call(self.kube.get_job, key[0], key[1])
+                fresh = await self.kube.get_job(key[0], key[1])
                 self.jobs[key] = fresh
                 self.dirty.add(key)
                 return None
@@ -260,19 +246,17 @@ class Reconciler:
 
     async def create_secret(self, key: Key, job: dict, action: planner.CreateSecret) -> bool:
         """Create the job's Secret; returns whether the job's own Secret exists now."""
-        from kubernetes.client.exceptions import ApiException
-
         uid = job["metadata"]["uid"]
         body = copy.deepcopy(action.body)
         token = secrets.token_urlsafe(32)
         body["data"] = {planner.TOKEN_KEY: base64.b64encode(token.encode()).decode()}
         try:
-            await self.call(self.kube.create_secret, key[0], body)
-        except ApiException as err:
+            await self.kube.create_secret(key[0], body)
+        except ApiError as err:
             if err.status != 409:
                 metrics.API_ERRORS.labels("create-secret", str(err.status)).inc()
                 raise
-            existing = await self.call(self.kube.read_secret, key[0], action.name)
+            existing = await self.kube.read_secret(key[0], action.name)
             if existing is None or not planner._controlled_by(existing, uid):
                 # Someone else's, e.g. the Secret of a deleted job of the same name that the garbage collector has
                 # not removed yet: not ours to use. Retry until it is gone (Secrets are not watched).
@@ -288,16 +272,14 @@ class Reconciler:
         return True
 
     async def create_child(self, key: Key, job: dict, action) -> None:
-        from kubernetes.client.exceptions import ApiException
-
         is_pod = isinstance(action, planner.CreatePod)
         kind = "Pod" if is_pod else "Service"
         try:
             if is_pod:
-                await self.call(self.kube.create_pod, key[0], action.body)
+                await self.kube.create_pod(key[0], action.body)
             else:
-                await self.call(self.kube.create_service, key[0], action.body)
-        except ApiException as err:
+                await self.kube.create_service(key[0], action.body)
+        except ApiError as err:
             if err.status == 409:
                 return  # already there: a repeated create is a no-op
             metrics.API_ERRORS.labels(f"create-{kind.lower()}", str(err.status)).inc()
@@ -319,16 +301,14 @@ class Reconciler:
         kopf.event(job, type="Normal", reason=f"{kind}Created", message=f"Created {kind} {action.name}")
 
     async def delete_child(self, key: Key, job: dict, action) -> None:
-        from kubernetes.client.exceptions import ApiException
-
         is_pod = isinstance(action, planner.DeletePod)
         kind = "Pod" if is_pod else "Service"
         try:
             if is_pod:
-                await self.call(self.kube.delete_pod, key[0], action.name, action.uid)
+                await self.kube.delete_pod(key[0], action.name, action.uid)
             else:
-                await self.call(self.kube.delete_service, key[0], action.name)
-        except ApiException as err:
+                await self.kube.delete_service(key[0], action.name)
+        except ApiError as err:
             if err.status in (404, 409):
                 return  # already gone, or replaced (UID precondition)
             metrics.API_ERRORS.labels(f"delete-{kind.lower()}", str(err.status)).inc()
@@ -338,11 +318,9 @@ class Reconciler:
         kopf.event(job, type="Normal", reason=f"{kind}Deleted", message=f"Deleted {kind} {action.name} ({action.reason})")
 
     async def delete_job(self, key: Key, job: dict, action: planner.DeleteJob) -> None:
-        from kubernetes.client.exceptions import ApiException
-
         try:
-            await self.call(self.kube.delete_job, key[0], key[1], job["metadata"].get("uid"))
-        except ApiException as err:
+            await self.kube.delete_job(key[0], key[1], job["metadata"].get("uid"))
+        except ApiError as err:
             if err.status not in (404, 409):
                 raise
             return
@@ -361,48 +339,37 @@ class Reconciler:
                 kopf.event(written, type="Warning", reason=reason, message=message)
         self.trigger(key)  # clean up per cleanPodPolicy
 
-    def close(self) -> None:
+    async def close(self) -> None:
         for timer in self.timers.values():
             timer.cancel()
         self.timers.clear()
-        self.executor.shutdown(wait=False, cancel_futures=True)
-
-
-RECONCILER: Reconciler | None = None
-
-
-def _reconciler() -> Reconciler:
-    if RECONCILER is None:
-        raise kopf.PermanentError("the kubeps operator is not started")
-    return RECONCILER
+        await self.kube.close()
 
 
 # ------------------------------------------------------------------------------------------------ kopf handlers
+@kopf.on.login()
+def _login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
+    """kopf's credentials are ours (service account, kubeconfig, kubeconfig exec plugins): no client library."""
+    return client.login(settings)
+
+
 @kopf.on.startup()
-async def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
-    global RECONCILER
-    ours = _configured or Settings.from_env()
-    settings.peering.standalone = True  # one replica (Deployment strategy Recreate); no peering CRDs needed
-    settings.posting.level = logging.WARNING  # kopf's own log lines become Events only from WARNING up
-    settings.watching.server_timeout = int(ours.watch_server_timeout)  # the API server wants an integer
-    settings.watching.client_timeout = ours.watch_client_timeout
-    settings.watching.connect_timeout = ours.watch_connect_timeout
-    settings.watching.inactivity_timeout = ours.watch_inactivity_timeout
-    settings.execution.max_workers = max(4, ours.workers)
-    settings.batching.idle_timeout = 5.0
-    settings.batching.batch_window = 0.05
-    api_client = load_api_client(pool_size=ours.workers)
-    RECONCILER = Reconciler(ours, KubeClient(api_client, qps=ours.api_qps, burst=ours.api_burst))
-    log.info("kubeps operator starting: namespaces=%s default image=%s cluster domain=%s qps=%s",
-             ",".join(ours.namespaces) or "(all)", ours.default_image, ours.cluster_domain, ours.api_qps)
+async def _startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    if "reconciler" not in memo:
+        # `kopf run -m kubeps.operator.handlers`: our settings from the environment, kopf's CLI decides the peering.
+        ours = Settings.from_env()
+        kopf_settings(ours, target=settings, peering=False)
+        memo.reconciler = Reconciler(ours)
+    ours = memo.reconciler.settings
+    log.info("kubeps operator starting: namespaces=%s default image=%s cluster domain=%s qps=%s peering=%s",
+             ",".join(ours.namespaces) or "(all)", ours.default_image, ours.cluster_domain, ours.api_qps,
+             "off" if settings.peering.standalone else f"{settings.peering.name} (priority {settings.peering.priority})")
 
 
 @kopf.on.cleanup()
-async def _cleanup(**_: Any) -> None:
-    global RECONCILER
-    if RECONCILER is not None:
-        RECONCILER.close()
-        RECONCILER = None
+async def _cleanup(memo: kopf.Memo, **_: Any) -> None:
+    if "reconciler" in memo:
+        await memo.reconciler.close()
 
 
 @kopf.index("", "v1", "pods", labels={planner.LABEL_JOB: kopf.PRESENT})
@@ -453,17 +420,17 @@ def _plain(body: kopf.Body) -> dict:
 
 
 @kopf.on.event(models.GROUP, models.VERSION, models.PLURAL)
-async def _job_event(event: dict, body: kopf.Body, **kwargs: Any) -> None:
-    reconciler = _reconciler()
+async def _job_event(event: dict, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+    reconciler = memo.reconciler
     reconciler.capture_indexes(kwargs)
     reconciler.observe_job(event.get("type"), _plain(body))
 
 
 @kopf.on.event("", "v1", "pods", labels={planner.LABEL_JOB: kopf.PRESENT})
 @kopf.on.event("", "v1", "services", labels={planner.LABEL_JOB: kopf.PRESENT})
-async def _child_event(namespace: str, labels: dict, **kwargs: Any) -> None:
+async def _child_event(namespace: str, labels: dict, memo: kopf.Memo, **kwargs: Any) -> None:
     """A pod or Service of a job changed: reconcile its job."""
-    reconciler = _reconciler()
+    reconciler = memo.reconciler
     reconciler.capture_indexes(kwargs)
     key = (namespace, labels[planner.LABEL_JOB])
     if key in reconciler.jobs:
@@ -471,8 +438,8 @@ async def _child_event(namespace: str, labels: dict, **kwargs: Any) -> None:
 
 
 @kopf.on.probe(id="reconciler")
-def _probe(**_: Any) -> dict:
-    reconciler = _reconciler()
+def _probe(memo: kopf.Memo, **_: Any) -> dict:
+    reconciler = memo.reconciler
     return {
         "jobs": len(reconciler.jobs),
         "reconciles": reconciler.reconciles,

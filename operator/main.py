@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 
+from . import settings as settings_module
 from .settings import Settings
 
 
@@ -32,6 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--peering", metavar="NAME",
                         help="kopf peering object to coordinate with other operator replicas (needs kopf's "
                         "peering CRDs); default: standalone")
+    parser.add_argument("--peering-priority", type=int, metavar="N",
+                        help="peering priority (the highest live replica acts); default: the earliest started")
+    parser.add_argument("--peering-lifetime", type=int, metavar="SECONDS",
+                        help="seconds a silent replica counts as alive: about the longest take-over (10)")
     return parser
 
 
@@ -51,39 +56,53 @@ def settings_from_args(argv: list[str] | None, env=None) -> Settings:
         workers=args.workers,
         log_level=args.log_level,
         peering=args.peering,
+        peering_priority=args.peering_priority,
+        peering_lifetime=args.peering_lifetime,
     )
     if args.all_namespaces:
         settings = settings.with_overrides(namespaces=())
-    if settings.api_qps <= 0 or settings.api_burst < 1 or settings.workers < 1:
-        build_parser().error("--api-qps must be > 0, --api-burst and --workers >= 1")
+    if settings.api_qps <= 0 or settings.api_burst < 1 or settings.workers < 1 or settings.peering_lifetime < 2:
+        build_parser().error("--api-qps must be > 0, --api-burst and --workers >= 1, --peering-lifetime >= 2")
     return settings
 
 
 def main(argv: list[str] | None = None) -> int:
     settings = settings_from_args(argv)
+    _skip_kubernetes_package()
     import kopf
 
     from . import handlers, metrics
 
     logging.basicConfig(level=settings.log_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    for noisy in ("kubernetes", "urllib3", "aiohttp", "kopf.objects"):
+    for noisy in ("aiohttp", "kopf.objects"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(settings.log_level)))
-    handlers.configure(settings)
     if settings.metrics_port:
         metrics.serve(settings.metrics_port, settings.bind_address)
-    kopf.run(**kopf_run_options(settings))
+    kopf.run(**kopf_run_options(settings), memo=kopf.Memo(reconciler=handlers.Reconciler(settings)))
     return 0
 
 
-def kopf_run_options(settings: Settings) -> dict:
-    """The keyword arguments of ``kopf.run`` for these settings.
+def _skip_kubernetes_package() -> None:
+    """The operator never uses the ``kubernetes`` package (see :mod:`kubeps.operator.client`), but kopf imports it
+    when it is installed, for type checks only: about 20 MB and 0.5 s. Make it look absent to kopf."""
+    for name in ("kubernetes", "kubernetes_asyncio", "pykube"):
+        sys.modules.setdefault(name, None)
 
-    Without a peering name the operator runs standalone (one replica, Recreate strategy); with one, kopf keeps
-    a (Cluster)KopfPeering object so that a second replica pauses instead of reconciling the same jobs.
+
+def kopf_run_options(settings: Settings) -> dict:
+    """The keyword arguments of ``kopf.run`` for these settings (without ``memo``).
+
+    ``settings`` is kopf's ``OperatorSettings`` built by :func:`kubeps.operator.settings.kopf_settings`. Without a
+    peering name the operator runs standalone (one replica); with one, kopf keeps a (Cluster)KopfPeering object
+    and only the replica with the highest priority acts, the others pause until it stops renewing its record.
     """
+    kopf_settings = settings_module.kopf_settings(settings)
     options = {
-        "standalone": settings.peering is None,
+        "settings": kopf_settings,
+        # kopf.run writes these into the settings again: pass what the settings already say.
+        "standalone": kopf_settings.peering.standalone,
+        "priority": kopf_settings.peering.priority,
         "clusterwide": settings.clusterwide,
         "namespaces": () if settings.clusterwide else settings.namespaces,
         "liveness_endpoint": (f"http://{settings.bind_address}:{settings.liveness_port}/healthz"

@@ -17,6 +17,12 @@ KUBEPS_LOG_LEVEL               --log-level                  DEBUG, INFO, WARNING
 KOPF_RUN_PEERING               --peering NAME               run with this kopf peering object, so that
                                                             two operators never reconcile at once; the
                                                             peering CRDs must be installed (standalone)
+KOPF_RUN_PRIORITY              --peering-priority           peering priority: the highest live replica
+                                                            acts (default: the longest-running one;
+                                                            minus its start time in ms, x1000, plus a
+                                                            random tie-break)
+KUBEPS_PEERING_LIFETIME        --peering-lifetime           seconds a silent peer counts as alive, i.e.
+                                                            about the longest take-over after a crash (10)
 KUBEPS_WATCH_SERVER_TIMEOUT    (env only)                   watch request timeout asked of the server (120 s)
 KUBEPS_WATCH_CLIENT_TIMEOUT    (env only)                   client-side watch timeout (150 s)
 KUBEPS_WATCH_CONNECT_TIMEOUT   (env only)                   connection timeout of watches (10 s)
@@ -26,9 +32,12 @@ KUBEPS_WATCH_INACTIVITY        (env only)                   restart a watch sile
 
 from __future__ import annotations
 
+import logging
 import os
+import random
+import time
 from dataclasses import dataclass, field, replace
-from typing import Mapping
+from typing import Any, Mapping
 
 DEFAULT_IMAGE = "ghcr.io/kubeps/kubeps-runtime:0.1.0"
 
@@ -50,7 +59,7 @@ def _float(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
-def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
+def _int(env: Mapping[str, str], name: str, default: int | None, minimum: int | None = 0) -> int | None:
     raw = env.get(name)
     if raw is None or raw == "":
         return default
@@ -58,7 +67,7 @@ def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> i
         value = int(raw)
     except ValueError:
         raise ValueError(f"{name}={raw!r}: expected an integer") from None
-    if value < minimum:
+    if minimum is not None and value < minimum:
         raise ValueError(f"{name}={raw!r}: must be >= {minimum}")
     return value
 
@@ -77,6 +86,8 @@ class Settings:
     bind_address: str = "0.0.0.0"
     log_level: str = "INFO"
     peering: str | None = None
+    peering_priority: int | None = None
+    peering_lifetime: int = 10
     watch_server_timeout: float = 120.0
     watch_client_timeout: float = 150.0
     watch_connect_timeout: float = 10.0
@@ -104,6 +115,8 @@ class Settings:
             bind_address=env.get("KUBEPS_BIND_ADDRESS") or "0.0.0.0",
             log_level=(env.get("KUBEPS_LOG_LEVEL") or "INFO").upper(),
             peering=env.get("KOPF_RUN_PEERING") or None,
+            peering_priority=_int(env, "KOPF_RUN_PRIORITY", None, minimum=None),
+            peering_lifetime=_int(env, "KUBEPS_PEERING_LIFETIME", 10, 2),
             watch_server_timeout=_float(env, "KUBEPS_WATCH_SERVER_TIMEOUT", 120.0),
             watch_client_timeout=_float(env, "KUBEPS_WATCH_CLIENT_TIMEOUT", 150.0),
             watch_connect_timeout=_float(env, "KUBEPS_WATCH_CONNECT_TIMEOUT", 10.0),
@@ -112,3 +125,34 @@ class Settings:
 
     def with_overrides(self, **overrides) -> "Settings":
         return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def kopf_settings(ours: Settings, target: Any = None, peering: bool = True):
+    """kopf's ``OperatorSettings`` for our settings: the one place that maps them (``main`` passes the result to
+    ``kopf.run(settings=...)``; under ``kopf run -m kubeps.operator.handlers`` the start-up handler applies it to
+    kopf's own object with ``peering=False``, leaving the peering to kopf's ``--peering``/``--standalone``)."""
+    import kopf
+
+    target = kopf.OperatorSettings() if target is None else target
+    if peering:
+        target.peering.standalone = ours.peering is None
+        target.peering.clusterwide = ours.clusterwide
+        if ours.peering is not None:
+            target.peering.mandatory = True  # a missing peering object pauses the operator instead of going solo
+            target.peering.name = ours.peering
+        # Equal priorities pause every replica (kopf cannot pick one), so each replica gets its own: the
+        # longest-running one stays in charge and a restarted or added replica waits behind it.
+        target.peering.priority = (ours.peering_priority if ours.peering_priority is not None
+                                   else -(int(time.time() * 1000) * 1000 + random.randrange(1000)))
+    # Keep-alives every 1-5 s (kopf renews lifetime minus 5-10 s): a SIGKILLed leader is taken over within about
+    # the lifetime, not kopf's default 60 s.
+    target.peering.lifetime = ours.peering_lifetime
+    target.peering.stealth = True  # no log line per keep-alive
+    target.posting.level = logging.WARNING  # kopf's own log lines become Events only from WARNING up
+    target.watching.server_timeout = int(ours.watch_server_timeout)  # the API server wants an integer
+    target.watching.client_timeout = ours.watch_client_timeout
+    target.watching.connect_timeout = ours.watch_connect_timeout
+    target.watching.inactivity_timeout = ours.watch_inactivity_timeout
+    target.execution.max_workers = max(4, ours.workers)
+    target.queueing.idle_timeout = 5.0
+    return target

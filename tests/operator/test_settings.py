@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from kubeps.operator.client import TokenBucket
@@ -77,3 +79,37 @@ def test_peering_from_kopf_env_or_flag():
     from_flag = kopf_run_options(settings_from_args(["--peering", "other", "-n", "a"], env={"KOPF_RUN_PEERING": "x"}))
     assert from_flag["peering_name"] == "other" and from_flag["namespaces"] == ("a",)
     assert from_flag["clusterwide"] is False
+
+
+def test_kopf_settings_carry_peering_and_watching():
+    """One place maps our settings to kopf's: main passes them to kopf.run, nothing overrides them later."""
+    from kubeps.operator.main import kopf_run_options
+    from kubeps.operator.settings import kopf_settings
+
+    options = kopf_run_options(settings_from_args(["--peering", "peers", "-n", "a", "--peering-lifetime", "7"], env={}))
+    peering = options["settings"].peering
+    assert (peering.standalone, peering.mandatory, peering.name, peering.lifetime) == (False, True, "peers", 7)
+    assert peering.clusterwide is False and options["priority"] == peering.priority
+    assert options["settings"].watching.server_timeout == 120 and options["settings"].posting.level == 30
+    standalone = kopf_run_options(settings_from_args([], env={}))["settings"].peering
+    assert standalone.standalone is True and standalone.mandatory is False
+
+    # Each replica its own priority, the earlier started the higher; or the one asked for.
+    earlier = kopf_settings(Settings(peering="p")).peering.priority
+    time.sleep(0.01)
+    later = kopf_settings(Settings(peering="p")).peering.priority
+    assert earlier > later
+    assert kopf_settings(Settings.from_env({"KOPF_RUN_PEERING": "p", "KOPF_RUN_PRIORITY": "5"})).peering.priority == 5
+
+
+def test_kopf_run_module_keeps_kopf_peering_choice():
+    """Under `kopf run -m`, kopf's CLI decides the peering; the rest of our settings still apply."""
+    import kopf
+
+    from kubeps.operator.settings import kopf_settings
+
+    theirs = kopf.OperatorSettings()
+    theirs.peering.name, theirs.peering.mandatory = "from-cli", True
+    kopf_settings(Settings(watch_server_timeout=60), target=theirs, peering=False)
+    assert (theirs.peering.name, theirs.peering.mandatory, theirs.peering.standalone) == ("from-cli", True, False)
+    assert theirs.watching.server_timeout == 60 and theirs.peering.lifetime == 10

@@ -1,7 +1,7 @@
 """The chart grants exactly the API access the operator's code uses: nothing missing, nothing extra.
 
-The operator's calls are read from its source: the ``kubernetes`` client methods in operator/*.py
-(``self.core.create_namespaced_pod`` -> create pods), the resources of its kopf watch handlers and indices
+The operator's calls are read from its source: the REST requests of operator/client.py
+(``self.request("POST", f"/api/v1/namespaces/{namespace}/pods", ...)`` -> create pods), the resources of its kopf watch handlers and indices
 (``kopf.on.event("", "v1", "pods")`` -> list, watch pods) and ``kopf.event(...)`` (create events).
 """
 
@@ -17,23 +17,18 @@ OPERATOR = REPO / "operator"
 CRD = yaml.safe_load((REPO / "charts" / "kubeps" / "files" / "crd.yaml").read_text())
 GROUP, PLURAL = CRD["spec"]["group"], CRD["spec"]["names"]["plural"]
 
-CLIENT_VERBS = {"create": "create", "delete": "delete", "patch": "patch", "replace": "update", "read": "get",
-                "get": "get", "list": "list"}
-
-
-def plural_of(snake: str) -> str:
-    word = snake.replace("_", "")
-    return word + ("es" if word.endswith("s") else "s")
-
-
 def required_permissions() -> set[tuple[str, str, str]]:
     source = "\n".join(p.read_text() for p in sorted(OPERATOR.glob("*.py")))
     needed: set[tuple[str, str, str]] = set()
-    for verb, resource in re.findall(r"\.core\.(create|delete|patch|replace|read|list)_namespaced_(\w+?)\(", source):
-        needed.add(("", plural_of(resource), CLIENT_VERBS[verb]))
-    for verb, status in re.findall(r"\.custom\.(create|delete|patch|replace|get|list)_namespaced_custom_object(_status)?\(",
-                                   source):
-        needed.add((GROUP, PLURAL + ("/status" if status else ""), CLIENT_VERBS[verb]))
+    # operator/client.py: self.request("POST", f"/api/v1/namespaces/{namespace}/pods", ...) and the jobs' paths
+    for method, root, resource, name, sub in re.findall(
+            r'self\.request\("(GET|POST|PUT|PATCH|DELETE)", f"(/api/v1/namespaces|\{JOBS\})/\{namespace\}/'
+            r'(\w+|\{models\.PLURAL\})(/\{name\})?(/status)?"', source):
+        group = GROUP if root == "{JOBS}" else ""
+        resource = PLURAL if resource == "{models.PLURAL}" else resource
+        verb = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(method)
+        verb = verb or ("get" if name else "list")
+        needed.add((group, resource + sub, verb))
     for group, resource in re.findall(r"kopf\.(?:on\.event|index)\(\s*(\"[^\"]*\"|models\.GROUP)\s*,\s*"
                                       r"(?:\"[^\"]*\"|models\.VERSION)\s*,\s*(\"[^\"]*\"|models\.PLURAL)", source):
         group = GROUP if group == "models.GROUP" else group.strip('"')
