@@ -188,6 +188,41 @@ def measure_baseline(api_client, namespace: str, recorder: Recorder, rounds: int
     return results
 
 
+def control_plane_up(env: dict) -> str | None:
+    """Start a private control plane; sets KUBEPS_CP_DIR and KUBECONFIG in ``env``; None (and why) if it fails."""
+    state_dir = tempfile.mkdtemp(prefix="kubeps-bench-cp-")
+    env["KUBEPS_CP_DIR"] = state_dir
+    up = subprocess.run(["bash", str(SCRIPT), "up"], env=env, capture_output=True, text=True)
+    if up.returncode != 0:
+        control_plane_down(env, state_dir)
+        print(up.stderr[-3000:], file=sys.stderr)
+        print("could not start the control plane: run `hack/controlplane.sh build` first", file=sys.stderr)
+        return None
+    env["KUBECONFIG"] = os.path.join(state_dir, "admin.kubeconfig")
+    return state_dir
+
+
+def control_plane_down(env: dict, state_dir: str | None) -> None:
+    if state_dir:
+        subprocess.run(["bash", str(SCRIPT), "down"], env=env, capture_output=True)
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def new_namespace(api_client, prefix: str) -> str:
+    """A fresh namespace whose default service account exists (pods can be created in it)."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(api_client)
+    namespace = f"{prefix}{uuid.uuid4().hex[:6]}"
+    core.create_namespace({"metadata": {"name": namespace}})
+    while True:
+        try:
+            core.read_namespaced_service_account("default", namespace)
+            return namespace
+        except Exception:  # noqa: BLE001
+            time.sleep(0.2)
+
+
 def rss_peak_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -207,16 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     state_dir = None
     env = dict(os.environ)
     if not args.external:
-        state_dir = tempfile.mkdtemp(prefix="kubeps-bench-cp-")
-        env["KUBEPS_CP_DIR"] = state_dir
-        up = subprocess.run(["bash", str(SCRIPT), "up"], env=env, capture_output=True, text=True)
-        if up.returncode != 0:
-            subprocess.run(["bash", str(SCRIPT), "down"], env=env, capture_output=True)
-            shutil.rmtree(state_dir, ignore_errors=True)
-            print(up.stderr[-3000:], file=sys.stderr)
-            print("could not start the control plane: run `hack/controlplane.sh build` first", file=sys.stderr)
+        state_dir = control_plane_up(env)
+        if state_dir is None:
             return 2
-        env["KUBECONFIG"] = os.path.join(state_dir, "admin.kubeconfig")
     kubectl = shutil.which("kubectl", path=subprocess.run(["bash", str(SCRIPT), "bin-dir"], env=env,
                                                           capture_output=True, text=True).stdout.strip()) or "kubectl"
     operator = None
@@ -229,16 +257,8 @@ def main(argv: list[str] | None = None) -> int:
         api_client.configuration.connection_pool_maxsize = 32
         from kubernetes import client
 
-        core = client.CoreV1Api(api_client)
         custom = client.CustomObjectsApi(api_client)
-        namespace = f"bench-{uuid.uuid4().hex[:6]}"
-        core.create_namespace({"metadata": {"name": namespace}})
-        while True:
-            try:
-                core.read_namespaced_service_account("default", namespace)
-                break
-            except Exception:  # noqa: BLE001
-                time.sleep(0.2)
+        namespace = new_namespace(api_client, "bench-")
         time.sleep(1.0)  # discovery of the new CRD
         add_nodes(api_client, args.jobs * CHILDREN + 3 * CHILDREN + args.single * CHILDREN + 50)
         recorder = Recorder(api_client, namespace)
@@ -292,9 +312,7 @@ def main(argv: list[str] | None = None) -> int:
                 operator.wait(15)
             except subprocess.TimeoutExpired:
                 os.kill(operator.pid, signal.SIGKILL)
-        if state_dir:
-            subprocess.run(["bash", str(SCRIPT), "down"], env=env, capture_output=True)
-            shutil.rmtree(state_dir, ignore_errors=True)
+        control_plane_down(env, state_dir)
 
     base = statistics.median(baseline)
     s50, s99 = pct(single_children, 50), pct(single_children, 99)

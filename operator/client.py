@@ -114,6 +114,7 @@ class KubeClient:
         self._session = None
         self._server = ""
         self._connecting = asyncio.Lock()
+        self._slots = asyncio.Semaphore(self.pool_size)
 
     async def _connect(self, stale=None):
         """The session, opened on first use or when ``stale`` (refused with 401) is still the current one."""
@@ -132,8 +133,10 @@ class KubeClient:
             self._server = info.server.rstrip("/")
             self._session = aiohttp.ClientSession(
                 headers=headers, auth=auth,
+                # At most pool_size requests at once (self._slots), so the connector never makes one wait for a
+                # connection: its timeouts count from the moment a request is really sent.
                 connector=aiohttp.TCPConnector(ssl=ssl, limit=self.pool_size),
-                timeout=aiohttp.ClientTimeout(total=60, connect=10))
+                timeout=aiohttp.ClientTimeout(total=60, sock_connect=10))
             if old is not None:  # requests still on it may finish (the total timeout): close it after that
                 asyncio.get_running_loop().call_later(61, asyncio.ensure_future, old.close())
             return self._session
@@ -150,23 +153,24 @@ class KubeClient:
         The answer is always read to its end, also when it is not wanted, before the connection is reused; a
         401 logs in again (a rotated service-account token) and retries once.
         """
-        wait = self.limiter.reserve()
-        if wait:
-            await asyncio.sleep(wait)
-        session = self._session or await self._connect()
         data = None if body is None else json.dumps(body)
-        for attempt in (0, 1):
-            self.requests += 1
-            async with session.request(method, self._server + path, data=data,
-                                       headers={"Content-Type": content_type}) as resp:
-                raw = await resp.read()
-                status = resp.status
-            if status == 401 and attempt == 0:
-                session = await self._connect(stale=session)
-                continue
-            if status >= 400:
-                raise ApiError(method, path, status, raw.decode(errors="replace"))
-            return json.loads(raw) if answer else None
+        async with self._slots:
+            wait = self.limiter.reserve()
+            if wait:
+                await asyncio.sleep(wait)
+            session = self._session or await self._connect()
+            for attempt in (0, 1):
+                self.requests += 1
+                async with session.request(method, self._server + path, data=data,
+                                           headers={"Content-Type": content_type}) as resp:
+                    raw = await resp.read()
+                    status = resp.status
+                if status == 401 and attempt == 0:
+                    session = await self._connect(stale=session)
+                    continue
+                if status >= 400:
+                    raise ApiError(method, path, status, raw.decode(errors="replace"))
+                return json.loads(raw) if answer else None
 
     # -- jobs ----------------------------------------------------------------------------------------------------
     async def get_job(self, namespace: str, name: str) -> dict:

@@ -35,6 +35,7 @@ from .settings import Settings, kopf_settings
 log = logging.getLogger("kubeps.operator")
 
 Key = tuple[str, str]  # (namespace, job name)
+SUMMARY_NAMES = 12  # children named in one Event's message; the rest are counted
 
 def _rv(obj: dict) -> int | None:
     try:
@@ -73,6 +74,8 @@ class Reconciler:
         self.tasks: dict[Key, asyncio.Task] = {}
         self.timers: dict[Key, asyncio.TimerHandle] = {}
         self.children_seen: set[str] = set()
+        self.child_slims: dict[str, dict] = {}  # uid -> the slim copy in the index (shared, not copied)
+        self.changed_children: set[str] = set()  # uids whose last event changed their slim copy
         self.limit = asyncio.Semaphore(settings.workers)
         self.reconciles = 0
         self.last_error: str | None = None
@@ -96,6 +99,29 @@ class Reconciler:
                 return  # an event older than what our own write returned
         self.jobs[key] = body
         self.trigger(key)
+
+    def observe_child(self, body: kopf.Body, with_status: bool) -> dict:
+        """The slim copy of a pod or Service for the index; notes whether it differs from the one before."""
+        slim = _slim(body, with_status)
+        uid = slim["metadata"].get("uid")
+        if self.child_slims.get(uid) != slim:
+            self.child_slims[uid] = slim
+            self.changed_children.add(uid)
+        return slim
+
+    def child_changed(self, uid: str, gone: bool) -> bool:
+        """Whether the event handler should reconcile for this child (kopf indexes before it runs handlers).
+
+        A pod has 3-4 events on its way to Running, and only some change what the planner reads (the scheduler's
+        binding does not): the others would re-plan the job for nothing."""
+        if gone:
+            self.child_slims.pop(uid, None)
+            self.changed_children.discard(uid)
+            return True
+        if uid in self.changed_children:
+            self.changed_children.discard(uid)
+            return True
+        return False
 
     def forget(self, key: Key) -> None:
         self.jobs.pop(key, None)
@@ -238,11 +264,29 @@ class Reconciler:
         deletes = [self.delete_child(key, job, a) for a in plan.actions
                    if isinstance(a, (planner.DeletePod, planner.DeleteService))]
         results = await asyncio.gather(*creates, *deletes, return_exceptions=True)
+        self.post_summaries(job, [r for r in results if isinstance(r, tuple)])
         for result in results:
             if isinstance(result, BaseException):
                 raise result
         for action in plan.of(planner.DeleteJob):
             await self.delete_job(key, job, action)
+
+    @staticmethod
+    def post_summaries(job: dict, done: list[tuple[str, str]]) -> None:
+        """One Event per reason for the children a reconcile created or deleted (``(reason, what)`` pairs), not
+        one per child: a 1 chief + 2 PS + 8 worker job made 22 Events (22 API requests) on its first reconcile."""
+        by_reason: dict[str, list[str]] = {}
+        for reason, what in done:
+            by_reason.setdefault(reason, []).append(what)
+        for reason, items in by_reason.items():
+            kind, verb = reason[:-7], reason[-7:]  # "PodCreated" -> "Pod", "Created"
+            if len(items) == 1:
+                message = f"{verb} {kind} {items[0]}"
+            else:
+                shown = ", ".join(items[:SUMMARY_NAMES])
+                more = f" and {len(items) - SUMMARY_NAMES} more" if len(items) > SUMMARY_NAMES else ""
+                message = f"{verb} {len(items)} {kind}s: {shown}{more}"
+            kopf.event(job, type="Normal", reason=reason, message=message)
 
     async def create_secret(self, key: Key, job: dict, action: planner.CreateSecret) -> bool:
         """Create the job's Secret; returns whether the job's own Secret exists now."""
@@ -271,7 +315,8 @@ class Reconciler:
         self.secrets[key] = uid
         return True
 
-    async def create_child(self, key: Key, job: dict, action) -> None:
+    async def create_child(self, key: Key, job: dict, action) -> tuple[str, str] | None:
+        """Create a pod or Service; returns ``(reason, name)`` for the reconcile's Event when it was made."""
         is_pod = isinstance(action, planner.CreatePod)
         kind = "Pod" if is_pod else "Service"
         try:
@@ -281,26 +326,27 @@ class Reconciler:
                 await self.kube.create_service(key[0], action.body)
         except ApiError as err:
             if err.status == 409:
-                return  # already there: a repeated create is a no-op
+                return None  # already there: a repeated create is a no-op
             metrics.API_ERRORS.labels(f"create-{kind.lower()}", str(err.status)).inc()
             if err.status in (400, 422):
                 # The API server refused what the template makes: no retry can fix it.
                 message = f"The API server rejected {kind} {action.name} built from the template: {_api_message(err)}"
                 await self.fail(key, "InvalidPodTemplate" if is_pod else "InvalidService", message)
-                return
+                return None
             if err.status in (403, 404, 429, 500, 503):
                 kopf.event(job, type="Warning", reason=f"{kind}CreateFailed",
                            message=f"Could not create {kind} {action.name}: {_api_message(err)}; retrying")
                 self.schedule(key, 5.0)
-                return
+                return None
             raise
         if is_pod:
             metrics.PODS_CREATED.labels(action.body["metadata"]["labels"][planner.LABEL_ROLE]).inc()
         else:
             metrics.SERVICES_CREATED.inc()
-        kopf.event(job, type="Normal", reason=f"{kind}Created", message=f"Created {kind} {action.name}")
+        return f"{kind}Created", action.name
 
-    async def delete_child(self, key: Key, job: dict, action) -> None:
+    async def delete_child(self, key: Key, job: dict, action) -> tuple[str, str] | None:
+        """Delete a pod or Service; returns ``(reason, what)`` for the reconcile's Event when it was deleted."""
         is_pod = isinstance(action, planner.DeletePod)
         kind = "Pod" if is_pod else "Service"
         try:
@@ -310,12 +356,12 @@ class Reconciler:
                 await self.kube.delete_service(key[0], action.name)
         except ApiError as err:
             if err.status in (404, 409):
-                return  # already gone, or replaced (UID precondition)
+                return None  # already gone, or replaced (UID precondition)
             metrics.API_ERRORS.labels(f"delete-{kind.lower()}", str(err.status)).inc()
             raise
         if is_pod:
             metrics.PODS_DELETED.labels(action.reason).inc()
-        kopf.event(job, type="Normal", reason=f"{kind}Deleted", message=f"Deleted {kind} {action.name} ({action.reason})")
+        return f"{kind}Deleted", f"{action.name} ({action.reason})"
 
     async def delete_job(self, key: Key, job: dict, action: planner.DeleteJob) -> None:
         try:
@@ -372,21 +418,26 @@ async def _cleanup(memo: kopf.Memo, **_: Any) -> None:
         await memo.reconciler.close()
 
 
+# The handlers are coroutines: kopf runs a plain function in a thread pool, a hop per event of every pod.
 @kopf.index("", "v1", "pods", labels={planner.LABEL_JOB: kopf.PRESENT})
-def kubeps_pods(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict:
-    return {(namespace, labels[planner.LABEL_JOB]): _slim(body, with_status=True)}
+async def kubeps_pods(namespace: str, labels: dict, body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict:
+    return {(namespace, labels[planner.LABEL_JOB]): memo.reconciler.observe_child(body, with_status=True)}
 
 
 @kopf.index("", "v1", "services", labels={planner.LABEL_JOB: kopf.PRESENT})
-def kubeps_services(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict:
-    return {(namespace, labels[planner.LABEL_JOB]): _slim(body, with_status=False)}
+async def kubeps_services(namespace: str, labels: dict, body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict:
+    return {(namespace, labels[planner.LABEL_JOB]): memo.reconciler.observe_child(body, with_status=False)}
 
 
 def _slim(body: kopf.Body, with_status: bool) -> dict:
     """Only what the planner reads of a child (keeps the operator small with thousands of pods)."""
     meta = body.get("metadata") or {}
-    slim_meta = {key: copy.deepcopy(meta[key]) for key in
-                 ("name", "namespace", "uid", "labels", "ownerReferences", "deletionTimestamp") if key in meta}
+    # Copies one level deep are enough: kopf hands each event a new body parsed from the watch stream.
+    slim_meta = {key: meta[key] for key in ("name", "namespace", "uid", "deletionTimestamp") if key in meta}
+    if "labels" in meta:
+        slim_meta["labels"] = dict(meta["labels"])
+    if "ownerReferences" in meta:
+        slim_meta["ownerReferences"] = [dict(ref) for ref in meta["ownerReferences"]]
     epoch = (meta.get("annotations") or {}).get(planner.ANNOTATION_EPOCH)
     if epoch is not None:
         slim_meta["annotations"] = {planner.ANNOTATION_EPOCH: epoch}
@@ -428,17 +479,19 @@ async def _job_event(event: dict, body: kopf.Body, memo: kopf.Memo, **kwargs: An
 
 @kopf.on.event("", "v1", "pods", labels={planner.LABEL_JOB: kopf.PRESENT})
 @kopf.on.event("", "v1", "services", labels={planner.LABEL_JOB: kopf.PRESENT})
-async def _child_event(namespace: str, labels: dict, memo: kopf.Memo, **kwargs: Any) -> None:
-    """A pod or Service of a job changed: reconcile its job."""
+async def _child_event(event: dict, namespace: str, labels: dict, uid: str, memo: kopf.Memo, **kwargs: Any) -> None:
+    """A pod or Service of a job changed in what the planner reads (or is gone): reconcile its job."""
     reconciler = memo.reconciler
     reconciler.capture_indexes(kwargs)
+    if not reconciler.child_changed(uid, gone=event.get("type") == "DELETED"):
+        return
     key = (namespace, labels[planner.LABEL_JOB])
     if key in reconciler.jobs:
         reconciler.trigger(key)
 
 
 @kopf.on.probe(id="reconciler")
-def _probe(memo: kopf.Memo, **_: Any) -> dict:
+async def _probe(memo: kopf.Memo, **_: Any) -> dict:
     reconciler = memo.reconciler
     return {
         "jobs": len(reconciler.jobs),
