@@ -10,7 +10,8 @@ time and alternating (``--reps`` rounds, the order rotating each round):
   --controller-threads 16``).
 
 Per run: time from the first create to all pods created and to all pods Running; per job (create -> its 11 pods
-Running) p50 and p99; the operator's CPU seconds (user + system, from its start to the end of the run); its idle
+Running) p50 and p99; the operator's CPU seconds (user + system) in the burst (from the first create to all pods
+Running) and with its start-up (from its start); reconciles (from each operator's metrics); its idle
 RSS (VmRSS 5 s after start) and peak RSS (VmHWM); API requests (each operator authenticates as its own service
 account, whose FlowSchema counts what the API server dispatched for it, watches included). Then medians and the
 ratios kubeps / training-operator.
@@ -326,6 +327,7 @@ def one_run(cluster: Cluster, config: str, kubeconfig: Path, jobs: int, tmp: Pat
     try:
         time.sleep(5)
         idle_rss = proc_status_mb(proc.pid, "VmRSS")
+        cpu_start = proc_cpu_seconds(proc.pid)  # start-up: imports, discovery, the first listings
         make = kubeps_job if config == "kubeps" else tf_job
         names = [f"j{i:03d}" for i in range(jobs)]
         starts: dict[str, float] = {}
@@ -364,7 +366,8 @@ def one_run(cluster: Cluster, config: str, kubeconfig: Path, jobs: int, tmp: Pat
     core.delete_namespace(namespace, propagation_policy="Background")
     return {
         "config": config, "created": max(t for _, t in seen.values()) - t0, "running": max(running.values()) - t0,
-        "p50": pct(list(per_job.values()), 50), "p99": pct(list(per_job.values()), 99), "cpu": cpu,
+        "p50": pct(list(per_job.values()), 50), "p99": pct(list(per_job.values()), 99), "cpu": cpu - cpu_start,
+        "cpu_total": cpu,
         "idle_rss": idle_rss, "peak_rss": peak, "requests": requests, "reconciles": reconciled, "wall": end - t0,
     }
 
@@ -434,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
                 results.append(result)
                 print(f"round {rep + 1} {config:10s}: pods created {result['created']:6.1f} s, Running "
                       f"{result['running']:6.1f} s, per job p50 {result['p50']:6.1f} s p99 {result['p99']:6.1f} s, "
-                      f"CPU {result['cpu']:5.1f} s, RSS idle {result['idle_rss']:5.1f} MiB peak "
+                      f"CPU {result['cpu']:5.1f} s (with start-up {result['cpu_total']:4.1f} s), RSS idle {result['idle_rss']:5.1f} MiB peak "
                       f"{result['peak_rss']:5.1f} MiB, API requests {result['requests']:6.0f}, reconciles "
                       f"{result['reconciles']:5.0f}", flush=True)
     finally:
@@ -442,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
         if CERT_DIR.exists():
             shutil.rmtree(CERT_DIR.parent, ignore_errors=True)
 
-    keys = ("created", "running", "p50", "p99", "cpu", "idle_rss", "peak_rss", "requests", "reconciles")
+    keys = ("created", "running", "p50", "p99", "cpu", "cpu_total", "idle_rss", "peak_rss", "requests", "reconciles")
     medians = {c: {k: statistics.median(r[k] for r in results if r["config"] == c) for k in keys}
                for c in configs}
     print(f"\n{args.jobs} jobs of 1 chief + {PS} PS + {WORKERS} workers ({args.jobs * PODS_PER_JOB} pods); "
@@ -459,7 +462,8 @@ def main(argv: list[str] | None = None) -> int:
     if "kubeps" in medians and "to-matched" in medians:
         k, t = medians["kubeps"], medians["to-matched"]
         goals = [("all pods Running no slower than training-operator at matched limits", k["running"] <= t["running"]),
-                 ("operator CPU <= 1.5x training-operator's", k["cpu"] <= 1.5 * t["cpu"]),
+                 ("operator CPU in the burst <= 1.5x training-operator's", k["cpu"] <= 1.5 * t["cpu"]),
+                 ("operator CPU with start-up <= 1.5x training-operator's", k["cpu_total"] <= 1.5 * t["cpu_total"]),
                  ("peak RSS <= 1.2x training-operator's", k["peak_rss"] <= 1.2 * t["peak_rss"])]
         for text, ok in goals:
             print(f"goal {'met' if ok else 'MISSED'}: {text}")

@@ -5,9 +5,10 @@ Level-based and finalizer-free:
 * ``@kopf.on.event`` for PSTrainingJobs keeps the latest body of every job and triggers its reconcile; no
   create/update handlers, timers or daemons, so kopf adds no finalizer and a job deletes (with its children, by
   ownerReference garbage collection) even while the operator is down.
-* ``@kopf.index`` keeps every labelled pod and Service in memory (kopf fills the indexes before any handler
-  runs, so a restarted operator never plans from a half-known world); ``@kopf.on.event`` for them triggers the
-  owning job's reconcile.
+* ``@kopf.index`` handlers keep a slim copy of every labelled pod and Service in the reconciler (kopf runs them
+  for every listed object before any other handler, so a restarted operator never plans from a half-known world)
+  and trigger the owning job's reconcile when the copy changes; ``@kopf.on.event``, filtered to deletions,
+  forgets them.
 * One reconcile per job at a time (later triggers coalesce into one more pass); deadlines and TTLs are timers
   of the event loop, re-armed by every reconcile.
 * The status is written (with the observed resourceVersion as precondition) before any action runs, so a
@@ -67,25 +68,21 @@ class Reconciler:
         self.config = planner.PlanConfig(default_image=settings.default_image,
                                           cluster_domain=settings.cluster_domain)
         self.jobs: dict[Key, dict] = {}
-        self.pods_index: Any = None
-        self.services_index: Any = None
+        # The slim copies of every pod and Service, by job and UID: filled by kopf's index handlers, which kopf
+        # runs for every listed object before any other handler (so a restarted operator never plans from a
+        # half-known world), emptied by the deletion handler.
+        self.pods: dict[Key, dict[str, dict]] = {}
+        self.services: dict[Key, dict[str, dict]] = {}
         self.secrets: dict[Key, str] = {}  # job key -> uid of the job whose Secret is known to exist
         self.dirty: set[Key] = set()
         self.tasks: dict[Key, asyncio.Task] = {}
         self.timers: dict[Key, asyncio.TimerHandle] = {}
         self.children_seen: set[str] = set()
-        self.child_slims: dict[str, dict] = {}  # uid -> the slim copy in the index (shared, not copied)
-        self.changed_children: set[str] = set()  # uids whose last event changed their slim copy
         self.limit = asyncio.Semaphore(settings.workers)
         self.reconciles = 0
         self.last_error: str | None = None
 
     # -- observing -----------------------------------------------------------------------------------------------
-    def capture_indexes(self, kwargs: dict) -> None:
-        if self.pods_index is None:
-            self.pods_index = kwargs.get("kubeps_pods")
-            self.services_index = kwargs.get("kubeps_services")
-
     def observe_job(self, event_type: str | None, body: dict) -> None:
         meta = body.get("metadata") or {}
         key = (meta.get("namespace"), meta.get("name"))
@@ -100,28 +97,26 @@ class Reconciler:
         self.jobs[key] = body
         self.trigger(key)
 
-    def observe_child(self, body: kopf.Body, with_status: bool) -> dict:
-        """The slim copy of a pod or Service for the index; notes whether it differs from the one before."""
-        slim = _slim(body, with_status)
+    def observe_child(self, body: kopf.Body, namespace: str, labels: dict, is_pod: bool) -> None:
+        """A pod or Service was listed or changed: keep its slim copy; reconcile its job if the planner would see
+        something new (a pod has 3-4 events on its way to Running; the scheduler's binding changes nothing the
+        planner reads)."""
+        key = (namespace, labels[planner.LABEL_JOB])
+        slim = _slim(body, with_status=is_pod)
+        known = (self.pods if is_pod else self.services).setdefault(key, {})
         uid = slim["metadata"].get("uid")
-        if self.child_slims.get(uid) != slim:
-            self.child_slims[uid] = slim
-            self.changed_children.add(uid)
-        return slim
+        if known.get(uid) != slim:
+            known[uid] = slim
+            if key in self.jobs:
+                self.trigger(key)
 
-    def child_changed(self, uid: str, gone: bool) -> bool:
-        """Whether the event handler should reconcile for this child (kopf indexes before it runs handlers).
-
-        A pod has 3-4 events on its way to Running, and only some change what the planner reads (the scheduler's
-        binding does not): the others would re-plan the job for nothing."""
-        if gone:
-            self.child_slims.pop(uid, None)
-            self.changed_children.discard(uid)
-            return True
-        if uid in self.changed_children:
-            self.changed_children.discard(uid)
-            return True
-        return False
+    def forget_child(self, namespace: str, labels: dict, uid: str, is_pod: bool) -> None:
+        key = (namespace, labels[planner.LABEL_JOB])
+        known = (self.pods if is_pod else self.services).get(key)
+        if known is not None and known.pop(uid, None) is not None and not known:
+            del (self.pods if is_pod else self.services)[key]
+        if key in self.jobs:
+            self.trigger(key)
 
     def forget(self, key: Key) -> None:
         self.jobs.pop(key, None)
@@ -170,8 +165,8 @@ class Reconciler:
         namespace, name = key
         uid = job["metadata"].get("uid")
         # Index values are private slim copies (see _slim) that the planner only reads.
-        pods = list(self.pods_index.get(key, [])) if self.pods_index else []
-        services = list(self.services_index.get(key, [])) if self.services_index else []
+        pods = list(self.pods.get(key, {}).values())
+        services = list(self.services.get(key, {}).values())
         cached = self.secrets.get(key) == uid
         secret = {"metadata": {"name": planner.secret_name(name)}} if cached else await self.read_own_secret(key, uid)
         now = datetime.now(timezone.utc)
@@ -419,14 +414,28 @@ async def _cleanup(memo: kopf.Memo, **_: Any) -> None:
 
 
 # The handlers are coroutines: kopf runs a plain function in a thread pool, a hop per event of every pod.
+# The children are kept by the index handlers (kopf's own index stays empty: it would hold the same copies);
+# index handlers are not called for deletions, which one event handler, filtered to them, reports.
 @kopf.index("", "v1", "pods", labels={planner.LABEL_JOB: kopf.PRESENT})
-async def kubeps_pods(namespace: str, labels: dict, body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict:
-    return {(namespace, labels[planner.LABEL_JOB]): memo.reconciler.observe_child(body, with_status=True)}
+async def kubeps_pods(namespace: str, labels: dict, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    memo.reconciler.observe_child(body, namespace, labels, is_pod=True)
 
 
 @kopf.index("", "v1", "services", labels={planner.LABEL_JOB: kopf.PRESENT})
-async def kubeps_services(namespace: str, labels: dict, body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict:
-    return {(namespace, labels[planner.LABEL_JOB]): memo.reconciler.observe_child(body, with_status=False)}
+async def kubeps_services(namespace: str, labels: dict, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    memo.reconciler.observe_child(body, namespace, labels, is_pod=False)
+
+
+def _deleted(event: dict, **_: Any) -> bool:
+    return event.get("type") == "DELETED"
+
+
+@kopf.on.event("", "v1", "pods", labels={planner.LABEL_JOB: kopf.PRESENT}, when=_deleted)
+@kopf.on.event("", "v1", "services", labels={planner.LABEL_JOB: kopf.PRESENT}, when=_deleted)
+async def _child_deleted(namespace: str, labels: dict, uid: str, resource: kopf.Resource, memo: kopf.Memo,
+                         **_: Any) -> None:
+    """A pod or Service of a job is gone: forget it and reconcile its job."""
+    memo.reconciler.forget_child(namespace, labels, uid, is_pod=resource.plural == "pods")
 
 
 def _slim(body: kopf.Body, with_status: bool) -> dict:
@@ -471,23 +480,8 @@ def _plain(body: kopf.Body) -> dict:
 
 
 @kopf.on.event(models.GROUP, models.VERSION, models.PLURAL)
-async def _job_event(event: dict, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
-    reconciler = memo.reconciler
-    reconciler.capture_indexes(kwargs)
-    reconciler.observe_job(event.get("type"), _plain(body))
-
-
-@kopf.on.event("", "v1", "pods", labels={planner.LABEL_JOB: kopf.PRESENT})
-@kopf.on.event("", "v1", "services", labels={planner.LABEL_JOB: kopf.PRESENT})
-async def _child_event(event: dict, namespace: str, labels: dict, uid: str, memo: kopf.Memo, **kwargs: Any) -> None:
-    """A pod or Service of a job changed in what the planner reads (or is gone): reconcile its job."""
-    reconciler = memo.reconciler
-    reconciler.capture_indexes(kwargs)
-    if not reconciler.child_changed(uid, gone=event.get("type") == "DELETED"):
-        return
-    key = (namespace, labels[planner.LABEL_JOB])
-    if key in reconciler.jobs:
-        reconciler.trigger(key)
+async def _job_event(event: dict, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    memo.reconciler.observe_job(event.get("type"), _plain(body))
 
 
 @kopf.on.probe(id="reconciler")
