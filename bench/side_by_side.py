@@ -56,6 +56,7 @@ CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")  # fixed in training-op
 PS, WORKERS = 2, 8
 PODS_PER_JOB = 1 + PS + WORKERS
 CONFIGS = ("kubeps", "to-default", "to-matched")
+KUBEPS_PYTHON = [sys.executable]  # --kubeps-python: another checkout's venv, to compare commits
 
 
 def go() -> str:
@@ -250,7 +251,7 @@ def start_operator(cluster: "Cluster", config: str, namespace: str, kubeconfig: 
     probe, metrics = free_port(), free_port()
     metrics_url = f"http://127.0.0.1:{metrics}/metrics"
     if config == "kubeps":
-        args = [sys.executable, "-m", "kubeps.operator.main", "--namespace", namespace, "--bind-address",
+        args = [KUBEPS_PYTHON[0], "-m", "kubeps.operator.main", "--namespace", namespace, "--bind-address",
                 "127.0.0.1", "--metrics-port", str(metrics), "--liveness-port", str(probe), "--log-level", "WARNING"]
         url = f"http://127.0.0.1:{probe}/healthz"
     else:
@@ -392,7 +393,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--external", action="store_true", help="use $KUBECONFIG instead of a private control plane")
     parser.add_argument("--profile", metavar="PREFIX", help="py-spy the kubeps operator: PREFIX.<round>.txt, "
                         "collapsed stacks (needs py-spy)")
+    parser.add_argument("--kubeps-python", metavar="PYTHON",
+                        help="run the kubeps operator with this interpreter (e.g. another checkout's .venv/bin/python)")
     args = parser.parse_args(argv)
+    if args.kubeps_python:
+        KUBEPS_PYTHON[0] = args.kubeps_python
     configs = [c for c in args.configs.split(",") if c]
     if set(configs) - set(CONFIGS):
         parser.error(f"unknown config in {args.configs}")
