@@ -115,6 +115,7 @@ class KubeClient:
         self._server = ""
         self._connecting = asyncio.Lock()
         self._slots = asyncio.Semaphore(self.pool_size)
+        self._retired: list = []  # sessions replaced after a 401, closed a little later
 
     async def _connect(self, stale=None):
         """The session, opened on first use or when ``stale`` (refused with 401) is still the current one."""
@@ -138,13 +139,21 @@ class KubeClient:
                 connector=aiohttp.TCPConnector(ssl=ssl, limit=self.pool_size),
                 timeout=aiohttp.ClientTimeout(total=60, sock_connect=10))
             if old is not None:  # requests still on it may finish (the total timeout): close it after that
-                asyncio.get_running_loop().call_later(61, asyncio.ensure_future, old.close())
+                self._retired.append(old)
+                asyncio.get_running_loop().call_later(61, self._close_retired, old)
             return self._session
 
+    def _close_retired(self, session) -> None:
+        if session in self._retired:
+            self._retired.remove(session)
+            asyncio.ensure_future(session.close())
+
     async def close(self) -> None:
-        if self._session is not None:
-            session, self._session = self._session, None
-            await session.close()
+        sessions, self._retired = [self._session, *self._retired], []
+        self._session = None
+        for session in sessions:
+            if session is not None:
+                await session.close()
 
     async def request(self, method: str, path: str, body: Any = None, *, content_type: str = "application/json",
                       answer: bool = False) -> Any:
