@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import IO, Callable, Mapping, Sequence
 
 from .cluster import TFConfig
+from .threads import CPUS_ENV, cpu_budget
 
 __all__ = [
     "BIND_HOST_ENV",
@@ -214,6 +215,14 @@ class LocalCluster:
             base_env[JOB_TOKEN_ENV] = secrets.token_hex(24)
         base_env.setdefault(BIND_HOST_ENV, host)
         base_env["PYTHONUNBUFFERED"] = "1"
+        try:
+            cpus = cpu_budget(base_env)
+        except ValueError as err:
+            raise LauncherError(str(err)) from None
+        if not base_env.get(CPUS_ENV):
+            # the machine's CPUs shared by the tasks that compute (ps and workers): math thread pools sized to
+            # one task's share instead of every task starting one thread per core (see kubeps.runtime.threads)
+            base_env[CPUS_ENV] = str(max(1, int(cpus) // (num_ps + num_workers)))
         self._base_env = base_env
 
         self.tasks: dict[tuple[str, int], TaskProcess] = {}

@@ -39,6 +39,7 @@ from .ps import ParameterServerState, UnknownVariableError
 from .rpc import (ANSWER_ID_KEY, ANSWER_PARKED, CHANNEL_OPTIONS, COLLECT_METHOD, ERROR_REASON_KEY, PS_SERVICE,
                   UNARY_PREFIX, UNKNOWN_VARIABLE, WORKER_SERVICE)
 from .security import TokenInterceptor, load_job_token, require_job_token
+from .threads import limit_math_threads
 from .worker import BUILTIN_METHODS as _WORKER_BUILTINS
 from .worker import WorkerState
 
@@ -291,6 +292,7 @@ class Server:
     def start(self) -> None:
         if self._server is not None:
             return
+        limit_math_threads()  # size BLAS/OpenMP pools to this task's CPUs before the first update runs
         server = grpc.server(
             ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix=f"kubeps-{self.job_name}"),
             handlers=[self._handler],

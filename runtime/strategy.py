@@ -22,6 +22,7 @@ from .errors import PSUnavailableError, RuntimeConfigError
 from .partitioners import div_split
 from .rpc import DEFAULT_TIMEOUT_S
 from .security import load_job_token
+from .threads import limit_math_threads
 from .variables import ShardedVariable, Variable
 
 __all__ = ["ParameterServerStrategy"]
@@ -55,6 +56,7 @@ class ParameterServerStrategy:
                 "TF_CONFIG.cluster", summary,
                 f"ParameterServerStrategy needs at least one 'ps' and one 'worker' task; missing {missing}",
             )
+        limit_math_threads()  # the chief's own numpy work (evaluation, checkpoints) sized to its CPUs
         self.cluster_resolver = cluster_resolver
         self._cluster_spec = spec
         self._variable_partitioner = variable_partitioner
