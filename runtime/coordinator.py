@@ -41,7 +41,7 @@ import grpc
 import numpy as np
 
 from .closure_queue import Closure, ClosureQueue, ClosureState, RemoteValue
-from .context import current_input_context, ps_restarted
+from .context import current_input_context
 from .errors import (
     ClosureError,
     PSUnavailableError,
@@ -51,6 +51,7 @@ from .errors import (
     WorkerUnavailableError,
 )
 from .rpc import WORKER_SERVICE, Client
+from .transport import ps_restarted
 from .watchdog import Watchdog
 from .worker import join_structure, resolve_resource
 

@@ -17,11 +17,11 @@ import numpy as np
 
 from . import context as _context
 from .cluster import ClusterSpec, TFConfigClusterResolver
-from .context import PSTransport
 from .errors import PSUnavailableError, RuntimeConfigError
 from .partitioners import div_split
 from .rpc import DEFAULT_TIMEOUT_S
 from .security import load_job_token
+from .transport import PSTransport
 from .variables import ShardedVariable, Variable
 
 __all__ = ["ParameterServerStrategy"]

@@ -24,8 +24,9 @@ import cloudpickle
 import numpy as np
 
 from . import context as _context
-from .context import ClosureContext, PSTransport
+from .context import ClosureContext
 from .errors import PSUnavailableError, ResourceMissingError
+from .transport import PSTransport, ps_restarted
 
 __all__ = [
     "BUILTIN_METHODS",
@@ -134,7 +135,7 @@ def _run(state: WorkerState, payload: bytes, body: Callable[[Any], Any]) -> tupl
             return {"status": "resource_missing", "message": str(err)}, []
         except PSUnavailableError as err:
             return {"status": "ps_unavailable", "ps_index": err.ps_index, "message": str(err),
-                    "restarted": _context.ps_restarted(err)}, []
+                    "restarted": ps_restarted(err)}, []
         except BaseException as err:  # noqa: BLE001 - the user's function may raise anything; report it
             if isinstance(err, (KeyboardInterrupt, SystemExit)):
                 raise
