@@ -169,7 +169,7 @@ def get_current_worker_index() -> int:
 
 def current_input_context(num_workers: int) -> Any:
     """The ``InputContext`` of the worker running the current dataset function: one input pipeline per worker."""
-    from .data import InputContext
+    from .data import InputContext  # noqa: PLC0415 - the input pipeline sits above this module
 
     return InputContext(num_input_pipelines=num_workers, input_pipeline_id=get_current_worker_index())
 

@@ -27,6 +27,7 @@ from . import context as _context
 from .context import ClosureContext
 from .errors import PSUnavailableError, ResourceMissingError
 from .transport import PSTransport, ps_restarted
+from .variables import ShardedVariable, Variable
 
 __all__ = [
     "BUILTIN_METHODS",
@@ -84,8 +85,6 @@ class TensorRef:
 
 def split_structure(value: Any, tensors: list[np.ndarray]) -> Any:
     """Replace every numpy array (and variable) in nested lists/tuples/dicts by a :class:`TensorRef`."""
-    from .variables import ShardedVariable, Variable
-
     if isinstance(value, (Variable, ShardedVariable)):
         value = np.asarray(value.read_value())
     if isinstance(value, np.ndarray) and value.dtype != object:
@@ -156,7 +155,7 @@ def _run(state: WorkerState, payload: bytes, body: Callable[[Any], Any]) -> tupl
             state.closures_run += 1
 
 
-def rpc_run_closure(state: WorkerState, meta: dict[str, Any], arrays: list) -> tuple[dict[str, Any], list]:
+def rpc_run_closure(state: WorkerState, meta: dict[str, Any], arrays: list) -> tuple[dict[str, Any], list]:  # noqa: ARG001
     """Run ``fn(*args, **kwargs)`` from the pickled ``(fn, args, kwargs)``."""
     payload = _payload(arrays, "RunClosure")
     return _run(state, payload, lambda obj: obj[0](*obj[1], **obj[2]))
