@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 
 ACTIONLINT_VERSION := v1.7.12
 
-.PHONY: install example test controlplane tools bench clean
+.PHONY: install example test lint controlplane tools bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,11 @@ tools: $(STAMP)
 	else \
 		echo "go not found: the actionlint test will be skipped"; \
 	fi
+
+# ruff and the import contracts (.importlinter) alone; `make test` runs them too (tests/code_checks).
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-cache
 
 test: $(STAMP) controlplane tools
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -7,6 +7,7 @@ Errors are :class:`kubernetes.client.exceptions.ApiException` with ``status`` se
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from typing import Any
@@ -41,7 +42,7 @@ class TokenBucket:
 
 def load_api_client(kubeconfig: str | None = None, pool_size: int = 16):
     """An ApiClient from a kubeconfig (KUBECONFIG or ~/.kube/config) or the in-cluster service account."""
-    from kubernetes import client, config
+    from kubernetes import client, config  # noqa: PLC0415 - loaded when the operator starts, not on import
 
     configuration = client.Configuration()
     try:
@@ -54,7 +55,7 @@ def load_api_client(kubeconfig: str | None = None, pool_size: int = 16):
 
 class KubeClient:
     def __init__(self, api_client, qps: float = 100.0, burst: int = 200):
-        from kubernetes import client
+        from kubernetes import client  # noqa: PLC0415
 
         self.api_client = api_client
         self.core = client.CoreV1Api(api_client)
@@ -107,7 +108,7 @@ class KubeClient:
         self.core.delete_namespaced_service(name, namespace, _preload_content=False).release_conn()
 
     def read_secret(self, namespace: str, name: str) -> dict | None:
-        from kubernetes.client.exceptions import ApiException
+        from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
 
         self._wait()
         try:
@@ -116,8 +117,6 @@ class KubeClient:
             if err.status == 404:
                 return None
             raise
-        import json
-
         return json.loads(resp.data)
 
     def create_secret(self, namespace: str, body: dict) -> None:

@@ -20,6 +20,7 @@ import asyncio
 import base64
 import concurrent.futures
 import copy
+import json
 import logging
 import secrets
 import time
@@ -27,6 +28,7 @@ from datetime import datetime, timezone
 from typing import Any, Callable
 
 import kopf
+from kubernetes.client.exceptions import ApiException
 
 from . import metrics, models, planner
 from .client import KubeClient, load_api_client
@@ -52,13 +54,7 @@ def _rv(obj: dict) -> int | None:
         return None
 
 
-def _status_error(err: Exception) -> int | None:
-    return getattr(err, "status", None)
-
-
 def _api_message(err: Exception) -> str:
-    import json
-
     body = getattr(err, "body", None)
     try:
         return json.loads(body)["message"]
@@ -197,8 +193,6 @@ class Reconciler:
         return None
 
     async def write_status(self, key: Key, job: dict, status: dict) -> dict | None:
-        from kubernetes.client.exceptions import ApiException
-
         old = job.get("status") or {}
         body_status = dict(status)
         for gone in set(old) - set(status):
@@ -260,8 +254,6 @@ class Reconciler:
 
     async def create_secret(self, key: Key, job: dict, action: planner.CreateSecret) -> bool:
         """Create the job's Secret; returns whether the job's own Secret exists now."""
-        from kubernetes.client.exceptions import ApiException
-
         uid = job["metadata"]["uid"]
         body = copy.deepcopy(action.body)
         token = secrets.token_urlsafe(32)
@@ -288,8 +280,6 @@ class Reconciler:
         return True
 
     async def create_child(self, key: Key, job: dict, action) -> None:
-        from kubernetes.client.exceptions import ApiException
-
         is_pod = isinstance(action, planner.CreatePod)
         kind = "Pod" if is_pod else "Service"
         try:
@@ -319,8 +309,6 @@ class Reconciler:
         kopf.event(job, type="Normal", reason=f"{kind}Created", message=f"Created {kind} {action.name}")
 
     async def delete_child(self, key: Key, job: dict, action) -> None:
-        from kubernetes.client.exceptions import ApiException
-
         is_pod = isinstance(action, planner.DeletePod)
         kind = "Pod" if is_pod else "Service"
         try:
@@ -338,8 +326,6 @@ class Reconciler:
         kopf.event(job, type="Normal", reason=f"{kind}Deleted", message=f"Deleted {kind} {action.name} ({action.reason})")
 
     async def delete_job(self, key: Key, job: dict, action: planner.DeleteJob) -> None:
-        from kubernetes.client.exceptions import ApiException
-
         try:
             await self.call(self.kube.delete_job, key[0], key[1], job["metadata"].get("uid"))
         except ApiException as err:

@@ -61,9 +61,9 @@ def settings_from_args(argv: list[str] | None, env=None) -> Settings:
 
 def main(argv: list[str] | None = None) -> int:
     settings = settings_from_args(argv)
-    import kopf
+    import kopf  # noqa: PLC0415 - arguments are checked before kopf and the handlers load
 
-    from . import handlers, metrics
+    from . import handlers, metrics  # noqa: PLC0415
 
     logging.basicConfig(level=settings.log_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)

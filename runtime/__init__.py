@@ -44,6 +44,7 @@ for _module, _names in {
     "watchdog": "Watchdog",
     "supervisor": "EXIT_PS_UNAVAILABLE RestartPolicy install_excepthook run_coordinator",
     "launcher": "LocalCluster run_local",
+    "restarting": "RestartingLocalCluster",
 }.items():
     for _name in _names.split():
         _EXPORTS[_name] = _module

@@ -602,14 +602,14 @@ def _request_list(meta: Mapping[str, Any], model: type[BaseModel], method: str) 
         raise ValueError(f"{method}: field 'items' is malformed: {err}") from None
 
 
-def rpc_save_shards(state, meta: dict[str, Any], arrays: list) -> tuple[dict[str, Any], list]:
+def rpc_save_shards(state, meta: dict[str, Any], arrays: list) -> tuple[dict[str, Any], list]:  # noqa: ARG001
     """PS method ``SaveShards``: ``{"directory", "items": [SaveItem]}`` -> ``{"saved": [SavedShard]}``."""
     directory, items = _request_list(meta, SaveItem, "SaveShards")
     saved = save_items(PSStateAccess(state), directory, items)
     return {"saved": [s.model_dump(mode="json") for s in saved]}, []
 
 
-def rpc_restore_shards(state, meta: dict[str, Any], arrays: list) -> tuple[dict[str, Any], list]:
+def rpc_restore_shards(state, meta: dict[str, Any], arrays: list) -> tuple[dict[str, Any], list]:  # noqa: ARG001
     """PS method ``RestoreShards``: ``{"directory", "items": [RestoreItem]}`` -> ``{"restored": n}``."""
     directory, items = _request_list(meta, RestoreItem, "RestoreShards")
     return {"restored": restore_items(PSStateAccess(state), directory, items)}, []

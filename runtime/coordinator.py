@@ -41,7 +41,8 @@ import grpc
 import numpy as np
 
 from .closure_queue import Closure, ClosureQueue, ClosureState, RemoteValue
-from .context import current_input_context, ps_restarted
+from .data import DistributedDataset
+from .context import current_input_context
 from .errors import (
     ClosureError,
     PSUnavailableError,
@@ -51,6 +52,8 @@ from .errors import (
     WorkerUnavailableError,
 )
 from .rpc import WORKER_SERVICE, Client
+from .strategy import ParameterServerStrategy
+from .transport import ps_restarted
 from .watchdog import Watchdog
 from .worker import join_structure, resolve_resource
 
@@ -257,8 +260,6 @@ class ClusterCoordinator:
                  ps_error_interval: float = 1.0, ps_error_window: float = 60.0,
                  worker_wait_timeout: float = 3600.0, watchdog_timeout: float | None = None,
                  watchdog: Watchdog | None = None):
-        from .strategy import ParameterServerStrategy
-
         if not isinstance(strategy, ParameterServerStrategy):
             raise RuntimeConfigError("strategy", type(strategy).__name__,
                                      "ClusterCoordinator needs a ParameterServerStrategy")
@@ -366,8 +367,6 @@ class ClusterCoordinator:
         """Build ``dataset_fn()`` (or ``dataset_fn(input_context)``) on every worker; or build a
         ``DistributedDataset`` from ``strategy.experimental_distribute_dataset`` /
         ``strategy.distribute_datasets_from_function`` there."""
-        from .data import DistributedDataset
-
         if isinstance(dataset_fn, PerWorkerDataset):
             return dataset_fn
         if isinstance(dataset_fn, DistributedDataset):

@@ -61,8 +61,8 @@ class DeviceUnavailableError(RuntimeError):
 
 def _import_cupy() -> ModuleType | None:
     try:
-        import cupy  # type: ignore[import-not-found]
-    except Exception:  # ImportError, or a CUDA library error raised at import time
+        import cupy  # type: ignore[import-not-found]  # noqa: PLC0415 - optional: the `gpu` extra
+    except Exception:  # noqa: BLE001 - ImportError, or a CUDA library error raised at import time
         return None
     return cupy
 
@@ -70,7 +70,7 @@ def _import_cupy() -> ModuleType | None:
 def _gpu_count(cupy: ModuleType) -> int:
     try:
         return int(cupy.cuda.runtime.getDeviceCount())
-    except Exception:
+    except Exception:  # noqa: BLE001 - no driver, or a driver error, means no GPU
         return 0
 
 

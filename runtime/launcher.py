@@ -496,7 +496,7 @@ class _Signalled(Exception):
 
 
 def _signal_handler(cluster: LocalCluster) -> Callable[[int, object], None]:
-    def handle(signum: int, frame: object) -> None:
+    def handle(signum: int, frame: object) -> None:  # noqa: ARG001 - signal handler signature
         if cluster._defer_signals:
             cluster._pending_signal = signum  # raised once the process being started is tracked
             return

@@ -436,7 +436,7 @@ class Optimizer:
         A gradient is a dense array or a row-sparse ``kernels.IndexedSlices`` ``(values, indices)``. The transport
         lives in ``kubeps.runtime.training.apply_gradients``; the PS applies the update with this optimizer.
         """
-        from kubeps.runtime import training  # lazy: the distributed layer sits above this module
+        from kubeps.runtime import training  # noqa: PLC0415 - upward: the distributed layer sits above this module
 
         return training.apply_gradients(self, grads_and_vars)
 

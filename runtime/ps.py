@@ -54,7 +54,7 @@ def _config_key(config: dict[str, Any]) -> str:
 
 
 def _default_optimizer_factory(config: dict[str, Any]):
-    from .optimizers import optimizer_from_config  # the kernels engineer's module; imported on first push
+    from .optimizers import optimizer_from_config  # noqa: PLC0415 - loaded on the first push, not at start
 
     return optimizer_from_config(config)
 
@@ -221,7 +221,7 @@ def rpc_create_variables(state: ParameterServerState, meta: Meta, arrays: list) 
     return {"created": len(names), "incarnation": state.incarnation}, []
 
 
-def rpc_read(state: ParameterServerState, meta: Meta, arrays: list) -> tuple[Meta, list]:
+def rpc_read(state: ParameterServerState, meta: Meta, arrays: list) -> tuple[Meta, list]:  # noqa: ARG001
     return {}, [state.read(n) for n in _names(meta)]
 
 
@@ -283,7 +283,7 @@ def rpc_push(state: ParameterServerState, meta: Meta, arrays: list) -> tuple[Met
     return {"steps": steps}, [state.read(n) for n in read_back]
 
 
-def rpc_list_variables(state: ParameterServerState, meta: Meta, arrays: list) -> tuple[Meta, list]:
+def rpc_list_variables(state: ParameterServerState, meta: Meta, arrays: list) -> tuple[Meta, list]:  # noqa: ARG001
     out = []
     for name in state.names():
         var = state.variables[name]

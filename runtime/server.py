@@ -19,6 +19,7 @@ of its task (ps or worker) until SIGTERM/SIGINT.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import signal
@@ -73,8 +74,6 @@ EXTENSIONS_ENV = "KUBEPS_SERVER_EXTENSIONS"
 
 def load_extensions(environ: Mapping[str, str] | None = None) -> list[str]:
     """Import the modules that register extra server methods; returns the ones loaded."""
-    import importlib
-
     env = os.environ if environ is None else environ
     extra = [m.strip() for m in env.get(EXTENSIONS_ENV, "").split(",") if m.strip()]
     loaded = []
@@ -332,7 +331,7 @@ class Server:
         self._stopped.set()
 
 
-def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> int:  # noqa: ARG001
     """Entry point of ``python -m kubeps.runtime.server``: serve this task of TF_CONFIG until signalled."""
     logging.basicConfig(level=os.environ.get("KUBEPS_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -369,6 +368,6 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
 
 if __name__ == "__main__":
     # run the canonical module's main, so methods other modules register land in the table this server uses
-    from kubeps.runtime.server import main as _main
+    from kubeps.runtime.server import main as _main  # noqa: PLC0415
 
     sys.exit(_main())

@@ -17,12 +17,13 @@ import numpy as np
 
 from . import context as _context
 from .cluster import ClusterSpec, TFConfigClusterResolver
-from .context import PSTransport
+from .data import distribute_dataset, distribute_datasets_from_function
 from .errors import PSUnavailableError, RuntimeConfigError
 from .partitioners import div_split
 from .rpc import DEFAULT_TIMEOUT_S
 from .security import load_job_token
 from .threads import limit_math_threads
+from .transport import PSTransport
 from .variables import ShardedVariable, Variable
 
 __all__ = ["ParameterServerStrategy"]
@@ -212,16 +213,12 @@ class ParameterServerStrategy:
         """Every worker reads its auto-shard of ``dataset`` (its ``AutoShardPolicy``; batches keep their size, one
         replica per worker). On the coordinator: a ``DistributedDataset`` for
         ``ClusterCoordinator.create_per_worker_dataset``; inside a dataset fn on a worker: that worker's dataset."""
-        from .data import distribute_dataset
-
         return distribute_dataset(dataset, options)
 
     def distribute_datasets_from_function(self, dataset_fn: Callable, options: Any = None) -> Any:
         """Every worker calls ``dataset_fn(input_context)`` (batching and sharding are its own). On the
         coordinator: a ``DistributedDataset`` for ``ClusterCoordinator.create_per_worker_dataset``; inside a
         dataset fn on a worker: that worker's dataset."""
-        from .data import distribute_datasets_from_function
-
         return distribute_datasets_from_function(dataset_fn, options)
 
     @property
@@ -252,14 +249,10 @@ class _WorkerSideStrategy:
 
     def experimental_distribute_dataset(self, dataset: Any, options: Any = None) -> Any:
         """Inside a dataset fn (TF's per-worker pattern): this worker's auto-shard of ``dataset``."""
-        from .data import distribute_dataset
-
         return distribute_dataset(dataset, options).build(_context.current_input_context(self.num_workers))
 
     def distribute_datasets_from_function(self, dataset_fn: Callable, options: Any = None) -> Any:
         """Inside a dataset fn (TF's per-worker pattern): ``dataset_fn(input_context)`` of this worker."""
-        from .data import distribute_datasets_from_function
-
         return distribute_datasets_from_function(dataset_fn, options).build(
             _context.current_input_context(self.num_workers))
 

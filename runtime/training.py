@@ -94,15 +94,15 @@ def apply_gradients(optimizer: Any, grads_and_vars: Iterable[tuple[Any, Any]]) -
             config = optimizer.get_config()
         transport = var._require_transport()
         per_ps = batches.setdefault(id(transport), (transport, {}))[1]
-        updates, arrays = per_ps.setdefault(var._ps_index, ([], []))
+        updates, arrays = per_ps.setdefault(var.ps_index, ([], []))
         if isinstance(grad, tuple):
-            updates.append({"name": var._key, "kind": "sparse"})
+            updates.append({"name": var.key, "kind": "sparse"})
             arrays.extend(grad)
         else:
-            updates.append({"name": var._key, "kind": "dense"})
+            updates.append({"name": var.key, "kind": "dense"})
             arrays.append(grad)
-            dense_vars.setdefault(id(transport), {}).setdefault(var._ps_index, []).append(var)
-        touched.append(var._key)
+            dense_vars.setdefault(id(transport), {}).setdefault(var.ps_index, []).append(var)
+        touched.append(var.key)
 
     for i, pair in enumerate(pairs):
         if not isinstance(pair, (tuple, list)) or len(pair) != 2:

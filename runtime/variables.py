@@ -146,6 +146,24 @@ class Variable(_ArrayLike):
         self._local_updates = 0
 
     # -- properties --------------------------------------------------------------------------------------------
+    # ``key``, ``ps_index`` and ``prefetch`` are the closure context's view of a remote variable
+    # (:class:`kubeps.runtime.context.RemoteHandle`).
+    @property
+    def key(self) -> str:
+        """The variable's unique name on its parameter server (``name`` may repeat; shards are ``name/part_i``)."""
+        return self._key
+
+    @property
+    def ps_index(self) -> int | None:
+        """The index of the parameter server holding the variable, or None for a local variable."""
+        return self._ps_index
+
+    @property
+    def prefetch(self) -> bool:
+        """Whether a scheduled function's batched pull fetches this variable (dense variables; not embedding
+        tables, whose rows are looked up)."""
+        return self._prefetch
+
     @property
     def is_remote(self) -> bool:
         return self._ps_index is not None

@@ -172,7 +172,7 @@ def encode_message(meta: dict[str, Any] | None = None, arrays: Sequence[Any] = (
     header = MessageHeader.model_construct(meta=dict(meta or {}), tensors=headers, data_bytes=offset)
     try:
         header_bytes = header.model_dump_json().encode()
-    except Exception as err:  # pydantic raises for values JSON cannot hold
+    except Exception as err:  # noqa: BLE001 - pydantic raises for values JSON cannot hold
         raise WireError("meta", meta, f"must be JSON-serialisable ({err})") from None
     head_len = _PREFIX.size + len(header_bytes)
     pad = _align(head_len) - head_len

@@ -24,8 +24,10 @@ import cloudpickle
 import numpy as np
 
 from . import context as _context
-from .context import ClosureContext, PSTransport
+from .context import ClosureContext
 from .errors import PSUnavailableError, ResourceMissingError
+from .transport import PSTransport, ps_restarted
+from .variables import ShardedVariable, Variable
 
 __all__ = [
     "BUILTIN_METHODS",
@@ -83,8 +85,6 @@ class TensorRef:
 
 def split_structure(value: Any, tensors: list[np.ndarray]) -> Any:
     """Replace every numpy array (and variable) in nested lists/tuples/dicts by a :class:`TensorRef`."""
-    from .variables import ShardedVariable, Variable
-
     if isinstance(value, (Variable, ShardedVariable)):
         value = np.asarray(value.read_value())
     if isinstance(value, np.ndarray) and value.dtype != object:
@@ -134,7 +134,7 @@ def _run(state: WorkerState, payload: bytes, body: Callable[[Any], Any]) -> tupl
             return {"status": "resource_missing", "message": str(err)}, []
         except PSUnavailableError as err:
             return {"status": "ps_unavailable", "ps_index": err.ps_index, "message": str(err),
-                    "restarted": _context.ps_restarted(err)}, []
+                    "restarted": ps_restarted(err)}, []
         except BaseException as err:  # noqa: BLE001 - the user's function may raise anything; report it
             if isinstance(err, (KeyboardInterrupt, SystemExit)):
                 raise
@@ -155,7 +155,7 @@ def _run(state: WorkerState, payload: bytes, body: Callable[[Any], Any]) -> tupl
             state.closures_run += 1
 
 
-def rpc_run_closure(state: WorkerState, meta: dict[str, Any], arrays: list) -> tuple[dict[str, Any], list]:
+def rpc_run_closure(state: WorkerState, meta: dict[str, Any], arrays: list) -> tuple[dict[str, Any], list]:  # noqa: ARG001
     """Run ``fn(*args, **kwargs)`` from the pickled ``(fn, args, kwargs)``."""
     payload = _payload(arrays, "RunClosure")
     return _run(state, payload, lambda obj: obj[0](*obj[1], **obj[2]))
