@@ -24,6 +24,8 @@ import math
 import os
 import threading
 
+from threadpoolctl import threadpool_limits
+
 __all__ = ["CPUS_ENV", "CpuBudget", "cpu_budget", "limit_math_threads"]
 
 #: environment variable that sets a task's CPU budget explicitly (a positive integer)
@@ -121,12 +123,7 @@ def limit_math_threads(cpus: int | None = None) -> CpuBudget:
         if cpus is None and _applied is not None:
             return _applied
         budget = cpu_budget() if cpus is None else CpuBudget(int(cpus), "argument")
-        try:
-            from threadpoolctl import threadpool_limits
-        except ImportError:  # pragma: no cover - a declared dependency; tolerate a stripped image
-            _log.warning("threadpoolctl is not installed: math thread pools keep their default size")
-        else:
-            threadpool_limits(limits=int(budget))
+        threadpool_limits(limits=int(budget))
         _applied = budget
         _log.info("math thread pools capped at %d thread(s) (%s)", int(budget), budget.source)
         return budget
