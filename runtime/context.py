@@ -2,8 +2,9 @@
 
 * :class:`ClosureContext` exists while a worker unpickles and runs one scheduled function: the variable handles
   that arrive with the function register in it, and the first read pulls every registered dense variable in one
-  RPC per parameter server (folded into the embedding lookup's call when there is one); a push answers with the
-  updated dense values, so later steps of the closure read them from the cache. It sees variables only through
+  RPC per parameter server (folded into the embedding lookup's call when there is one); a push waits for the
+  next step's first call to the same parameter server and rides on it (``PushRead``), so a training step costs one
+  round trip per parameter server. It sees variables only through
   the small :class:`RemoteHandle` protocol, so this module does not import :mod:`kubeps.runtime.variables`
   (which imports it).
 * :func:`get_current_worker_index` tells a dataset fn or scheduled fn which worker runs it.
@@ -54,8 +55,11 @@ class RemoteHandle(Protocol):
     def dtype(self) -> np.dtype: ...
 
 
-#: at most this many bytes of updated dense values come back in one ``Push`` answer (per PS) for the next step
-READ_BACK_BYTES = 1 << 20
+#: variables of at most this many bytes (dense weights, sharded or not) are pulled whole with a step's first call to
+#: their parameter server; bigger ones (embedding tables) are read only where a step asks (rows or ``read_value``)
+PREFETCH_MAX_BYTES = 1 << 20
+#: methods that only read: a deferred push to the same parameter server rides on them (``PushRead``)
+_READS = frozenset({"Read", "ReadRows", "ReadMany"})
 
 _local = threading.local()
 _scope_lock = threading.Lock()
@@ -63,21 +67,24 @@ _scope_stack: list[Any] = []  # strategies, innermost last (scopes are process-w
 
 
 class ClosureContext:
-    """The per-closure variable registry and read cache on a worker.
+    """The per-closure variable registry, read cache and deferred pushes on a worker.
 
-    Reads inside one scheduled function are batched and, where possible, ride on calls the step makes anyway:
+    A training step's calls are batched and ride on each other, so that a step costs **one round trip per
+    parameter server**:
 
     * the first read of a dense variable pulls **every** registered dense variable, one call per PS;
     * an ``embedding_lookup`` that needs rows while that pull is still due folds it into its own call
       (``ReadMany``: the dense values and the rows in one answer per PS);
-    * ``apply_gradients`` asks each ``Push`` to answer with the new values of the registered dense variables it
-      updated (``read_back``, up to :data:`READ_BACK_BYTES` per PS), and caches them: the next step of the same
-      closure reads them without another call.
+    * ``apply_gradients`` does not call at once: it leaves one ``Push`` per PS here (:meth:`defer_push`) and
+      clears the cache. The next call the closure makes to that PS -- the next step's lookup and pull -- carries it
+      (``PushRead``: the PS applies the push, then reads, so the step sees its own update); any other method, a
+      second push, and the end of the closure (:meth:`flush`) send it on its own first. Program order per PS is
+      kept; a push reaches the PS as late as the start of the next step's first call.
 
-    Semantics (TF's async parameter-server training): a value read in a step is the PS's value when it was read
-    or, after a push, when that push was applied on the PS -- updates other workers push in between are seen from
-    the next read after the next push, i.e. at most one step stale, as in TF's async PS training. A new closure
-    starts with an empty cache.
+    Semantics (TF's async parameter-server training): a value read in a step is the PS's value when it was read,
+    which includes every push this worker made before; updates other workers push in between are seen from the
+    next read, i.e. at most one step stale, as in TF's async PS training. A new closure starts with an empty cache.
+    A push's error (a parameter server gone) surfaces at the call that carries it.
     """
 
     def __init__(self, worker_index: int, transport: PSTransport, resources: dict[str, Any]):
@@ -87,7 +94,8 @@ class ClosureContext:
         self.registered: dict[str, RemoteHandle] = {}
         self.cache: dict[str, np.ndarray] = {}
         self._batched = False  # whether the registered variables were pulled since the last invalidation
-        self.pulls = 0  # calls that pulled dense values (Read, or ReadMany carrying them); tests check batching
+        self._deferred: dict[int, tuple[dict[str, Any], list[Any]]] = {}  # ps -> (Push meta, tensors)
+        self.pulls = 0  # calls that pulled dense values (Read, ReadMany, PushRead); tests check batching
 
     def register(self, var: RemoteHandle) -> None:
         self.registered.setdefault(var.key, var)
@@ -113,26 +121,11 @@ class ClosureContext:
         for key, array in zip(keys, arrays):
             self.cache[key] = array
 
-    def read_back_keys(self, variables: Sequence[RemoteHandle]) -> list[str]:
-        """Which of these pushed dense variables a ``Push`` should answer with (registered, prefetchable, within
-        :data:`READ_BACK_BYTES` together)."""
-        keys, budget = [], READ_BACK_BYTES
-        for var in variables:
-            known = self.registered.get(var.key)
-            if known is None or not known.prefetch:
-                continue
-            size = int(np.prod(var.shape, dtype=np.int64)) * var.dtype.itemsize
-            if size > budget:
-                continue
-            budget -= size
-            keys.append(var.key)
-        return keys
-
     def _pull(self, variables: list[RemoteHandle]) -> None:
         by_ps: dict[int, list[str]] = {}
         for var in variables:
             by_ps.setdefault(var.ps_index, []).append(var.key)
-        results = self.transport.call_many({ps: ("Read", {"names": names}, ()) for ps, names in by_ps.items()})
+        results = self.call_many({ps: ("Read", {"names": names}, ()) for ps, names in by_ps.items()})
         self.pulls += len(results)
         for ps, (_, arrays) in results.items():
             self.store(by_ps[ps], arrays)
@@ -144,6 +137,48 @@ class ClosureContext:
             for key in keys:
                 self.cache.pop(key, None)
         self._batched = False
+
+    # -- deferred pushes ----------------------------------------------------------------------------------------
+    def defer_push(self, requests: dict[int, tuple[dict[str, Any], list[Any]]]) -> None:
+        """Hold one ``Push`` ``(meta, tensors)`` per PS until the next call to that PS carries it; a push still
+        held for one of them goes first, on its own. The cached values are stale from here on."""
+        held = [ps for ps in requests if ps in self._deferred]
+        if held:
+            self.flush(held)
+        self._deferred.update(requests)
+        self.invalidate()
+
+    def call_many(self, requests: dict[int, tuple[str, dict[str, Any], Sequence[Any]]],
+                  timeout: float | None = None) -> dict[int, tuple[dict[str, Any], list[np.ndarray]]]:
+        """``PSTransport.call_many`` for calls made inside the closure: a read to a PS with a deferred push
+        becomes one ``PushRead`` (same answer layout as the read); before any other method the push is sent."""
+        calls: dict[int, tuple[str, dict[str, Any], Sequence[Any]]] = {}
+        others = []
+        for ps, (method, meta, arrays) in requests.items():
+            if ps not in self._deferred:
+                calls[ps] = (method, meta, arrays)
+            elif method in _READS:
+                push_meta, push_arrays = self._deferred.pop(ps)
+                names = list(meta.get("names", [])) if method != "ReadRows" else []
+                rows = list(meta["names"]) if method == "ReadRows" else list(meta.get("rows", []))
+                calls[ps] = ("PushRead", {**push_meta, "names": names, "rows": rows}, [*push_arrays, *arrays])
+            else:
+                others.append(ps)
+                calls[ps] = (method, meta, arrays)
+        if others:
+            self.flush(others)
+        return self.transport.call_many(calls, timeout)
+
+    def deferred_ps(self) -> list[int]:
+        """The parameter servers a deferred push is held for."""
+        return list(self._deferred)
+
+    def flush(self, ps_indices: Sequence[int] | None = None) -> None:
+        """Send the deferred pushes (of ``ps_indices``, default all) on their own, in parallel."""
+        targets = list(self._deferred) if ps_indices is None else [ps for ps in ps_indices if ps in self._deferred]
+        pushes = {ps: ("Push", *self._deferred.pop(ps)) for ps in targets}
+        if pushes:
+            self.transport.call_many(pushes)
 
 
 def current_closure_context() -> ClosureContext | None:

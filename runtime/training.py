@@ -1,10 +1,10 @@
 """Applying gradients: the transport behind ``Optimizer.apply_gradients``.
 
-``apply_gradients(optimizer, grads_and_vars)`` groups the updates by parameter server and sends **one** ``Push``
-RPC per PS (all in parallel) carrying every dense gradient and every row-sparse gradient (:class:`IndexedSlices`)
-of the step; the PS runs the optimizer update next to the variable, with the slots it keeps there. Inside a
-scheduled function the ``Push`` answers with the updated values of the dense variables it touched (``read_back``,
-bounded by ``context.READ_BACK_BYTES``), which the closure's cache keeps for the next step's reads. A sharded
+``apply_gradients(optimizer, grads_and_vars)`` groups the updates by parameter server into **one** ``Push`` per PS
+carrying every dense gradient and every row-sparse gradient (:class:`IndexedSlices`) of the step; the PS runs the
+optimizer update next to the variable, with the slots it keeps there. On the coordinator the pushes are sent at
+once, in parallel. Inside a scheduled function they are handed to the closure context, and the next step's first
+call to each PS carries them (``PushRead``; see :class:`kubeps.runtime.context.ClosureContext`). A sharded
 variable's gradient is split by shard: dense rows by the div split, sparse rows by the owner of each id.
 Local variables (created outside ``strategy.scope()``) are updated in place in this process.
 """
@@ -83,7 +83,6 @@ def apply_gradients(optimizer: Any, grads_and_vars: Iterable[tuple[Any, Any]]) -
     # (transport id) -> (transport, {ps: (updates, arrays)})
     batches: dict[int, tuple[Any, dict[int, tuple[list, list]]]] = {}
     touched: list[str] = []
-    dense_vars: dict[int, dict[int, list[Variable]]] = {}  # transport id -> ps -> dense-updated variables
 
     def add(var: Variable, grad: Any) -> None:
         nonlocal config
@@ -101,7 +100,6 @@ def apply_gradients(optimizer: Any, grads_and_vars: Iterable[tuple[Any, Any]]) -
         else:
             updates.append({"name": var.key, "kind": "dense"})
             arrays.append(grad)
-            dense_vars.setdefault(id(transport), {}).setdefault(var.ps_index, []).append(var)
         touched.append(var.key)
 
     for i, pair in enumerate(pairs):
@@ -133,19 +131,10 @@ def apply_gradients(optimizer: Any, grads_and_vars: Iterable[tuple[Any, Any]]) -
 
     ctx = _context.current_closure_context()
     for transport, per_ps in batches.values():
-        own = ctx is not None and ctx.transport is transport
-        requests, read_back = {}, {}
-        for ps, (updates, arrays) in per_ps.items():
-            meta = {"optimizer": config, "updates": updates}
-            if own:
-                keys = ctx.read_back_keys(dense_vars.get(id(transport), {}).get(ps, []))
-                if keys:
-                    meta["read_back"] = read_back[ps] = keys
-            requests[ps] = ("Push", meta, arrays)
-        results = transport.call_many(requests)
-        if own:
-            ctx.invalidate()
-            for ps, keys in read_back.items():
-                ctx.store(keys, results[ps][1])
+        requests = {ps: ({"optimizer": config, "updates": updates}, arrays) for ps, (updates, arrays) in per_ps.items()}
+        if ctx is not None and ctx.transport is transport:
+            ctx.defer_push(requests)
+        else:
+            transport.call_many({ps: ("Push", meta, arrays) for ps, (meta, arrays) in requests.items()})
     if ctx is not None and touched and not any(ctx.transport is t for t, _ in batches.values()):
         ctx.invalidate()

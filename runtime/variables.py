@@ -210,7 +210,7 @@ class Variable(_ArrayLike):
             else:
                 self._local += array
             return self
-        self._require_transport().call(self._ps_index, "Assign", {"names": [self._key], "ops": [op]}, [array])
+        _calls(self._require_transport(), {self._ps_index: ("Assign", {"names": [self._key], "ops": [op]}, [array])})
         ctx = _context.current_closure_context()
         if ctx is not None:
             ctx.invalidate([self._key])
@@ -319,6 +319,15 @@ class ShardedVariable(_ArrayLike):
         return self._write("add", -np.asarray(delta, dtype=self._dtype))
 
 
+def _calls(transport: Any, requests: dict[int, tuple[str, dict[str, Any], Sequence[Any]]]) -> dict[int, Any]:
+    """Calls to parameter servers: inside a scheduled function through its closure context, which lets a read
+    carry the closure's deferred push and keeps every other call behind it; elsewhere straight to the transport."""
+    ctx = _context.current_closure_context()
+    if ctx is not None and ctx.transport is transport:
+        return ctx.call_many(requests)
+    return transport.call_many(requests)
+
+
 def _group_remote(variables: Sequence[Variable]) -> tuple[Any, dict[int, list[int]]]:
     """Positions of remote variables per parameter server (they must share one transport)."""
     transport, by_ps = None, {}
@@ -356,7 +365,7 @@ def _write_many(variables: Sequence[Variable], values: Sequence[np.ndarray], op:
             v._write(op, value)
     transport, by_ps = _group_remote(variables)
     if by_ps:
-        transport.call_many({
+        _calls(transport, {
             ps: ("Assign", {"names": [variables[i]._key for i in idx], "ops": [op] * len(idx)},
                  [values[i] for i in idx])
             for ps, idx in by_ps.items()
@@ -425,7 +434,7 @@ def embedding_lookup(params: Variable | ShardedVariable, ids: Any) -> np.ndarray
                 calls[ps] = ("ReadMany", {"names": dense[ps], "rows": rows_names}, indices)
             else:
                 calls[ps] = ("ReadRows", {"names": rows_names}, indices)
-        results = transport.call_many(calls)
+        results = _calls(transport, calls)
         for ps, (_, arrays) in results.items():
             values = dense.get(ps, [])
             if values:

@@ -123,13 +123,30 @@ def _bytes_tensor(data: bytes) -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8)
 
 
+def _run_and_flush(ctx: ClosureContext, body: Callable[[Any], Any], obj: Any) -> Any:
+    """``body(obj)``, then the pushes the closure still holds (its last step's) are sent before it counts as done.
+    If the function fails, the pushes it made before still apply (to every parameter server but one that failed
+    it), as they would have without deferral; the function's error is what the coordinator sees."""
+    try:
+        result = body(obj)
+    except BaseException as err:
+        failed = getattr(err, "ps_index", None)
+        try:
+            ctx.flush([ps for ps in ctx.deferred_ps() if ps != failed])
+        except Exception:  # noqa: BLE001 - the function's own error is the one to report
+            pass
+        raise
+    ctx.flush()
+    return result
+
+
 def _run(state: WorkerState, payload: bytes, body: Callable[[Any], Any]) -> tuple[dict[str, Any], list]:
     ctx = state.context()
     previous = _context.set_closure_context(ctx)
     try:
         try:
             obj = cloudpickle.loads(payload)
-            result = body(obj)
+            result = _run_and_flush(ctx, body, obj)
         except ResourceMissingError as err:
             return {"status": "resource_missing", "message": str(err)}, []
         except PSUnavailableError as err:

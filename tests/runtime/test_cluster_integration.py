@@ -130,8 +130,8 @@ def test_one_pull_per_ps_per_step(coord):
         return after_first, after_all, ctx.pulls, float(first[0] + sum(r[0] for r in rest)), float(sum(a[0] for a in again))
 
     after_first, after_all, after_push, total, total_after = coordinator.schedule(step).fetch()
-    # one Read per ps; none after the push: each Push answered with its variables' new values (read_back)
-    assert (after_first, after_all, after_push) == (2, 2, 2)
+    # one Read per ps for the first reads; the reads after the push pull again, carrying the push (PushRead)
+    assert (after_first, after_all, after_push) == (2, 2, 4)
     assert total == 0 + 1 + 2 + 3 and total_after == total - 4
 
 
