@@ -187,10 +187,14 @@ class ParameterServerStrategy:
         self.wait_for_parameter_servers()
         n = self._num_shards(tuple(array.shape), array.dtype)
         key = self._unique_name(name or "Variable", n)
+        # small variables (dense weights, sharded or not) are pulled whole once per step with the step's first call;
+        # big ones (embedding tables) only ever have the rows a step looks up read
+        prefetch = array.nbytes <= _context.PREFETCH_MAX_BYTES
         if n == 1:
             ps = self._place()
             self._transport.call(ps, "CreateVariables", {"names": [key]}, [array])
-            return Variable._remote_variable(key, key, array.shape, array.dtype, trainable, ps, self._transport)
+            return Variable._remote_variable(key, key, array.shape, array.dtype, trainable, ps, self._transport,
+                                             prefetch=prefetch)
         shards: list[Variable] = []
         per_ps: dict[int, tuple[list[str], list[np.ndarray]]] = {}
         for i, (start, stop) in enumerate(div_split(array.shape[0], n)):
@@ -200,7 +204,7 @@ class ParameterServerStrategy:
             names.append(shard_key)
             values.append(array[start:stop])
             shards.append(Variable._remote_variable(shard_key, shard_key, (stop - start,) + array.shape[1:],
-                                                    array.dtype, trainable, ps, self._transport, prefetch=False))
+                                                    array.dtype, trainable, ps, self._transport, prefetch=prefetch))
         self._transport.call_many({ps: ("CreateVariables", {"names": names}, values)
                                    for ps, (names, values) in per_ps.items()})
         return ShardedVariable(shards, name=key)

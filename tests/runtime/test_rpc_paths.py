@@ -226,3 +226,28 @@ def test_a_training_step_makes_one_rpc_per_ps(coord):
     np.testing.assert_array_equal(ws[0].numpy(), np.full((1, 4), -3.0, np.float32))
     np.testing.assert_array_equal(table.numpy()[7], np.full(4, -6.0, np.float32))  # duplicates summed, 3 steps
 
+
+def test_small_sharded_weights_ride_on_the_lookup_big_ones_are_read_on_demand(coord):
+    """Dense weights are pulled with the step's first call whether or not a partitioner sharded them; a variable
+    over PREFETCH_MAX_BYTES (a table) never is: only what a step asks for is read."""
+    from kubeps.runtime.context import PREFETCH_MAX_BYTES
+
+    strategy, coordinator = coord
+    with strategy.scope():
+        table = Variable(np.zeros((100, 4), np.float32), name="od_table")
+        kernel = Variable(np.ones((6, 4), np.float32), name="od_kernel")  # small, but sharded over both ps
+        big = Variable(np.zeros(PREFETCH_MAX_BYTES // 4 + 2, np.float32), name="od_big")  # sharded, over the limit
+    assert len(kernel.variables) == 2 and len(big.variables) == 2
+    assert all(s.prefetch for s in kernel.variables) and not any(s.prefetch for s in big.variables)
+
+    def step():
+        ctx = current_closure_context()
+        before = sum(ctx.transport.calls.values())
+        embedding_lookup(table, np.array([1, 99]))
+        after_lookup = sum(ctx.transport.calls.values())
+        value = kernel.read_value()
+        after_kernel = sum(ctx.transport.calls.values())
+        return after_lookup - before, after_kernel - after_lookup, float(value.sum())
+
+    lookup_calls, kernel_calls, total = coordinator.schedule(step).fetch()
+    assert (lookup_calls, kernel_calls, total) == (2, 0, 24.0)
