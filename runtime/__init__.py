@@ -21,7 +21,7 @@ for _module, _names in {
     "coordinator": "ClusterCoordinator PerWorkerValues",
     "closure_queue": "RemoteValue",
     "variables": "Variable ShardedVariable embedding_lookup",
-    "training": "IndexedSlices",
+    "indexed_slices": "IndexedSlices",
     "server": "Server register_ps_method register_worker_method",
     "context": "get_current_worker_index",
     "errors": (

@@ -17,28 +17,11 @@ import numpy as np
 
 from . import context as _context
 from .errors import RuntimeConfigError
+from .indexed_slices import IndexedSlices
 from .partitioners import owner_of
 from .variables import ShardedVariable, Variable
 
-__all__ = ["IndexedSlices", "apply_gradients"]
-
-
-class IndexedSlices:
-    """A row-sparse gradient, as ``tf.IndexedSlices``: rows ``values[i]`` belong to row ``indices[i]``."""
-
-    def __init__(self, values: Any, indices: Any, dense_shape: Any = None):
-        self.values = np.asarray(values)
-        self.indices = np.asarray(indices)
-        if self.indices.ndim != 1 or self.indices.dtype.kind not in "iu":
-            raise RuntimeConfigError("indices", f"{self.indices.dtype} array of shape {list(self.indices.shape)}",
-                                     "IndexedSlices indices must be a 1-D integer array")
-        if self.values.ndim < 1 or self.values.shape[0] != self.indices.shape[0]:
-            raise RuntimeConfigError("values", f"array of shape {list(self.values.shape)}",
-                                     f"IndexedSlices needs one row per index ({self.indices.shape[0]})")
-        self.dense_shape = tuple(dense_shape) if dense_shape is not None else None
-
-    def __repr__(self) -> str:
-        return f"IndexedSlices(values.shape={self.values.shape}, indices.shape={self.indices.shape})"
+__all__ = ["IndexedSlices", "apply_gradients"]  # IndexedSlices is defined in indexed_slices.py
 
 
 def _check_dense(grad: Any, var: Variable | ShardedVariable) -> np.ndarray:
