@@ -40,6 +40,7 @@ import cloudpickle
 import grpc
 import numpy as np
 
+from . import nest
 from .closure_queue import Closure, ClosureQueue, ClosureState, RemoteValue
 from .data import DistributedDataset
 from .context import current_input_context
@@ -351,17 +352,15 @@ class ClusterCoordinator:
 
     def fetch(self, val: Any) -> Any:
         """Fetch every RemoteValue in a nested structure (others pass through)."""
-        if isinstance(val, RemoteValue):
-            return val.fetch()
-        if isinstance(val, PerWorkerValues):
-            return tuple(self.fetch(v) for v in val)
-        if isinstance(val, tuple) and hasattr(val, "_fields"):
-            return type(val)(*(self.fetch(v) for v in val))
-        if isinstance(val, (list, tuple)):
-            return type(val)(self.fetch(v) for v in val)
-        if isinstance(val, dict):
-            return type(val)((k, self.fetch(v)) for k, v in val.items())
-        return val
+
+        def leaf(item: Any) -> Any:
+            if isinstance(item, RemoteValue):
+                return item.fetch()
+            if isinstance(item, PerWorkerValues):
+                return tuple(self.fetch(v) for v in item)
+            return item
+
+        return nest.map_structure(leaf, val)
 
     def create_per_worker_dataset(self, dataset_fn: Any) -> PerWorkerDataset:
         """Build ``dataset_fn()`` (or ``dataset_fn(input_context)``) on every worker; or build a
