@@ -159,10 +159,6 @@ class _PerWorkerResource:
     def resource_id(self) -> str:
         return self._resource_id
 
-    @property
-    def per_worker_values(self) -> PerWorkerValues:
-        return self._values
-
     def __reduce__(self):
         return (resolve_resource, (self._resource_id,))
 
@@ -322,7 +318,7 @@ class ClusterCoordinator:
         self._monitor = threading.Thread(target=self._monitor_loop, daemon=True, name="kubeps-monitor")
         self._monitor.start()
         self._stop_watchdog = False
-        if self.watchdog is not None and self.watchdog._thread is None:
+        if self.watchdog is not None and not self.watchdog.running:
             self.watchdog.start()
             self._stop_watchdog = True  # started here, so stopped by shutdown()
 
