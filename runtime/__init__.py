@@ -18,7 +18,8 @@ _EXPORTS: dict[str, str] = {}
 for _module, _names in {
     "cluster": "ClusterSpec TFConfig TFConfigClusterResolver TFConfigError",
     "strategy": "ParameterServerStrategy",
-    "coordinator": "ClusterCoordinator PerWorkerValues",
+    "coordinator": "ClusterCoordinator",
+    "values": "PerWorkerValues",
     "closure_queue": "RemoteValue",
     "variables": "Variable ShardedVariable embedding_lookup",
     "indexed_slices": "IndexedSlices",
