@@ -45,17 +45,6 @@ def _check_sparse(grad: IndexedSlices, var: Variable | ShardedVariable) -> tuple
     return idx, grad.values.astype(var.dtype, copy=False)
 
 
-def _apply_local(optimizer: Any, var: Variable, grad: Any) -> None:
-    entry = var._local_slots.get(id(optimizer))
-    if entry is None:
-        entry = var._local_slots[id(optimizer)] = (optimizer, optimizer.init_slots(var._local))
-    var._local_updates += 1
-    if isinstance(grad, tuple):
-        optimizer.apply_sparse(var._local, grad[0], grad[1], entry[1], var._local_updates)
-    else:
-        optimizer.apply_dense(var._local, grad, entry[1], var._local_updates)
-
-
 def apply_gradients(optimizer: Any, grads_and_vars: Iterable[tuple[Any, Any]]) -> None:
     """Apply ``(gradient, variable)`` pairs: one ``Push`` RPC per parameter server for all of them.
 
@@ -70,12 +59,12 @@ def apply_gradients(optimizer: Any, grads_and_vars: Iterable[tuple[Any, Any]]) -
 
     def add(var: Variable, grad: Any) -> None:
         nonlocal config
-        if var._local is not None:
-            _apply_local(optimizer, var, grad)
+        if not var.is_remote:
+            var.apply_local_update(optimizer, grad)
             return
         if config is None:
             config = optimizer.get_config()
-        transport = var._require_transport()
+        transport = var.transport
         per_ps = batches.setdefault(id(transport), (transport, {}))[1]
         updates, arrays = per_ps.setdefault(var.ps_index, ([], []))
         if isinstance(grad, tuple):

@@ -187,6 +187,34 @@ class Variable(_ArrayLike):
             )
         return self._transport
 
+    @property
+    def transport(self) -> Any:
+        """The connection to the parameter servers this handle uses (raises where this process has none)."""
+        return self._require_transport()
+
+    # -- a local variable's in-process state: the optimizer push updates it, checkpoints copy and load it --------
+    def apply_local_update(self, optimizer: Any, grad: Any) -> None:
+        """Apply a dense gradient, or a row-sparse ``(indices, values)`` pair, to this local variable with
+        ``optimizer``, whose slots it keeps (one set per optimizer object)."""
+        entry = self._local_slots.get(id(optimizer))
+        if entry is None:
+            entry = self._local_slots[id(optimizer)] = (optimizer, optimizer.init_slots(self._local))
+        self._local_updates += 1
+        if isinstance(grad, tuple):
+            optimizer.apply_sparse(self._local, grad[0], grad[1], entry[1], self._local_updates)
+        else:
+            optimizer.apply_dense(self._local, grad, entry[1], self._local_updates)
+
+    def local_state(self) -> tuple[np.ndarray, list[tuple[Any, dict[str, np.ndarray]]], int]:
+        """The live value array, ``(optimizer, slots)`` of every optimizer that updated it, and the update count."""
+        if self._local is None:
+            raise RuntimeError(f"variable {self._name!r} lives on a parameter server: it has no local state")
+        return self._local, list(self._local_slots.values()), self._local_updates
+
+    def set_local_updates(self, updates: int) -> None:
+        """Set the update count of a local variable (a checkpoint restores it; the next update is ``updates + 1``)."""
+        self._local_updates = int(updates)
+
     def read_value(self) -> np.ndarray:
         if self._local is not None:
             return self._local.copy()

@@ -26,20 +26,22 @@ class _LocalVariableAccess:
 
     def snapshot(self, key):
         var = self.variables[key]
-        slots = {_config_key_of(opt): {n: a.copy() for n, a in group.items()}
-                 for opt, group in var._local_slots.values()}
-        return var._local.copy(), slots, var._local_updates
+        value, optimizer_slots, updates = var.local_state()
+        slots = {_config_key_of(opt): {n: a.copy() for n, a in group.items()} for opt, group in optimizer_slots}
+        return value.copy(), slots, updates
 
     def describe(self, key):
         var = self.variables[key]
-        return var._local.shape, var._local.dtype
+        value = var.local_state()[0]
+        return value.shape, value.dtype
 
     def load(self, key, value, slots, updates):
         var = self.variables[key]
-        var._local[...] = value
+        array, optimizer_slots, _ = var.local_state()
+        array[...] = value
         if updates is not None:
-            var._local_updates = int(updates)
-        for opt, group in var._local_slots.values():  # slots of optimizers this process already has
+            var.set_local_updates(updates)
+        for opt, group in optimizer_slots:  # slots of optimizers this process already has
             saved = (slots or {}).get(_config_key_of(opt))
             if saved:
                 for name, arr in saved.items():
@@ -50,12 +52,12 @@ class _LocalVariableAccess:
 def _variable_shards(variables: Sequence[Any], rows: Sequence[tuple[int, int]]) -> list[ShardRef]:
     refs = []
     for var, (start, stop) in zip(variables, rows):
-        if var._local is not None:
+        if not var.is_remote:
             access = _LocalVariableAccess()
             access.variables[var.key] = var
             refs.append(ShardRef(start, stop, var.key, LocalExecutor(access)))
         else:
-            refs.append(ShardRef(start, stop, var.key, PSExecutor(var._require_transport(), var.ps_index)))
+            refs.append(ShardRef(start, stop, var.key, PSExecutor(var.transport, var.ps_index)))
     return refs
 
 
