@@ -104,7 +104,7 @@ class Variable(_ArrayLike):
             raise RuntimeConfigError("trainable", trainable, "must be True or False")
         strategy = _context.current_strategy()
         if strategy is not None:
-            return strategy._create_variable(initial_value, name=name, dtype=dtype, trainable=trainable, shape=shape)
+            return strategy.create_variable(initial_value, name=name, dtype=dtype, trainable=trainable, shape=shape)
         value = initial_value() if callable(initial_value) else initial_value
         array = np.array(value, dtype=_dtype(dtype) if dtype is not None else None, copy=True)
         if shape is not None and tuple(array.shape) != tuple(shape):
@@ -123,8 +123,10 @@ class Variable(_ArrayLike):
         return var
 
     @classmethod
-    def _remote_variable(cls, name: str, key: str, shape: tuple[int, ...], dtype: np.dtype, trainable: bool,
-                         ps_index: int, transport: Any, prefetch: bool = True) -> "Variable":
+    def remote_handle(cls, name: str, key: str, shape: tuple[int, ...], dtype: np.dtype, trainable: bool,
+                      ps_index: int, transport: Any, prefetch: bool = True) -> "Variable":
+        """A handle to variable ``key`` on parameter server ``ps_index`` (the strategy creates the variable there;
+        unpickling a handle on a worker makes one too)."""
         var = object.__new__(cls)
         var._init(name, key, shape, dtype, trainable)
         var._ps_index = ps_index
@@ -269,7 +271,7 @@ def _rebuild_handle(name: str, key: str, shape: tuple, dtype: str, trainable: bo
                     prefetch: bool) -> Variable:
     ctx = _context.current_closure_context()
     transport = ctx.transport if ctx is not None else None
-    var = Variable._remote_variable(name, key, shape, np.dtype(dtype), trainable, ps_index, transport, prefetch)
+    var = Variable.remote_handle(name, key, shape, np.dtype(dtype), trainable, ps_index, transport, prefetch)
     if ctx is not None:
         ctx.register(var)
     return var
