@@ -30,7 +30,7 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Mapping
 
-DEFAULT_IMAGE = "ghcr.io/kubeps/kubeps-runtime:0.1.0"
+from .children import DEFAULT_IMAGE  # written once, where the pod bodies use it
 
 
 def _bool(text: str | None) -> bool:

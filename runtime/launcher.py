@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import IO, Callable, Mapping, Sequence
 
 from .cluster import TFConfig
@@ -107,7 +107,6 @@ class TaskProcess:
     index: int
     address: str
     popen: subprocess.Popen
-    started_at: float = field(default_factory=time.monotonic)
     #: the exit code once the process has exited (negative: killed by that signal), as Popen reports it
     returncode: int | None = None
     output_thread: threading.Thread | None = None
@@ -428,9 +427,6 @@ class LocalCluster:
                 f"{task.name} (pid {task.pid}) exited with status {status} before the chief; it is not restarted "
                 f"(the chief may fail or hang without it)"
             )
-
-    def running_tasks(self) -> list[TaskProcess]:
-        return [t for t in self.tasks.values() if t.running]
 
     def _signal_group(self, task: TaskProcess, sig: int) -> None:
         if task.reaped:

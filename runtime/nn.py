@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from kubeps.runtime import kernels
+from kubeps.runtime.indexed_slices import IndexedSlices
 
 __all__ = [
     "Layer",
@@ -326,9 +327,7 @@ class Embedding(Layer):
         return None  # integer inputs have no gradient
 
 
-def _indexed_slices(values: Any, indices: Any, dense_shape: tuple[int, ...]) -> Any:
-    from kubeps.runtime.training import IndexedSlices  # noqa: PLC0415 - the transport's row-sparse gradient type
-
+def _indexed_slices(values: Any, indices: Any, dense_shape: tuple[int, ...]) -> IndexedSlices:
     return IndexedSlices(kernels.to_numpy(values), kernels.to_numpy(indices), dense_shape)
 
 

@@ -26,6 +26,7 @@ __all__ = [
     "ParameterServerState",
     "PSVariable",
     "UnknownVariableError",
+    "optimizer_key",
 ]
 
 
@@ -49,7 +50,9 @@ class PSVariable:
     updates: int = 0
 
 
-def _config_key(config: dict[str, Any]) -> str:
+def optimizer_key(config: dict[str, Any]) -> str:
+    """The key a variable's slots are kept under: the optimizer's config as canonical JSON (checkpoints of local
+    variables key their slots the same way)."""
     return json.dumps(config, sort_keys=True, separators=(",", ":"))
 
 
@@ -121,7 +124,7 @@ class ParameterServerState:
 
     # -- optimizer updates -------------------------------------------------------------------------------------
     def optimizer(self, config: dict[str, Any]):
-        key = _config_key(config)
+        key = optimizer_key(config)
         opt = self._optimizers.get(key)
         if opt is None:
             opt = self._optimizer_factory(config)
@@ -183,6 +186,30 @@ class ParameterServerState:
         if slots is None:
             slots = var.slots[key] = opt.init_slots(var.value)
         return slots
+
+    # -- checkpoints: one variable with its optimizer state, copied out or loaded back under its lock ----------
+    def describe(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
+        """Shape and dtype of variable ``name``."""
+        var = self.get(name)
+        return var.value.shape, var.value.dtype
+
+    def snapshot(self, name: str) -> tuple[np.ndarray, dict[str, dict[str, np.ndarray]], int]:
+        """A consistent copy of variable ``name``: ``(value, {optimizer key: {slot: array}}, updates)``."""
+        var = self.get(name)
+        with var.lock:
+            slots = {okey: {s: np.array(a, copy=True) for s, a in group.items()} for okey, group in var.slots.items()}
+            return var.value.copy(), slots, var.updates
+
+    def load(self, name: str, value: np.ndarray, slots: dict[str, dict[str, np.ndarray]] | None,
+             updates: int | None) -> None:
+        """Overwrite variable ``name``'s value in place and, when given, its slots and update count."""
+        var = self.get(name)
+        with var.lock:
+            var.value[...] = value
+            if slots is not None:
+                var.slots = {okey: dict(group) for okey, group in slots.items()}
+            if updates is not None:
+                var.updates = int(updates)
 
     # -- checks ------------------------------------------------------------------------------------------------
     @staticmethod

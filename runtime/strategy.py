@@ -173,8 +173,9 @@ class ParameterServerStrategy:
             raise RuntimeConfigError("variable_partitioner", parts, "the number of shards must be >= 1")
         return min(n, shape[0])
 
-    def _create_variable(self, initial_value: Any, name: str | None, dtype: Any, trainable: bool,
-                         shape: Any = None) -> Variable | ShardedVariable:
+    def create_variable(self, initial_value: Any, name: str | None, dtype: Any, trainable: bool,
+                        shape: Any = None) -> Variable | ShardedVariable:
+        """What ``Variable(...)`` does inside ``scope()``: place (and maybe shard) it on the parameter servers."""
         value = initial_value() if callable(initial_value) else initial_value
         try:
             array = np.array(value, dtype=np.dtype(dtype) if dtype is not None else None, copy=True)
@@ -193,8 +194,8 @@ class ParameterServerStrategy:
         if n == 1:
             ps = self._place()
             self._transport.call(ps, "CreateVariables", {"names": [key]}, [array])
-            return Variable._remote_variable(key, key, array.shape, array.dtype, trainable, ps, self._transport,
-                                             prefetch=prefetch)
+            return Variable.remote_handle(key, key, array.shape, array.dtype, trainable, ps, self._transport,
+                                         prefetch=prefetch)
         shards: list[Variable] = []
         per_ps: dict[int, tuple[list[str], list[np.ndarray]]] = {}
         for i, (start, stop) in enumerate(div_split(array.shape[0], n)):
@@ -203,8 +204,8 @@ class ParameterServerStrategy:
             names, values = per_ps.setdefault(ps, ([], []))
             names.append(shard_key)
             values.append(array[start:stop])
-            shards.append(Variable._remote_variable(shard_key, shard_key, (stop - start,) + array.shape[1:],
-                                                    array.dtype, trainable, ps, self._transport, prefetch=prefetch))
+            shards.append(Variable.remote_handle(shard_key, shard_key, (stop - start,) + array.shape[1:],
+                                                 array.dtype, trainable, ps, self._transport, prefetch=prefetch))
         self._transport.call_many({ps: ("CreateVariables", {"names": names}, values)
                                    for ps, (names, values) in per_ps.items()})
         return ShardedVariable(shards, name=key)

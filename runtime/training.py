@@ -17,28 +17,11 @@ import numpy as np
 
 from . import context as _context
 from .errors import RuntimeConfigError
+from .indexed_slices import IndexedSlices
 from .partitioners import owner_of
 from .variables import ShardedVariable, Variable
 
-__all__ = ["IndexedSlices", "apply_gradients"]
-
-
-class IndexedSlices:
-    """A row-sparse gradient, as ``tf.IndexedSlices``: rows ``values[i]`` belong to row ``indices[i]``."""
-
-    def __init__(self, values: Any, indices: Any, dense_shape: Any = None):
-        self.values = np.asarray(values)
-        self.indices = np.asarray(indices)
-        if self.indices.ndim != 1 or self.indices.dtype.kind not in "iu":
-            raise RuntimeConfigError("indices", f"{self.indices.dtype} array of shape {list(self.indices.shape)}",
-                                     "IndexedSlices indices must be a 1-D integer array")
-        if self.values.ndim < 1 or self.values.shape[0] != self.indices.shape[0]:
-            raise RuntimeConfigError("values", f"array of shape {list(self.values.shape)}",
-                                     f"IndexedSlices needs one row per index ({self.indices.shape[0]})")
-        self.dense_shape = tuple(dense_shape) if dense_shape is not None else None
-
-    def __repr__(self) -> str:
-        return f"IndexedSlices(values.shape={self.values.shape}, indices.shape={self.indices.shape})"
+__all__ = ["IndexedSlices", "apply_gradients"]  # IndexedSlices is defined in indexed_slices.py
 
 
 def _check_dense(grad: Any, var: Variable | ShardedVariable) -> np.ndarray:
@@ -62,17 +45,6 @@ def _check_sparse(grad: IndexedSlices, var: Variable | ShardedVariable) -> tuple
     return idx, grad.values.astype(var.dtype, copy=False)
 
 
-def _apply_local(optimizer: Any, var: Variable, grad: Any) -> None:
-    entry = var._local_slots.get(id(optimizer))
-    if entry is None:
-        entry = var._local_slots[id(optimizer)] = (optimizer, optimizer.init_slots(var._local))
-    var._local_updates += 1
-    if isinstance(grad, tuple):
-        optimizer.apply_sparse(var._local, grad[0], grad[1], entry[1], var._local_updates)
-    else:
-        optimizer.apply_dense(var._local, grad, entry[1], var._local_updates)
-
-
 def apply_gradients(optimizer: Any, grads_and_vars: Iterable[tuple[Any, Any]]) -> None:
     """Apply ``(gradient, variable)`` pairs: one ``Push`` RPC per parameter server for all of them.
 
@@ -86,12 +58,12 @@ def apply_gradients(optimizer: Any, grads_and_vars: Iterable[tuple[Any, Any]]) -
 
     def add(var: Variable, grad: Any) -> None:
         nonlocal config
-        if var._local is not None:
-            _apply_local(optimizer, var, grad)
+        if not var.is_remote:
+            var.apply_local_update(optimizer, grad)
             return
         if config is None:
             config = optimizer.get_config()
-        transport = var._require_transport()
+        transport = var.transport
         per_ps = batches.setdefault(id(transport), (transport, {}))[1]
         updates, arrays = per_ps.setdefault(var.ps_index, ([], []))
         if isinstance(grad, tuple):

@@ -104,7 +104,7 @@ class Variable(_ArrayLike):
             raise RuntimeConfigError("trainable", trainable, "must be True or False")
         strategy = _context.current_strategy()
         if strategy is not None:
-            return strategy._create_variable(initial_value, name=name, dtype=dtype, trainable=trainable, shape=shape)
+            return strategy.create_variable(initial_value, name=name, dtype=dtype, trainable=trainable, shape=shape)
         value = initial_value() if callable(initial_value) else initial_value
         array = np.array(value, dtype=_dtype(dtype) if dtype is not None else None, copy=True)
         if shape is not None and tuple(array.shape) != tuple(shape):
@@ -123,8 +123,10 @@ class Variable(_ArrayLike):
         return var
 
     @classmethod
-    def _remote_variable(cls, name: str, key: str, shape: tuple[int, ...], dtype: np.dtype, trainable: bool,
-                         ps_index: int, transport: Any, prefetch: bool = True) -> "Variable":
+    def remote_handle(cls, name: str, key: str, shape: tuple[int, ...], dtype: np.dtype, trainable: bool,
+                      ps_index: int, transport: Any, prefetch: bool = True) -> "Variable":
+        """A handle to variable ``key`` on parameter server ``ps_index`` (the strategy creates the variable there;
+        unpickling a handle on a worker makes one too)."""
         var = object.__new__(cls)
         var._init(name, key, shape, dtype, trainable)
         var._ps_index = ps_index
@@ -187,6 +189,34 @@ class Variable(_ArrayLike):
             )
         return self._transport
 
+    @property
+    def transport(self) -> Any:
+        """The connection to the parameter servers this handle uses (raises where this process has none)."""
+        return self._require_transport()
+
+    # -- a local variable's in-process state: the optimizer push updates it, checkpoints copy and load it --------
+    def apply_local_update(self, optimizer: Any, grad: Any) -> None:
+        """Apply a dense gradient, or a row-sparse ``(indices, values)`` pair, to this local variable with
+        ``optimizer``, whose slots it keeps (one set per optimizer object)."""
+        entry = self._local_slots.get(id(optimizer))
+        if entry is None:
+            entry = self._local_slots[id(optimizer)] = (optimizer, optimizer.init_slots(self._local))
+        self._local_updates += 1
+        if isinstance(grad, tuple):
+            optimizer.apply_sparse(self._local, grad[0], grad[1], entry[1], self._local_updates)
+        else:
+            optimizer.apply_dense(self._local, grad, entry[1], self._local_updates)
+
+    def local_state(self) -> tuple[np.ndarray, list[tuple[Any, dict[str, np.ndarray]]], int]:
+        """The live value array, ``(optimizer, slots)`` of every optimizer that updated it, and the update count."""
+        if self._local is None:
+            raise RuntimeError(f"variable {self._name!r} lives on a parameter server: it has no local state")
+        return self._local, list(self._local_slots.values()), self._local_updates
+
+    def set_local_updates(self, updates: int) -> None:
+        """Set the update count of a local variable (a checkpoint restores it; the next update is ``updates + 1``)."""
+        self._local_updates = int(updates)
+
     def read_value(self) -> np.ndarray:
         if self._local is not None:
             return self._local.copy()
@@ -241,7 +271,7 @@ def _rebuild_handle(name: str, key: str, shape: tuple, dtype: str, trainable: bo
                     prefetch: bool) -> Variable:
     ctx = _context.current_closure_context()
     transport = ctx.transport if ctx is not None else None
-    var = Variable._remote_variable(name, key, shape, np.dtype(dtype), trainable, ps_index, transport, prefetch)
+    var = Variable.remote_handle(name, key, shape, np.dtype(dtype), trainable, ps_index, transport, prefetch)
     if ctx is not None:
         ctx.register(var)
     return var

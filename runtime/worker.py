@@ -24,6 +24,7 @@ import cloudpickle
 import numpy as np
 
 from . import context as _context
+from . import nest
 from .context import ClosureContext
 from .errors import PSUnavailableError, ResourceMissingError
 from .transport import PSTransport, ps_restarted
@@ -85,32 +86,28 @@ class TensorRef:
 
 def split_structure(value: Any, tensors: list[np.ndarray]) -> Any:
     """Replace every numpy array (and variable) in nested lists/tuples/dicts by a :class:`TensorRef`."""
-    if isinstance(value, (Variable, ShardedVariable)):
-        value = np.asarray(value.read_value())
-    if isinstance(value, np.ndarray) and value.dtype != object:
-        tensors.append(value)
-        return TensorRef(len(tensors) - 1)
-    if isinstance(value, tuple) and hasattr(value, "_fields"):  # namedtuple
-        return type(value)(*(split_structure(v, tensors) for v in value))
-    if isinstance(value, (list, tuple)):
-        return type(value)(split_structure(v, tensors) for v in value)
-    if isinstance(value, dict):
-        return type(value)((k, split_structure(v, tensors)) for k, v in value.items())
-    return value
+
+    def leaf(item: Any) -> Any:
+        if isinstance(item, (Variable, ShardedVariable)):
+            item = np.asarray(item.read_value())
+        if isinstance(item, np.ndarray) and item.dtype != object:
+            tensors.append(item)
+            return TensorRef(len(tensors) - 1)
+        return item
+
+    return nest.map_structure(leaf, value)
 
 
 def join_structure(skeleton: Any, tensors: list[np.ndarray]) -> Any:
     """Inverse of :func:`split_structure` (arrays come back writable)."""
-    if isinstance(skeleton, TensorRef):
-        array = tensors[skeleton.index]
-        return array if array.flags.writeable else array.copy()
-    if isinstance(skeleton, tuple) and hasattr(skeleton, "_fields"):
-        return type(skeleton)(*(join_structure(v, tensors) for v in skeleton))
-    if isinstance(skeleton, (list, tuple)):
-        return type(skeleton)(join_structure(v, tensors) for v in skeleton)
-    if isinstance(skeleton, dict):
-        return type(skeleton)((k, join_structure(v, tensors)) for k, v in skeleton.items())
-    return skeleton
+
+    def leaf(item: Any) -> Any:
+        if isinstance(item, TensorRef):
+            array = tensors[item.index]
+            return array if array.flags.writeable else array.copy()
+        return item
+
+    return nest.map_structure(leaf, skeleton)
 
 
 def _payload(arrays: list, method: str) -> bytes:
