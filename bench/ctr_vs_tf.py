@@ -19,9 +19,11 @@ Each round runs, with 1 chief + ``--ps`` (2) ps + ``--workers`` (2) workers as l
 
 alternating which side goes first. Both programs time from after ``--warmup-executions`` executions to the final
 ``join()``, and score their final weights with the same numpy scorer (``workload.evaluate``). The driver samples every
-task's peak RSS (``VmHWM``). It prints one line per round and a table: examples/s (median of the rounds) of both and
-the ratio kubeps/TF (TF is this benchmark's baseline, measured in the same run), eval log-loss and AUC of both, the
-teacher's log-loss, and peak RSS per task type. Exit status 1 when kubeps's median eval log-loss is worse than TF's
+task's peak RSS (``VmHWM``) and reads every task's CPU time (``/proc/PID/stat``) when the chief prints ``TIMED
+START`` and ``TIMED END``: CPU milliseconds per step, all tasks together, is the figure a busy shared machine moves
+least. It prints one line per round and a table: examples/s (median of the rounds) of both and the ratio kubeps/TF
+(TF is this benchmark's baseline, measured in the same run), eval log-loss and AUC of both, the teacher's log-loss,
+CPU per step and peak RSS per task type. Exit status 1 when kubeps's median eval log-loss is worse than TF's
 by more than 1%.
 
 Installing the TensorFlow side (kept out of kubeps's dependencies, in an environment of its own; it only needs
@@ -107,12 +109,24 @@ def vm_hwm_bytes(pid: int) -> int | None:
     return None
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a process so far (all its threads)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class PeakRSS:
-    """Polls the peak RSS (VmHWM) of every task the launcher reports, until each exits."""
+    """Polls the peak RSS (VmHWM) of every task the launcher reports, until each exits; ``mark`` reads every task's
+    CPU time (the chief prints ``TIMED START`` and ``TIMED END`` around the timed span)."""
 
     def __init__(self):
         self.tasks: dict[str, int] = {}
         self.peak: dict[str, int] = {}
+        self.cpu: dict[str, dict[str, float]] = {}  # mark -> task -> CPU seconds
         self.lock = threading.Lock()
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._poll, daemon=True)
@@ -129,6 +143,21 @@ class PeakRSS:
             hwm = vm_hwm_bytes(pid)
             if hwm is not None:
                 self.peak[name] = max(self.peak.get(name, 0), hwm)
+
+    def mark(self, label: str) -> None:
+        with self.lock:
+            tasks = list(self.tasks.items())
+        self.cpu[label] = {name: t for name, pid in tasks if (t := cpu_seconds(pid)) is not None}
+
+    def cpu_ms_per_step(self, steps: int) -> dict[str, float]:
+        """CPU milliseconds per timed step of each task type (summed over its tasks) and of all tasks."""
+        start, end = self.cpu.get("start", {}), self.cpu.get("end", {})
+        out: dict[str, float] = {}
+        for name in start.keys() & end.keys():
+            kind = name.rsplit("-", 1)[0]
+            out[kind] = out.get(kind, 0.0) + 1000 * (end[name] - start[name]) / steps
+        out["total"] = sum(out.values())
+        return out
 
     def _poll(self) -> None:
         while not self.done.wait(POLL_S):
@@ -172,6 +201,8 @@ def run_side(side: str, args: argparse.Namespace, data: Path, tf_python: str | N
                 rss.add(m["name"], int(m["pid"]))
             elif m := RESULT_LINE.match(line.strip()):
                 result = json.loads(m["json"])
+            elif "TIMED START" in line or "TIMED END" in line:
+                rss.mark("start" if "START" in line else "end")
         rc = proc.wait()
     finally:
         killer.cancel()
@@ -184,6 +215,9 @@ def run_side(side: str, args: argparse.Namespace, data: Path, tf_python: str | N
         raise SystemExit(f"{side} run failed (exit status {rc}, {time.monotonic() - started:.0f} s):\n"
                          f"  {' '.join(cmd)}\n{tail}")
     result["peak_rss"] = peak
+    executions = args.steps // args.steps_per_execution
+    timed_steps = (executions - min(args.warmup_executions, executions)) * args.steps_per_execution
+    result["cpu_ms_per_step"] = rss.cpu_ms_per_step(max(1, timed_steps))
     result["wall_seconds"] = time.monotonic() - started
     return result
 
@@ -203,12 +237,14 @@ def summarize(runs: list[dict]) -> dict:
             "eval_logloss": statistics.median(r["eval_logloss"] for r in runs),
             "eval_auc": statistics.median(r["eval_auc"] for r in runs),
             "teacher_logloss": runs[0]["teacher_logloss"],
+            "cpu_ms_per_step": {k: statistics.median(r["cpu_ms_per_step"].get(k, 0.0) for r in runs)
+                                for k in ("chief", "ps", "worker", "total")},
             "peak_rss": peak_by_type(runs)}
 
 
 def describe(run: dict) -> str:
     return (f"{run['examples_per_s']:8.0f} ex/s in {run['train_seconds']:5.1f} s, log-loss {run['eval_logloss']:.4f}"
-            f", AUC {run['eval_auc']:.4f}")
+            f", AUC {run['eval_auc']:.4f}, CPU {run['cpu_ms_per_step']['total']:.1f} ms/step")
 
 
 def main(argv=None) -> int:
@@ -260,11 +296,14 @@ def main(argv=None) -> int:
     print(f"\nmedian of {args.rounds} round(s), {args.steps} steps, batch {args.batch_size}, "
           f"{args.ps} ps + {args.workers} workers:")
     print(f"{'':22}{'examples/s':>12}{'eval log-loss':>15}{'eval AUC':>10}"
-          f"{'peak RSS chief / ps / worker (MB)':>36}")
+          f"{'CPU ms/step: all (ps, workers)':>32}{'peak RSS chief / ps / worker (MB)':>36}")
     for side in sides:
         s = summary[side]
         rss = " / ".join(f"{s['peak_rss'].get(k, 0) / mb:.0f}" for k in ("chief", "ps", "worker"))
-        print(f"{names[side]:22}{s['examples_per_s']:12.0f}{s['eval_logloss']:15.4f}{s['eval_auc']:10.4f}{rss:>36}")
+        c = s["cpu_ms_per_step"]
+        cpu = f"{c['total']:.2f} ({c['ps']:.2f}, {c['worker']:.2f})"
+        print(f"{names[side]:22}{s['examples_per_s']:12.0f}{s['eval_logloss']:15.4f}{s['eval_auc']:10.4f}{cpu:>32}"
+              f"{rss:>36}")
     print(f"{'teacher (best possible)':22}{'':12}{summary['kubeps']['teacher_logloss']:15.4f}")
     status = 0
     if tf_version:

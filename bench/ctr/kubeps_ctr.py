@@ -108,7 +108,7 @@ def run_chief(args: argparse.Namespace) -> int:
         for _ in range(warmup):
             coordinator.schedule(train_fn, args=(iterator,))
         coordinator.join()
-        print(f"TIMED START {time.time():.6f}", flush=True)
+        print(f"TIMED START {time.time():.6f}", flush=True)  # the driver reads each task's CPU time at both marks
         started = time.perf_counter()
         losses = [coordinator.schedule(train_fn, args=(iterator,)) for _ in range(executions - warmup)]
         coordinator.join()

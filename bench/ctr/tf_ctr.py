@@ -152,10 +152,12 @@ def run_chief(args: argparse.Namespace, resolver) -> int:
     for _ in range(warmup):
         coordinator.schedule(train_fn, args=(iterator,))
     coordinator.join()
+    print(f"TIMED START {time.time():.6f}", flush=True)  # the driver reads each task's CPU time at both marks
     started = time.perf_counter()
     losses = [coordinator.schedule(train_fn, args=(iterator,)) for _ in range(executions - warmup)]
     coordinator.join()
     elapsed = time.perf_counter() - started
+    print(f"TIMED END {time.time():.6f}", flush=True)
     timed_steps = (executions - warmup) * spe
     result = {"examples_per_s": timed_steps * batch / elapsed, "train_seconds": elapsed, "steps": executions * spe,
               "train_logloss": float(np.mean([r.fetch() for r in losses[-20:]])) if losses else float("nan")}
