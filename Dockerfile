@@ -25,12 +25,12 @@ RUN python -m pip wheel --no-deps --wheel-dir /wheels .
 FROM ${PYTHON_IMAGE} AS runtime-venv
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
 COPY --from=builder /wheels /wheels
-# sitecustomize: a pod's main process (PID 1) exits on SIGTERM instead of ignoring it (see the file).
-COPY images/runtime/sitecustomize.py /tmp/sitecustomize.py
+# kubeps_pid1: a pod's main process (PID 1) exits on SIGTERM instead of ignoring it (see the file).
+COPY images/runtime/ /tmp/pid1/
 RUN python -m venv /opt/venv \
  && WHEEL="$(ls /wheels/kubeps-*.whl)" \
  && /opt/venv/bin/pip install "kubeps @ file://${WHEEL}" \
- && mv /tmp/sitecustomize.py "$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"
+ && mv /tmp/pid1/kubeps_pid1.py /tmp/pid1/kubeps_pid1.pth "$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"
 
 FROM ${PYTHON_IMAGE} AS operator-venv
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1

@@ -1,5 +1,6 @@
-"""Installed as ``sitecustomize`` in the kubeps runtime images: SIGTERM keeps its ordinary meaning for a program
-that runs as PID 1 of its container (a pod's main process, e.g. ``python examples/ctr/train.py``).
+"""Imported at interpreter start-up in the kubeps runtime images (``kubeps_pid1.pth`` in the venv's site-packages;
+not a ``sitecustomize``, which Debian's Python already has): SIGTERM keeps its ordinary meaning for a program that
+runs as PID 1 of its container (a pod's main process, e.g. ``python examples/ctr/train.py``).
 
 The kernel delivers no signal to a PID namespace's init for which that process has no handler, so a Python
 program as PID 1 ignored SIGTERM and every pod delete waited out the whole grace period before SIGKILL. Here,
