@@ -97,11 +97,11 @@ class PSTransport:
         return err
 
     def _start(self, ps_index: int, method: str, meta: dict[str, Any] | None, arrays: Sequence[Any],
-               timeout: float | None) -> Call:
+               timeout: float | None, blocking: bool = False) -> Call:
         with self._count_lock:
             self.calls[ps_index] += 1
         try:
-            return self._clients[ps_index].start(method, meta, arrays, timeout)
+            return self._clients[ps_index].start(method, meta, arrays, timeout, blocking=blocking)
         except grpc.RpcError as err:  # a call refused before it left (channel closed...)
             raise self._unavailable(ps_index, method, self._clients[ps_index]._error(err)) from None
 
@@ -117,25 +117,28 @@ class PSTransport:
 
     def call(self, ps_index: int, method: str, meta: dict[str, Any] | None = None, arrays: Sequence[Any] = (),
              timeout: float | None = None) -> tuple[dict[str, Any], list[np.ndarray]]:
-        return self._finish(ps_index, method, self._start(ps_index, method, meta, arrays, timeout))
+        return self._finish(ps_index, method, self._start(ps_index, method, meta, arrays, timeout, blocking=True))
 
     def call_many(self, requests: dict[int, tuple[str, dict[str, Any], Sequence[Any]]],
                   timeout: float | None = None) -> dict[int, tuple[dict[str, Any], list[np.ndarray]]]:
         """One call per parameter server, in parallel; the first failure is raised after all have finished.
 
-        Every call is started (a gRPC future, or a chunk stream for big requests) before any answer is read, so
-        they overlap without a thread per call.
+        Every call but the last is started (a gRPC future, or a chunk stream for big requests) before any answer is
+        read, so they overlap without a thread per call; the last one is a blocking call made on this thread while
+        the others are in flight (no channel thread to hand its answer over).
         """
         started: dict[int, tuple[str, Call]] = {}
         first_error: BaseException | None = None
-        for ps, (method, meta, arrays) in requests.items():
+        last = len(requests) - 1
+        for i, (ps, (method, meta, arrays)) in enumerate(requests.items()):
             try:
-                started[ps] = (method, self._start(ps, method, meta, arrays, timeout))
+                started[ps] = (method, self._start(ps, method, meta, arrays, timeout, blocking=i == last))
             except BaseException as err:  # noqa: BLE001 - re-raised below, once the started calls finished
                 first_error = err
                 break
         results = {}
-        for ps, (method, call) in started.items():
+        # the blocking call first: it is sent only now, while the futures are on their way
+        for ps, (method, call) in sorted(started.items(), key=lambda item: item[1][1].blocking, reverse=True):
             try:
                 results[ps] = self._finish(ps, method, call)
             except BaseException as err:  # noqa: BLE001 - re-raised below
