@@ -17,6 +17,11 @@ shuffle with ``reshuffle_each_iteration=True`` changes its order from pass to pa
 Python values) nested in tuples and dicts; ``batch`` stacks them leaf by leaf and keeps the structure. As in
 ``tf.data``, ``map``/``filter``/``interleave`` functions receive a tuple element unpacked as positional arguments.
 Datasets hold no threads or locks, so they can be pickled (cloudpickle) and shipped to workers.
+
+One module for one class hierarchy (over 700 lines on purpose): ``Dataset``'s methods build the node classes below,
+which subclass it, and the nodes share the block and structure helpers; splitting them apart would need the import
+cycle the import contracts forbid. Nested structures are walked with :mod:`kubeps.runtime.nest` (lists are leaves,
+as in ``tf.data``).
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from . import npyfiles
+from . import nest, npyfiles
 from .errors import RuntimeConfigError
 
 __all__ = [
@@ -196,10 +201,6 @@ def _as_policy(value: Any) -> AutoShardPolicy:
 
 
 # -- nested structures --------------------------------------------------------------------------------------------
-def _is_namedtuple(x: Any) -> bool:
-    return isinstance(x, tuple) and hasattr(x, "_fields")
-
-
 def _describe(x: Any) -> str:
     if isinstance(x, Mapping):
         return "{" + ", ".join(f"{k!r}: {_describe(v)}" for k, v in x.items()) + "}"
@@ -226,7 +227,7 @@ def _stack(elements: Sequence[Any]) -> Any:
                     f"batch: elements have different structures: {_describe(first)} and {_describe(e)}"
                 )
         parts = [_stack([e[i] for e in elements]) for i in range(len(first))]
-        return type(first)(*parts) if _is_namedtuple(first) else tuple(parts)
+        return type(first)(*parts) if nest.is_namedtuple(first) else tuple(parts)
     arrays = [np.asarray(e) for e in elements]
     shape = arrays[0].shape
     for a in arrays:
@@ -238,41 +239,18 @@ def _stack(elements: Sequence[Any]) -> Any:
     return np.stack(arrays)
 
 
-def _flatten(structure: Any, path: str = "") -> list[tuple[str, Any]]:
-    if isinstance(structure, Mapping):
-        out = []
-        for k, v in structure.items():
-            out.extend(_flatten(v, f"{path}[{k!r}]"))
-        return out
-    if isinstance(structure, tuple):
-        out = []
-        for i, v in enumerate(structure):
-            out.extend(_flatten(v, f"{path}[{i}]"))
-        return out
-    return [(path or "<element>", structure)]
-
-
 def _slice(structure: Any, index: Any) -> Any:
-    if isinstance(structure, Mapping):
-        return {k: _slice(v, index) for k, v in structure.items()}
-    if isinstance(structure, tuple):
-        parts = [_slice(v, index) for v in structure]
-        return type(structure)(*parts) if _is_namedtuple(structure) else tuple(parts)
-    return structure[index]
+    """Every leaf indexed with ``index`` (an element of a block, or a run of them)."""
+    return nest.map_structure(lambda leaf: leaf[index], structure, lists=False)
 
 
 def _as_arrays(structure: Any) -> Any:
-    if isinstance(structure, Mapping):
-        return {k: _as_arrays(v) for k, v in structure.items()}
-    if isinstance(structure, tuple):
-        parts = [_as_arrays(v) for v in structure]
-        return type(structure)(*parts) if _is_namedtuple(structure) else tuple(parts)
-    return np.asarray(structure)
+    return nest.map_structure(np.asarray, structure, lists=False)
 
 
 def _call(fn: Callable, element: Any) -> Any:
     """Call ``fn`` on an element as ``tf.data`` does: a (non-named) tuple is unpacked into positional arguments."""
-    if isinstance(element, tuple) and not _is_namedtuple(element):
+    if isinstance(element, tuple) and not nest.is_namedtuple(element):
         return fn(*element)
     return fn(element)
 
@@ -299,20 +277,14 @@ BLOCK_ROWS = 4096
 
 
 def _map_leaves(fn: Callable[..., Any], first: Any, *rest: Any) -> Any:
-    """``fn`` applied leaf by leaf to same-structured elements (tuples, namedtuples, dicts), keeping the structure."""
-    if isinstance(first, Mapping):
-        return {k: _map_leaves(fn, first[k], *(r[k] for r in rest)) for k in first}
-    if isinstance(first, tuple):
-        parts = [_map_leaves(fn, v, *(r[i] for r in rest)) for i, v in enumerate(first)]
-        return type(first)(*parts) if _is_namedtuple(first) else tuple(parts)
-    return fn(first, *rest)
+    """``fn`` applied leaf by leaf to same-structured elements, keeping the structure (lists are leaves)."""
+    leaves = zip(*(nest.flatten(s, lists=False) for s in (first, *rest)))
+    return nest.pack(first, [fn(*group) for group in leaves], lists=False)
 
 
 def _rows(block: Any) -> int:
     """Elements in a block (the leading dimension of its leaves)."""
-    while isinstance(block, (Mapping, tuple)):
-        block = next(iter(block.values())) if isinstance(block, Mapping) else block[0]
-    return int(block.shape[0])
+    return int(nest.flatten(block, lists=False)[0].shape[0])
 
 
 def _concat(blocks: Sequence[Any]) -> Any:
@@ -591,7 +563,7 @@ class _TensorSlicesDataset(Dataset):
     def __init__(self, tensors: Any):
         super().__init__()
         structure = _as_arrays(tensors)
-        leaves = _flatten(structure)
+        leaves = [(path or "<element>", leaf) for path, leaf in nest.flatten_with_paths(structure, lists=False)]
         if not leaves:
             raise ValueError("from_tensor_slices: `tensors` holds no arrays")
         rows = None
