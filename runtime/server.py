@@ -292,6 +292,7 @@ class Server:
         if self._server is not None:
             return
         limit_math_threads()  # size BLAS/OpenMP pools to this task's CPUs before the first update runs
+        load_extensions()  # checkpoint methods and KUBEPS_SERVER_EXTENSIONS: a plain Server(...).join() serves them too
         server = grpc.server(
             ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix=f"kubeps-{self.job_name}"),
             handlers=[self._handler],
