@@ -301,7 +301,7 @@ class ClusterCoordinator:
         if isinstance(dataset_fn, PerWorkerDataset):
             return dataset_fn
         if isinstance(dataset_fn, DistributedDataset):
-            _ship_by_value(dataset_fn._per_worker_fn)
+            _ship_by_value(dataset_fn.per_worker_fn)
             dataset_fn = dataset_fn.build  # a function of the worker's InputContext
         if not callable(dataset_fn):
             raise RuntimeConfigError("dataset_fn", type(dataset_fn).__name__,

@@ -1286,12 +1286,12 @@ class DistributedDataset:
     builds on every worker. It is not iterated on the coordinator."""
 
     def __init__(self, per_worker_fn: Callable[[InputContext], Any], what: str):
-        self._per_worker_fn = per_worker_fn
+        self.per_worker_fn = per_worker_fn  #: ``InputContext -> dataset``, run on each worker
         self._what = what
 
     def build(self, input_context: InputContext) -> Any:
         """The dataset of the worker ``input_context`` describes (runs on that worker)."""
-        return self._per_worker_fn(input_context)
+        return self.per_worker_fn(input_context)
 
     def __iter__(self):
         raise TypeError(

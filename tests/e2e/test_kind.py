@@ -8,9 +8,7 @@ import json
 import re
 import subprocess
 import time
-from pathlib import Path
 
-import pytest
 import yaml
 
 from .conftest import KIND_SH, NAMESPACE, RELEASE, REPO, Kind, record, wait
