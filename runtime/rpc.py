@@ -112,22 +112,15 @@ class Client:
             return method
 
     def start(self, name: str, meta: dict[str, Any] | None = None, arrays: Sequence[Any] = (),
-              timeout: float | None = None, *, blocking: bool = False) -> "Call":
+              timeout: float | None = None) -> "Call":
         """Start a call without waiting for it; ``finish(call)`` (or ``call.result()``) reads the answer.
 
         A request that encodes to one chunk goes out on the method's unary twin (one gRPC message each way, no
         request-iterator thread); a bigger one is streamed in chunks. ``.cancel()`` on the returned call aborts it.
-
-        ``blocking=True`` makes a one-chunk request a plain blocking call, sent when ``result()`` is called and
-        completed on the calling thread: half the client CPU of a future, whose completion grpc hands to a channel
-        thread it starts for it. Such a call cannot be cancelled once sent (the transport to the parameter servers
-        uses it; the coordinator's cancellable calls to workers do not).
         """
         timeout = self.timeout if timeout is None else timeout
         chunks = wire.encode_chunks(meta, arrays, self.chunk_bytes or wire.DEFAULT_CHUNK_BYTES)
         if len(chunks) == 1:
-            if blocking:
-                return Call(self, name, timeout, request=chunks[0])
             future = self._method(name, unary=True).future(chunks[0], timeout=timeout, metadata=self._metadata)
             return Call(self, name, timeout, future=future)
         stream = self._method(name)(iter(chunks), timeout=timeout, metadata=self._metadata)
@@ -198,29 +191,22 @@ def _read_stream(client: Client, stream) -> tuple[dict[str, Any], list[np.ndarra
 class Call:
     """A started call (unary future or chunk stream): ``result()`` waits for and decodes the answer."""
 
-    __slots__ = ("_client", "_name", "_timeout", "_future", "_stream", "_request", "_collecting", "_cancelled")
+    __slots__ = ("_client", "_name", "_timeout", "_future", "_stream", "_collecting", "_cancelled")
 
-    def __init__(self, client: Client, name: str, timeout: float, *, future=None, stream=None, request=None):
+    def __init__(self, client: Client, name: str, timeout: float, *, future=None, stream=None):
         self._client, self._name, self._timeout = client, name, timeout
-        self._future, self._stream, self._request = future, stream, request
+        self._future, self._stream = future, stream
         self._collecting = None  # the Collect stream of a parked answer, once started
         self._cancelled = False
 
     @property
     def unary(self) -> bool:
-        return self._stream is None
-
-    @property
-    def blocking(self) -> bool:
-        """Whether this is a blocking call, sent by ``result()``."""
-        return self._request is not None
+        return self._future is not None
 
     def cancel(self) -> bool:
         """Abort the call -- the Collect stream of its parked answer too, once that started; ``result()`` then
-        raises a :class:`RemoteError` with code ``CANCELLED``. A blocking call is cancelled only before it is sent."""
+        raises a :class:`RemoteError` with code ``CANCELLED``."""
         self._cancelled = True
-        if self._request is not None:
-            return True
         cancelled = (self._future or self._stream).cancel()
         collecting = self._collecting
         if collecting is not None:
@@ -239,14 +225,7 @@ class Call:
         if self._stream is not None:
             return _read_stream(self._client, self._stream)
         try:
-            if self._request is not None:
-                if self._cancelled:
-                    raise self._cancelled_error()
-                client = self._client
-                answer = client._method(self._name, unary=True)(self._request, timeout=self._timeout,
-                                                                metadata=client._metadata)
-            else:
-                answer = self._future.result()
+            answer = self._future.result()
         except grpc.FutureCancelledError:
             raise self._cancelled_error() from None
         except grpc.RpcError as err:

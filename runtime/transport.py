@@ -97,11 +97,11 @@ class PSTransport:
         return err
 
     def _start(self, ps_index: int, method: str, meta: dict[str, Any] | None, arrays: Sequence[Any],
-               timeout: float | None, blocking: bool = False) -> Call:
+               timeout: float | None) -> Call:
         with self._count_lock:
             self.calls[ps_index] += 1
         try:
-            return self._clients[ps_index].start(method, meta, arrays, timeout, blocking=blocking)
+            return self._clients[ps_index].start(method, meta, arrays, timeout)
         except grpc.RpcError as err:  # a call refused before it left (channel closed...)
             raise self._unavailable(ps_index, method, self._clients[ps_index].remote_error(err)) from None
 
@@ -117,28 +117,25 @@ class PSTransport:
 
     def call(self, ps_index: int, method: str, meta: dict[str, Any] | None = None, arrays: Sequence[Any] = (),
              timeout: float | None = None) -> tuple[dict[str, Any], list[np.ndarray]]:
-        return self._finish(ps_index, method, self._start(ps_index, method, meta, arrays, timeout, blocking=True))
+        return self._finish(ps_index, method, self._start(ps_index, method, meta, arrays, timeout))
 
     def call_many(self, requests: dict[int, tuple[str, dict[str, Any], Sequence[Any]]],
                   timeout: float | None = None) -> dict[int, tuple[dict[str, Any], list[np.ndarray]]]:
         """One call per parameter server, in parallel; the first failure is raised after all have finished.
 
-        Every call but the last is started (a gRPC future, or a chunk stream for big requests) before any answer is
-        read, so they overlap without a thread per call; the last one is a blocking call made on this thread while
-        the others are in flight (no channel thread to hand its answer over).
+        Every call is started (a gRPC future, or a chunk stream for big requests) before any answer is read, so
+        they overlap without a thread per call.
         """
         started: dict[int, tuple[str, Call]] = {}
         first_error: BaseException | None = None
-        last = len(requests) - 1
-        for i, (ps, (method, meta, arrays)) in enumerate(requests.items()):
+        for ps, (method, meta, arrays) in requests.items():
             try:
-                started[ps] = (method, self._start(ps, method, meta, arrays, timeout, blocking=i == last))
+                started[ps] = (method, self._start(ps, method, meta, arrays, timeout))
             except BaseException as err:  # noqa: BLE001 - re-raised below, once the started calls finished
                 first_error = err
                 break
         results = {}
-        # the blocking call first: it is sent only now, while the futures are on their way
-        for ps, (method, call) in sorted(started.items(), key=lambda item: item[1][1].blocking, reverse=True):
+        for ps, (method, call) in started.items():
             try:
                 results[ps] = self._finish(ps, method, call)
             except BaseException as err:  # noqa: BLE001 - re-raised below
