@@ -12,10 +12,8 @@ weights back and scores them with ``workload.evaluate``, and prints one line ``R
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import time
 
 import numpy as np
 
@@ -103,24 +101,7 @@ def run_chief(args: argparse.Namespace) -> int:
                 total += model.train_step(ids, dense, labels, optimizer)
             return total / spe
 
-        executions = args.steps // spe
-        warmup = min(args.warmup_executions, executions)
-        for _ in range(warmup):
-            coordinator.schedule(train_fn, args=(iterator,))
-        coordinator.join()
-        print(f"TIMED START {time.time():.6f}", flush=True)  # the driver reads each task's CPU time at both marks
-        started = time.perf_counter()
-        losses = [coordinator.schedule(train_fn, args=(iterator,)) for _ in range(executions - warmup)]
-        coordinator.join()
-        elapsed = time.perf_counter() - started
-        print(f"TIMED END {time.time():.6f}", flush=True)
-        timed_steps = (executions - warmup) * spe
-        result = {"examples_per_s": timed_steps * batch / elapsed, "train_seconds": elapsed,
-                  "steps": executions * spe, "train_logloss": float(np.mean([r.fetch() for r in losses[-20:]]))}
-        result.update(wl.evaluate(model.weights(), args.data))
-        print(f"kubeps: {timed_steps} timed steps of {batch} in {elapsed:.1f} s: {result['examples_per_s']:.0f} "
-              f"examples/s; eval log-loss {result['eval_logloss']:.4f} (teacher {result['teacher_logloss']:.4f})")
-        print("RESULT " + json.dumps(result))
+        wl.timed_training(coordinator, train_fn, iterator, args, model.weights, "kubeps")
         return 0
     finally:
         coordinator.shutdown()

@@ -30,10 +30,8 @@ the last ``join()``, reads the final weights back as numpy (the table's shards c
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import time
 
 import numpy as np
 
@@ -147,25 +145,7 @@ def run_chief(args: argparse.Namespace, resolver) -> int:
             total += strategy.run(step, args=(ids, dense, labels))
         return total / spe
 
-    executions = args.steps // spe
-    warmup = min(args.warmup_executions, executions)
-    for _ in range(warmup):
-        coordinator.schedule(train_fn, args=(iterator,))
-    coordinator.join()
-    print(f"TIMED START {time.time():.6f}", flush=True)  # the driver reads each task's CPU time at both marks
-    started = time.perf_counter()
-    losses = [coordinator.schedule(train_fn, args=(iterator,)) for _ in range(executions - warmup)]
-    coordinator.join()
-    elapsed = time.perf_counter() - started
-    print(f"TIMED END {time.time():.6f}", flush=True)
-    timed_steps = (executions - warmup) * spe
-    result = {"examples_per_s": timed_steps * batch / elapsed, "train_seconds": elapsed, "steps": executions * spe,
-              "train_logloss": float(np.mean([r.fetch() for r in losses[-20:]])) if losses else float("nan")}
-    result.update(wl.evaluate(model.weights(), args.data))
-    print(f"tensorflow {tf.__version__}: {timed_steps} timed steps of {batch} in {elapsed:.1f} s: "
-          f"{result['examples_per_s']:.0f} examples/s; eval log-loss {result['eval_logloss']:.4f} "
-          f"(teacher {result['teacher_logloss']:.4f})", flush=True)
-    print("RESULT " + json.dumps(result), flush=True)
+    wl.timed_training(coordinator, train_fn, iterator, args, model.weights, f"tensorflow {tf.__version__}")
     return 0
 
 

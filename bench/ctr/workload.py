@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import numpy as np
 
@@ -131,3 +132,30 @@ def evaluate(weights: dict[str, np.ndarray], folder: str) -> dict[str, float]:
     labels = np.asarray(held_out["labels"])
     return {"eval_logloss": log_loss(labels, p), "eval_auc": auc(labels, p),
             "teacher_logloss": log_loss(labels, np.asarray(held_out["p"]))}
+
+
+def timed_training(coordinator, train_fn, iterator, args, weights, runtime: str) -> dict:
+    """The chief's side of both programs: ``--warmup-executions`` executions of ``train_fn`` (not timed), then the
+    rest timed up to the last ``join()`` between ``TIMED START``/``TIMED END`` lines (the driver reads every task's
+    CPU time at both), then the final weights (``weights()``) scored; prints and returns the ``RESULT``."""
+    spe, batch = args.steps_per_execution, args.batch_size
+    executions = args.steps // spe
+    warmup = min(args.warmup_executions, executions)
+    for _ in range(warmup):
+        coordinator.schedule(train_fn, args=(iterator,))
+    coordinator.join()
+    print(f"TIMED START {time.time():.6f}", flush=True)
+    started = time.perf_counter()
+    losses = [coordinator.schedule(train_fn, args=(iterator,)) for _ in range(executions - warmup)]
+    coordinator.join()
+    elapsed = time.perf_counter() - started
+    print(f"TIMED END {time.time():.6f}", flush=True)
+    timed_steps = (executions - warmup) * spe
+    result = {"examples_per_s": timed_steps * batch / elapsed, "train_seconds": elapsed, "steps": executions * spe,
+              "train_logloss": float(np.mean([r.fetch() for r in losses[-20:]])) if losses else float("nan")}
+    result.update(evaluate(weights(), args.data))
+    print(f"{runtime}: {timed_steps} timed steps of {batch} in {elapsed:.1f} s: {result['examples_per_s']:.0f} "
+          f"examples/s; eval log-loss {result['eval_logloss']:.4f} (teacher {result['teacher_logloss']:.4f})",
+          flush=True)
+    print("RESULT " + json.dumps(result), flush=True)
+    return result
