@@ -108,18 +108,8 @@ def run_chief(args: argparse.Namespace) -> int:
         strategy.close()
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--data", required=True, help="folder written by workload.write")
-    p.add_argument("--steps", type=int, default=3000)
-    p.add_argument("--batch-size", type=int, default=wl.BATCH)
-    p.add_argument("--steps-per-execution", type=int, default=wl.STEPS_PER_EXECUTION)
-    p.add_argument("--warmup-executions", type=int, default=4)
-    return p.parse_args(argv)
-
-
 def main() -> int:
-    args = parse_args()
+    args = wl.parse_args(__doc__.splitlines()[0])
     resolver = kp.TFConfigClusterResolver()
     if resolver.task_type in ("ps", "worker"):
         kp.Server(resolver.cluster_spec(), job_name=resolver.task_type, task_index=resolver.task_id).join()

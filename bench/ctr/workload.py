@@ -14,6 +14,7 @@ TensorFlow side imports this file from its own environment.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import time
@@ -159,3 +160,14 @@ def timed_training(coordinator, train_fn, iterator, args, weights, runtime: str)
           flush=True)
     print("RESULT " + json.dumps(result), flush=True)
     return result
+
+
+def parse_args(description: str, argv=None) -> argparse.Namespace:
+    """The command line both programs take (the driver passes the same arguments to each)."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--data", required=True, help="folder written by workload.write")
+    p.add_argument("--steps", type=int, default=3000)
+    p.add_argument("--batch-size", type=int, default=BATCH)
+    p.add_argument("--steps-per-execution", type=int, default=STEPS_PER_EXECUTION)
+    p.add_argument("--warmup-executions", type=int, default=4)
+    return p.parse_args(argv)
