@@ -167,6 +167,8 @@ def reduce_sparse(indices: Any, values: Any) -> tuple[Any, Any]:
        above ``_MAX_RANK_PASSES`` levels a single ``np.add.reduceat`` over the sorted rows is used instead.
 
     This is several times faster than ``np.add.reduceat`` on row blocks or ``np.add.at`` (see docs/kernels.md).
+    Indices already strictly ascending (what a worker's push carries: it summed them before sending) are returned
+    as they are, with ``values`` uncopied, after one O(n) check.
     """
     xp = array_module(indices, values)
     indices = xp.asarray(indices)
@@ -182,6 +184,8 @@ def reduce_sparse(indices: Any, values: Any) -> tuple[Any, Any]:
     n = indices.shape[0]
     if n == 0:
         return indices.astype(xp.int64), values
+    if n == 1 or bool((indices[1:] > indices[:-1]).all()):  # already unique and ascending (a worker's push)
+        return indices.astype(xp.int64, copy=False), values
     order = xp.argsort(indices)
     sorted_ids = indices[order]
     new_segment = sorted_ids[1:] != sorted_ids[:-1]
