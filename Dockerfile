@@ -4,6 +4,8 @@
 #   runtime-gpu   CUDA 12 runtime + CuPy (pip install kubeps[gpu])
 #   operator      the kopf operator (pip install kubeps[operator]); ENTRYPOINT `kubeps operator`
 # Build: docker build --target runtime -t kubeps-runtime .   (same for runtime-gpu, operator)
+# runtime-gpu is the last stage, so the classic builder (DOCKER_BUILDKIT=0, no registry for BuildKit's frontend:
+# hack/kind.sh) never needs the CUDA base to build runtime or operator.
 # Base images are pinned by tag and digest; override with --build-arg PYTHON_IMAGE=... / CUDA_IMAGE=...
 # (re-resolve a digest with `docker buildx imagetools inspect python:3.11-slim-bookworm`).
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:a36c24f9cbdf4fd0f52d67f0823eeac19c2028c637cecc392d97f980d4fec56b
@@ -23,9 +25,12 @@ RUN python -m pip wheel --no-deps --wheel-dir /wheels .
 FROM ${PYTHON_IMAGE} AS runtime-venv
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
 COPY --from=builder /wheels /wheels
+# kubeps_pid1: a pod's main process (PID 1) exits on SIGTERM instead of ignoring it (see the file).
+COPY images/runtime/ /tmp/pid1/
 RUN python -m venv /opt/venv \
  && WHEEL="$(ls /wheels/kubeps-*.whl)" \
- && /opt/venv/bin/pip install "kubeps @ file://${WHEEL}"
+ && /opt/venv/bin/pip install "kubeps @ file://${WHEEL}" \
+ && mv /tmp/pid1/kubeps_pid1.py /tmp/pid1/kubeps_pid1.pth "$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"
 
 FROM ${PYTHON_IMAGE} AS operator-venv
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
@@ -46,6 +51,17 @@ WORKDIR /opt/kubeps
 USER 65532:65532
 # Pods of a PSTrainingJob that name no command start a task server from TF_CONFIG.
 CMD ["python", "-m", "kubeps.runtime.server"]
+
+# ---------------------------------------------------------------- operator
+FROM ${PYTHON_IMAGE} AS operator
+ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 HOME=/tmp
+RUN groupadd --gid 65532 kubeps \
+ && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /tmp --shell /usr/sbin/nologin kubeps
+COPY --from=operator-venv /opt/venv /opt/venv
+USER 65532:65532
+EXPOSE 8080 9090
+ENTRYPOINT ["kubeps", "operator"]
+CMD ["--all-namespaces"]
 
 # ---------------------------------------------------------------- runtime-gpu (CUDA 12 + CuPy)
 FROM ${CUDA_IMAGE} AS runtime-gpu
@@ -68,14 +84,3 @@ COPY examples/ /opt/kubeps/examples/
 WORKDIR /opt/kubeps
 USER 65532:65532
 CMD ["python", "-m", "kubeps.runtime.server"]
-
-# ---------------------------------------------------------------- operator
-FROM ${PYTHON_IMAGE} AS operator
-ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 HOME=/tmp
-RUN groupadd --gid 65532 kubeps \
- && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /tmp --shell /usr/sbin/nologin kubeps
-COPY --from=operator-venv /opt/venv /opt/venv
-USER 65532:65532
-EXPOSE 8080 9090
-ENTRYPOINT ["kubeps", "operator"]
-CMD ["--all-namespaces"]

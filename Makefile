@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 
 ACTIONLINT_VERSION := v1.7.12
 
-.PHONY: install example test controlplane tools bench clean
+.PHONY: install example test lint controlplane tools e2e kind-down bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,8 +38,24 @@ tools: $(STAMP)
 		echo "go not found: the actionlint test will be skipped"; \
 	fi
 
+# ruff and the import contracts (.importlinter) alone; `make test` runs them too (tests/code_checks).
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-cache
+
 test: $(STAMP) controlplane tools
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# End-to-end tests with real pods on a kind cluster: hack/kind.sh builds (cached under ~/.cache/kubeps/kind) what
+# the cluster needs, starts dockerd if none runs, creates the cluster, builds and loads the images; the tests install
+# the operator with Helm; the cluster (and a dockerd we started) is removed at the end. See docs/testing.md.
+e2e: $(STAMP)
+	PATH="$$PATH:/usr/local/go/bin" hack/kind.sh build
+	KUBEPS_E2E=1 PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest tests/e2e $(PYTEST_ARGS)
+
+# Remove the e2e cluster (and stop the dockerd hack/kind.sh started) after KUBEPS_E2E_KEEP=1 or an interrupted run.
+kind-down:
+	hack/kind.sh down
 
 bench: $(STAMP)
 	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

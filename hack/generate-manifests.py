@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _objects(text: str) -> list:
-    import yaml  # pyyaml, in the test extra
+    import yaml  # noqa: PLC0415 - pyyaml, in the test extra
 
     return [doc for doc in yaml.safe_load_all(text) if doc]
 

@@ -14,12 +14,17 @@ account and kubeconfig readers, plus kubeconfig ``exec`` plugins), which the ope
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import subprocess
 import threading
 import time
 from typing import Any
+
+import aiohttp
+import kopf
+import yaml
 
 from . import models
 
@@ -65,8 +70,6 @@ class TokenBucket:
 def login(settings=None, **_: Any):
     """Credentials as a ``kopf.ConnectionInfo``: the pod's service account, else the kubeconfig (whose ``exec``
     plugin, e.g. a cloud provider's token helper, is run when the user has one)."""
-    import kopf
-
     settings = settings or kopf.OperatorSettings()
     info = kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(settings=settings)
     if info is None:
@@ -79,15 +82,11 @@ def login(settings=None, **_: Any):
 
 
 def _fields(info) -> dict:
-    import dataclasses
-
     return {f.name: getattr(info, f.name) for f in dataclasses.fields(info)}
 
 
 def _exec_token() -> str | None:
     """The token of the current kubeconfig user's ``exec`` credential plugin, if it has one."""
-    import yaml
-
     path = (os.environ.get("KUBECONFIG") or "~/.kube/config").split(os.pathsep)[0]
     with open(os.path.expanduser(path), encoding="utf-8") as f:
         config = yaml.safe_load(f) or {}
@@ -122,8 +121,6 @@ class KubeClient:
         async with self._connecting:
             if self._session is not None and self._session is not stale:
                 return self._session
-            import aiohttp
-
             info = await asyncio.get_running_loop().run_in_executor(None, self._login)
             headers = {"Accept": "application/json", "User-Agent": "kubeps-operator"}
             if info.token:

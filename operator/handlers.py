@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import copy
+import json
 import logging
 import secrets
 import time
@@ -28,8 +29,7 @@ from typing import Any
 
 import kopf
 
-from . import metrics, models, planner
-from . import client
+from . import client, metrics, models, planner
 from .client import ApiError, KubeClient
 from .settings import Settings, kopf_settings
 
@@ -38,6 +38,7 @@ log = logging.getLogger("kubeps.operator")
 Key = tuple[str, str]  # (namespace, job name)
 SUMMARY_NAMES = 12  # children named in one Event's message; the rest are counted
 
+
 def _rv(obj: dict) -> int | None:
     try:
         return int((obj.get("metadata") or {}).get("resourceVersion"))
@@ -45,13 +46,7 @@ def _rv(obj: dict) -> int | None:
         return None
 
 
-def _status_error(err: Exception) -> int | None:
-    return getattr(err, "status", None)
-
-
 def _api_message(err: Exception) -> str:
-    import json
-
     body = getattr(err, "body", None)
     try:
         return json.loads(body)["message"]

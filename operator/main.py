@@ -69,9 +69,9 @@ def settings_from_args(argv: list[str] | None, env=None) -> Settings:
 def main(argv: list[str] | None = None) -> int:
     settings = settings_from_args(argv)
     _skip_kubernetes_package()
-    import kopf
+    import kopf  # noqa: PLC0415 - arguments are checked, and the kubernetes package hidden, before kopf loads
 
-    from . import handlers, metrics
+    from . import handlers, metrics  # noqa: PLC0415
 
     logging.basicConfig(level=settings.log_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)

@@ -11,6 +11,7 @@ whose errors name the field, so the planner can fail the job with a clear messag
 
 from __future__ import annotations
 
+import re
 from enum import Enum
 from typing import Annotated, Any
 
@@ -330,8 +331,6 @@ def parse_spec(spec: Any) -> PSTrainingJobSpec:
 
 def check_name(name: str) -> None:
     """The job-name rules of :data:`NAME_RULES`, for API servers that did not enforce them."""
-    import re
-
     if len(name) > MAX_JOB_NAME:
         raise SpecError("", f"metadata.name {name!r} is longer than {MAX_JOB_NAME} characters")
     if not re.match(JOB_NAME_PATTERN, name):

@@ -4,6 +4,9 @@ Pure: no I/O, no clock, no randomness. Everything it decides follows from what i
 restarted at any moment recomputes the same plan from what it observes, and a repeated action is a no-op
 (children have deterministic names; deletes carry the pod's UID as a precondition).
 
+The children's names, labels, TF_CONFIG and bodies are :mod:`kubeps.operator.children`; this module is the state
+machine that decides when to create and delete them.
+
 Rules (documented for users in docs/operator.md):
 
 * Children: per replica one pod and one headless Service named ``<job>-<type>-<index>``; one Secret per job.
@@ -23,6 +26,9 @@ Rules (documented for users in docs/operator.md):
 * Suspend deletes pods and Services; resume recreates them and resets startTime. activeDeadlineSeconds counts from
   startTime. ttlSecondsAfterFinished deletes the finished job.
 * Once Succeeded or Failed, conditions are frozen; only cleanup, counts and TTL go on.
+
+Size: most of this module is one class, the state machine (``_Planner``: one method per rule above, sharing the
+observed state); splitting it would spread one decision over several files, so it stays whole.
 """
 
 from __future__ import annotations
@@ -32,9 +38,23 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable, Mapping
 
-from kubeps.runtime.cluster import TFConfig
 
 from . import models
+from .children import (  # the handlers read the label names and PlanConfig from here too
+    ANNOTATION_EPOCH as ANNOTATION_EPOCH,
+    LABEL_INDEX,
+    LABEL_JOB as LABEL_JOB,
+    LABEL_ROLE as LABEL_ROLE,
+    LABEL_TYPE,
+    MAIN_CONTAINER_NAMES,
+    TOKEN_KEY as TOKEN_KEY,
+    PlanConfig as PlanConfig,
+    child_name,
+    pod_body,
+    secret_body,
+    secret_name as secret_name,
+    service_body,
+)
 from .models import (
     CleanPodPolicy,
     ConditionType,
@@ -46,13 +66,6 @@ from .models import (
     SpecError,
 )
 
-LABEL_JOB = "kubeps.dev/job-name"
-LABEL_TYPE = "kubeps.dev/replica-type"
-LABEL_INDEX = "kubeps.dev/replica-index"
-LABEL_ROLE = "kubeps.dev/job-role"
-ANNOTATION_EPOCH = "kubeps.dev/chief-epoch"
-MAIN_CONTAINER_NAMES = ("kubeps", "tensorflow")
-TOKEN_KEY = "token"
 #: Covers every pod a job can have (chief, 100 PS, 1000 workers, evaluator), twice: a terminating pod and its
 #: replacement. Dropping a UID still observed would count that pod again at every reconcile.
 HANDLED_LIMIT = 4096
@@ -71,13 +84,6 @@ R_INVALID_TEMPLATE = "InvalidPodTemplate"
 R_SUSPENDED = "Suspended"
 R_RESUMED = "Resumed"
 R_SECRET_LOST = "TokenSecretLost"
-
-
-@dataclass(frozen=True)
-class PlanConfig:
-    default_image: str = "ghcr.io/kubeps/kubeps-runtime:0.1.0"
-    #: Appended to ``<svc>.<namespace>.svc`` in TF_CONFIG hosts when set (e.g. ``cluster.local``).
-    cluster_domain: str | None = None
 
 
 # ---------------------------------------------------------------------------------------------- actions
@@ -142,15 +148,6 @@ class Plan:
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-def child_name(job: str, replica_type: ReplicaType | str, index: int) -> str:
-    rt = replica_type if isinstance(replica_type, ReplicaType) else ReplicaType(replica_type)
-    return f"{job}-{rt.task_type}-{index}"
-
-
-def secret_name(job: str) -> str:
-    return f"{job}-kubeps-token"
-
-
 def fmt_time(moment: datetime) -> str:
     return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -159,46 +156,6 @@ def parse_time(text: str | None) -> datetime | None:
     if not text:
         return None
     return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
-
-
-def selector_labels(job: str, replica_type: ReplicaType, index: int) -> dict[str, str]:
-    return {LABEL_JOB: job, LABEL_TYPE: replica_type.task_type, LABEL_INDEX: str(index)}
-
-
-def child_labels(job: str, replica_type: ReplicaType, index: int) -> dict[str, str]:
-    return {**selector_labels(job, replica_type, index), LABEL_ROLE: replica_type.task_type}
-
-
-def owner_reference(job: Mapping[str, Any]) -> dict[str, Any]:
-    meta = job["metadata"]
-    return {
-        "apiVersion": job.get("apiVersion", models.API_VERSION),
-        "kind": job.get("kind", models.KIND),
-        "name": meta["name"],
-        "uid": meta["uid"],
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
-
-
-def main_container(containers: list[dict]) -> dict:
-    """The container that gets TF_CONFIG: named ``kubeps``, else ``tensorflow`` (TFJob's), else the first."""
-    for wanted in MAIN_CONTAINER_NAMES:
-        for container in containers:
-            if container.get("name") == wanted:
-                return container
-    return containers[0]
-
-
-def task_port(template: Mapping[str, Any]) -> int:
-    """The port of a replica type: the main container's ``kubeps-port`` (or ``tfjob-port``), else 2222."""
-    containers = (template.get("spec") or {}).get("containers") or []
-    if not containers:
-        return models.DEFAULT_PORT
-    for port in main_container(containers).get("ports") or []:
-        if port.get("name") in (models.PORT_NAME, models.TFJOB_PORT_NAME):
-            return int(port["containerPort"])
-    return models.DEFAULT_PORT
 
 
 @dataclass
@@ -272,106 +229,6 @@ def observe_pod(pod: Mapping[str, Any]) -> ObservedPod:
         reason=status.get("reason"),
         finished_at=finished_at,
     )
-
-
-# ---------------------------------------------------------------------------------------------- bodies
-def cluster_addresses(job: Mapping[str, Any], config: PlanConfig) -> dict[str, list[str]]:
-    name = job["metadata"]["name"]
-    namespace = job["metadata"]["namespace"]
-    suffix = f".{namespace}.svc" + (f".{config.cluster_domain}" if config.cluster_domain else "")
-    replica_specs = job["spec"]["replicaSpecs"]
-    cluster: dict[str, list[str]] = {}
-    for rt in models.REPLICA_TYPES:
-        raw = replica_specs.get(rt.value)
-        if not raw:
-            continue
-        count = int(raw.get("replicas", 1))
-        port = task_port(raw.get("template") or {})
-        if count:
-            cluster[rt.task_type] = [f"{child_name(name, rt, i)}{suffix}:{port}" for i in range(count)]
-    return cluster
-
-
-def tf_config_json(job: Mapping[str, Any], replica_type: ReplicaType, index: int, config: PlanConfig) -> str:
-    return TFConfig.for_task(cluster_addresses(job, config), replica_type.task_type, index).to_json()
-
-
-def pod_body(job: Mapping[str, Any], replica_type: ReplicaType, index: int, epoch: int, config: PlanConfig) -> dict:
-    """The pod of one replica, from its template plus everything the operator owns."""
-    name = job["metadata"]["name"]
-    namespace = job["metadata"]["namespace"]
-    template = copy.deepcopy(job["spec"]["replicaSpecs"][replica_type.value]["template"])
-    tmeta = template.get("metadata") or {}
-    spec = template.get("spec") or {}
-    pod_name = child_name(name, replica_type, index)
-    labels = {**(tmeta.get("labels") or {}), **child_labels(name, replica_type, index)}
-    annotations = dict(tmeta.get("annotations") or {})
-    if replica_type is ReplicaType.CHIEF:
-        annotations[ANNOTATION_EPOCH] = str(epoch)
-    metadata = {
-        "name": pod_name,
-        "namespace": namespace,
-        "labels": labels,
-        "ownerReferences": [owner_reference(job)],
-    }
-    if annotations:
-        metadata["annotations"] = annotations
-    spec["restartPolicy"] = "Never"
-    containers = spec["containers"]
-    for container in containers:
-        if not container.get("image"):
-            container["image"] = config.default_image
-    main = main_container(containers)
-    ports = main.setdefault("ports", [])
-    if not any(p.get("name") in (models.PORT_NAME, models.TFJOB_PORT_NAME) for p in ports):
-        ports.append({"name": models.PORT_NAME, "containerPort": models.DEFAULT_PORT, "protocol": "TCP"})
-    injected = {
-        "TF_CONFIG": {"name": "TF_CONFIG", "value": tf_config_json(job, replica_type, index, config)},
-        "KUBEPS_JOB_TOKEN": {
-            "name": "KUBEPS_JOB_TOKEN",
-            "valueFrom": {"secretKeyRef": {"name": secret_name(name), "key": TOKEN_KEY}},
-        },
-        "GRPC_FAIL_FAST": {"name": "GRPC_FAIL_FAST", "value": "use_caller"},
-    }
-    env = [e for e in main.get("env") or [] if e.get("name") not in injected]
-    main["env"] = env + list(injected.values())
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
-
-
-def service_body(job: Mapping[str, Any], replica_type: ReplicaType, index: int) -> dict:
-    name = job["metadata"]["name"]
-    port = task_port(job["spec"]["replicaSpecs"][replica_type.value].get("template") or {})
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {
-            "name": child_name(name, replica_type, index),
-            "namespace": job["metadata"]["namespace"],
-            "labels": child_labels(name, replica_type, index),
-            "ownerReferences": [owner_reference(job)],
-        },
-        "spec": {
-            "clusterIP": "None",
-            "publishNotReadyAddresses": True,
-            "selector": selector_labels(name, replica_type, index),
-            "ports": [{"name": models.PORT_NAME, "port": port, "targetPort": port, "protocol": "TCP"}],
-        },
-    }
-
-
-def secret_body(job: Mapping[str, Any]) -> dict:
-    name = job["metadata"]["name"]
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "type": "Opaque",
-        "metadata": {
-            "name": secret_name(name),
-            "namespace": job["metadata"]["namespace"],
-            "labels": {LABEL_JOB: name},
-            "ownerReferences": [owner_reference(job)],
-        },
-    }
 
 
 # ---------------------------------------------------------------------------------------------- the planner

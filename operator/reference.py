@@ -132,7 +132,7 @@ def render() -> str:
     return "\n".join(out) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:  # noqa: ARG001 - takes no arguments
     sys.stdout.write(render())
     return 0
 

@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
-DEFAULT_IMAGE = "ghcr.io/kubeps/kubeps-runtime:0.1.0"
+from .children import DEFAULT_IMAGE  # written once, where the pod bodies use it
 
 
 def _bool(text: str | None) -> bool:
@@ -132,7 +132,7 @@ def kopf_settings(ours: Settings, target: Any = None, peering: bool = True):
     """kopf's ``OperatorSettings`` for our settings: the one place that maps them (``main`` passes the result to
     ``kopf.run(settings=...)``; under ``kopf run -m kubeps.operator.handlers`` the start-up handler applies it to
     kopf's own object with ``peering=False``, leaving the peering to kopf's ``--peering``/``--standalone``)."""
-    import kopf
+    import kopf  # noqa: PLC0415 - main reads the settings before it hides the kubernetes package from kopf
 
     target = kopf.OperatorSettings() if target is None else target
     if peering:
@@ -165,7 +165,7 @@ def kopf_settings(ours: Settings, target: Any = None, peering: bool = True):
 
 @functools.cache
 def _no_diff_base():
-    import kopf
+    import kopf  # noqa: PLC0415 - as in kopf_settings
 
     class NoDiffBase(kopf.DiffBaseStorage):
         def build(self, *, body, extra_fields=None):

@@ -18,10 +18,11 @@ _EXPORTS: dict[str, str] = {}
 for _module, _names in {
     "cluster": "ClusterSpec TFConfig TFConfigClusterResolver TFConfigError",
     "strategy": "ParameterServerStrategy",
-    "coordinator": "ClusterCoordinator PerWorkerValues",
+    "coordinator": "ClusterCoordinator",
+    "values": "PerWorkerValues",
     "closure_queue": "RemoteValue",
     "variables": "Variable ShardedVariable embedding_lookup",
-    "training": "IndexedSlices",
+    "indexed_slices": "IndexedSlices",
     "server": "Server register_ps_method register_worker_method",
     "context": "get_current_worker_index",
     "errors": (
@@ -44,6 +45,7 @@ for _module, _names in {
     "watchdog": "Watchdog",
     "supervisor": "EXIT_PS_UNAVAILABLE RestartPolicy install_excepthook run_coordinator",
     "launcher": "LocalCluster run_local",
+    "restarting": "RestartingLocalCluster",
 }.items():
     for _name in _names.split():
         _EXPORTS[_name] = _module

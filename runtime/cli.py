@@ -15,6 +15,7 @@ import importlib
 import ipaddress
 import os
 import sys
+from importlib.metadata import PackageNotFoundError, version
 from typing import Sequence
 
 __all__ = ["build_parser", "main"]
@@ -24,8 +25,6 @@ USAGE_ERROR = 2
 
 def _version() -> str:
     try:
-        from importlib.metadata import PackageNotFoundError, version
-
         return version("kubeps")
     except PackageNotFoundError:  # running from a source tree that is not installed
         return "unknown (not installed)"
@@ -179,9 +178,9 @@ def _run_operator(argv: list[str]) -> int:
     return int(result or 0)
 
 
-def _run_local(parser: argparse.ArgumentParser, args: argparse.Namespace, script_args: list[str]) -> int:
-    from .launcher import LauncherError, LocalCluster, run_local
-    from .supervisor import restarting_cluster_class
+def _run_local(args: argparse.Namespace, script_args: list[str]) -> int:
+    from .launcher import LauncherError, LocalCluster, run_local  # noqa: PLC0415 - only `kubeps local` needs it
+    from .restarting import RestartingLocalCluster  # noqa: PLC0415
 
     local_parser: argparse.ArgumentParser = args._local_parser
     if not os.path.exists(args.script):
@@ -200,7 +199,7 @@ def _run_local(parser: argparse.ArgumentParser, args: argparse.Namespace, script
             python=args.python,
             grace_period=args.grace_period,
             evaluator_grace=args.evaluator_grace,
-            cluster_factory=restarting_cluster_class() if args.restart else LocalCluster,
+            cluster_factory=RestartingLocalCluster if args.restart else LocalCluster,
         )
     except LauncherError as err:
         local_parser.error(str(err))
@@ -221,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "version":
             print(f"kubeps {_version()}")
             return 0
-        return _run_local(parser, args, script_args)
+        return _run_local(args, script_args)
     except _Exit as exit_:
         return exit_.status
 

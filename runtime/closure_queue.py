@@ -57,9 +57,6 @@ class RemoteValue:
         self._value, self._error = None, error
         self._done.set()
 
-    def _reset(self) -> None:
-        self._done.clear()
-
     @property
     def _status(self) -> RemoteValueStatus:
         if not self._done.is_set():

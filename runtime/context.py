@@ -1,247 +1,131 @@
 """Where code is running: the strategy scope on the coordinator, and the closure context on a worker.
 
-* :class:`PSTransport` reaches the parameter servers (one client per PS, parallel fan-out, and the translation of
-  "cannot reach it" into :class:`~kubeps.runtime.errors.PSUnavailableError`).
 * :class:`ClosureContext` exists while a worker unpickles and runs one scheduled function: the variable handles
   that arrive with the function register in it, and the first read pulls every registered dense variable in one
-  RPC per parameter server (folded into the embedding lookup's call when there is one); a push answers with the
-  updated dense values, so later steps of the closure read them from the cache.
+  RPC per parameter server (folded into the embedding lookup's call when there is one); a push waits for the
+  next step's first call to the same parameter server and rides on it (``PushRead``), so a training step costs one
+  round trip per parameter server. It sees variables only through
+  the small :class:`RemoteHandle` protocol, so this module does not import :mod:`kubeps.runtime.variables`
+  (which imports it).
 * :func:`get_current_worker_index` tells a dataset fn or scheduled fn which worker runs it.
+* :func:`current_strategy` is the strategy whose ``scope()`` is active on the coordinator.
+
+The parameter servers are reached through :class:`~kubeps.runtime.transport.PSTransport`.
 """
 
 from __future__ import annotations
 
-import collections
 import threading
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Protocol, Sequence
 
-import grpc
 import numpy as np
 
-from .errors import PSUnavailableError, RemoteError
-from .rpc import DEFAULT_TIMEOUT_S, PS_SERVICE, UNKNOWN_VARIABLE, Call, Client
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .variables import Variable
+from .transport import PSTransport
 
 __all__ = [
     "ClosureContext",
-    "PSTransport",
+    "RemoteHandle",
     "current_closure_context",
     "current_input_context",
     "current_strategy",
     "get_current_worker_index",
-    "ps_restarted",
-    "ps_restarted_error",
 ]
 
-#: at most this many bytes of updated dense values come back in one ``Push`` answer (per PS) for the next step
-READ_BACK_BYTES = 1 << 20
-#: gRPC status codes that mean "the parameter server is not there" rather than "the request was bad".
-PS_UNREACHABLE_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED", "UNKNOWN"})
+
+class RemoteHandle(Protocol):
+    """What the closure context needs of a variable on a parameter server (:class:`~kubeps.runtime.Variable`
+    provides it)."""
+
+    @property
+    def key(self) -> str:
+        """The variable's unique name on its parameter server."""
+
+    @property
+    def ps_index(self) -> int | None:
+        """The index of the parameter server holding it."""
+
+    @property
+    def prefetch(self) -> bool:
+        """Whether a closure's batched pull fetches it (dense variables; not embedding tables)."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def dtype(self) -> np.dtype: ...
+
+
+#: variables of at most this many bytes (dense weights, sharded or not) are pulled whole with a step's first call to
+#: their parameter server; bigger ones (embedding tables) are read only where a step asks (rows or ``read_value``)
+PREFETCH_MAX_BYTES = 1 << 20
+#: methods that only read: a deferred push to the same parameter server rides on them (``PushRead``)
+_READS = frozenset({"Read", "ReadRows", "ReadMany"})
 
 _local = threading.local()
 _scope_lock = threading.Lock()
 _scope_stack: list[Any] = []  # strategies, innermost last (scopes are process-wide, as in TF's default graph)
 
 
-def ps_restarted_error(ps_index: int, address: str, how: str) -> PSUnavailableError:
-    """The error for a parameter server that came back as a new, empty process (``.restarted`` is True)."""
-    error = PSUnavailableError(
-        ps_index, address,
-        f"it restarted and lost its variables ({how}); this coordinator cannot go on: restart the chief so it "
-        "re-creates its variables and restores the latest checkpoint (run_coordinator exits with the retryable "
-        "status 133 for that)",
-        code="DATA_LOSS",
-    )
-    error.restarted = True
-    return error
-
-
-def ps_restarted(error: BaseException) -> bool:
-    """Whether ``error`` says a parameter server restarted (and so lost its variables), not just that it is silent."""
-    return bool(getattr(error, "restarted", False))
-
-
-class PSTransport:
-    """Clients for every parameter server of a cluster.
-
-    It remembers the incarnation (random id per process start) every parameter server answered ``Ping`` and
-    ``CreateVariables`` with. Once a ps holds variables created through this transport, an answer with another
-    incarnation -- or a NOT_FOUND for one of its variables -- means the ps restarted empty: the call raises
-    :func:`ps_restarted_error` (a :class:`PSUnavailableError` with ``restarted=True``), and keeps raising it.
-    """
-
-    def __init__(self, ps_addresses: Sequence[str], token: str | None, timeout: float = DEFAULT_TIMEOUT_S):
-        self.ps_addresses = list(ps_addresses)
-        self._clients = [Client(a, PS_SERVICE, token, timeout) for a in self.ps_addresses]
-        #: calls started per ps (tests and benchmarks count RPCs per step with it)
-        self.calls: collections.Counter[int] = collections.Counter()
-        self._count_lock = threading.Lock()
-        self._incarnation_lock = threading.Lock()
-        self._incarnations: dict[int, str] = {}
-        self._holds_variables: set[int] = set()
-
-    def incarnation(self, ps_index: int) -> str | None:
-        """The incarnation of ps ``ps_index`` this transport first saw (the one its variables live in)."""
-        with self._incarnation_lock:
-            return self._incarnations.get(ps_index)
-
-    def _observe(self, ps_index: int, incarnation: str, created: bool) -> None:
-        with self._incarnation_lock:
-            known = self._incarnations.get(ps_index)
-            if known is not None and known != incarnation and ps_index in self._holds_variables:
-                error = ps_restarted_error(ps_index, self.ps_addresses[ps_index],
-                                           f"incarnation {known[:8]} became {incarnation[:8]}")
-            else:
-                self._incarnations[ps_index] = incarnation
-                if created:
-                    self._holds_variables.add(ps_index)
-                return
-        raise error
-
-    @property
-    def num_ps(self) -> int:
-        return len(self._clients)
-
-    def client(self, ps_index: int) -> Client:
-        return self._clients[ps_index]
-
-    def _unavailable(self, ps_index: int, method: str, err: RemoteError) -> BaseException:
-        """The error a failed call to ps ``ps_index`` raises: unreachable -> PSUnavailableError, lost variable ->
-        the restarted error, anything else (a bad request) as it is."""
-        if err.code in PS_UNREACHABLE_CODES:
-            return PSUnavailableError(ps_index, self.ps_addresses[ps_index], str(err), err.code)
-        if err.code == "NOT_FOUND" and getattr(err, "reason", None) == UNKNOWN_VARIABLE:
-            # every variable a ps is asked for was created on it by the coordinator: it came back empty
-            return ps_restarted_error(ps_index, self.ps_addresses[ps_index],
-                                      f"it answered {method} with NOT_FOUND: {err}")
-        return err
-
-    def _start(self, ps_index: int, method: str, meta: dict[str, Any] | None, arrays: Sequence[Any],
-               timeout: float | None) -> Call:
-        with self._count_lock:
-            self.calls[ps_index] += 1
-        try:
-            return self._clients[ps_index].start(method, meta, arrays, timeout)
-        except grpc.RpcError as err:  # a call refused before it left (channel closed...)
-            raise self._unavailable(ps_index, method, self._clients[ps_index]._error(err)) from None
-
-    def _finish(self, ps_index: int, method: str, call: Call) -> tuple[dict[str, Any], list[np.ndarray]]:
-        try:
-            answer = call.result()
-        except RemoteError as err:
-            raise self._unavailable(ps_index, method, err) from None
-        incarnation = answer[0].get("incarnation") if isinstance(answer[0], dict) else None
-        if isinstance(incarnation, str) and incarnation:
-            self._observe(ps_index, incarnation, created=method == "CreateVariables")
-        return answer
-
-    def call(self, ps_index: int, method: str, meta: dict[str, Any] | None = None, arrays: Sequence[Any] = (),
-             timeout: float | None = None) -> tuple[dict[str, Any], list[np.ndarray]]:
-        return self._finish(ps_index, method, self._start(ps_index, method, meta, arrays, timeout))
-
-    def call_many(self, requests: dict[int, tuple[str, dict[str, Any], Sequence[Any]]],
-                  timeout: float | None = None) -> dict[int, tuple[dict[str, Any], list[np.ndarray]]]:
-        """One call per parameter server, in parallel; the first failure is raised after all have finished.
-
-        Every call is started (a gRPC future, or a chunk stream for big requests) before any answer is read, so
-        they overlap without a thread per call.
-        """
-        started: dict[int, tuple[str, Call]] = {}
-        first_error: BaseException | None = None
-        for ps, (method, meta, arrays) in requests.items():
-            try:
-                started[ps] = (method, self._start(ps, method, meta, arrays, timeout))
-            except BaseException as err:  # noqa: BLE001 - re-raised below, once the started calls finished
-                first_error = err
-                break
-        results = {}
-        for ps, (method, call) in started.items():
-            try:
-                results[ps] = self._finish(ps, method, call)
-            except BaseException as err:  # noqa: BLE001 - re-raised below
-                first_error = first_error or err
-        if first_error is not None:
-            raise first_error
-        return results
-
-    def close(self) -> None:
-        for client in self._clients:
-            client.close()
-
-
 class ClosureContext:
-    """The per-closure variable registry and read cache on a worker.
+    """The per-closure variable registry, read cache and deferred pushes on a worker.
 
-    Reads inside one scheduled function are batched and, where possible, ride on calls the step makes anyway:
+    A training step's calls are batched and ride on each other, so that a step costs **one round trip per
+    parameter server**:
 
     * the first read of a dense variable pulls **every** registered dense variable, one call per PS;
     * an ``embedding_lookup`` that needs rows while that pull is still due folds it into its own call
       (``ReadMany``: the dense values and the rows in one answer per PS);
-    * ``apply_gradients`` asks each ``Push`` to answer with the new values of the registered dense variables it
-      updated (``read_back``, up to :data:`READ_BACK_BYTES` per PS), and caches them: the next step of the same
-      closure reads them without another call.
+    * ``apply_gradients`` does not call at once: it leaves one ``Push`` per PS here (:meth:`defer_push`) and
+      clears the cache. The next call the closure makes to that PS -- the next step's lookup and pull -- carries it
+      (``PushRead``: the PS applies the push, then reads, so the step sees its own update); any other method, a
+      second push, and the end of the closure (:meth:`flush`) send it on its own first. Program order per PS is
+      kept; a push reaches the PS as late as the start of the next step's first call.
 
-    Semantics (TF's async parameter-server training): a value read in a step is the PS's value when it was read
-    or, after a push, when that push was applied on the PS -- updates other workers push in between are seen from
-    the next read after the next push, i.e. at most one step stale, as in TF's async PS training. A new closure
-    starts with an empty cache.
+    Semantics (TF's async parameter-server training): a value read in a step is the PS's value when it was read,
+    which includes every push this worker made before; updates other workers push in between are seen from the
+    next read, i.e. at most one step stale, as in TF's async PS training. A new closure starts with an empty cache.
+    A push's error (a parameter server gone) surfaces at the call that carries it.
     """
 
     def __init__(self, worker_index: int, transport: PSTransport, resources: dict[str, Any]):
         self.worker_index = worker_index
         self.transport = transport
         self.resources = resources
-        self.registered: dict[str, "Variable"] = {}
+        self.registered: dict[str, RemoteHandle] = {}
         self.cache: dict[str, np.ndarray] = {}
         self._batched = False  # whether the registered variables were pulled since the last invalidation
-        self.pulls = 0  # calls that pulled dense values (Read, or ReadMany carrying them); tests check batching
+        self._deferred: dict[int, tuple[dict[str, Any], list[Any]]] = {}  # ps -> (Push meta, tensors)
+        self.pulls = 0  # calls that pulled dense values (Read, ReadMany, PushRead); tests check batching
 
-    def register(self, var: "Variable") -> None:
-        self.registered.setdefault(var._key, var)
+    def register(self, var: RemoteHandle) -> None:
+        self.registered.setdefault(var.key, var)
 
-    def read(self, variables: Sequence["Variable"]) -> list[np.ndarray]:
-        missing = [v for v in variables if v._key not in self.cache]
+    def read(self, variables: Sequence[RemoteHandle]) -> list[np.ndarray]:
+        missing = [v for v in variables if v.key not in self.cache]
         if missing:
-            wanted = {v._key: v for v in missing}
+            wanted = {v.key: v for v in missing}
             for var in self.take_prefetch():
-                wanted.setdefault(var._key, var)
+                wanted.setdefault(var.key, var)
             self._pull(list(wanted.values()))
-        return [self.cache[v._key] for v in variables]
+        return [self.cache[v.key] for v in variables]
 
-    def take_prefetch(self) -> list["Variable"]:
+    def take_prefetch(self) -> list[RemoteHandle]:
         """The registered dense variables a batched pull is still due for (none once pulled); the caller pulls
         them (and :meth:`store` s them)."""
         if self._batched:
             return []
         self._batched = True
-        return [var for key, var in self.registered.items() if var._prefetch and key not in self.cache]
+        return [var for key, var in self.registered.items() if var.prefetch and key not in self.cache]
 
     def store(self, keys: Sequence[str], arrays: Sequence[np.ndarray]) -> None:
         for key, array in zip(keys, arrays):
             self.cache[key] = array
 
-    def read_back_keys(self, variables: Sequence["Variable"]) -> list[str]:
-        """Which of these pushed dense variables a ``Push`` should answer with (registered, prefetchable, within
-        :data:`READ_BACK_BYTES` together)."""
-        keys, budget = [], READ_BACK_BYTES
-        for var in variables:
-            known = self.registered.get(var._key)
-            if known is None or not known._prefetch:
-                continue
-            size = int(np.prod(var.shape, dtype=np.int64)) * var.dtype.itemsize
-            if size > budget:
-                continue
-            budget -= size
-            keys.append(var._key)
-        return keys
-
-    def _pull(self, variables: list["Variable"]) -> None:
+    def _pull(self, variables: list[RemoteHandle]) -> None:
         by_ps: dict[int, list[str]] = {}
         for var in variables:
-            by_ps.setdefault(var._ps_index, []).append(var._key)
-        results = self.transport.call_many({ps: ("Read", {"names": names}, ()) for ps, names in by_ps.items()})
+            by_ps.setdefault(var.ps_index, []).append(var.key)
+        results = self.call_many({ps: ("Read", {"names": names}, ()) for ps, names in by_ps.items()})
         self.pulls += len(results)
         for ps, (_, arrays) in results.items():
             self.store(by_ps[ps], arrays)
@@ -253,6 +137,48 @@ class ClosureContext:
             for key in keys:
                 self.cache.pop(key, None)
         self._batched = False
+
+    # -- deferred pushes ----------------------------------------------------------------------------------------
+    def defer_push(self, requests: dict[int, tuple[dict[str, Any], list[Any]]]) -> None:
+        """Hold one ``Push`` ``(meta, tensors)`` per PS until the next call to that PS carries it; a push still
+        held for one of them goes first, on its own. The cached values are stale from here on."""
+        held = [ps for ps in requests if ps in self._deferred]
+        if held:
+            self.flush(held)
+        self._deferred.update(requests)
+        self.invalidate()
+
+    def call_many(self, requests: dict[int, tuple[str, dict[str, Any], Sequence[Any]]],
+                  timeout: float | None = None) -> dict[int, tuple[dict[str, Any], list[np.ndarray]]]:
+        """``PSTransport.call_many`` for calls made inside the closure: a read to a PS with a deferred push
+        becomes one ``PushRead`` (same answer layout as the read); before any other method the push is sent."""
+        calls: dict[int, tuple[str, dict[str, Any], Sequence[Any]]] = {}
+        others = []
+        for ps, (method, meta, arrays) in requests.items():
+            if ps not in self._deferred:
+                calls[ps] = (method, meta, arrays)
+            elif method in _READS:
+                push_meta, push_arrays = self._deferred.pop(ps)
+                names = list(meta.get("names", [])) if method != "ReadRows" else []
+                rows = list(meta["names"]) if method == "ReadRows" else list(meta.get("rows", []))
+                calls[ps] = ("PushRead", {**push_meta, "names": names, "rows": rows}, [*push_arrays, *arrays])
+            else:
+                others.append(ps)
+                calls[ps] = (method, meta, arrays)
+        if others:
+            self.flush(others)
+        return self.transport.call_many(calls, timeout)
+
+    def deferred_ps(self) -> list[int]:
+        """The parameter servers a deferred push is held for."""
+        return list(self._deferred)
+
+    def flush(self, ps_indices: Sequence[int] | None = None) -> None:
+        """Send the deferred pushes (of ``ps_indices``, default all) on their own, in parallel."""
+        targets = list(self._deferred) if ps_indices is None else [ps for ps in ps_indices if ps in self._deferred]
+        pushes = {ps: ("Push", *self._deferred.pop(ps)) for ps in targets}
+        if pushes:
+            self.transport.call_many(pushes)
 
 
 def current_closure_context() -> ClosureContext | None:
@@ -278,7 +204,7 @@ def get_current_worker_index() -> int:
 
 def current_input_context(num_workers: int) -> Any:
     """The ``InputContext`` of the worker running the current dataset function: one input pipeline per worker."""
-    from .data import InputContext
+    from .data import InputContext  # noqa: PLC0415 - the input pipeline sits above this module
 
     return InputContext(num_input_pipelines=num_workers, input_pipeline_id=get_current_worker_index())
 

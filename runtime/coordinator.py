@@ -40,8 +40,10 @@ import cloudpickle
 import grpc
 import numpy as np
 
+from . import nest
 from .closure_queue import Closure, ClosureQueue, ClosureState, RemoteValue
-from .context import current_input_context, ps_restarted
+from .data import DistributedDataset
+from .context import current_input_context
 from .errors import (
     ClosureError,
     PSUnavailableError,
@@ -51,8 +53,11 @@ from .errors import (
     WorkerUnavailableError,
 )
 from .rpc import WORKER_SERVICE, Client
+from .strategy import ParameterServerStrategy
+from .transport import ps_restarted
+from .values import PerWorkerDataset, PerWorkerIterator, PerWorkerValues
 from .watchdog import Watchdog
-from .worker import join_structure, resolve_resource
+from .worker import join_structure
 
 __all__ = ["ClusterCoordinator", "PerWorkerDataset", "PerWorkerIterator", "PerWorkerValues", "RemoteValue"]
 
@@ -119,75 +124,6 @@ def _build_dataset(dataset_fn: Callable, num_workers: int) -> Any:
     if params:
         return dataset_fn(current_input_context(num_workers))
     return dataset_fn()
-
-
-def _make_iterator(dataset_id: str) -> Any:
-    """Runs on a worker: a fresh iterator over the worker's dataset ``dataset_id``."""
-    return iter(resolve_resource(dataset_id))
-
-
-# -- per-worker values -------------------------------------------------------------------------------------------------
-class PerWorkerValues:
-    """One value per worker (TF's ``PerWorkerValues``); passed to ``schedule`` it resolves on the worker."""
-
-    def __init__(self, values: tuple[Any, ...]):
-        self._values = tuple(values)
-
-    def __len__(self) -> int:
-        return len(self._values)
-
-    def __iter__(self):
-        return iter(self._values)
-
-    def __getitem__(self, i: int) -> Any:
-        return self._values[i]
-
-
-class _PerWorkerResource:
-    """A resource built on every worker; pickles as a reference that resolves to the worker's own object."""
-
-    def __init__(self, coordinator: "ClusterCoordinator", resource_id: str, values: PerWorkerValues):
-        self._coordinator = coordinator
-        self._resource_id = resource_id
-        self._values = values
-
-    @property
-    def resource_id(self) -> str:
-        return self._resource_id
-
-    @property
-    def per_worker_values(self) -> PerWorkerValues:
-        return self._values
-
-    def __reduce__(self):
-        return (resolve_resource, (self._resource_id,))
-
-
-class PerWorkerDataset(_PerWorkerResource):
-    """The dataset ``dataset_fn`` built on every worker; ``iter()`` gives a :class:`PerWorkerIterator`."""
-
-    def __iter__(self) -> "PerWorkerIterator":
-        return self._coordinator._create_per_worker_resource(
-            functools.partial(_make_iterator, self._resource_id), "iterator", PerWorkerIterator
-        )
-
-    def build(self) -> "PerWorkerDataset":
-        return self
-
-
-class PerWorkerIterator(_PerWorkerResource):
-    """Stands for every worker's local iterator; pass it to ``schedule`` and call ``next()`` inside the function."""
-
-    def __next__(self):
-        raise TypeError(
-            "next() on a per-worker iterator is not allowed on the coordinator: pass the iterator to "
-            "coordinator.schedule(fn, args=(iterator,)) and call next(iterator) inside fn, on the worker"
-        )
-
-    def __iter__(self):
-        return self
-
-    get_next = __next__
 
 
 # -- the coordinator ---------------------------------------------------------------------------------------------------
@@ -257,8 +193,6 @@ class ClusterCoordinator:
                  ps_error_interval: float = 1.0, ps_error_window: float = 60.0,
                  worker_wait_timeout: float = 3600.0, watchdog_timeout: float | None = None,
                  watchdog: Watchdog | None = None):
-        from .strategy import ParameterServerStrategy
-
         if not isinstance(strategy, ParameterServerStrategy):
             raise RuntimeConfigError("strategy", type(strategy).__name__,
                                      "ClusterCoordinator needs a ParameterServerStrategy")
@@ -320,7 +254,7 @@ class ClusterCoordinator:
         self._monitor = threading.Thread(target=self._monitor_loop, daemon=True, name="kubeps-monitor")
         self._monitor.start()
         self._stop_watchdog = False
-        if self.watchdog is not None and self.watchdog._thread is None:
+        if self.watchdog is not None and not self.watchdog.running:
             self.watchdog.start()
             self._stop_watchdog = True  # started here, so stopped by shutdown()
 
@@ -350,34 +284,30 @@ class ClusterCoordinator:
 
     def fetch(self, val: Any) -> Any:
         """Fetch every RemoteValue in a nested structure (others pass through)."""
-        if isinstance(val, RemoteValue):
-            return val.fetch()
-        if isinstance(val, PerWorkerValues):
-            return tuple(self.fetch(v) for v in val)
-        if isinstance(val, tuple) and hasattr(val, "_fields"):
-            return type(val)(*(self.fetch(v) for v in val))
-        if isinstance(val, (list, tuple)):
-            return type(val)(self.fetch(v) for v in val)
-        if isinstance(val, dict):
-            return type(val)((k, self.fetch(v)) for k, v in val.items())
-        return val
+
+        def leaf(item: Any) -> Any:
+            if isinstance(item, RemoteValue):
+                return item.fetch()
+            if isinstance(item, PerWorkerValues):
+                return tuple(self.fetch(v) for v in item)
+            return item
+
+        return nest.map_structure(leaf, val)
 
     def create_per_worker_dataset(self, dataset_fn: Any) -> PerWorkerDataset:
         """Build ``dataset_fn()`` (or ``dataset_fn(input_context)``) on every worker; or build a
         ``DistributedDataset`` from ``strategy.experimental_distribute_dataset`` /
         ``strategy.distribute_datasets_from_function`` there."""
-        from .data import DistributedDataset
-
         if isinstance(dataset_fn, PerWorkerDataset):
             return dataset_fn
         if isinstance(dataset_fn, DistributedDataset):
-            _ship_by_value(dataset_fn._per_worker_fn)
+            _ship_by_value(dataset_fn.per_worker_fn)
             dataset_fn = dataset_fn.build  # a function of the worker's InputContext
         if not callable(dataset_fn):
             raise RuntimeConfigError("dataset_fn", type(dataset_fn).__name__,
                                      "must be a function that returns a dataset (an iterable) on the worker")
         _ship_by_value(dataset_fn)
-        return self._create_per_worker_resource(
+        return self.create_per_worker_resource(
             functools.partial(_build_dataset, dataset_fn, len(self._workers)), "dataset", PerWorkerDataset
         )
 
@@ -422,7 +352,9 @@ class ClusterCoordinator:
         self.shutdown()
 
     # -- per-worker resources ----------------------------------------------------------------------------------
-    def _create_per_worker_resource(self, creator: Callable[[], Any], kind: str, cls: type) -> Any:
+    def create_per_worker_resource(self, creator: Callable[[], Any], kind: str, cls: type) -> Any:
+        """Run ``creator`` on every worker (rebuilt on a worker that restarts); ``cls`` stands for the results
+        (kubeps's hook behind ``create_per_worker_dataset`` and per-worker iterators)."""
         self._check_open()
         resource_id = f"{kind}-{next(self._resource_ids)}"
         payload = _dumps(creator, f"the {kind} function")

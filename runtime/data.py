@@ -17,10 +17,16 @@ shuffle with ``reshuffle_each_iteration=True`` changes its order from pass to pa
 Python values) nested in tuples and dicts; ``batch`` stacks them leaf by leaf and keeps the structure. As in
 ``tf.data``, ``map``/``filter``/``interleave`` functions receive a tuple element unpacked as positional arguments.
 Datasets hold no threads or locks, so they can be pickled (cloudpickle) and shipped to workers.
+
+One module for one class hierarchy (over 700 lines on purpose): ``Dataset``'s methods build the node classes below,
+which subclass it, and the nodes share the block and structure helpers; splitting them apart would need the import
+cycle the import contracts forbid. Nested structures are walked with :mod:`kubeps.runtime.nest` (lists are leaves,
+as in ``tf.data``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import enum
 import glob
@@ -34,7 +40,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from . import npyfiles
+from . import nest, npyfiles
 from .errors import RuntimeConfigError
 
 __all__ = [
@@ -195,10 +201,6 @@ def _as_policy(value: Any) -> AutoShardPolicy:
 
 
 # -- nested structures --------------------------------------------------------------------------------------------
-def _is_namedtuple(x: Any) -> bool:
-    return isinstance(x, tuple) and hasattr(x, "_fields")
-
-
 def _describe(x: Any) -> str:
     if isinstance(x, Mapping):
         return "{" + ", ".join(f"{k!r}: {_describe(v)}" for k, v in x.items()) + "}"
@@ -225,7 +227,7 @@ def _stack(elements: Sequence[Any]) -> Any:
                     f"batch: elements have different structures: {_describe(first)} and {_describe(e)}"
                 )
         parts = [_stack([e[i] for e in elements]) for i in range(len(first))]
-        return type(first)(*parts) if _is_namedtuple(first) else tuple(parts)
+        return type(first)(*parts) if nest.is_namedtuple(first) else tuple(parts)
     arrays = [np.asarray(e) for e in elements]
     shape = arrays[0].shape
     for a in arrays:
@@ -237,41 +239,18 @@ def _stack(elements: Sequence[Any]) -> Any:
     return np.stack(arrays)
 
 
-def _flatten(structure: Any, path: str = "") -> list[tuple[str, Any]]:
-    if isinstance(structure, Mapping):
-        out = []
-        for k, v in structure.items():
-            out.extend(_flatten(v, f"{path}[{k!r}]"))
-        return out
-    if isinstance(structure, tuple):
-        out = []
-        for i, v in enumerate(structure):
-            out.extend(_flatten(v, f"{path}[{i}]"))
-        return out
-    return [(path or "<element>", structure)]
-
-
 def _slice(structure: Any, index: Any) -> Any:
-    if isinstance(structure, Mapping):
-        return {k: _slice(v, index) for k, v in structure.items()}
-    if isinstance(structure, tuple):
-        parts = [_slice(v, index) for v in structure]
-        return type(structure)(*parts) if _is_namedtuple(structure) else tuple(parts)
-    return structure[index]
+    """Every leaf indexed with ``index`` (an element of a block, or a run of them)."""
+    return nest.map_structure(lambda leaf: leaf[index], structure, lists=False)
 
 
 def _as_arrays(structure: Any) -> Any:
-    if isinstance(structure, Mapping):
-        return {k: _as_arrays(v) for k, v in structure.items()}
-    if isinstance(structure, tuple):
-        parts = [_as_arrays(v) for v in structure]
-        return type(structure)(*parts) if _is_namedtuple(structure) else tuple(parts)
-    return np.asarray(structure)
+    return nest.map_structure(np.asarray, structure, lists=False)
 
 
 def _call(fn: Callable, element: Any) -> Any:
     """Call ``fn`` on an element as ``tf.data`` does: a (non-named) tuple is unpacked into positional arguments."""
-    if isinstance(element, tuple) and not _is_namedtuple(element):
+    if isinstance(element, tuple) and not nest.is_namedtuple(element):
         return fn(*element)
     return fn(element)
 
@@ -280,6 +259,44 @@ def _close(it: Any) -> None:
     close = getattr(it, "close", None)
     if close is not None:
         close()
+
+
+@contextlib.contextmanager
+def _closing(it: Iterator[Any]) -> Iterator[Iterator[Any]]:
+    """``with _closing(parent._iterate()) as it``: the input iterator is closed however this node's pass ends
+    (exhausted, an error, or the consumer closing this node's generator)."""
+    try:
+        yield it
+    finally:
+        _close(it)
+
+
+# -- blocks: many consecutive elements as one structure of arrays with a leading axis ---------------------------
+#: rows a shuffle processes per vectorised step, and a range source per block
+BLOCK_ROWS = 4096
+
+
+def _map_leaves(fn: Callable[..., Any], first: Any, *rest: Any) -> Any:
+    """``fn`` applied leaf by leaf to same-structured elements, keeping the structure (lists are leaves)."""
+    leaves = zip(*(nest.flatten(s, lists=False) for s in (first, *rest)))
+    return nest.pack(first, [fn(*group) for group in leaves], lists=False)
+
+
+def _rows(block: Any) -> int:
+    """Elements in a block (the leading dimension of its leaves)."""
+    return int(nest.flatten(block, lists=False)[0].shape[0])
+
+
+def _concat(blocks: Sequence[Any]) -> Any:
+    return blocks[0] if len(blocks) == 1 else _map_leaves(lambda *leaves: np.concatenate(leaves), *blocks)
+
+
+def _unblock(blocks: Iterator[Any]) -> Iterator[Any]:
+    """The elements of blocks, one by one (what an element-wise consumer of a block-wise node sees)."""
+    with _closing(blocks):
+        for block in blocks:
+            for i in range(_rows(block)):
+                yield _slice(block, i)
 
 
 # -- the dataset --------------------------------------------------------------------------------------------------
@@ -298,6 +315,16 @@ class Dataset:
 
     def _iterate(self) -> Iterator[Any]:  # pragma: no cover - every concrete dataset overrides it
         raise NotImplementedError
+
+    def _blocks(self) -> Iterator[Any] | None:
+        """The elements as *blocks* -- structures of arrays whose leading axis runs over consecutive elements --,
+        or None where this node works element by element.
+
+        Array sources (``from_tensor_slices``, ``from_tensors``, ``range``) and the transformations that only
+        pick, drop or reorder elements (``shard``, ``shuffle``, ``repeat``, ``take``, ``skip``) pass blocks on, so
+        a ``batch`` above them is cut with array slicing and gathers: no Python step per element. ``map``,
+        ``filter``, ``interleave`` and the other sources work per element (map after ``batch`` to vectorise)."""
+        return None
 
     def _derive(self, node: "Dataset") -> "Dataset":
         """Attach ``node`` (a new transformation) after this dataset; it inherits this dataset's options."""
@@ -536,7 +563,7 @@ class _TensorSlicesDataset(Dataset):
     def __init__(self, tensors: Any):
         super().__init__()
         structure = _as_arrays(tensors)
-        leaves = _flatten(structure)
+        leaves = [(path or "<element>", leaf) for path, leaf in nest.flatten_with_paths(structure, lists=False)]
         if not leaves:
             raise ValueError("from_tensor_slices: `tensors` holds no arrays")
         rows = None
@@ -560,6 +587,10 @@ class _TensorSlicesDataset(Dataset):
         for i in range(self._rows):
             yield _slice(self._structure, i)
 
+    def _blocks(self) -> Iterator[Any]:
+        if self._rows:
+            yield self._structure  # one block of views: slicing it downstream copies nothing
+
     def _repr_node(self) -> str:
         return f"from_tensor_slices({self._rows} rows)"
 
@@ -571,6 +602,9 @@ class _TensorsDataset(Dataset):
 
     def _iterate(self) -> Iterator[Any]:
         yield self._structure
+
+    def _blocks(self) -> Iterator[Any]:
+        yield _map_leaves(lambda a: np.asarray(a)[np.newaxis], self._structure)
 
 
 class _RangeDataset(Dataset):
@@ -586,6 +620,12 @@ class _RangeDataset(Dataset):
         for i in self._range:
             yield np.int64(i)
 
+    def _blocks(self) -> Iterator[Any]:
+        r = self._range
+        for k in range(0, len(r), BLOCK_ROWS):
+            part = r[k : k + BLOCK_ROWS]
+            yield np.arange(part.start, part.stop, part.step, dtype=np.int64)
+
     def _repr_node(self) -> str:
         return repr(self._range)
 
@@ -600,11 +640,8 @@ class _GeneratorDataset(Dataset):
         self._args = args
 
     def _iterate(self) -> Iterator[Any]:
-        it = iter(self._generator(*self._args))
-        try:
+        with _closing(iter(self._generator(*self._args))) as it:
             yield from it
-        finally:
-            _close(it)
 
 
 class _IterableDataset(Dataset):
@@ -704,12 +741,9 @@ class _MapDataset(Dataset):
         self._fn = fn
 
     def _iterate(self) -> Iterator[Any]:
-        it = self._parent._iterate()
-        try:
+        with _closing(self._parent._iterate()) as it:
             for element in it:
                 yield _call(self._fn, element)
-        finally:
-            it.close()
 
 
 class _FilterDataset(Dataset):
@@ -718,13 +752,10 @@ class _FilterDataset(Dataset):
         self._fn = fn
 
     def _iterate(self) -> Iterator[Any]:
-        it = self._parent._iterate()
-        try:
+        with _closing(self._parent._iterate()) as it:
             for element in it:
                 if _call(self._fn, element):
                     yield element
-        finally:
-            it.close()
 
 
 def _sub_iterator(result: Any) -> Iterator[Any]:
@@ -788,7 +819,32 @@ class _InterleaveDataset(Dataset):
         return f"interleave(cycle_length={self._cycle_length})"
 
 
-class _ShuffleDataset(Dataset):
+class _RowwiseDataset(Dataset):
+    """A transformation that only picks, drops or reorders elements: block-wise when its input is, else per
+    element. Subclasses give both forms (``_on_blocks``, ``_on_elements``) of the same sequence."""
+
+    def _blocks(self) -> Iterator[Any] | None:
+        parent = self._parent._blocks()
+        return None if parent is None else self._on_blocks(parent)
+
+    def _iterate(self) -> Iterator[Any]:
+        blocks = self._blocks()
+        return _unblock(blocks) if blocks is not None else self._on_elements()
+
+    def _on_blocks(self, parent: Iterator[Any]) -> Iterator[Any]:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def _on_elements(self) -> Iterator[Any]:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+
+class _ShuffleDataset(_RowwiseDataset):
+    """tf.data's shuffle buffer: fill it with ``buffer_size`` elements; then every input element takes the place of
+    a uniformly picked one, which is output; at the end of the input the rest is output in random order.
+
+    Both forms draw the same random numbers in the same order, so a seeded shuffle gives the same sequence whether
+    its input comes in blocks or element by element."""
+
     def __init__(self, buffer_size: int, seed: int | None, reshuffle: bool):
         super().__init__()
         self._buffer_size = buffer_size
@@ -796,59 +852,122 @@ class _ShuffleDataset(Dataset):
         self._reshuffle = reshuffle
         self._passes = 0
 
-    def _iterate(self) -> Iterator[Any]:
+    def _rng(self) -> np.random.Generator:
         epoch = self._passes if self._reshuffle else 0
         self._passes += 1
-        rng = np.random.default_rng([self._seed, epoch])
-        randoms = iter(())
+        return np.random.default_rng([self._seed, epoch])
 
-        def pick(n: int) -> int:
-            nonlocal randoms
-            r = next(randoms, None)
-            if r is None:
-                randoms = iter(rng.random(1024).tolist())
-                r = next(randoms)
-            return min(int(r * n), n - 1)
+    @staticmethod
+    def _drain_order(rng: np.random.Generator, size: int) -> list[int]:
+        """Positions in the buffer, in the order the end-of-input drain outputs them (swap the pick with the last
+        element, pop the last)."""
+        randoms = rng.random(size).tolist()
+        slots = list(range(size))
+        out = []
+        for r in randoms:
+            n = len(slots)
+            j = min(int(r * n), n - 1)
+            slots[j], slots[-1] = slots[-1], slots[j]
+            out.append(slots.pop())
+        return out
 
+    def _on_elements(self) -> Iterator[Any]:
+        rng = self._rng()
+        size = self._buffer_size
         buf: list[Any] = []
-        it = self._parent._iterate()
-        try:
+        with _closing(self._parent._iterate()) as it:
             for element in it:
-                if len(buf) < self._buffer_size:
+                if len(buf) < size:
                     buf.append(element)
                     continue
-                j = pick(len(buf))
+                j = min(int(rng.random() * size), size - 1)
                 out, buf[j] = buf[j], element
                 yield out
-            while buf:
-                j = pick(len(buf))
-                buf[j], buf[-1] = buf[-1], buf[j]
-                yield buf.pop()
-        finally:
-            it.close()
+        for j in self._drain_order(rng, len(buf)):
+            yield buf[j]
+
+    def _on_blocks(self, parent: Iterator[Any]) -> Iterator[Any]:
+        rng = self._rng()
+        size = self._buffer_size
+        filling: list[Any] = []  # blocks read while the buffer fills
+        filled = 0
+        buf = None  # once full: a writable block of `size` rows
+        with _closing(parent):
+            for block in parent:
+                n, pos = _rows(block), 0
+                if buf is None:
+                    pos = min(size - filled, n)
+                    filling.append(_slice(block, slice(0, pos)))
+                    filled += pos
+                    if filled < size:
+                        continue
+                    buf = _map_leaves(np.array, _concat(filling))  # np.array copies: the buffer is written
+                    filling = []
+                while pos < n:
+                    k = min(BLOCK_ROWS, n - pos)
+                    yield self._exchange(buf, _slice(block, slice(pos, pos + k)), rng, size)
+                    pos += k
+        if buf is None:  # the input ended before the buffer was full
+            if not filling:
+                return
+            buf = _concat(filling)
+        order = np.asarray(self._drain_order(rng, _rows(buf)), dtype=np.int64)
+        for k in range(0, len(order), BLOCK_ROWS):
+            yield _map_leaves(lambda a, idx=order[k : k + BLOCK_ROWS]: a[idx], buf)
+
+    @staticmethod
+    def _exchange(buf: Any, incoming: Any, rng: np.random.Generator, size: int) -> Any:
+        """``k`` incoming elements through the full buffer at once: element ``t`` goes to slot ``j[t]``, and the
+        output ``t`` is what that slot held then -- the last earlier incoming element sent to the same slot in
+        this block, or else the buffer's element from before the block."""
+        k = _rows(incoming)
+        slots = np.minimum((rng.random(k) * size).astype(np.int64), size - 1)
+        order = np.argsort(slots, kind="stable")  # by slot, then by arrival
+        sorted_slots = slots[order]
+        same = np.zeros(k, dtype=bool)
+        same[1:] = sorted_slots[1:] == sorted_slots[:-1]
+        previous_sorted = np.full(k, -1, dtype=np.int64)
+        previous_sorted[1:] = order[:-1]
+        previous_sorted[~same] = -1
+        previous = np.empty(k, dtype=np.int64)
+        previous[order] = previous_sorted  # the earlier incoming element in the same slot, or -1
+        from_buffer = previous < 0
+        last = np.ones(k, dtype=bool)
+        last[:-1] = sorted_slots[1:] != sorted_slots[:-1]  # the last arrival per slot stays in the buffer
+
+        def exchange(b: np.ndarray, x: np.ndarray) -> np.ndarray:
+            out = b[slots]
+            out[~from_buffer] = x[previous[~from_buffer]]
+            b[sorted_slots[last]] = x[order[last]]
+            return out
+
+        return _map_leaves(exchange, buf, incoming)
 
     def _repr_node(self) -> str:
         return f"shuffle({self._buffer_size})"
 
 
-class _RepeatDataset(Dataset):
+class _RepeatDataset(_RowwiseDataset):
     def __init__(self, count: int | None):
         super().__init__()
         self._count = count
 
-    def _iterate(self) -> Iterator[Any]:
+    def _passes_of(self, first: Iterator[Any] | None, open_pass: Callable[[], Iterator[Any]]) -> Iterator[Any]:
         passes = itertools.count() if self._count is None else range(self._count)
-        for _ in passes:
-            it = self._parent._iterate()
-            empty = True
-            try:
-                for element in it:
+        for n in passes:
+            with _closing(first if n == 0 and first is not None else open_pass()) as it:
+                empty = True
+                for item in it:
                     empty = False
-                    yield element
-            finally:
-                it.close()
+                    yield item
             if empty:
                 return
+
+    def _on_blocks(self, parent: Iterator[Any]) -> Iterator[Any]:
+        return self._passes_of(parent, self._parent._blocks)
+
+    def _on_elements(self) -> Iterator[Any]:
+        return self._passes_of(None, self._parent._iterate)
 
     def _repr_node(self) -> str:
         return f"repeat({'' if self._count is None else self._count})"
@@ -861,15 +980,34 @@ class _BatchDataset(Dataset):
         self._drop_remainder = drop_remainder
 
     def _iterate(self) -> Iterator[Any]:
-        parent = self._parent
-        if isinstance(parent, _TensorSlicesDataset):  # fast path: slice the arrays instead of stacking rows
-            n, b = parent._rows, self._batch_size
-            stop = n - n % b if self._drop_remainder else n
-            for start in range(0, stop, b):
-                yield _slice(parent._structure, slice(start, min(start + b, n)))
-            return
-        it = parent._iterate()
-        try:
+        blocks = self._parent._blocks()
+        return self._from_elements() if blocks is None else self._from_blocks(blocks)
+
+    def _from_blocks(self, blocks: Iterator[Any]) -> Iterator[Any]:
+        """Batches cut out of blocks: a slice (no copy) when a batch lies inside one block, else concatenated."""
+        b = self._batch_size
+        pending: list[Any] = []
+        have = 0
+        with _closing(blocks):
+            for block in blocks:
+                n, pos = _rows(block), 0
+                while pos < n:
+                    if not pending and n - pos >= b:
+                        yield _slice(block, slice(pos, pos + b))
+                        pos += b
+                        continue
+                    take = min(b - have, n - pos)
+                    pending.append(_slice(block, slice(pos, pos + take)))
+                    have += take
+                    pos += take
+                    if have == b:
+                        yield _concat(pending)
+                        pending, have = [], 0
+        if pending and not self._drop_remainder:
+            yield _concat(pending)
+
+    def _from_elements(self) -> Iterator[Any]:
+        with _closing(self._parent._iterate()) as it:
             buf: list[Any] = []
             for element in it:
                 buf.append(element)
@@ -878,63 +1016,87 @@ class _BatchDataset(Dataset):
                     buf = []
             if buf and not self._drop_remainder:
                 yield _stack(buf)
-        finally:
-            it.close()
 
     def _repr_node(self) -> str:
         return f"batch({self._batch_size}{', drop_remainder' if self._drop_remainder else ''})"
 
 
-class _ShardDataset(Dataset):
+class _ShardDataset(_RowwiseDataset):
     def __init__(self, num_shards: int, index: int):
         super().__init__()
         self._num_shards = num_shards
         self._index = index
 
-    def _iterate(self) -> Iterator[Any]:
-        it = self._parent._iterate()
-        try:
+    def _on_blocks(self, parent: Iterator[Any]) -> Iterator[Any]:
+        seen = 0  # elements of the input before the current block
+        with _closing(parent):
+            for block in parent:
+                n = _rows(block)
+                first = (self._index - seen) % self._num_shards
+                if first < n:
+                    yield _slice(block, slice(first, n, self._num_shards))
+                seen += n
+
+    def _on_elements(self) -> Iterator[Any]:
+        with _closing(self._parent._iterate()) as it:
             for i, element in enumerate(it):
                 if i % self._num_shards == self._index:
                     yield element
-        finally:
-            it.close()
 
     def _repr_node(self) -> str:
         return f"shard({self._num_shards}, {self._index})"
 
 
-class _TakeDataset(Dataset):
+class _TakeDataset(_RowwiseDataset):
     def __init__(self, count: int | None):
         super().__init__()
         self._count = count
 
-    def _iterate(self) -> Iterator[Any]:
+    def _on_blocks(self, parent: Iterator[Any]) -> Iterator[Any]:
+        left = self._count
+        with _closing(parent):
+            if left == 0:
+                return
+            for block in parent:
+                n = _rows(block)
+                if left is not None and n >= left:
+                    yield _slice(block, slice(0, left))
+                    return
+                yield block
+                if left is not None:
+                    left -= n
+
+    def _on_elements(self) -> Iterator[Any]:
         if self._count == 0:
             return
-        it = self._parent._iterate()
-        try:
+        with _closing(self._parent._iterate()) as it:
             for i, element in enumerate(it, 1):
                 yield element
                 if self._count is not None and i >= self._count:
                     return
-        finally:
-            it.close()
 
 
-class _SkipDataset(Dataset):
+class _SkipDataset(_RowwiseDataset):
     def __init__(self, count: int):
         super().__init__()
         self._count = count
 
-    def _iterate(self) -> Iterator[Any]:
-        it = self._parent._iterate()
-        try:
+    def _on_blocks(self, parent: Iterator[Any]) -> Iterator[Any]:
+        left = self._count
+        with _closing(parent):
+            for block in parent:
+                n = _rows(block)
+                if left >= n:
+                    left -= n
+                    continue
+                yield _slice(block, slice(left, n)) if left else block
+                left = 0
+
+    def _on_elements(self) -> Iterator[Any]:
+        with _closing(self._parent._iterate()) as it:
             for i, element in enumerate(it):
                 if i >= self._count:
                     yield element
-        finally:
-            it.close()
 
 
 _ITEM, _ERROR, _END = "item", "error", "end"
@@ -1124,12 +1286,12 @@ class DistributedDataset:
     builds on every worker. It is not iterated on the coordinator."""
 
     def __init__(self, per_worker_fn: Callable[[InputContext], Any], what: str):
-        self._per_worker_fn = per_worker_fn
+        self.per_worker_fn = per_worker_fn  #: ``InputContext -> dataset``, run on each worker
         self._what = what
 
     def build(self, input_context: InputContext) -> Any:
         """The dataset of the worker ``input_context`` describes (runs on that worker)."""
-        return self._per_worker_fn(input_context)
+        return self.per_worker_fn(input_context)
 
     def __iter__(self):
         raise TypeError(

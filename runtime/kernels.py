@@ -61,8 +61,8 @@ class DeviceUnavailableError(RuntimeError):
 
 def _import_cupy() -> ModuleType | None:
     try:
-        import cupy  # type: ignore[import-not-found]
-    except Exception:  # ImportError, or a CUDA library error raised at import time
+        import cupy  # type: ignore[import-not-found]  # noqa: PLC0415 - optional: the `gpu` extra
+    except Exception:  # noqa: BLE001 - ImportError, or a CUDA library error raised at import time
         return None
     return cupy
 
@@ -70,7 +70,7 @@ def _import_cupy() -> ModuleType | None:
 def _gpu_count(cupy: ModuleType) -> int:
     try:
         return int(cupy.cuda.runtime.getDeviceCount())
-    except Exception:
+    except Exception:  # noqa: BLE001 - no driver, or a driver error, means no GPU
         return 0
 
 
@@ -167,6 +167,8 @@ def reduce_sparse(indices: Any, values: Any) -> tuple[Any, Any]:
        above ``_MAX_RANK_PASSES`` levels a single ``np.add.reduceat`` over the sorted rows is used instead.
 
     This is several times faster than ``np.add.reduceat`` on row blocks or ``np.add.at`` (see docs/kernels.md).
+    Indices already strictly ascending (what a worker's push carries: it summed them before sending) are returned
+    as they are, with ``values`` uncopied, after one O(n) check.
     """
     xp = array_module(indices, values)
     indices = xp.asarray(indices)
@@ -182,6 +184,8 @@ def reduce_sparse(indices: Any, values: Any) -> tuple[Any, Any]:
     n = indices.shape[0]
     if n == 0:
         return indices.astype(xp.int64), values
+    if n == 1 or bool((indices[1:] > indices[:-1]).all()):  # already unique and ascending (a worker's push)
+        return indices.astype(xp.int64, copy=False), values
     order = xp.argsort(indices)
     sorted_ids = indices[order]
     new_segment = sorted_ids[1:] != sorted_ids[:-1]

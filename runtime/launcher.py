@@ -30,10 +30,11 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import IO, Callable, Mapping, Sequence
 
 from .cluster import TFConfig
+from .threads import CPUS_ENV, cpu_budget
 
 __all__ = [
     "BIND_HOST_ENV",
@@ -106,7 +107,6 @@ class TaskProcess:
     index: int
     address: str
     popen: subprocess.Popen
-    started_at: float = field(default_factory=time.monotonic)
     #: the exit code once the process has exited (negative: killed by that signal), as Popen reports it
     returncode: int | None = None
     output_thread: threading.Thread | None = None
@@ -214,6 +214,14 @@ class LocalCluster:
             base_env[JOB_TOKEN_ENV] = secrets.token_hex(24)
         base_env.setdefault(BIND_HOST_ENV, host)
         base_env["PYTHONUNBUFFERED"] = "1"
+        try:
+            cpus = cpu_budget(base_env)
+        except ValueError as err:
+            raise LauncherError(str(err)) from None
+        if not base_env.get(CPUS_ENV):
+            # the machine's CPUs shared by the tasks that compute (ps and workers): math thread pools sized to
+            # one task's share instead of every task starting one thread per core (see kubeps.runtime.threads)
+            base_env[CPUS_ENV] = str(max(1, int(cpus) // (num_ps + num_workers)))
         self._base_env = base_env
 
         self.tasks: dict[tuple[str, int], TaskProcess] = {}
@@ -420,9 +428,6 @@ class LocalCluster:
                 f"(the chief may fail or hang without it)"
             )
 
-    def running_tasks(self) -> list[TaskProcess]:
-        return [t for t in self.tasks.values() if t.running]
-
     def _signal_group(self, task: TaskProcess, sig: int) -> None:
         if task.reaped:
             return  # its process group id may belong to someone else now
@@ -487,7 +492,7 @@ class _Signalled(Exception):
 
 
 def _signal_handler(cluster: LocalCluster) -> Callable[[int, object], None]:
-    def handle(signum: int, frame: object) -> None:
+    def handle(signum: int, frame: object) -> None:  # noqa: ARG001 - signal handler signature
         if cluster._defer_signals:
             cluster._pending_signal = signum  # raised once the process being started is tracked
             return

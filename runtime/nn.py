@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from kubeps.runtime import kernels
+from kubeps.runtime.indexed_slices import IndexedSlices
 
 __all__ = [
     "Layer",
@@ -103,7 +104,7 @@ def get_initializer(spec: Any, seed: int | None, what: str) -> Callable[[tuple[i
 
 
 def _new_variable(initial: np.ndarray, name: str) -> Any:
-    from kubeps.runtime.variables import Variable  # lazy: variables sit above kernels, nn above both
+    from kubeps.runtime.variables import Variable  # noqa: PLC0415 - nn on local arrays loads no grpc
 
     return Variable(initial, name=name)
 
@@ -298,7 +299,7 @@ class Embedding(Layer):
         table = self.embeddings
         if isinstance(table, np.ndarray) or kernels.array_module(table) is not np:
             return kernels.embedding_gather(table, ids)
-        from kubeps.runtime import variables  # lazy: variables sit above this module's kernels
+        from kubeps.runtime import variables  # noqa: PLC0415 - nn on local arrays loads no grpc
 
         return variables.embedding_lookup(table, kernels.to_numpy(ids))
 
@@ -326,9 +327,7 @@ class Embedding(Layer):
         return None  # integer inputs have no gradient
 
 
-def _indexed_slices(values: Any, indices: Any, dense_shape: tuple[int, ...]) -> Any:
-    from kubeps.runtime.training import IndexedSlices  # the transport's row-sparse gradient type
-
+def _indexed_slices(values: Any, indices: Any, dense_shape: tuple[int, ...]) -> IndexedSlices:
     return IndexedSlices(kernels.to_numpy(values), kernels.to_numpy(indices), dense_shape)
 
 

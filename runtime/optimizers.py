@@ -433,10 +433,11 @@ class Optimizer:
     def apply_gradients(self, grads_and_vars: Iterable[tuple[Any, Any]]) -> Any:
         """Push ``(gradient, variable)`` pairs to the parameter servers that own the variables.
 
-        A gradient is a dense array or a row-sparse ``kernels.IndexedSlices`` ``(values, indices)``. The transport
-        lives in ``kubeps.runtime.training.apply_gradients``; the PS applies the update with this optimizer.
+        A gradient is a dense array or a row-sparse :class:`~kubeps.runtime.indexed_slices.IndexedSlices`. The
+        transport lives in ``kubeps.runtime.training.apply_gradients``; the PS applies the update with this
+        optimizer.
         """
-        from kubeps.runtime import training  # lazy: the distributed layer sits above this module
+        from kubeps.runtime import training  # noqa: PLC0415 - upward: the distributed layer sits above this module
 
         return training.apply_gradients(self, grads_and_vars)
 

@@ -140,10 +140,6 @@ class FixedShardsPartitioner(Partitioner):
     def __init__(self, num_shards: int):
         self._num_shards_arg = _positive_int("num_shards", num_shards)
 
-    @property
-    def num_shards_arg(self) -> int:
-        return self._num_shards_arg
-
     def _num_shards(self, shape: tuple[int, ...], dtype: Any) -> int:
         return min(self._num_shards_arg, shape[0])
 

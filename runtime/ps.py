@@ -26,6 +26,7 @@ __all__ = [
     "ParameterServerState",
     "PSVariable",
     "UnknownVariableError",
+    "optimizer_key",
 ]
 
 
@@ -49,12 +50,14 @@ class PSVariable:
     updates: int = 0
 
 
-def _config_key(config: dict[str, Any]) -> str:
+def optimizer_key(config: dict[str, Any]) -> str:
+    """The key a variable's slots are kept under: the optimizer's config as canonical JSON (checkpoints of local
+    variables key their slots the same way)."""
     return json.dumps(config, sort_keys=True, separators=(",", ":"))
 
 
 def _default_optimizer_factory(config: dict[str, Any]):
-    from .optimizers import optimizer_from_config  # the kernels engineer's module; imported on first push
+    from .optimizers import optimizer_from_config  # noqa: PLC0415 - loaded on the first push, not at start
 
     return optimizer_from_config(config)
 
@@ -121,7 +124,7 @@ class ParameterServerState:
 
     # -- optimizer updates -------------------------------------------------------------------------------------
     def optimizer(self, config: dict[str, Any]):
-        key = _config_key(config)
+        key = optimizer_key(config)
         opt = self._optimizers.get(key)
         if opt is None:
             opt = self._optimizer_factory(config)
@@ -131,33 +134,51 @@ class ParameterServerState:
 
     def apply_dense(self, name: str, config: dict[str, Any], grad: np.ndarray) -> int:
         """Apply a dense gradient with the optimizer ``config`` describes; returns the variable's update count."""
-        var = self.get(name)
-        grad = self._check_like(var, grad, "grad")
-        key, opt = self.optimizer(config)
-        with var.lock:
-            slots = self._slots(var, key, opt)
-            var.updates += 1
-            opt.apply_dense(var.value, grad, slots, var.updates)
-            return var.updates
+        return self.push(config, [("dense", name, grad)])[0]
 
     def apply_sparse(self, name: str, config: dict[str, Any], indices: np.ndarray, values: np.ndarray) -> int:
         """Apply a row-sparse gradient (local row ids, duplicates allowed); returns the update count."""
-        var = self.get(name)
-        idx = self._check_rows(var, indices, "indices")
-        values = np.asarray(values)
-        expected = (idx.shape[0],) + var.value.shape[1:]
-        if values.shape != expected:
-            raise ValueError(
-                f"sparse gradient for {name!r}: 'values' has shape {list(values.shape)}, expected {list(expected)} "
-                f"(one row per index, rows shaped like the variable's {list(var.value.shape[1:])})"
-            )
-        values = values.astype(var.value.dtype, copy=False)
+        return self.push(config, [("sparse", name, indices, values)])[0]
+
+    def push(self, config: dict[str, Any], updates: list[tuple]) -> list[int]:
+        """Apply ``("dense", name, grad)`` and ``("sparse", name, indices, values)`` updates with one optimizer.
+
+        Every update is checked (variable, shapes, rows, the optimizer config) before the first is applied, so a
+        malformed push changes nothing. Returns each variable's update count after its update."""
         key, opt = self.optimizer(config)
-        with var.lock:
-            slots = self._slots(var, key, opt)
-            var.updates += 1
-            opt.apply_sparse(var.value, idx, values, slots, var.updates)
-            return var.updates
+        checked = []
+        for kind, name, *arrays in updates:
+            var = self.get(name)
+            if kind == "dense":
+                checked.append((var, None, self._check_like(var, arrays[0], "grad")))
+                continue
+            idx = self._check_rows(var, arrays[0], "indices")
+            values = np.asarray(arrays[1])
+            expected = (idx.shape[0],) + var.value.shape[1:]
+            if values.shape != expected:
+                raise ValueError(
+                    f"sparse gradient for {name!r}: 'values' has shape {list(values.shape)}, expected "
+                    f"{list(expected)} (one row per index, rows shaped like the variable's {list(var.value.shape[1:])})"
+                )
+            checked.append((var, idx, values.astype(var.value.dtype, copy=False)))
+        steps = []
+        for var, idx, grad in checked:
+            with var.lock:
+                slots = self._slots(var, key, opt)
+                var.updates += 1
+                if idx is None:
+                    opt.apply_dense(var.value, grad, slots, var.updates)
+                else:
+                    opt.apply_sparse(var.value, idx, grad, slots, var.updates)
+                steps.append(var.updates)
+        return steps
+
+    def check_reads(self, names: list[str], rows: list[str], indices: list) -> None:
+        """Refuse a read of unknown variables or rows before anything else of the call happens."""
+        for name in names:
+            self.get(name)
+        for name, idx in zip(rows, indices):
+            self._check_rows(self.get(name), idx, "indices")
 
     @staticmethod
     def _slots(var: PSVariable, key: str, opt) -> dict[str, np.ndarray]:
@@ -165,6 +186,30 @@ class ParameterServerState:
         if slots is None:
             slots = var.slots[key] = opt.init_slots(var.value)
         return slots
+
+    # -- checkpoints: one variable with its optimizer state, copied out or loaded back under its lock ----------
+    def describe(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
+        """Shape and dtype of variable ``name``."""
+        var = self.get(name)
+        return var.value.shape, var.value.dtype
+
+    def snapshot(self, name: str) -> tuple[np.ndarray, dict[str, dict[str, np.ndarray]], int]:
+        """A consistent copy of variable ``name``: ``(value, {optimizer key: {slot: array}}, updates)``."""
+        var = self.get(name)
+        with var.lock:
+            slots = {okey: {s: np.array(a, copy=True) for s, a in group.items()} for okey, group in var.slots.items()}
+            return var.value.copy(), slots, var.updates
+
+    def load(self, name: str, value: np.ndarray, slots: dict[str, dict[str, np.ndarray]] | None,
+             updates: int | None) -> None:
+        """Overwrite variable ``name``'s value in place and, when given, its slots and update count."""
+        var = self.get(name)
+        with var.lock:
+            var.value[...] = value
+            if slots is not None:
+                var.slots = {okey: dict(group) for okey, group in slots.items()}
+            if updates is not None:
+                var.updates = int(updates)
 
     # -- checks ------------------------------------------------------------------------------------------------
     @staticmethod
@@ -221,7 +266,7 @@ def rpc_create_variables(state: ParameterServerState, meta: Meta, arrays: list) 
     return {"created": len(names), "incarnation": state.incarnation}, []
 
 
-def rpc_read(state: ParameterServerState, meta: Meta, arrays: list) -> tuple[Meta, list]:
+def rpc_read(state: ParameterServerState, meta: Meta, arrays: list) -> tuple[Meta, list]:  # noqa: ARG001
     return {}, [state.read(n) for n in _names(meta)]
 
 
@@ -251,39 +296,69 @@ def rpc_assign(state: ParameterServerState, meta: Meta, arrays: list) -> tuple[M
     return {}, []
 
 
-def rpc_push(state: ParameterServerState, meta: Meta, arrays: list) -> tuple[Meta, list]:
-    """Apply gradients to many variables with one optimizer: dense ``[grad]`` or sparse ``[indices, values]``.
+def _push_array_count(updates: Any) -> int:
+    """Tensors a push's ``updates`` use: one per dense update, two (indices, values) per sparse one."""
+    if not isinstance(updates, list):
+        return 0  # rpc_push refuses it, naming the field
+    return sum(2 if isinstance(u, dict) and u.get("kind") == "sparse" else 1 for u in updates)
 
-    ``read_back`` (optional) names variables whose values, read after every update of this push was applied,
-    come back as the answer's tensors (a worker's next step then needs no ``Read``).
-    """
+
+def _push_updates(meta: Meta, arrays: list) -> tuple[dict[str, Any], list[tuple]]:
+    """The optimizer config and the ``(kind, name, *tensors)`` updates of a ``Push`` request."""
     config = meta.get("optimizer")
     if not isinstance(config, dict):
         raise ValueError(f"field 'optimizer' must be an optimizer config object, got {config!r}")
     updates = meta.get("updates")
     if not isinstance(updates, list):
         raise ValueError(f"field 'updates' must be a list, got {updates!r}")
-    read_back = _names(meta, "read_back") if "read_back" in meta else []
-    needed = sum(2 if isinstance(u, dict) and u.get("kind") == "sparse" else 1 for u in updates)
-    _expect_arrays("Push", arrays, needed)
-    steps = []
+    _expect_arrays("Push", arrays, _push_array_count(updates))
+    out = []
     pos = 0
     for i, update in enumerate(updates):
         if not isinstance(update, dict) or not isinstance(update.get("name"), str):
             raise ValueError(f"field 'updates[{i}]' must be an object with a 'name', got {update!r}")
         kind = update.get("kind", "dense")
-        if kind == "dense":
-            steps.append(state.apply_dense(update["name"], config, arrays[pos]))
-            pos += 1
-        elif kind == "sparse":
-            steps.append(state.apply_sparse(update["name"], config, arrays[pos], arrays[pos + 1]))
-            pos += 2
-        else:
+        if kind not in ("dense", "sparse"):
             raise ValueError(f"field 'updates[{i}].kind' has value {kind!r}: allowed are 'dense' and 'sparse'")
-    return {"steps": steps}, [state.read(n) for n in read_back]
+        width = 2 if kind == "sparse" else 1
+        out.append((kind, update["name"], *arrays[pos : pos + width]))
+        pos += width
+    return config, out
 
 
-def rpc_list_variables(state: ParameterServerState, meta: Meta, arrays: list) -> tuple[Meta, list]:
+def _push_array_count(updates: Any) -> int:
+    """Tensors a push's ``updates`` use: one per dense update, two (indices, values) per sparse one."""
+    if not isinstance(updates, list):
+        return 0  # _push_updates refuses it, naming the field
+    return sum(2 if isinstance(u, dict) and u.get("kind") == "sparse" else 1 for u in updates)
+
+
+def rpc_push(state: ParameterServerState, meta: Meta, arrays: list) -> tuple[Meta, list]:
+    """Apply gradients to many variables with one optimizer: dense ``[grad]`` or sparse ``[indices, values]``
+    (all checked before any is applied)."""
+    config, updates = _push_updates(meta, arrays)
+    return {"steps": state.push(config, updates)}, []
+
+
+def rpc_push_read(state: ParameterServerState, meta: Meta, arrays: list) -> tuple[Meta, list]:
+    """``Push`` then ``ReadMany`` in one call: a worker's step pushes its gradients with the next step's reads.
+
+    ``meta`` holds the push's ``optimizer`` and ``updates`` and the read's ``names`` and ``rows``; ``arrays`` the
+    push's tensors, then one index array per name in ``rows``. The whole request is checked first (nothing is
+    applied if any of it is malformed); every update is applied before anything is read, so the answer (the values
+    of ``names``, then the row blocks) includes this push."""
+    needed = _push_array_count(meta.get("updates"))
+    config, updates = _push_updates(meta, arrays[:needed])
+    names = _names(meta)
+    rows = _names(meta, "rows") if "rows" in meta else []
+    indices = arrays[needed:]
+    _expect_arrays("ReadMany", indices, len(rows))
+    state.check_reads(names, rows, indices)
+    steps = state.push(config, updates)
+    return {"steps": steps}, [state.read(n) for n in names] + [state.read_rows(n, i) for n, i in zip(rows, indices)]
+
+
+def rpc_list_variables(state: ParameterServerState, meta: Meta, arrays: list) -> tuple[Meta, list]:  # noqa: ARG001
     out = []
     for name in state.names():
         var = state.variables[name]
@@ -299,5 +374,6 @@ BUILTIN_METHODS: dict[str, Callable[[ParameterServerState, Meta, list], tuple[Me
     "ReadMany": rpc_read_many,
     "Assign": rpc_assign,
     "Push": rpc_push,
+    "PushRead": rpc_push_read,
     "ListVariables": rpc_list_variables,
 }

@@ -135,7 +135,7 @@ class Client:
         try:
             call = self.start(name, meta, arrays, timeout)
         except grpc.RpcError as err:
-            raise self._error(err) from None
+            raise self.remote_error(err) from None
         return call.result()
 
     def _collect(self, answer_id: str, timeout: float, call: "Call | None" = None) -> tuple[dict[str, Any],
@@ -153,7 +153,8 @@ class Client:
                 stream.cancel()
         return _read_stream(self, stream)
 
-    def _error(self, err: grpc.RpcError) -> RemoteError:
+    def remote_error(self, err: grpc.RpcError) -> RemoteError:
+        """The :class:`RemoteError` (or :class:`UnauthenticatedError`) for a failed gRPC call to this task."""
         code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
         details = err.details() if hasattr(err, "details") else str(err)
         name = code.name if code is not None else "UNKNOWN"
@@ -184,7 +185,7 @@ def _read_stream(client: Client, stream) -> tuple[dict[str, Any], list[np.ndarra
             decoder.feed(chunk)
         return decoder.finish()
     except grpc.RpcError as err:
-        raise client._error(err) from None
+        raise client.remote_error(err) from None
 
 
 class Call:
@@ -228,7 +229,7 @@ class Call:
         except grpc.FutureCancelledError:
             raise self._cancelled_error() from None
         except grpc.RpcError as err:
-            error = self._client._error(err)
+            error = self._client.remote_error(err)
             if error.code == "RESOURCE_EXHAUSTED" and error.reason == ANSWER_PARKED:
                 answer_id = _trailing(err, ANSWER_ID_KEY)
                 if answer_id:

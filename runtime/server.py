@@ -19,6 +19,7 @@ of its task (ps or worker) until SIGTERM/SIGINT.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import signal
@@ -39,6 +40,7 @@ from .ps import ParameterServerState, UnknownVariableError
 from .rpc import (ANSWER_ID_KEY, ANSWER_PARKED, CHANNEL_OPTIONS, COLLECT_METHOD, ERROR_REASON_KEY, PS_SERVICE,
                   UNARY_PREFIX, UNKNOWN_VARIABLE, WORKER_SERVICE)
 from .security import TokenInterceptor, load_job_token, require_job_token
+from .threads import limit_math_threads
 from .worker import BUILTIN_METHODS as _WORKER_BUILTINS
 from .worker import WorkerState
 
@@ -72,8 +74,6 @@ EXTENSIONS_ENV = "KUBEPS_SERVER_EXTENSIONS"
 
 def load_extensions(environ: Mapping[str, str] | None = None) -> list[str]:
     """Import the modules that register extra server methods; returns the ones loaded."""
-    import importlib
-
     env = os.environ if environ is None else environ
     extra = [m.strip() for m in env.get(EXTENSIONS_ENV, "").split(",") if m.strip()]
     loaded = []
@@ -291,6 +291,8 @@ class Server:
     def start(self) -> None:
         if self._server is not None:
             return
+        limit_math_threads()  # size BLAS/OpenMP pools to this task's CPUs before the first update runs
+        load_extensions()  # checkpoint methods and KUBEPS_SERVER_EXTENSIONS: a plain Server(...).join() serves them too
         server = grpc.server(
             ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix=f"kubeps-{self.job_name}"),
             handlers=[self._handler],
@@ -330,7 +332,7 @@ class Server:
         self._stopped.set()
 
 
-def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> int:  # noqa: ARG001
     """Entry point of ``python -m kubeps.runtime.server``: serve this task of TF_CONFIG until signalled."""
     logging.basicConfig(level=os.environ.get("KUBEPS_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -367,6 +369,6 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
 
 if __name__ == "__main__":
     # run the canonical module's main, so methods other modules register land in the table this server uses
-    from kubeps.runtime.server import main as _main
+    from kubeps.runtime.server import main as _main  # noqa: PLC0415
 
     sys.exit(_main())

@@ -17,11 +17,13 @@ import numpy as np
 
 from . import context as _context
 from .cluster import ClusterSpec, TFConfigClusterResolver
-from .context import PSTransport
+from .data import distribute_dataset, distribute_datasets_from_function
 from .errors import PSUnavailableError, RuntimeConfigError
 from .partitioners import div_split
 from .rpc import DEFAULT_TIMEOUT_S
 from .security import load_job_token
+from .threads import limit_math_threads
+from .transport import PSTransport
 from .variables import ShardedVariable, Variable
 
 __all__ = ["ParameterServerStrategy"]
@@ -55,6 +57,7 @@ class ParameterServerStrategy:
                 "TF_CONFIG.cluster", summary,
                 f"ParameterServerStrategy needs at least one 'ps' and one 'worker' task; missing {missing}",
             )
+        limit_math_threads()  # the chief's own numpy work (evaluation, checkpoints) sized to its CPUs
         self.cluster_resolver = cluster_resolver
         self._cluster_spec = spec
         self._variable_partitioner = variable_partitioner
@@ -170,8 +173,9 @@ class ParameterServerStrategy:
             raise RuntimeConfigError("variable_partitioner", parts, "the number of shards must be >= 1")
         return min(n, shape[0])
 
-    def _create_variable(self, initial_value: Any, name: str | None, dtype: Any, trainable: bool,
-                         shape: Any = None) -> Variable | ShardedVariable:
+    def create_variable(self, initial_value: Any, name: str | None, dtype: Any, trainable: bool,
+                        shape: Any = None) -> Variable | ShardedVariable:
+        """What ``Variable(...)`` does inside ``scope()``: place (and maybe shard) it on the parameter servers."""
         value = initial_value() if callable(initial_value) else initial_value
         try:
             array = np.array(value, dtype=np.dtype(dtype) if dtype is not None else None, copy=True)
@@ -184,10 +188,14 @@ class ParameterServerStrategy:
         self.wait_for_parameter_servers()
         n = self._num_shards(tuple(array.shape), array.dtype)
         key = self._unique_name(name or "Variable", n)
+        # small variables (dense weights, sharded or not) are pulled whole once per step with the step's first call;
+        # big ones (embedding tables) only ever have the rows a step looks up read
+        prefetch = array.nbytes <= _context.PREFETCH_MAX_BYTES
         if n == 1:
             ps = self._place()
             self._transport.call(ps, "CreateVariables", {"names": [key]}, [array])
-            return Variable._remote_variable(key, key, array.shape, array.dtype, trainable, ps, self._transport)
+            return Variable.remote_handle(key, key, array.shape, array.dtype, trainable, ps, self._transport,
+                                         prefetch=prefetch)
         shards: list[Variable] = []
         per_ps: dict[int, tuple[list[str], list[np.ndarray]]] = {}
         for i, (start, stop) in enumerate(div_split(array.shape[0], n)):
@@ -196,8 +204,8 @@ class ParameterServerStrategy:
             names, values = per_ps.setdefault(ps, ([], []))
             names.append(shard_key)
             values.append(array[start:stop])
-            shards.append(Variable._remote_variable(shard_key, shard_key, (stop - start,) + array.shape[1:],
-                                                    array.dtype, trainable, ps, self._transport, prefetch=False))
+            shards.append(Variable.remote_handle(shard_key, shard_key, (stop - start,) + array.shape[1:],
+                                                 array.dtype, trainable, ps, self._transport, prefetch=prefetch))
         self._transport.call_many({ps: ("CreateVariables", {"names": names}, values)
                                    for ps, (names, values) in per_ps.items()})
         return ShardedVariable(shards, name=key)
@@ -210,16 +218,12 @@ class ParameterServerStrategy:
         """Every worker reads its auto-shard of ``dataset`` (its ``AutoShardPolicy``; batches keep their size, one
         replica per worker). On the coordinator: a ``DistributedDataset`` for
         ``ClusterCoordinator.create_per_worker_dataset``; inside a dataset fn on a worker: that worker's dataset."""
-        from .data import distribute_dataset
-
         return distribute_dataset(dataset, options)
 
     def distribute_datasets_from_function(self, dataset_fn: Callable, options: Any = None) -> Any:
         """Every worker calls ``dataset_fn(input_context)`` (batching and sharding are its own). On the
         coordinator: a ``DistributedDataset`` for ``ClusterCoordinator.create_per_worker_dataset``; inside a
         dataset fn on a worker: that worker's dataset."""
-        from .data import distribute_datasets_from_function
-
         return distribute_datasets_from_function(dataset_fn, options)
 
     @property
@@ -250,14 +254,10 @@ class _WorkerSideStrategy:
 
     def experimental_distribute_dataset(self, dataset: Any, options: Any = None) -> Any:
         """Inside a dataset fn (TF's per-worker pattern): this worker's auto-shard of ``dataset``."""
-        from .data import distribute_dataset
-
         return distribute_dataset(dataset, options).build(_context.current_input_context(self.num_workers))
 
     def distribute_datasets_from_function(self, dataset_fn: Callable, options: Any = None) -> Any:
         """Inside a dataset fn (TF's per-worker pattern): ``dataset_fn(input_context)`` of this worker."""
-        from .data import distribute_datasets_from_function
-
         return distribute_datasets_from_function(dataset_fn, options).build(
             _context.current_input_context(self.num_workers))
 

@@ -15,21 +15,16 @@ The contract (the same in Kubernetes and locally):
 ``PSUnavailableError`` into exit status 133. :func:`install_excepthook` does the same for programs that do not wrap
 their main function.
 
-:class:`RestartPolicy` is the pure decision table ("task X exited with status S after N restarts: what now?"),
-:class:`RestartingLocalCluster` applies it to :class:`kubeps.runtime.launcher.LocalCluster` (``kubeps local
---restart``): failed workers and evaluators are restarted, a failed ps is restarted together with the chief, and a
-chief exiting with a retryable status is restarted. Every failure and restart is recorded in ``events`` with its
-time, which is how the chaos tests measure detection and recovery.
+:class:`RestartPolicy` is the pure decision table ("task X exited with status S after N restarts: what now?");
+:class:`~kubeps.runtime.restarting.RestartingLocalCluster`, next to the launcher, applies it to ``kubeps local
+--restart``.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import signal
 import sys
-import threading
-import time
 import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -40,7 +35,6 @@ __all__ = [
     "EXIT_PS_UNAVAILABLE",
     "Action",
     "RestartPolicy",
-    "RestartingLocalCluster",
     "SupervisorEvent",
     "install_excepthook",
     "is_retryable_exit",
@@ -192,161 +186,3 @@ class SupervisorEvent:
     task: str
     status: int | None = None
     reason: str = ""
-
-
-def _local_cluster_class():
-    from .launcher import LocalCluster  # noqa: PLC0415 - the launcher sits above this module
-
-    return LocalCluster
-
-
-def restarting_cluster_class(policy: RestartPolicy | None = None):
-    """A :class:`LocalCluster` subclass that applies ``policy`` (for ``run_local(cluster_factory=...)``)."""
-    base = _local_cluster_class()
-
-    class _Restarting(RestartingLocalClusterMixin, base):  # type: ignore[misc, valid-type]
-        pass
-
-    _Restarting.__name__ = "RestartingLocalCluster"
-    _Restarting.default_policy = policy or RestartPolicy()
-    return _Restarting
-
-
-class RestartingLocalClusterMixin:
-    """The restart behaviour, mixed into :class:`~kubeps.runtime.launcher.LocalCluster`."""
-
-    default_policy: RestartPolicy = RestartPolicy()
-
-    def __init__(self, *args: Any, policy: RestartPolicy | None = None, ps_ready_timeout: float = 30.0,
-                 **kwargs: Any):
-        super().__init__(*args, **kwargs)  # evaluator_grace: LocalCluster.wait lets the evaluator finish
-        self.policy = policy or self.default_policy
-        #: how long a restarting chief waits for every parameter server to answer a Ping (0: not at all)
-        self.ps_ready_timeout = ps_ready_timeout
-        self.restarts: dict[tuple[str, int], int] = {}
-        self.events: list[SupervisorEvent] = []
-        self._events_lock = threading.Lock()
-        self._timers: list[threading.Timer] = []
-        self._job_failed: str | None = None
-
-    def _record(self, kind: str, task: str, status: int | None = None, reason: str = "",
-                at: float | None = None) -> None:
-        with self._events_lock:
-            self.events.append(SupervisorEvent(time.time() if at is None else at, kind, task, status, reason))
-
-    def _apply(self, actions: list[Action]) -> int | None:
-        """Carry out the policy's actions; returns an exit status when the job is over."""
-        for action in actions:
-            name = f"{action.task[0]}-{action.task[1]}" if action.task else "job"
-            if action.kind == "restart":
-                self.restarts[action.task] = self.restarts.get(action.task, 0) + 1
-                self.report(f"restarting {name} in {action.delay:.1f} s ({action.reason}; restart "
-                            f"{self.restarts[action.task]})")
-                self._schedule_restart(action.task, action.delay)
-            elif action.kind == "kill":
-                task = self.tasks.get(action.task)
-                if task is not None and task.running:
-                    self.report(f"stopping {name}: {action.reason}")
-                    self._record("kill", name, reason=action.reason)
-                    try:
-                        os.killpg(task.pid, signal.SIGKILL)  # still running: its process group is ours
-                    except (ProcessLookupError, PermissionError):
-                        pass
-            elif action.kind == "report":
-                self.report(action.reason)
-            elif action.kind in ("finish", "fail"):
-                self._record(action.kind, name, reason=action.reason)
-                if action.kind == "fail":
-                    self.report(f"the job failed: {action.reason}")
-                    self._job_failed = action.reason
-                    chief = self.tasks.get(("chief", 0))
-                    if action.task != ("chief", 0) and chief is not None and chief.running:
-                        try:
-                            os.killpg(chief.pid, signal.SIGKILL)  # the job is over: wait() returns once it exits
-                        except (ProcessLookupError, PermissionError):
-                            pass
-        return None
-
-    def _parameter_servers_answer(self, timeout: float) -> bool:
-        """Wait until every ps task runs and answers a Ping (a restarted chief restores into them at once)."""
-        from .errors import RemoteError  # noqa: PLC0415
-        from .rpc import PS_SERVICE, Client  # noqa: PLC0415
-
-        deadline = time.monotonic() + timeout
-        for index, address in enumerate(self.cluster.get("ps", [])):
-            client = Client(address, PS_SERVICE, self.job_token, timeout=1.0)
-            try:
-                while True:
-                    task = self.tasks.get(("ps", index))
-                    if task is not None and task.running:
-                        try:
-                            client.call("Ping", timeout=1.0)
-                            break
-                        except RemoteError:
-                            pass
-                    if time.monotonic() > deadline or self._stopping:
-                        return False
-                    time.sleep(0.05)
-            finally:
-                client.close()
-        return True
-
-    def _schedule_restart(self, key: tuple[str, int], delay: float) -> None:
-        def go() -> None:
-            if key[0] == "chief" and self.ps_ready_timeout > 0 \
-                    and not self._parameter_servers_answer(self.ps_ready_timeout):
-                self.report(f"the parameter servers did not answer within {self.ps_ready_timeout:.0f} s; "
-                            "restarting the chief anyway")
-            try:
-                task = self.start_task(*key)
-            except Exception as err:  # noqa: BLE001 - the cluster is stopping, or the start failed
-                self.report(f"could not restart {key[0]}-{key[1]}: {err}")
-                return
-            self._record("restart", task.name, reason=f"pid {task.pid}")
-
-        if delay <= 0 and key[0] != "chief":
-            go()
-        else:  # the chief waits for the parameter servers in its own thread: wait() keeps handling exits
-            timer = threading.Timer(delay, go)
-            timer.daemon = True
-            self._timers.append(timer)
-            timer.start()
-
-    def on_task_exit(self, task) -> None:  # called by LocalCluster.wait for every non-chief exit
-        from .launcher import exit_status  # noqa: PLC0415
-
-        task.exit_handled = True
-        status = exit_status(task.returncode if task.returncode is not None else -1)
-        self._record("exit", task.name, status)
-        key = (task.task_type, task.index)
-        self._apply(self.policy.on_exit(task.task_type, task.index, status, self.restarts.get(key, 0)))
-
-    def wait(self, timeout: float | None = None) -> int:
-        """Until the job is over: the chief succeeds, fails permanently, or runs out of restarts."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            status = super().wait(remaining)
-            self._record("exit", "chief-0", status, at=self.chief_exit_time)
-            if self._job_failed is not None:
-                return status if status else 1
-            actions = self.policy.on_exit("chief", 0, status, self.restarts.get(("chief", 0), 0))
-            self._apply(actions)
-            if any(a.kind == "finish" for a in actions):
-                return status
-            if any(a.kind == "fail" for a in actions):
-                return status
-
-    def stop(self) -> None:
-        for timer in self._timers:
-            timer.cancel()
-        super().stop()
-
-
-def __getattr__(name: str):
-    # ``RestartingLocalCluster`` is built on first use: the launcher module imports lazily (layering)
-    if name == "RestartingLocalCluster":
-        cls = restarting_cluster_class()
-        globals()[name] = cls
-        return cls
-    raise AttributeError(name)

@@ -1,10 +1,10 @@
 """Applying gradients: the transport behind ``Optimizer.apply_gradients``.
 
-``apply_gradients(optimizer, grads_and_vars)`` groups the updates by parameter server and sends **one** ``Push``
-RPC per PS (all in parallel) carrying every dense gradient and every row-sparse gradient (:class:`IndexedSlices`)
-of the step; the PS runs the optimizer update next to the variable, with the slots it keeps there. Inside a
-scheduled function the ``Push`` answers with the updated values of the dense variables it touched (``read_back``,
-bounded by ``context.READ_BACK_BYTES``), which the closure's cache keeps for the next step's reads. A sharded
+``apply_gradients(optimizer, grads_and_vars)`` groups the updates by parameter server into **one** ``Push`` per PS
+carrying every dense gradient and every row-sparse gradient (:class:`IndexedSlices`) of the step; the PS runs the
+optimizer update next to the variable, with the slots it keeps there. On the coordinator the pushes are sent at
+once, in parallel. Inside a scheduled function they are handed to the closure context, and the next step's first
+call to each PS carries them (``PushRead``; see :class:`kubeps.runtime.context.ClosureContext`). A sharded
 variable's gradient is split by shard: dense rows by the div split, sparse rows by the owner of each id.
 Local variables (created outside ``strategy.scope()``) are updated in place in this process.
 """
@@ -17,28 +17,11 @@ import numpy as np
 
 from . import context as _context
 from .errors import RuntimeConfigError
+from .indexed_slices import IndexedSlices
 from .partitioners import owner_of
 from .variables import ShardedVariable, Variable
 
-__all__ = ["IndexedSlices", "apply_gradients"]
-
-
-class IndexedSlices:
-    """A row-sparse gradient, as ``tf.IndexedSlices``: rows ``values[i]`` belong to row ``indices[i]``."""
-
-    def __init__(self, values: Any, indices: Any, dense_shape: Any = None):
-        self.values = np.asarray(values)
-        self.indices = np.asarray(indices)
-        if self.indices.ndim != 1 or self.indices.dtype.kind not in "iu":
-            raise RuntimeConfigError("indices", f"{self.indices.dtype} array of shape {list(self.indices.shape)}",
-                                     "IndexedSlices indices must be a 1-D integer array")
-        if self.values.ndim < 1 or self.values.shape[0] != self.indices.shape[0]:
-            raise RuntimeConfigError("values", f"array of shape {list(self.values.shape)}",
-                                     f"IndexedSlices needs one row per index ({self.indices.shape[0]})")
-        self.dense_shape = tuple(dense_shape) if dense_shape is not None else None
-
-    def __repr__(self) -> str:
-        return f"IndexedSlices(values.shape={self.values.shape}, indices.shape={self.indices.shape})"
+__all__ = ["IndexedSlices", "apply_gradients"]  # IndexedSlices is defined in indexed_slices.py
 
 
 def _check_dense(grad: Any, var: Variable | ShardedVariable) -> np.ndarray:
@@ -62,17 +45,6 @@ def _check_sparse(grad: IndexedSlices, var: Variable | ShardedVariable) -> tuple
     return idx, grad.values.astype(var.dtype, copy=False)
 
 
-def _apply_local(optimizer: Any, var: Variable, grad: Any) -> None:
-    entry = var._local_slots.get(id(optimizer))
-    if entry is None:
-        entry = var._local_slots[id(optimizer)] = (optimizer, optimizer.init_slots(var._local))
-    var._local_updates += 1
-    if isinstance(grad, tuple):
-        optimizer.apply_sparse(var._local, grad[0], grad[1], entry[1], var._local_updates)
-    else:
-        optimizer.apply_dense(var._local, grad, entry[1], var._local_updates)
-
-
 def apply_gradients(optimizer: Any, grads_and_vars: Iterable[tuple[Any, Any]]) -> None:
     """Apply ``(gradient, variable)`` pairs: one ``Push`` RPC per parameter server for all of them.
 
@@ -83,26 +55,24 @@ def apply_gradients(optimizer: Any, grads_and_vars: Iterable[tuple[Any, Any]]) -
     # (transport id) -> (transport, {ps: (updates, arrays)})
     batches: dict[int, tuple[Any, dict[int, tuple[list, list]]]] = {}
     touched: list[str] = []
-    dense_vars: dict[int, dict[int, list[Variable]]] = {}  # transport id -> ps -> dense-updated variables
 
     def add(var: Variable, grad: Any) -> None:
         nonlocal config
-        if var._local is not None:
-            _apply_local(optimizer, var, grad)
+        if not var.is_remote:
+            var.apply_local_update(optimizer, grad)
             return
         if config is None:
             config = optimizer.get_config()
-        transport = var._require_transport()
+        transport = var.transport
         per_ps = batches.setdefault(id(transport), (transport, {}))[1]
-        updates, arrays = per_ps.setdefault(var._ps_index, ([], []))
+        updates, arrays = per_ps.setdefault(var.ps_index, ([], []))
         if isinstance(grad, tuple):
-            updates.append({"name": var._key, "kind": "sparse"})
+            updates.append({"name": var.key, "kind": "sparse"})
             arrays.extend(grad)
         else:
-            updates.append({"name": var._key, "kind": "dense"})
+            updates.append({"name": var.key, "kind": "dense"})
             arrays.append(grad)
-            dense_vars.setdefault(id(transport), {}).setdefault(var._ps_index, []).append(var)
-        touched.append(var._key)
+        touched.append(var.key)
 
     for i, pair in enumerate(pairs):
         if not isinstance(pair, (tuple, list)) or len(pair) != 2:
@@ -133,19 +103,10 @@ def apply_gradients(optimizer: Any, grads_and_vars: Iterable[tuple[Any, Any]]) -
 
     ctx = _context.current_closure_context()
     for transport, per_ps in batches.values():
-        own = ctx is not None and ctx.transport is transport
-        requests, read_back = {}, {}
-        for ps, (updates, arrays) in per_ps.items():
-            meta = {"optimizer": config, "updates": updates}
-            if own:
-                keys = ctx.read_back_keys(dense_vars.get(id(transport), {}).get(ps, []))
-                if keys:
-                    meta["read_back"] = read_back[ps] = keys
-            requests[ps] = ("Push", meta, arrays)
-        results = transport.call_many(requests)
-        if own:
-            ctx.invalidate()
-            for ps, keys in read_back.items():
-                ctx.store(keys, results[ps][1])
+        requests = {ps: ({"optimizer": config, "updates": updates}, arrays) for ps, (updates, arrays) in per_ps.items()}
+        if ctx is not None and ctx.transport is transport:
+            ctx.defer_push(requests)
+        else:
+            transport.call_many({ps: ("Push", meta, arrays) for ps, (meta, arrays) in requests.items()})
     if ctx is not None and touched and not any(ctx.transport is t for t, _ in batches.values()):
         ctx.invalidate()

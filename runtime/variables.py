@@ -104,7 +104,7 @@ class Variable(_ArrayLike):
             raise RuntimeConfigError("trainable", trainable, "must be True or False")
         strategy = _context.current_strategy()
         if strategy is not None:
-            return strategy._create_variable(initial_value, name=name, dtype=dtype, trainable=trainable, shape=shape)
+            return strategy.create_variable(initial_value, name=name, dtype=dtype, trainable=trainable, shape=shape)
         value = initial_value() if callable(initial_value) else initial_value
         array = np.array(value, dtype=_dtype(dtype) if dtype is not None else None, copy=True)
         if shape is not None and tuple(array.shape) != tuple(shape):
@@ -123,8 +123,10 @@ class Variable(_ArrayLike):
         return var
 
     @classmethod
-    def _remote_variable(cls, name: str, key: str, shape: tuple[int, ...], dtype: np.dtype, trainable: bool,
-                         ps_index: int, transport: Any, prefetch: bool = True) -> "Variable":
+    def remote_handle(cls, name: str, key: str, shape: tuple[int, ...], dtype: np.dtype, trainable: bool,
+                      ps_index: int, transport: Any, prefetch: bool = True) -> "Variable":
+        """A handle to variable ``key`` on parameter server ``ps_index`` (the strategy creates the variable there;
+        unpickling a handle on a worker makes one too)."""
         var = object.__new__(cls)
         var._init(name, key, shape, dtype, trainable)
         var._ps_index = ps_index
@@ -146,6 +148,24 @@ class Variable(_ArrayLike):
         self._local_updates = 0
 
     # -- properties --------------------------------------------------------------------------------------------
+    # ``key``, ``ps_index`` and ``prefetch`` are the closure context's view of a remote variable
+    # (:class:`kubeps.runtime.context.RemoteHandle`).
+    @property
+    def key(self) -> str:
+        """The variable's unique name on its parameter server (``name`` may repeat; shards are ``name/part_i``)."""
+        return self._key
+
+    @property
+    def ps_index(self) -> int | None:
+        """The index of the parameter server holding the variable, or None for a local variable."""
+        return self._ps_index
+
+    @property
+    def prefetch(self) -> bool:
+        """Whether a scheduled function's batched pull fetches this variable (dense variables; not embedding
+        tables, whose rows are looked up)."""
+        return self._prefetch
+
     @property
     def is_remote(self) -> bool:
         return self._ps_index is not None
@@ -168,6 +188,34 @@ class Variable(_ArrayLike):
                 "connection to the parameter servers (handles work on the coordinator and inside scheduled functions)"
             )
         return self._transport
+
+    @property
+    def transport(self) -> Any:
+        """The connection to the parameter servers this handle uses (raises where this process has none)."""
+        return self._require_transport()
+
+    # -- a local variable's in-process state: the optimizer push updates it, checkpoints copy and load it --------
+    def apply_local_update(self, optimizer: Any, grad: Any) -> None:
+        """Apply a dense gradient, or a row-sparse ``(indices, values)`` pair, to this local variable with
+        ``optimizer``, whose slots it keeps (one set per optimizer object)."""
+        entry = self._local_slots.get(id(optimizer))
+        if entry is None:
+            entry = self._local_slots[id(optimizer)] = (optimizer, optimizer.init_slots(self._local))
+        self._local_updates += 1
+        if isinstance(grad, tuple):
+            optimizer.apply_sparse(self._local, grad[0], grad[1], entry[1], self._local_updates)
+        else:
+            optimizer.apply_dense(self._local, grad, entry[1], self._local_updates)
+
+    def local_state(self) -> tuple[np.ndarray, list[tuple[Any, dict[str, np.ndarray]]], int]:
+        """The live value array, ``(optimizer, slots)`` of every optimizer that updated it, and the update count."""
+        if self._local is None:
+            raise RuntimeError(f"variable {self._name!r} lives on a parameter server: it has no local state")
+        return self._local, list(self._local_slots.values()), self._local_updates
+
+    def set_local_updates(self, updates: int) -> None:
+        """Set the update count of a local variable (a checkpoint restores it; the next update is ``updates + 1``)."""
+        self._local_updates = int(updates)
 
     def read_value(self) -> np.ndarray:
         if self._local is not None:
@@ -192,7 +240,7 @@ class Variable(_ArrayLike):
             else:
                 self._local += array
             return self
-        self._require_transport().call(self._ps_index, "Assign", {"names": [self._key], "ops": [op]}, [array])
+        _calls(self._require_transport(), {self._ps_index: ("Assign", {"names": [self._key], "ops": [op]}, [array])})
         ctx = _context.current_closure_context()
         if ctx is not None:
             ctx.invalidate([self._key])
@@ -223,7 +271,7 @@ def _rebuild_handle(name: str, key: str, shape: tuple, dtype: str, trainable: bo
                     prefetch: bool) -> Variable:
     ctx = _context.current_closure_context()
     transport = ctx.transport if ctx is not None else None
-    var = Variable._remote_variable(name, key, shape, np.dtype(dtype), trainable, ps_index, transport, prefetch)
+    var = Variable.remote_handle(name, key, shape, np.dtype(dtype), trainable, ps_index, transport, prefetch)
     if ctx is not None:
         ctx.register(var)
     return var
@@ -301,6 +349,15 @@ class ShardedVariable(_ArrayLike):
         return self._write("add", -np.asarray(delta, dtype=self._dtype))
 
 
+def _calls(transport: Any, requests: dict[int, tuple[str, dict[str, Any], Sequence[Any]]]) -> dict[int, Any]:
+    """Calls to parameter servers: inside a scheduled function through its closure context, which lets a read
+    carry the closure's deferred push and keeps every other call behind it; elsewhere straight to the transport."""
+    ctx = _context.current_closure_context()
+    if ctx is not None and ctx.transport is transport:
+        return ctx.call_many(requests)
+    return transport.call_many(requests)
+
+
 def _group_remote(variables: Sequence[Variable]) -> tuple[Any, dict[int, list[int]]]:
     """Positions of remote variables per parameter server (they must share one transport)."""
     transport, by_ps = None, {}
@@ -338,7 +395,7 @@ def _write_many(variables: Sequence[Variable], values: Sequence[np.ndarray], op:
             v._write(op, value)
     transport, by_ps = _group_remote(variables)
     if by_ps:
-        transport.call_many({
+        _calls(transport, {
             ps: ("Assign", {"names": [variables[i]._key for i in idx], "ops": [op] * len(idx)},
                  [values[i] for i in idx])
             for ps, idx in by_ps.items()
@@ -407,7 +464,7 @@ def embedding_lookup(params: Variable | ShardedVariable, ids: Any) -> np.ndarray
                 calls[ps] = ("ReadMany", {"names": dense[ps], "rows": rows_names}, indices)
             else:
                 calls[ps] = ("ReadRows", {"names": rows_names}, indices)
-        results = transport.call_many(calls)
+        results = _calls(transport, calls)
         for ps, (_, arrays) in results.items():
             values = dense.get(ps, [])
             if values:

@@ -59,6 +59,11 @@ class Watchdog:
         """Record progress (a closure finished)."""
         self._last = time.monotonic()
 
+    @property
+    def running(self) -> bool:
+        """Whether :meth:`start` started it (and :meth:`stop` has not stopped it yet)."""
+        return self._thread is not None
+
     def start(self) -> "Watchdog":
         if self._thread is None:
             self._last = time.monotonic()

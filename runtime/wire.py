@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import math
 import struct
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
@@ -145,11 +145,12 @@ class MessageHeader(BaseModel):
         return value
 
 
-def _tensor_header(i: int, array: np.ndarray, offset: int) -> TensorHeader:
+def _tensor_header(i: int, array: np.ndarray, offset: int) -> dict[str, Any]:
+    """The header entry of one tensor (the JSON form of :class:`TensorHeader`)."""
     name = array.dtype.name
     if name not in _DTYPES:
         raise WireError(f"tensors[{i}].dtype", str(array.dtype), f"allowed dtypes are {', '.join(ALLOWED_DTYPES)}")
-    return TensorHeader.model_construct(dtype=name, shape=tuple(array.shape), offset=offset, nbytes=array.nbytes)
+    return {"dtype": name, "shape": list(array.shape), "offset": offset, "nbytes": array.nbytes}
 
 
 def _as_wire_array(i: int, value: Any) -> np.ndarray:
@@ -169,18 +170,19 @@ def encode_message(meta: dict[str, Any] | None = None, arrays: Sequence[Any] = (
     for i, array in enumerate(arrays):
         headers.append(_tensor_header(i, array, offset))
         offset = _align(offset + array.nbytes)
-    header = MessageHeader.model_construct(meta=dict(meta or {}), tensors=headers, data_bytes=offset)
+    # the JSON of a MessageHeader, written directly (every RPC encodes one: no model object per message)
+    header = {"meta": dict(meta or {}), "tensors": headers, "data_bytes": offset}
     try:
-        header_bytes = header.model_dump_json().encode()
-    except Exception as err:  # pydantic raises for values JSON cannot hold
+        header_bytes = json.dumps(header, separators=(",", ":")).encode()
+    except (TypeError, ValueError) as err:  # values JSON cannot hold
         raise WireError("meta", meta, f"must be JSON-serialisable ({err})") from None
     head_len = _PREFIX.size + len(header_bytes)
     pad = _align(head_len) - head_len
     segments: list[memoryview | bytes] = [_PREFIX.pack(MAGIC, len(header_bytes)) + header_bytes + b"\0" * pad]
-    for array, th in zip(arrays, headers):
+    for array in arrays:
         if array.nbytes:
             segments.append(memoryview(array.reshape(-1)).cast("B"))
-        tail = _align(th.nbytes) - th.nbytes
+        tail = _align(array.nbytes) - array.nbytes
         if tail:
             segments.append(b"\0" * tail)
     return segments
@@ -225,7 +227,7 @@ class MessageDecoder:
 
     def __init__(self, max_data_bytes: int | None = None):
         self._max_data_bytes = max_data_bytes
-        self._header: MessageHeader | None = None
+        self._header: _Header | None = None
         self._single: memoryview | None = None
         self._buffer: np.ndarray | None = None
         self._filled = 0
@@ -274,10 +276,9 @@ class MessageDecoder:
             )
         source: Any = self._single if self._single is not None else self._buffer
         arrays = []
-        for i, th in enumerate(header.tensors):
-            dtype = _DTYPES[th.dtype]
-            count = math.prod(th.shape)
-            arrays.append(np.frombuffer(source, dtype=dtype, count=count, offset=th.offset).reshape(th.shape))
+        for dtype, shape, offset, _ in header.tensors:
+            count = math.prod(shape)
+            arrays.append(np.frombuffer(source, dtype=_DTYPES[dtype], count=count, offset=offset).reshape(shape))
         return header.meta, arrays
 
 
@@ -288,7 +289,59 @@ def _allocate(data_bytes: int) -> np.ndarray:
         raise WireError("data_bytes", data_bytes, f"cannot allocate the declared data section ({err})") from None
 
 
-def _parse_header(view: memoryview) -> tuple[MessageHeader, int]:
+class _Header(NamedTuple):
+    """A checked header: ``tensors`` holds ``(dtype, shape, offset, nbytes)`` per tensor."""
+
+    meta: dict[str, Any]
+    tensors: list[tuple[str, tuple[int, ...], int, int]]
+    data_bytes: int
+
+
+_HEADER_KEYS = frozenset(MessageHeader.model_fields)
+_TENSOR_KEYS = frozenset(TensorHeader.model_fields)
+
+
+def _plain_header(raw: Any) -> _Header | None:
+    """The header if ``raw`` is plainly well-typed (what every kubeps peer sends), else None.
+
+    The fast path of every RPC: plain type checks instead of a pydantic validation. Anything unusual (a missing
+    or extra field, a wrong type, a value pydantic would coerce) returns None, and :class:`MessageHeader` then
+    decides, with its error messages; both accept the same frames."""
+    if type(raw) is not dict or not raw.keys() <= _HEADER_KEYS:
+        return None
+    meta, tensors, data_bytes = raw.get("meta", {}), raw.get("tensors", []), raw.get("data_bytes", 0)
+    if type(meta) is not dict or type(tensors) is not list or type(data_bytes) is not int:
+        return None
+    if not 0 <= data_bytes <= _MAX_SIZE:
+        return None
+    table = []
+    for t in tensors:
+        if type(t) is not dict or t.keys() != _TENSOR_KEYS:
+            return None
+        dtype, shape, offset, nbytes = t["dtype"], t["shape"], t["offset"], t["nbytes"]
+        if type(dtype) is not str or dtype not in _DTYPES or type(shape) is not list:
+            return None
+        if type(offset) is not int or type(nbytes) is not int or offset < 0 or nbytes < 0:
+            return None
+        for d in shape:
+            if type(d) is not int or d < 0:
+                return None
+        table.append((dtype, tuple(shape), offset, nbytes))
+    return _Header(meta, table, data_bytes)
+
+
+def _validated_header(raw: Any) -> _Header:
+    """The header checked by :class:`MessageHeader` (pydantic), or a :class:`WireError` naming the field."""
+    try:
+        header = MessageHeader.model_validate(raw)
+    except ValidationError as err:
+        first = err.errors(include_url=False)[0]
+        field = ".".join(str(p) for p in first["loc"]) or "header"
+        raise WireError(field, first.get("input"), first["msg"]) from None
+    return _Header(header.meta, [(t.dtype, t.shape, t.offset, t.nbytes) for t in header.tensors], header.data_bytes)
+
+
+def _parse_header(view: memoryview) -> tuple[_Header, int]:
     if len(view) < _PREFIX.size:
         raise WireError("frame", bytes(view[:16]), f"message truncated: a frame starts with {_PREFIX.size} bytes")
     magic, length = _PREFIX.unpack_from(view)
@@ -303,41 +356,30 @@ def _parse_header(view: memoryview) -> tuple[MessageHeader, int]:
         raw = json.loads(bytes(view[_PREFIX.size : end]))
     except (ValueError, UnicodeDecodeError) as err:
         raise WireError("header", bytes(view[_PREFIX.size : min(end, _PREFIX.size + 60)]), f"must be JSON ({err})") from None
-    try:
-        header = MessageHeader.model_validate(raw)
-    except ValidationError as err:
-        first = err.errors(include_url=False)[0]
-        field = ".".join(str(p) for p in first["loc"]) or "header"
-        raise WireError(field, first.get("input"), first["msg"]) from None
+    header = _plain_header(raw) or _validated_header(raw)
     _check_tensor_table(header)
     return header, _align(end)
 
 
-def _check_tensor_table(header: MessageHeader) -> None:
+def _check_tensor_table(header: _Header) -> None:
     position = 0
-    for i, th in enumerate(header.tensors):
-        itemsize = _DTYPES[th.dtype].itemsize
-        if len(th.shape) > MAX_RANK:
-            raise WireError(f"tensors[{i}].shape", list(th.shape), f"at most {MAX_RANK} dimensions are allowed")
-        if any(d > _MAX_SIZE for d in th.shape) or math.prod(th.shape) * itemsize > _MAX_SIZE:
-            raise WireError(f"tensors[{i}].shape", list(th.shape),
+    for i, (dtype, shape, offset, nbytes) in enumerate(header.tensors):
+        itemsize = _DTYPES[dtype].itemsize
+        if len(shape) > MAX_RANK:
+            raise WireError(f"tensors[{i}].shape", list(shape), f"at most {MAX_RANK} dimensions are allowed")
+        if any(d > _MAX_SIZE for d in shape) or math.prod(shape) * itemsize > _MAX_SIZE:
+            raise WireError(f"tensors[{i}].shape", list(shape),
                             f"dimensions and total size must each be at most {_MAX_SIZE}")
-        expected = math.prod(th.shape) * itemsize
-        if th.nbytes != expected:
-            raise WireError(
-                f"tensors[{i}].nbytes",
-                th.nbytes,
-                f"shape {list(th.shape)} of {th.dtype} needs exactly {expected} bytes",
-            )
-        if th.offset < position or th.offset % _ALIGN:
-            raise WireError(
-                f"tensors[{i}].offset", th.offset, f"must be a multiple of {_ALIGN} at or after byte {position}"
-            )
-        position = th.offset + th.nbytes
+        expected = math.prod(shape) * itemsize
+        if nbytes != expected:
+            raise WireError(f"tensors[{i}].nbytes", nbytes, f"shape {list(shape)} of {dtype} needs exactly {expected} bytes")
+        if offset < position or offset % _ALIGN:
+            raise WireError(f"tensors[{i}].offset", offset, f"must be a multiple of {_ALIGN} at or after byte {position}")
+        position = offset + nbytes
         if position > header.data_bytes:
             raise WireError(
                 f"tensors[{i}].nbytes",
-                th.nbytes,
+                nbytes,
                 f"tensor ends at byte {position}, past the declared data section of {header.data_bytes} bytes",
             )
 

@@ -24,8 +24,11 @@ import cloudpickle
 import numpy as np
 
 from . import context as _context
-from .context import ClosureContext, PSTransport
+from . import nest
+from .context import ClosureContext
 from .errors import PSUnavailableError, ResourceMissingError
+from .transport import PSTransport, ps_restarted
+from .variables import ShardedVariable, Variable
 
 __all__ = [
     "BUILTIN_METHODS",
@@ -83,34 +86,28 @@ class TensorRef:
 
 def split_structure(value: Any, tensors: list[np.ndarray]) -> Any:
     """Replace every numpy array (and variable) in nested lists/tuples/dicts by a :class:`TensorRef`."""
-    from .variables import ShardedVariable, Variable
 
-    if isinstance(value, (Variable, ShardedVariable)):
-        value = np.asarray(value.read_value())
-    if isinstance(value, np.ndarray) and value.dtype != object:
-        tensors.append(value)
-        return TensorRef(len(tensors) - 1)
-    if isinstance(value, tuple) and hasattr(value, "_fields"):  # namedtuple
-        return type(value)(*(split_structure(v, tensors) for v in value))
-    if isinstance(value, (list, tuple)):
-        return type(value)(split_structure(v, tensors) for v in value)
-    if isinstance(value, dict):
-        return type(value)((k, split_structure(v, tensors)) for k, v in value.items())
-    return value
+    def leaf(item: Any) -> Any:
+        if isinstance(item, (Variable, ShardedVariable)):
+            item = np.asarray(item.read_value())
+        if isinstance(item, np.ndarray) and item.dtype != object:
+            tensors.append(item)
+            return TensorRef(len(tensors) - 1)
+        return item
+
+    return nest.map_structure(leaf, value)
 
 
 def join_structure(skeleton: Any, tensors: list[np.ndarray]) -> Any:
     """Inverse of :func:`split_structure` (arrays come back writable)."""
-    if isinstance(skeleton, TensorRef):
-        array = tensors[skeleton.index]
-        return array if array.flags.writeable else array.copy()
-    if isinstance(skeleton, tuple) and hasattr(skeleton, "_fields"):
-        return type(skeleton)(*(join_structure(v, tensors) for v in skeleton))
-    if isinstance(skeleton, (list, tuple)):
-        return type(skeleton)(join_structure(v, tensors) for v in skeleton)
-    if isinstance(skeleton, dict):
-        return type(skeleton)((k, join_structure(v, tensors)) for k, v in skeleton.items())
-    return skeleton
+
+    def leaf(item: Any) -> Any:
+        if isinstance(item, TensorRef):
+            array = tensors[item.index]
+            return array if array.flags.writeable else array.copy()
+        return item
+
+    return nest.map_structure(leaf, skeleton)
 
 
 def _payload(arrays: list, method: str) -> bytes:
@@ -123,18 +120,35 @@ def _bytes_tensor(data: bytes) -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8)
 
 
+def _run_and_flush(ctx: ClosureContext, body: Callable[[Any], Any], obj: Any) -> Any:
+    """``body(obj)``, then the pushes the closure still holds (its last step's) are sent before it counts as done.
+    If the function fails, the pushes it made before still apply (to every parameter server but one that failed
+    it), as they would have without deferral; the function's error is what the coordinator sees."""
+    try:
+        result = body(obj)
+    except BaseException as err:
+        failed = getattr(err, "ps_index", None)
+        try:
+            ctx.flush([ps for ps in ctx.deferred_ps() if ps != failed])
+        except Exception:  # noqa: BLE001 - the function's own error is the one to report
+            pass
+        raise
+    ctx.flush()
+    return result
+
+
 def _run(state: WorkerState, payload: bytes, body: Callable[[Any], Any]) -> tuple[dict[str, Any], list]:
     ctx = state.context()
     previous = _context.set_closure_context(ctx)
     try:
         try:
             obj = cloudpickle.loads(payload)
-            result = body(obj)
+            result = _run_and_flush(ctx, body, obj)
         except ResourceMissingError as err:
             return {"status": "resource_missing", "message": str(err)}, []
         except PSUnavailableError as err:
             return {"status": "ps_unavailable", "ps_index": err.ps_index, "message": str(err),
-                    "restarted": _context.ps_restarted(err)}, []
+                    "restarted": ps_restarted(err)}, []
         except BaseException as err:  # noqa: BLE001 - the user's function may raise anything; report it
             if isinstance(err, (KeyboardInterrupt, SystemExit)):
                 raise
@@ -155,7 +169,7 @@ def _run(state: WorkerState, payload: bytes, body: Callable[[Any], Any]) -> tupl
             state.closures_run += 1
 
 
-def rpc_run_closure(state: WorkerState, meta: dict[str, Any], arrays: list) -> tuple[dict[str, Any], list]:
+def rpc_run_closure(state: WorkerState, meta: dict[str, Any], arrays: list) -> tuple[dict[str, Any], list]:  # noqa: ARG001
     """Run ``fn(*args, **kwargs)`` from the pickled ``(fn, args, kwargs)``."""
     payload = _payload(arrays, "RunClosure")
     return _run(state, payload, lambda obj: obj[0](*obj[1], **obj[2]))

@@ -139,8 +139,8 @@ class CTRModel:
     """``logit = head(concat(flatten(embedding(ids)), dense))`` from ``kubeps.runtime.nn`` layers.
 
     Built inside ``strategy.scope()`` its variables live on the parameter servers (the table sharded by the
-    scope's partitioner); built outside they are local arrays -- the same code trains in-process
-    (``bench/train_ctr.py`` does) or on workers. Pickled into a scheduled function, it travels as variable handles.
+    scope's partitioner); built outside they are local arrays -- the same code trains in-process or on
+    workers. Pickled into a scheduled function, it travels as variable handles.
     """
 
     def __init__(self, vocab_size: int, embedding_dim: int, hidden: list[int], seed: int = 0):

@@ -19,6 +19,9 @@ import sys
 
 import numpy as np
 
+import kubeps.runtime as kp
+from kubeps.runtime.server import main as serve  # a ps or worker task: `python -m kubeps.runtime.server`'s main
+
 VOCAB, FIELDS = 300, 5
 
 
@@ -48,33 +51,25 @@ def log_loss(emb: np.ndarray, bias: np.ndarray, ids: np.ndarray, y: np.ndarray) 
 
 
 def chief(args) -> None:
-    from kubeps.runtime.checkpoint import Checkpoint, CheckpointManager, StepCounter
-    from kubeps.runtime.coordinator import ClusterCoordinator
-    from kubeps.runtime.optimizers import Adagrad
-    from kubeps.runtime.partitioners import FixedShardsPartitioner
-    from kubeps.runtime.strategy import ParameterServerStrategy
-    from kubeps.runtime.training import IndexedSlices
-    from kubeps.runtime.variables import Variable, embedding_lookup
-
-    strategy = ParameterServerStrategy.from_tf_config(variable_partitioner=FixedShardsPartitioner(2))
+    strategy = kp.ParameterServerStrategy.from_tf_config(variable_partitioner=kp.FixedShardsPartitioner(2))
     with strategy.scope():
-        emb = Variable(np.zeros((VOCAB, 1), np.float32), name="emb")
-        bias = Variable(np.zeros(1, np.float32), name="bias")
-    opt = Adagrad(0.2)
-    step = StepCounter()
-    manager = CheckpointManager(Checkpoint(model=[emb, bias], step=step), args.checkpoint_dir, max_to_keep=3)
+        emb = kp.Variable(np.zeros((VOCAB, 1), np.float32), name="emb")
+        bias = kp.Variable(np.zeros(1, np.float32), name="bias")
+    opt = kp.Adagrad(0.2)
+    step = kp.StepCounter()
+    manager = kp.CheckpointManager(kp.Checkpoint(model=[emb, bias], step=step), args.checkpoint_dir, max_to_keep=3)
     start = manager.restore_or_initialize()
     print(f"starting at step {start} (latest checkpoint: {manager.latest_checkpoint})", flush=True)
-    coordinator = ClusterCoordinator(strategy)
+    coordinator = kp.ClusterCoordinator(strategy)
     size = args.batch_size
     iterator = iter(coordinator.create_per_worker_dataset(lambda ctx: Batches(ctx.input_pipeline_id, size)))
 
     def train_step(it):
         ids, y = next(it)
-        p = 1.0 / (1.0 + np.exp(-(embedding_lookup(emb, ids)[..., 0].sum(axis=1) + bias.numpy()[0])))
+        p = 1.0 / (1.0 + np.exp(-(kp.embedding_lookup(emb, ids)[..., 0].sum(axis=1) + bias.numpy()[0])))
         g = ((p - y) / len(y)).astype(np.float32)
         opt.apply_gradients([
-            (IndexedSlices(np.repeat(g, ids.shape[1])[:, None], ids.reshape(-1)), emb),
+            (kp.IndexedSlices(np.repeat(g, ids.shape[1])[:, None], ids.reshape(-1)), emb),
             (np.array([g.sum()], np.float32), bias),
         ])
 
@@ -89,15 +84,13 @@ def chief(args) -> None:
 
 
 def evaluator(args) -> None:
-    from kubeps.runtime.evaluator import SidecarEvaluator
-
     held_out = [batch(np.random.default_rng(10_000 + i), 1000) for i in range(5)]
 
     def eval_fn(values, batches):
         return {"log_loss": float(np.mean([log_loss(values["model/emb"], values["model/bias"], ids, y)
                                            for ids, y in batches]))}
 
-    records = SidecarEvaluator(eval_fn, held_out, args.checkpoint_dir, metrics_path=args.metrics,
+    records = kp.SidecarEvaluator(eval_fn, held_out, args.checkpoint_dir, metrics_path=args.metrics,
                                poll_interval=0.5, timeout=args.evaluator_timeout).start()
     for r in records:
         print(f"checkpoint {r['checkpoint_number']} (step {r['step']}): {json.dumps(r['metrics'])}", flush=True)
@@ -114,15 +107,11 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("type")
     if task in ("ps", "worker"):
-        from kubeps.runtime.server import main as serve
-
-        sys.exit(serve())
+        sys.exit(serve())  # also serves the checkpoint RPCs, which a bare kp.Server does not register
     if task == "evaluator":
         evaluator(args)
     elif task == "chief":
-        from kubeps.runtime.supervisor import run_coordinator
-
-        run_coordinator(lambda: chief(args))
+        kp.run_coordinator(lambda: chief(args))
     else:
         p.error("run it as a cluster: kubeps local --ps 2 --workers 2 --evaluator examples/eval/train.py -- ...")
 

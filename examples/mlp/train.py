@@ -24,7 +24,9 @@ import time
 
 import numpy as np
 
-from kubeps.runtime import kernels, nn, optimizers
+import kubeps.runtime as kp
+from kubeps.runtime.server import main as serve  # a ps or worker task: `python -m kubeps.runtime.server`'s main
+from kubeps.runtime import kernels, nn
 
 
 def make_teacher(features: int, classes: int, seed: int):
@@ -46,15 +48,15 @@ def batches(features: int, batch_size: int, teacher, seed: int):
         yield x, teacher(x)
 
 
-def build(args) -> tuple[nn.MLP, optimizers.Optimizer]:
+def build(args) -> tuple[nn.MLP, kp.Optimizer]:
     model = nn.MLP(args.hidden, output_units=args.classes, activation="relu", input_dim=args.features,
                    seed=args.seed)
-    lr = optimizers.ExponentialDecay(args.learning_rate, decay_steps=max(1, args.steps // 4), decay_rate=0.7)
-    opt = optimizers.optimizer_from_config({"class_name": args.optimizer, "config": {"learning_rate": lr.get_config()}})
+    lr = kp.ExponentialDecay(args.learning_rate, decay_steps=max(1, args.steps // 4), decay_rate=0.7)
+    opt = kp.optimizer_from_config({"class_name": args.optimizer, "config": {"learning_rate": lr.get_config()}})
     return model, opt
 
 
-def train_steps(model: nn.MLP, opt: optimizers.Optimizer, iterator, n: int) -> float:
+def train_steps(model: nn.MLP, opt: kp.Optimizer, iterator, n: int) -> float:
     """``n`` training steps (``steps_per_execution``); returns their mean loss."""
     loss = nn.SoftmaxCrossEntropy()
     total = 0.0
@@ -124,23 +126,16 @@ class WorkerBatches:
 
 
 def run_distributed(args) -> dict[str, float]:
-    from kubeps.runtime.cluster import TFConfig
-
-    task = TFConfig.from_env(os.environ).task_type
+    task = kp.TFConfigClusterResolver().task_type
     if task in ("ps", "worker"):
-        from kubeps.runtime.server import main as serve
-
         sys.exit(serve())
     if task != "chief":
         print(f"examples/mlp: nothing to do for task type {task!r}", file=sys.stderr)
         sys.exit(0)
-    from kubeps.runtime.coordinator import ClusterCoordinator
-    from kubeps.runtime.strategy import ParameterServerStrategy
-
-    strategy = ParameterServerStrategy.from_tf_config()
+    strategy = kp.ParameterServerStrategy.from_tf_config()
     with strategy.scope():
         model, opt = build(args)
-    coordinator = ClusterCoordinator(strategy)
+    coordinator = kp.ClusterCoordinator(strategy)
     f, b, c, seed, n = args.features, args.batch_size, args.classes, args.seed, args.steps_per_execution
 
     def dataset_fn(ctx):

@@ -16,7 +16,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from kubeps.runtime.supervisor import RestartPolicy, restarting_cluster_class
+from kubeps.runtime.restarting import RestartingLocalCluster
+from kubeps.runtime.supervisor import RestartPolicy
 
 PROGRAM = str(Path(__file__).resolve().parents[2] / "examples" / "ctr" / "train.py")
 STEPS_PER_EXECUTION = 20  # the example's default
@@ -73,10 +74,10 @@ class ChaosRun:
         self.stream = TimedLines(workdir / "cluster.log")
         args = ["--checkpoint-dir", str(self.ckpt), "--closure-log", str(self.runs_log), "--metrics",
                 str(self.metrics), *program_args]
-        cls = restarting_cluster_class(RestartPolicy(restart=restart, max_restarts=50, backoff_initial=0.2,
-                                                     backoff_max=2.0))
-        self.cluster = cls(PROGRAM, args, num_ps=num_ps, num_workers=num_workers, evaluator=evaluator,
-                           output=self.stream, log=self.stream, grace_period=3.0)
+        policy = RestartPolicy(restart=restart, max_restarts=50, backoff_initial=0.2, backoff_max=2.0)
+        self.cluster = RestartingLocalCluster(PROGRAM, args, num_ps=num_ps, num_workers=num_workers,
+                                              evaluator=evaluator, output=self.stream, log=self.stream,
+                                              grace_period=3.0, policy=policy)
         self.status: int | None = None
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, daemon=True)

@@ -40,7 +40,7 @@ class ShardedArrays:
         self.shape = full.shape
         self.dtype = full.dtype
         self.ranges = _div_ranges(full.shape[0], n)
-        self.access = ck._ArrayAccess()
+        self.access = ck.ArrayAccess()
         for i, (a, b) in enumerate(self.ranges):
             key = f"{name}/part_{i}"
             self.access.arrays[key] = full[a:b].copy()
@@ -243,7 +243,7 @@ def test_crash_between_data_and_manifest_keeps_previous(tmp_path, monkeypatch):
     def boom(path, manifest):
         raise OSError("disk full")
 
-    monkeypatch.setattr(ck, "commit_manifest", boom)
+    monkeypatch.setattr(ck.api, "commit_manifest", boom)
     with pytest.raises(OSError):
         mgr.save()
     monkeypatch.undo()
@@ -346,7 +346,7 @@ def test_restore_parses_every_npy_header_under_the_process_wide_lock(tmp_path, m
 def test_no_module_parses_npy_headers_outside_npyfiles():
     from pathlib import Path
 
-    runtime = Path(ck.__file__).parent
-    offenders = [p.name for p in runtime.glob("*.py") if p.name != "npyfiles.py"
+    runtime = Path(ck.__file__).parents[1]
+    offenders = [p.name for p in runtime.rglob("*.py") if p.name != "npyfiles.py"
                  and any(s in p.read_text() for s in ("np.load(", "read_array_header", "literal_eval"))]
     assert not offenders, f"parse .npy headers through kubeps.runtime.npyfiles (thread-safe): {offenders}"

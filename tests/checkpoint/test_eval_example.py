@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kubeps.runtime.evaluator import read_metrics
-from kubeps.runtime.supervisor import restarting_cluster_class
+from kubeps.runtime.restarting import RestartingLocalCluster
 
 EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "eval" / "train.py")
 
@@ -17,10 +17,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 
 def _run(tmp_path, out):
-    cls = restarting_cluster_class()
-    cluster = cls(EXAMPLE, ["--checkpoint-dir", str(tmp_path / "ckpt"), "--steps", "120", "--checkpoint-every", "40",
-                            "--evaluator-timeout", "60"],
-                  num_ps=2, num_workers=2, evaluator=True, output=out, log=out, grace_period=3.0)
+    cluster = RestartingLocalCluster(
+        EXAMPLE, ["--checkpoint-dir", str(tmp_path / "ckpt"), "--steps", "120", "--checkpoint-every", "40",
+                  "--evaluator-timeout", "60"],
+        num_ps=2, num_workers=2, evaluator=True, output=out, log=out, grace_period=3.0)
     try:
         cluster.start()
         status = cluster.wait(timeout=150)

@@ -227,3 +227,19 @@ def test_auc_errors():
         K.auc([0, 2], [0.1, 0.2])
     with pytest.raises(ValueError, match=r"labels has 2 values, scores has 3"):
         K.auc([0, 1], [0.1, 0.2, 0.3])
+
+
+def test_reduce_sparse_passes_ascending_unique_ids_through():
+    ids = np.array([2, 5, 9], dtype=np.int64)
+    values = np.arange(6, dtype=np.float32).reshape(3, 2)
+    out_ids, out_values = K.reduce_sparse(ids, values)
+    np.testing.assert_array_equal(out_ids, ids)
+    assert out_values is values  # no copy on the ps's hot path
+    # one duplicate or one step down and the general path sums and sorts
+    for ids in (np.array([2, 5, 5]), np.array([5, 2, 9])):
+        got_ids, got = K.reduce_sparse(ids, values)
+        want = {}
+        for i, row in zip(ids.tolist(), values):
+            want[i] = want.get(i, 0) + row
+        np.testing.assert_array_equal(got_ids, sorted(want))
+        np.testing.assert_array_equal(got, np.array([want[i] for i in sorted(want)]))

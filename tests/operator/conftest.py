@@ -186,7 +186,7 @@ def condition(job: dict, ctype: str) -> dict | None:
     return None
 
 
-def wait_state(kube, namespace: str, name: str, state: str, timeout: float = 20) -> dict:
+def wait_state(kube, namespace: str, name: str, state: str, timeout: float = 60) -> dict:
     def check():
         job = get_job(kube, namespace, name)
         return job if (job.get("status") or {}).get("state") == state else None

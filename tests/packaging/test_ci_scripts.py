@@ -3,27 +3,17 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from .conftest import find_tool
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "hack" / "kind-e2e.sh"
 WORKFLOWS = sorted((REPO / ".github" / "workflows").glob("*.y*ml"))
-
-
-def find_tool(name: str) -> str | None:
-    beside = Path(sys.executable).parent / name
-    if beside.exists():
-        return str(beside)
-    for directory in (os.environ.get("GOBIN"), os.path.expanduser("~/go/bin")):
-        if directory and os.access(os.path.join(directory, name), os.X_OK):
-            return os.path.join(directory, name)
-    return shutil.which(name)
 
 
 def test_shellcheck_clean():

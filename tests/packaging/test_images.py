@@ -16,17 +16,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from .conftest import find_tool
+
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "Dockerfile"
 TARGETS = ("runtime", "runtime-gpu", "operator")
 NON_ROOT_UID = 65532
-
-
-def find_tool(name):
-    from shutil import which
-
-    beside = Path(sys.executable).parent / name
-    return str(beside) if beside.exists() else which(name)
 
 
 def stages() -> dict[str, list[str]]:

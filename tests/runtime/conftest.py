@@ -9,13 +9,18 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Iterator
 
+import numpy as np
 import pytest
 
 from kubeps.runtime.cluster import TFConfig, TFConfigClusterResolver
+from kubeps.runtime.coordinator import ClusterCoordinator
 from kubeps.runtime.errors import RemoteError
+from kubeps.runtime.optimizers import SGD
 from kubeps.runtime.rpc import PS_SERVICE, WORKER_SERVICE, Client
+from kubeps.runtime.variables import Variable
 
 TOKEN = "kubeps-test-token-0123456789abcdef"
 
@@ -145,6 +150,39 @@ def make_cluster(tmp_path: Path) -> Iterator[Any]:
     yield make
     for cluster in clusters:
         cluster.stop()
+
+
+@pytest.fixture
+def two_ps_job(make_cluster) -> Iterator[Any]:
+    """Factory: ``two_ps_job(step_sleep=0, **coordinator_kwargs)`` starts 2 ps and 1 worker, a coordinator, variables
+    ``a`` (on ps 0) and ``b`` (on ps 1), and a ``step`` pushing an SGD update to both, already run 3 times. Returns
+    a namespace (``cluster``, ``strategy``, ``coordinator``, ``a``, ``b``, ``step``); shut down after the test."""
+    made: list[tuple[ClusterCoordinator, Any]] = []
+
+    def make(step_sleep: float = 0.0, **coordinator_kwargs: Any) -> SimpleNamespace:
+        cluster = make_cluster(num_ps=2, num_workers=1)
+        strategy = cluster.strategy()
+        coordinator = ClusterCoordinator(strategy, **coordinator_kwargs)
+        made.append((coordinator, strategy))
+        with strategy.scope():
+            a = Variable(np.zeros(2), name="a")
+            b = Variable(np.zeros(2), name="b")  # on ps 1
+        opt = SGD(learning_rate=0.1)
+
+        def step():
+            opt.apply_gradients([(np.ones(2), a), (np.ones(2), b)])
+            if step_sleep:
+                time.sleep(step_sleep)
+
+        for _ in range(3):
+            coordinator.schedule(step)
+        coordinator.join()
+        return SimpleNamespace(cluster=cluster, strategy=strategy, coordinator=coordinator, a=a, b=b, step=step)
+
+    yield make
+    for coordinator, strategy in made:
+        coordinator.shutdown()
+        strategy.close()
 
 
 @pytest.fixture(scope="module")

@@ -504,3 +504,52 @@ def test_datasets_pickle_for_shipping_to_workers(six_files):
     assert values(clone) == values(lines_as_ints(six_files).shuffle(4, seed=2).batch(3))
     assert values(pickle.loads(pickle.dumps(Dataset.range(4).batch(2)))) == [[0, 1], [2, 3]]
     wait_no_prefetch_threads()
+
+
+# -- the block-wise (vectorised) path gives exactly the element-wise sequence ------------------------------------
+def _pipelines(source):
+    rows = np.arange(5000, dtype=np.int64)
+    data = (rows * 3, rows.astype(np.float32), {"k": rows % 7})
+    return {
+        "shuffle-batch": source(data).shuffle(300, seed=3).batch(64),
+        "shard-shuffle-repeat-batch": source(data).shard(3, 1).shuffle(211, seed=5).repeat(3).batch(50, True),
+        "buffer-of-one": source(data).shuffle(1, seed=1).batch(7),
+        "buffer-larger-than-data": source(data).take(400).shuffle(10_000, seed=9).repeat(2).batch(33),
+        "skip-take-shuffle": source(data).skip(11).take(3000).shuffle(100, seed=2).batch(13),
+        "reshuffle-off": source(data).shuffle(64, seed=4, reshuffle_each_iteration=False).repeat(2).batch(100),
+        "unbatched": source(data).shard(2, 0).shuffle(50, seed=8).take(700),
+    }
+
+
+@pytest.mark.parametrize("name", list(_pipelines(Dataset.from_tensor_slices)))
+def test_block_path_matches_element_path(name):
+    def element_source(data):  # a generator source has no blocks: every node below works per element
+        return Dataset.from_generator(lambda: Dataset.from_tensor_slices(data).as_numpy_iterator())
+
+    blocked = _pipelines(Dataset.from_tensor_slices)[name]
+    per_element = _pipelines(element_source)[name]
+    rowwise = lambda ds: ds if name == "unbatched" else ds._parent  # noqa: E731 - the node under the batch
+    assert rowwise(blocked)._blocks() is not None and rowwise(per_element)._blocks() is None
+    got, want = list(blocked), list(per_element)
+    assert len(got) == len(want) > 0
+    for a, b in zip(got, want):
+        for x, y in zip(a[:2], b[:2]):
+            np.testing.assert_array_equal(x, y)
+        np.testing.assert_array_equal(a[2]["k"], b[2]["k"])
+
+
+def test_block_sources_and_batches():
+    # range and from_tensors work in blocks too; a batch inside one block is a view of the source (no copy)
+    assert [list(b) for b in Dataset.range(3, 20, 4).batch(2)] == [[3, 7], [11, 15], [19]]
+    assert [b.tolist() for b in Dataset.from_tensors(np.array([1, 2])).repeat(3).batch(2)] == [[[1, 2], [1, 2]],
+                                                                                            [[1, 2]]]
+    source = np.arange(100)
+    first = next(iter(Dataset.from_tensor_slices(source).batch(10)))
+    assert np.shares_memory(first, source)
+    # a shuffled batch never aliases the shuffle's buffer: later batches do not change it
+    it = iter(Dataset.from_tensor_slices(source).shuffle(20, seed=0).batch(10))
+    first = next(it)
+    snapshot = first.copy()
+    rest = list(it)
+    np.testing.assert_array_equal(first, snapshot)
+    assert sorted(np.concatenate([first] + rest).tolist()) == list(range(100))

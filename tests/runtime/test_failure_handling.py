@@ -36,56 +36,40 @@ def _raises_within(action, seconds: float, interval: float = 0.05) -> tuple[Base
     raise AssertionError(f"nothing was raised within {seconds} s")
 
 
-def test_restarted_ps_fails_the_job_with_a_restart_error(make_cluster):
-    cluster = make_cluster(num_ps=2, num_workers=1)
-    strategy = cluster.strategy()
+def test_restarted_ps_fails_the_job_with_a_restart_error(two_ps_job):
     # a generous silence budget: the restart itself (a new Python process) must not be mistaken for a hang
-    coordinator = ClusterCoordinator(strategy, heartbeat_failures=20)
-    try:
-        with strategy.scope():
-            a = Variable(np.zeros(2), name="a")
-            b = Variable(np.zeros(2), name="b")  # on ps 1
-        opt = SGD(learning_rate=0.1)
+    job = two_ps_job(heartbeat_failures=20)
+    cluster, coordinator, b, step = job.cluster, job.coordinator, job.b, job.step
+    before = coordinator.ps_incarnations
+    assert all(before.values())
+    cluster.kill("ps", 1)
+    cluster.start_task("ps", 1)  # back at the same address, empty; nobody restarts the chief
 
-        def step():
-            opt.apply_gradients([(np.ones(2), a), (np.ones(2), b)])
+    # nothing running: the heartbeat sees the new incarnation
+    error, took = _raises_within(coordinator.done, 10)
+    assert isinstance(error, PSUnavailableError), repr(error)
+    assert error.ps_index == 1 and "/job:ps/task:1" in str(error) and cluster.cluster["ps"][1] in str(error)
+    assert "restarted and lost its variables" in str(error) and "incarnation" in str(error)
+    assert took < 10
 
-        for _ in range(3):
-            coordinator.schedule(step)
+    # a function touching the lost variables: the worker gets NOT_FOUND, the job fails at once (no retries)
+    start = time.monotonic()
+    coordinator.schedule(step)
+    with pytest.raises(PSUnavailableError, match="restarted and lost its variables.*NOT_FOUND"):
         coordinator.join()
-        before = coordinator.ps_incarnations
-        assert all(before.values())
-        cluster.kill("ps", 1)
-        cluster.start_task("ps", 1)  # back at the same address, empty; nobody restarts the chief
+    assert time.monotonic() - start < 10
+    with pytest.raises(PSUnavailableError, match="task:1.*restarted"):
+        b.numpy()  # the coordinator's own reads say so too
 
-        # nothing running: the heartbeat sees the new incarnation
-        error, took = _raises_within(coordinator.done, 10)
-        assert isinstance(error, PSUnavailableError), repr(error)
-        assert error.ps_index == 1 and "/job:ps/task:1" in str(error) and cluster.cluster["ps"][1] in str(error)
-        assert "restarted and lost its variables" in str(error) and "incarnation" in str(error)
-        assert took < 10
-
-        # a function touching the lost variables: the worker gets NOT_FOUND, the job fails at once (no retries)
-        start = time.monotonic()
+    # and the chief's main function ends with the retryable status, not a permanent error
+    def main():
         coordinator.schedule(step)
-        with pytest.raises(PSUnavailableError, match="restarted and lost its variables.*NOT_FOUND"):
-            coordinator.join()
-        assert time.monotonic() - start < 10
-        with pytest.raises(PSUnavailableError, match="task:1.*restarted"):
-            b.numpy()  # the coordinator's own reads say so too
+        coordinator.join()
 
-        # and the chief's main function ends with the retryable status, not a permanent error
-        def main():
-            coordinator.schedule(step)
-            coordinator.join()
-
-        with pytest.raises(SystemExit) as exit_info:
-            run_coordinator(main, hard_exit=False)
-        assert exit_info.value.code == EXIT_PS_UNAVAILABLE == 133
-        assert coordinator.ps_incarnations == before  # it remembers the incarnation its variables lived in
-    finally:
-        coordinator.shutdown()
-        strategy.close()
+    with pytest.raises(SystemExit) as exit_info:
+        run_coordinator(main, hard_exit=False)
+    assert exit_info.value.code == EXIT_PS_UNAVAILABLE == 133
+    assert coordinator.ps_incarnations == before  # it remembers the incarnation its variables lived in
 
 
 def test_hung_worker_and_hung_ps_are_detected_in_parallel(make_cluster, caplog):

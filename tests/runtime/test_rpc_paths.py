@@ -90,25 +90,57 @@ def test_big_answer_to_a_unary_call_is_parked_and_streamed(ps_server):
 
 def test_big_answer_of_a_push_applies_the_update_once(ps_server):
     server, client = ps_server
+    sgd = SGD(learning_rate=1.0).get_config()
     big = np.ones(CHUNK, np.float32)
     server.state.create("w", big)
-    meta, (value,) = client.call("Push", {"optimizer": SGD(learning_rate=1.0).get_config(),
-                                          "updates": [{"name": "w", "kind": "dense"}], "read_back": ["w"]},
-                                 [np.full(CHUNK, 0.5, np.float32)])
+    meta, (value,) = client.call("PushRead", {"optimizer": sgd, "updates": [{"name": "w", "kind": "dense"}],
+                                              "names": ["w"]}, [np.full(CHUNK, 0.5, np.float32)])
     assert meta["steps"] == [1]  # a streamed request: the push itself is big too
-    meta, (value,) = client.call("Push", {"optimizer": SGD(learning_rate=1.0).get_config(),
-                                          "updates": [], "read_back": ["w"]})
-    assert meta["steps"] == []
-    np.testing.assert_array_equal(value, np.full(CHUNK, 0.5, np.float32))
+    np.testing.assert_array_equal(value, np.full(CHUNK, 0.5, np.float32))  # read after the update
 
     server.state.create("small", np.ones(4, np.float32))
     # small request (unary), big answer (parked): the update must run exactly once
-    meta, (small, w) = client.call("Push", {"optimizer": SGD(learning_rate=1.0).get_config(),
-                                            "updates": [{"name": "small", "kind": "dense"}],
-                                            "read_back": ["small", "w"]}, [np.ones(4, np.float32)])
+    meta, (small, w) = client.call("PushRead", {"optimizer": sgd, "updates": [{"name": "small", "kind": "dense"}],
+                                                "names": ["small", "w"]}, [np.ones(4, np.float32)])
     assert meta["steps"] == [1] and server.state.get("small").updates == 1
     np.testing.assert_array_equal(small, np.zeros(4, np.float32))
     assert w.shape == (CHUNK,)
+    # rows too, after a sparse update: the answer is the values of 'names', then the row blocks
+    meta, (rows,) = client.call("PushRead", {"optimizer": sgd, "updates": [{"name": "small", "kind": "sparse"}],
+                                             "names": [], "rows": ["small"]},
+                                [np.array([1, 3]), np.ones((2,), np.float32), np.array([3, 0])])
+    assert meta["steps"] == [2]
+    np.testing.assert_array_equal(rows, np.array([-1.0, 0.0], np.float32))
+
+
+def test_push_read_refuses_a_malformed_request_naming_the_field(ps_server):
+    server, client = ps_server
+    server.state.create("v", np.ones(4, np.float32))
+    sgd = SGD(learning_rate=1.0).get_config()
+    cases = [
+        ({"optimizer": sgd, "updates": "v", "names": ["v"]}, [], "field 'updates' must be a list"),
+        ({"optimizer": sgd, "updates": [{"name": "v", "kind": "dense"}], "names": ["v"]}, [],
+         "Push: field 'tensors' holds 0 tensor(s), expected 1"),
+        ({"optimizer": sgd, "updates": [], "names": [], "rows": ["v"]}, [], "ReadMany: field 'tensors' holds 0"),
+        # a good push with a bad read: refused before the push is applied
+        ({"optimizer": sgd, "updates": [{"name": "v", "kind": "dense"}], "names": ["v"], "rows": ["v"]},
+         [np.ones(4, np.float32), np.array([9])], "holds row 9; the variable has rows 0..3"),
+        ({"optimizer": sgd, "updates": [{"name": "v", "kind": "dense"}], "names": ["nope"]},
+         [np.ones(4, np.float32)], "no variable named 'nope'"),
+        # a good first update and a bad second one: neither is applied
+        ({"optimizer": sgd, "updates": [{"name": "v", "kind": "dense"}, {"name": "v", "kind": "sparse"}],
+          "names": []}, [np.ones(4, np.float32), np.array([0]), np.ones((1, 2), np.float32)],
+         "'values' has shape [1, 2], expected [1]"),
+    ]
+    for meta, arrays, message in cases:
+        for method in ("PushRead", "Push"):
+            if method == "Push" and ("rows" in meta or meta["names"]):
+                continue
+            with pytest.raises(RemoteError) as info:
+                client.call(method, meta, arrays)
+            assert info.value.code in ("INVALID_ARGUMENT", "NOT_FOUND") and message in str(info.value), str(info.value)
+    assert server.state.get("v").updates == 0  # nothing was applied by the refused calls
+    np.testing.assert_array_equal(server.state.read("v"), np.ones(4, np.float32))
 
 
 def test_collect_of_an_unknown_answer_is_not_found(ps_server):
@@ -159,9 +191,10 @@ def test_malformed_unary_payload_is_invalid_argument_naming_the_field(ps_server)
     assert client.call("RecordForTest", {"tag": "still serving"})[0] == {"tag": "still serving"}
 
 
-def test_a_training_step_makes_two_rpcs_per_ps(coord):
-    """Embedding lookup (table in 2 shards on 2 ps) + dense weights on both ps + one push: 2 calls per ps a step;
-    the first step's dense pull rides on the lookup's call, later steps read the values the pushes answered."""
+def test_a_training_step_makes_one_rpc_per_ps(coord):
+    """Embedding lookup (table in 2 shards on 2 ps) + dense weights on both ps + one push: 1 call per ps a step.
+    The dense pull rides on the lookup's call (ReadMany), and each step's push on the next step's lookup
+    (PushRead); the last step's push is sent when the function returns."""
     strategy, coordinator = coord
     with strategy.scope():
         table = Variable(np.zeros((100, 4), np.float32), name="calls_table")  # sharded: part_0, part_1
@@ -187,8 +220,34 @@ def test_a_training_step_makes_two_rpcs_per_ps(coord):
         return per_step, seen, ctx.pulls
 
     per_step, seen, pulls = coordinator.schedule(steps, args=(3,)).fetch()
-    assert per_step == [{0: 2, 1: 2}] * 3
-    assert pulls == 2  # the first step's pull, folded into the lookup's ReadMany on each ps; none after
+    assert per_step == [{0: 1, 1: 1}] * 3
+    assert pulls == 6  # every step's dense pull rides on its lookup (ReadMany, then PushRead), one per ps
     assert seen == [(0.0, 1.0), (-1.0, 0.0), (-2.0, -1.0)]  # each step saw the previous push's result
     np.testing.assert_array_equal(ws[0].numpy(), np.full((1, 4), -3.0, np.float32))
     np.testing.assert_array_equal(table.numpy()[7], np.full(4, -6.0, np.float32))  # duplicates summed, 3 steps
+
+
+def test_small_sharded_weights_ride_on_the_lookup_big_ones_are_read_on_demand(coord):
+    """Dense weights are pulled with the step's first call whether or not a partitioner sharded them; a variable
+    over PREFETCH_MAX_BYTES (a table) never is: only what a step asks for is read."""
+    from kubeps.runtime.context import PREFETCH_MAX_BYTES
+
+    strategy, coordinator = coord
+    with strategy.scope():
+        table = Variable(np.zeros((100, 4), np.float32), name="od_table")
+        kernel = Variable(np.ones((6, 4), np.float32), name="od_kernel")  # small, but sharded over both ps
+        big = Variable(np.zeros(PREFETCH_MAX_BYTES // 4 + 2, np.float32), name="od_big")  # sharded, over the limit
+    assert len(kernel.variables) == 2 and len(big.variables) == 2
+    assert all(s.prefetch for s in kernel.variables) and not any(s.prefetch for s in big.variables)
+
+    def step():
+        ctx = current_closure_context()
+        before = sum(ctx.transport.calls.values())
+        embedding_lookup(table, np.array([1, 99]))
+        after_lookup = sum(ctx.transport.calls.values())
+        value = kernel.read_value()
+        after_kernel = sum(ctx.transport.calls.values())
+        return after_lookup - before, after_kernel - after_lookup, float(value.sum())
+
+    lookup_calls, kernel_calls, total = coordinator.schedule(step).fetch()
+    assert (lookup_calls, kernel_calls, total) == (2, 0, 24.0)

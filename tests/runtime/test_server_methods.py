@@ -82,3 +82,22 @@ def test_extension_module_registers_methods_in_server_process(tmp_path):
     result = subprocess.run([sys.executable, "-m", "kubeps.runtime.server"], env=env, capture_output=True,
                             text=True, timeout=30)
     assert result.returncode == 2 and "KUBEPS_SERVER_EXTENSIONS' has invalid value 'no_such_module_xyz'" in result.stderr
+
+
+def test_a_plain_server_serves_the_checkpoint_methods():
+    """``kp.Server(...).join()`` -- the README's way to run a ps -- serves SaveShards/RestoreShards without the
+    program importing the checkpoint module (before, only ``python -m kubeps.runtime.server`` loaded it)."""
+    port = free_ports(1)[0]
+    code = textwrap.dedent(f"""
+        import sys
+        import kubeps.runtime as kp
+        from kubeps.runtime import server
+        assert "kubeps.runtime.checkpoint" not in sys.modules
+        s = kp.Server({{"ps": ["127.0.0.1:{port}"], "worker": ["127.0.0.1:1"]}}, "ps", 0, token={TOKEN!r},
+                      bind_host="127.0.0.1")
+        print(sorted(set(server.ps_methods()) & {{"SaveShards", "RestoreShards"}}))
+        s.stop()
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "['RestoreShards', 'SaveShards']"

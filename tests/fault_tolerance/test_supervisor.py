@@ -13,13 +13,13 @@ import time
 import pytest
 
 from kubeps.runtime.errors import PSUnavailableError
+from kubeps.runtime.restarting import RestartingLocalCluster
 from kubeps.runtime.supervisor import (
     EXIT_PS_UNAVAILABLE,
     Action,
     RestartPolicy,
     is_retryable_exit,
     ps_unavailable_cause,
-    restarting_cluster_class,
 )
 
 P = RestartPolicy(max_restarts=2, backoff_initial=0.5, backoff_max=1.5)
@@ -135,11 +135,11 @@ def test_restarting_local_cluster_with_real_processes(tmp_path):
     script.write_text(TOY)
     state = tmp_path / "state"
     state.mkdir()
-    cls = restarting_cluster_class(RestartPolicy(max_restarts=5, backoff_initial=0.1))
     out = io.StringIO()
     # the toy ps answers no Ping: the chief does not wait for it (the chaos tests cover that gate)
-    cluster = cls(str(script), [str(state)], num_ps=1, num_workers=2, output=out, log=out, grace_period=2.0,
-                  ps_ready_timeout=0)
+    cluster = RestartingLocalCluster(str(script), [str(state)], num_ps=1, num_workers=2, output=out, log=out,
+                                     grace_period=2.0, ps_ready_timeout=0,
+                                     policy=RestartPolicy(max_restarts=5, backoff_initial=0.1))
     result: dict = {}
     import threading
 

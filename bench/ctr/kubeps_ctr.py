@@ -1,0 +1,121 @@
+"""The kubeps side of ``bench/ctr_vs_tf.py``: the workload of ``workload.py`` on ParameterServerStrategy +
+ClusterCoordinator, written as a kubeps user would (``kubeps.runtime`` facade, ``nn`` layers, Adagrad on the ps).
+
+    kubeps local --ps 2 --workers 2 bench/ctr/kubeps_ctr.py -- --data DIR --steps 3000
+
+The chief builds the model in ``strategy.scope()`` from the initial weights in ``DIR`` (the table sharded over the
+ps by ``FixedShardsPartitioner``), creates the per-worker dataset, schedules ``--warmup-executions`` executions of
+``--steps-per-execution`` steps (not timed), then times the rest up to the last ``join()``. It reads the final
+weights back and scores them with ``workload.evaluate``, and prints one line ``RESULT {json}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import workload as wl  # noqa: E402 - next to this file, only numpy
+
+import kubeps.runtime as kp  # noqa: E402
+from kubeps.runtime import nn  # noqa: E402
+
+
+class FromArray:
+    """An initializer that hands out one given array once (so the array never travels with the model)."""
+
+    def __init__(self, array: np.ndarray):
+        self.array = np.asarray(array)
+
+    def __call__(self, shape, dtype):
+        array, self.array = self.array, None
+        assert array is not None and tuple(array.shape) == tuple(shape), (shape, None if array is None else array.shape)
+        return array.astype(dtype)
+
+
+class Model:
+    def __init__(self, init: dict[str, np.ndarray]):
+        self.embedding = nn.Embedding(wl.VOCAB, wl.DIM, embeddings=kp.Variable(np.asarray(init["embedding"]),
+                                                                                name="embedding"))
+        sizes = (wl.FIELDS * wl.DIM + wl.DENSE, *wl.HIDDEN, 1)
+        layers = []
+        for i, (fan_in, units) in enumerate(zip(sizes[:-1], sizes[1:])):
+            layers.append(nn.Dense(units, activation="relu" if i < len(wl.HIDDEN) else None, input_dim=fan_in,
+                                   kernel_initializer=FromArray(init[f"w{i}"]),
+                                   bias_initializer=FromArray(init[f"b{i}"]), name=f"dense_{i}"))
+        self.head = nn.Sequential(layers)
+        self.loss = nn.SigmoidCrossEntropy()
+
+    def train_step(self, ids, dense, labels, optimizer) -> float:
+        rows = self.embedding.forward(ids)
+        x = np.concatenate([rows.reshape(len(ids), -1), dense], axis=1)
+        loss = self.loss.forward(self.head.forward(x)[:, 0], labels)
+        dx = self.head.backward(self.loss.backward()[:, None])
+        self.embedding.backward(dx[:, : wl.FIELDS * wl.DIM].reshape(len(ids), wl.FIELDS, wl.DIM))
+        optimizer.apply_gradients(nn.all_grads_and_vars([self.embedding, self.head]))
+        return loss
+
+    def weights(self) -> dict[str, np.ndarray]:
+        out = {"embedding": self.embedding.embeddings.numpy()}
+        for i, layer in enumerate(self.head.layers):
+            out[f"w{i}"], out[f"b{i}"] = layer.kernel.numpy(), layer.bias.numpy()
+        return out
+
+
+def make_dataset(folder: str, batch: int, ctx: kp.InputContext) -> kp.Dataset:
+    train = wl.load(folder, "train")
+    return (kp.Dataset.from_tensor_slices((train["ids"], train["dense"], train["labels"]))
+            .shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+            .shuffle(wl.SHUFFLE_BUFFER, seed=ctx.input_pipeline_id)
+            .repeat()
+            .batch(batch, drop_remainder=True)
+            .prefetch(2))
+
+
+def run_chief(args: argparse.Namespace) -> int:
+    resolver = kp.TFConfigClusterResolver()
+    num_ps = resolver.cluster_spec().num_tasks("ps")
+    strategy = kp.ParameterServerStrategy(resolver, variable_partitioner=kp.FixedShardsPartitioner(num_ps))
+    coordinator = kp.ClusterCoordinator(strategy)
+    try:
+        init = wl.load(args.data, "init")
+        with strategy.scope():
+            model = Model(init)
+        optimizer = kp.Adagrad(learning_rate=wl.LEARNING_RATE, initial_accumulator_value=wl.INITIAL_ACCUMULATOR,
+                               epsilon=wl.EPSILON)
+        folder, batch = args.data, args.batch_size
+
+        def dataset_fn(ctx):
+            return make_dataset(folder, batch, ctx)
+
+        iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+        spe = args.steps_per_execution
+
+        def train_fn(it):
+            total = 0.0
+            for _ in range(spe):
+                ids, dense, labels = next(it)
+                total += model.train_step(ids, dense, labels, optimizer)
+            return total / spe
+
+        wl.timed_training(coordinator, train_fn, iterator, args, model.weights, "kubeps")
+        return 0
+    finally:
+        coordinator.shutdown()
+        strategy.close()
+
+
+def main() -> int:
+    args = wl.parse_args(__doc__.splitlines()[0])
+    resolver = kp.TFConfigClusterResolver()
+    if resolver.task_type in ("ps", "worker"):
+        kp.Server(resolver.cluster_spec(), job_name=resolver.task_type, task_index=resolver.task_id).join()
+        return 0
+    return run_chief(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

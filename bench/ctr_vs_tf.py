@@ -1,0 +1,329 @@
+"""CTR training throughput, kubeps vs TensorFlow's own parameter-server runtime, side by side in one run.
+
+    .venv/bin/python bench/ctr_vs_tf.py --tf-python /path/tfenv/bin/python [--rounds 3] [--steps 3000]
+                                        [--train-examples 1048576] [--data DIR] [--json OUT]
+
+The workload (``bench/ctr/workload.py``): a synthetic Criteo-like CTR task with a known answer -- 8 categorical fields
+of skewed popularity (10 to 500k values) hashed into ONE shared 2^20 x 16 embedding table, 13 dense features, an MLP
+head 141-64-32-1 (ReLU), sigmoid cross-entropy, Adagrad (lr 0.05, accumulator from 0.1, eps 1e-7), batch 512, 10
+steps per scheduled function; labels drawn from a logistic teacher, whose own held-out log-loss is the floor.
+The data set, the held-out set and the initial weights are written once as ``.npy`` files (cached under
+``~/.cache/kubeps/bench-ctr/``, keyed by the parameters and the workload's source) so both runtimes start from the
+same bytes.
+
+Each round runs, with 1 chief + ``--ps`` (2) ps + ``--workers`` (2) workers as local processes (``kubeps local``):
+
+* kubeps: ``bench/ctr/kubeps_ctr.py`` (``kubeps.runtime``'s ParameterServerStrategy + ClusterCoordinator);
+* TensorFlow: ``bench/ctr/tf_ctr.py`` (``tf.distribute.experimental.ParameterServerStrategy`` + ``ClusterCoordinator``,
+  the table sharded over the ps by ``FixedShardsPartitioner``, ``tf.data`` per worker), run by ``--tf-python``;
+
+alternating which side goes first. Both programs time from after ``--warmup-executions`` executions to the final
+``join()``, and score their final weights with the same numpy scorer (``workload.evaluate``). The driver samples every
+task's peak RSS (``VmHWM``) and reads every task's CPU time (``/proc/PID/stat``) when the chief prints ``TIMED
+START`` and ``TIMED END``: CPU milliseconds per step, all tasks together, is the figure a busy shared machine moves
+least. It prints one line per round and a table: examples/s (median of the rounds) of both and the ratio kubeps/TF
+(TF is this benchmark's baseline, measured in the same run), eval log-loss and AUC of both, the teacher's log-loss,
+CPU per step and peak RSS per task type. Exit status 1 when kubeps's median eval log-loss is worse than TF's
+by more than 1%.
+
+Installing the TensorFlow side (kept out of kubeps's dependencies, in an environment of its own; it only needs
+TensorFlow and numpy, which TensorFlow brings)::
+
+    python3 -m venv /path/tfenv && /path/tfenv/bin/pip install tensorflow-cpu==2.21.0
+
+Without ``--tf-python``, or when that interpreter cannot import tensorflow, only the kubeps side runs and the
+driver says TF was skipped (exit status 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CTR = REPO / "bench" / "ctr"
+sys.path.insert(0, str(CTR))
+import workload as wl  # noqa: E402 - only numpy
+
+SIDES = {"kubeps": CTR / "kubeps_ctr.py", "tf": CTR / "tf_ctr.py"}
+TASK_LINE = re.compile(r"\[kubeps\] (?P<name>(?P<type>[a-z]+)-\d+) pid (?P<pid>\d+)")
+RESULT_LINE = re.compile(r"^(?:\[chief-0\] )?RESULT (?P<json>\{.*\})\s*$")
+POLL_S = 0.3
+
+
+def data_folder(args: argparse.Namespace) -> Path:
+    """The data set's folder, written once: ``--data`` or a cache folder keyed by the parameters and the workload."""
+    if args.data:
+        folder = Path(args.data)
+    else:
+        digest = hashlib.sha256((CTR / "workload.py").read_bytes()).hexdigest()[:10]
+        folder = (Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kubeps" / "bench-ctr"
+                  / f"n{args.train_examples}-e{args.eval_examples}-s{args.seed}-{digest}")
+    if (folder / "meta.json").exists():
+        meta = json.loads((folder / "meta.json").read_text())
+        if meta.get("train_examples") == args.train_examples and meta.get("seed") == args.seed:
+            return folder
+    print(f"writing the data set ({args.train_examples} training examples) to {folder} ...", flush=True)
+    partial = folder.with_name(folder.name + f".partial-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    wl.write(str(partial), train_examples=args.train_examples, eval_examples=args.eval_examples, seed=args.seed)
+    if folder.exists():
+        shutil.rmtree(folder)
+    partial.rename(folder)
+    return folder
+
+
+def tensorflow_version(python: str | None) -> tuple[str | None, str]:
+    """(TensorFlow's version, "") when ``python`` imports tensorflow, else (None, why not)."""
+    if not python:
+        return None, "no --tf-python given"
+    try:
+        out = subprocess.run([python, "-c", "import tensorflow as tf; print(tf.__version__)"], capture_output=True,
+                             text=True, timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"{python}: {exc}"
+    if out.returncode != 0:
+        return None, f"{python} cannot import tensorflow: {(out.stderr.strip().splitlines() or ['?'])[-1]}"
+    return out.stdout.strip().splitlines()[-1], ""
+
+
+def vm_hwm_bytes(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a process so far (all its threads)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class PeakRSS:
+    """Polls the peak RSS (VmHWM) of every task the launcher reports, until each exits; ``mark`` reads every task's
+    CPU time (the chief prints ``TIMED START`` and ``TIMED END`` around the timed span)."""
+
+    def __init__(self):
+        self.tasks: dict[str, int] = {}
+        self.peak: dict[str, int] = {}
+        self.cpu: dict[str, dict[str, float]] = {}  # mark -> task -> CPU seconds
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+        self.thread.start()
+
+    def add(self, name: str, pid: int) -> None:
+        with self.lock:
+            self.tasks[name] = pid
+
+    def _sample(self) -> None:
+        with self.lock:
+            tasks = list(self.tasks.items())
+        for name, pid in tasks:
+            hwm = vm_hwm_bytes(pid)
+            if hwm is not None:
+                self.peak[name] = max(self.peak.get(name, 0), hwm)
+
+    def mark(self, label: str) -> None:
+        with self.lock:
+            tasks = list(self.tasks.items())
+        self.cpu[label] = {name: t for name, pid in tasks if (t := cpu_seconds(pid)) is not None}
+
+    def cpu_ms_per_step(self, steps: int) -> dict[str, float]:
+        """CPU milliseconds per timed step of each task type (summed over its tasks) and of all tasks."""
+        start, end = self.cpu.get("start", {}), self.cpu.get("end", {})
+        out: dict[str, float] = {}
+        for name in start.keys() & end.keys():
+            kind = name.rsplit("-", 1)[0]
+            out[kind] = out.get(kind, 0.0) + 1000 * (end[name] - start[name]) / steps
+        out["total"] = sum(out.values())
+        return out
+
+    def _poll(self) -> None:
+        while not self.done.wait(POLL_S):
+            self._sample()
+
+    def stop(self) -> dict[str, int]:
+        self.done.set()
+        self.thread.join()
+        return dict(self.peak)
+
+
+def run_side(side: str, args: argparse.Namespace, data: Path, tf_python: str | None) -> dict:
+    """One training run of ``side`` under ``kubeps local``; its RESULT plus the peak RSS of each task."""
+    kubeps = Path(sys.executable).parent / "kubeps"
+    cmd = [str(kubeps), "local", "--ps", str(args.ps), "--workers", str(args.workers)]
+    if side == "tf":
+        cmd += ["--python", tf_python]
+    cmd += [str(SIDES[side].relative_to(REPO)), "--", "--data", str(data), "--steps", str(args.steps),
+            "--batch-size", str(args.batch_size), "--steps-per-execution", str(args.steps_per_execution),
+            "--warmup-executions", str(args.warmup_executions)]
+    rss = PeakRSS()
+    lines: list[str] = []
+    result = None
+    started = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    def stop() -> None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+    killer = threading.Timer(args.timeout, stop)
+    killer.start()
+    try:
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+            if args.verbose:
+                print(f"  {side}| {line}", end="", flush=True)
+            if m := TASK_LINE.search(line):
+                rss.add(m["name"], int(m["pid"]))
+            elif m := RESULT_LINE.match(line.strip()):
+                result = json.loads(m["json"])
+            elif "TIMED START" in line or "TIMED END" in line:
+                rss.mark("start" if "START" in line else "end")
+        rc = proc.wait()
+    finally:
+        killer.cancel()
+        if proc.poll() is None:
+            stop()
+            proc.wait()
+        peak = rss.stop()
+    if rc != 0 or result is None:
+        tail = "\n".join(lines[-40:])
+        raise SystemExit(f"{side} run failed (exit status {rc}, {time.monotonic() - started:.0f} s):\n"
+                         f"  {' '.join(cmd)}\n{tail}")
+    result["peak_rss"] = peak
+    executions = args.steps // args.steps_per_execution
+    timed_steps = (executions - min(args.warmup_executions, executions)) * args.steps_per_execution
+    result["cpu_ms_per_step"] = rss.cpu_ms_per_step(max(1, timed_steps))
+    result["wall_seconds"] = time.monotonic() - started
+    return result
+
+
+def peak_by_type(runs: list[dict]) -> dict[str, int]:
+    """The largest peak RSS of each task type (chief, ps, worker) over all tasks of all rounds."""
+    out: dict[str, int] = {}
+    for run in runs:
+        for name, value in run["peak_rss"].items():
+            kind = name.rsplit("-", 1)[0]
+            out[kind] = max(out.get(kind, 0), value)
+    return out
+
+
+def summarize(runs: list[dict]) -> dict:
+    return {"examples_per_s": statistics.median(r["examples_per_s"] for r in runs),
+            "eval_logloss": statistics.median(r["eval_logloss"] for r in runs),
+            "eval_auc": statistics.median(r["eval_auc"] for r in runs),
+            "teacher_logloss": runs[0]["teacher_logloss"],
+            "cpu_ms_per_step": {k: statistics.median(r["cpu_ms_per_step"].get(k, 0.0) for r in runs)
+                                for k in ("chief", "ps", "worker", "total")},
+            "peak_rss": peak_by_type(runs)}
+
+
+def describe(run: dict) -> str:
+    return (f"{run['examples_per_s']:8.0f} ex/s in {run['train_seconds']:5.1f} s, log-loss {run['eval_logloss']:.4f}"
+            f", AUC {run['eval_auc']:.4f}, CPU {run['cpu_ms_per_step']['total']:.1f} ms/step")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tf-python", help="an interpreter that imports tensorflow (2.21); without it TF is skipped")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=3000, help="training steps per run (all workers together)")
+    p.add_argument("--train-examples", type=int, default=1 << 20)
+    p.add_argument("--eval-examples", type=int, default=100_000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data", help="data folder (written there if missing; default: a cache folder)")
+    p.add_argument("--ps", type=int, default=2)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=wl.BATCH)
+    p.add_argument("--steps-per-execution", type=int, default=wl.STEPS_PER_EXECUTION)
+    p.add_argument("--warmup-executions", type=int, default=4)
+    p.add_argument("--timeout", type=float, default=1800, help="seconds one run may take before it is stopped")
+    p.add_argument("--verbose", action="store_true", help="stream the tasks' output")
+    p.add_argument("--json", help="write the rounds and the summary to this file")
+    args = p.parse_args(argv)
+
+    tf_version, why = tensorflow_version(args.tf_python)
+    sides = ["kubeps", "tf"] if tf_version else ["kubeps"]
+    if not tf_version:
+        print(f"TensorFlow skipped: {why} (see this file's docstring to install it)", flush=True)
+    data = data_folder(args)
+    load = os.getloadavg()
+    print(f"CTR workload: {wl.FIELDS} fields -> {wl.VOCAB} x {wl.DIM} table, {wl.DENSE} dense, MLP "
+          f"{wl.FIELDS * wl.DIM + wl.DENSE}-{'-'.join(map(str, wl.HIDDEN))}-1, Adagrad {wl.LEARNING_RATE}, batch "
+          f"{args.batch_size}; {args.steps} steps on {args.ps} ps + {args.workers} workers; data {data}; "
+          f"{os.cpu_count()} CPUs, load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+          + (f"; TensorFlow {tf_version}" if tf_version else ""), flush=True)
+
+    runs: dict[str, list[dict]] = {side: [] for side in sides}
+    for i in range(args.rounds):
+        order = sides if i % 2 == 0 else sides[::-1]
+        for side in order:
+            runs[side].append(run_side(side, args, data, args.tf_python))
+        line = f"round {i + 1}/{args.rounds}: " + " | ".join(
+            f"{side} {describe(runs[side][-1])}" for side in sides)
+        if tf_version:
+            line += f" | ratio {runs['kubeps'][-1]['examples_per_s'] / runs['tf'][-1]['examples_per_s']:.2f}x"
+        print(line + f"  (first: {order[0]})", flush=True)
+
+    summary = {side: summarize(runs[side]) for side in sides}
+    mb = 1 << 20
+    names = {"kubeps": "kubeps", "tf": f"TensorFlow {tf_version}"}
+    print(f"\nmedian of {args.rounds} round(s), {args.steps} steps, batch {args.batch_size}, "
+          f"{args.ps} ps + {args.workers} workers:")
+    print(f"{'':22}{'examples/s':>12}{'eval log-loss':>15}{'eval AUC':>10}"
+          f"{'CPU ms/step: all (ps, workers)':>32}{'peak RSS chief / ps / worker (MB)':>36}")
+    for side in sides:
+        s = summary[side]
+        rss = " / ".join(f"{s['peak_rss'].get(k, 0) / mb:.0f}" for k in ("chief", "ps", "worker"))
+        c = s["cpu_ms_per_step"]
+        cpu = f"{c['total']:.2f} ({c['ps']:.2f}, {c['worker']:.2f})"
+        print(f"{names[side]:22}{s['examples_per_s']:12.0f}{s['eval_logloss']:15.4f}{s['eval_auc']:10.4f}{cpu:>32}"
+              f"{rss:>36}")
+    print(f"{'teacher (best possible)':22}{'':12}{summary['kubeps']['teacher_logloss']:15.4f}")
+    status = 0
+    if tf_version:
+        k, t = summary["kubeps"], summary["tf"]
+        ratio = k["examples_per_s"] / t["examples_per_s"]
+        print(f"ratio kubeps/TF: {ratio:.2f}x examples/s (goal >= 2x); eval log-loss kubeps/TF "
+              f"{k['eval_logloss'] / t['eval_logloss']:.4f}")
+        summary["ratio"] = ratio
+        if k["eval_logloss"] > t["eval_logloss"] * 1.01:
+            print(f"FAIL: kubeps's eval log-loss {k['eval_logloss']:.4f} is worse than TF's {t['eval_logloss']:.4f} "
+                  f"by more than 1%")
+            status = 1
+    else:
+        print("TensorFlow skipped: no baseline, no ratio")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "tensorflow": tf_version, "load": load, "rounds": runs,
+                       "summary": summary}, f, indent=2)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""Checkpoint adapters for kubeps variables: a ``Variable`` or ``ShardedVariable`` becomes a :class:`Saveable`
+whose shards are saved where they live (on their parameter servers, or in this process for local variables)."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+from ..ps import optimizer_key
+from ..variables import ShardedVariable, Variable
+from .format import tensor_rows
+from .saveables import LocalExecutor, PSExecutor, Saveable, ShardRef, register_saveable
+
+
+
+# -- kubeps variables ------------------------------------------------------------------------------------------
+def _config_key_of(optimizer: Any) -> str:
+    return optimizer_key(optimizer.get_config())  # the PS keys slots by this: local variables must match
+
+
+class _LocalVariableAccess:
+    """:class:`ShardAccess` over local :class:`~kubeps.runtime.variables.Variable` objects (coordinator-side)."""
+
+    def __init__(self):
+        self.variables: dict[str, Any] = {}
+
+    def snapshot(self, key):
+        var = self.variables[key]
+        value, optimizer_slots, updates = var.local_state()
+        slots = {_config_key_of(opt): {n: a.copy() for n, a in group.items()} for opt, group in optimizer_slots}
+        return value.copy(), slots, updates
+
+    def describe(self, key):
+        var = self.variables[key]
+        value = var.local_state()[0]
+        return value.shape, value.dtype
+
+    def load(self, key, value, slots, updates):
+        var = self.variables[key]
+        array, optimizer_slots, _ = var.local_state()
+        array[...] = value
+        if updates is not None:
+            var.set_local_updates(updates)
+        for opt, group in optimizer_slots:  # slots of optimizers this process already has
+            saved = (slots or {}).get(_config_key_of(opt))
+            if saved:
+                for name, arr in saved.items():
+                    if name in group:
+                        group[name][...] = arr
+
+
+def _variable_shards(variables: Sequence[Any], rows: Sequence[tuple[int, int]]) -> list[ShardRef]:
+    refs = []
+    for var, (start, stop) in zip(variables, rows):
+        if not var.is_remote:
+            access = _LocalVariableAccess()
+            access.variables[var.key] = var
+            refs.append(ShardRef(start, stop, var.key, LocalExecutor(access)))
+        else:
+            refs.append(ShardRef(start, stop, var.key, PSExecutor(var.transport, var.ps_index)))
+    return refs
+
+
+def _variable_saveable(var: Any, path: str) -> list[Saveable]:
+    rows = tensor_rows(var.shape)
+    shards = _variable_shards([var], [(0, rows)]) if rows else []
+    return [Saveable(path, tuple(var.shape), np.dtype(var.dtype), shards)]
+
+
+def _sharded_saveable(var: Any, path: str) -> list[Saveable]:
+    return [Saveable(path, tuple(var.shape), np.dtype(var.dtype), _variable_shards(var.variables, var.shard_rows()))]
+
+
+def register_variable_adapters() -> None:
+    """Teach checkpoints kubeps's ``Variable`` and ``ShardedVariable``."""
+    register_saveable(Variable, _variable_saveable)
+    register_saveable(ShardedVariable, _sharded_saveable)
+

@@ -1,0 +1,231 @@
+"""``Checkpoint``: the objects a checkpoint holds, by name; ``write`` and ``restore`` one checkpoint directory."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Mapping
+
+import numpy as np
+
+from ..storage import normalize_path, storage_for
+from .format import (
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    CheckpointError,
+    CheckpointMismatchError,
+    Manifest,
+    TensorEntry,
+    VariableEntry,
+    commit_manifest,
+    dtype_name,
+    overlapping,
+    read_manifest,
+    short_listing,
+    tensor_rows,
+)
+from .saveables import SAVEABLE_ADAPTERS, ArrayAccess, LocalExecutor, Saveable, ShardExecutor, ShardRef, group_key
+from .shards import RestoreItem, SavedShard, SaveItem
+
+log = logging.getLogger(__name__)
+
+
+def _is_stateful(obj: Any) -> bool:
+    return callable(getattr(obj, "get_state", None)) and callable(getattr(obj, "set_state", None))
+
+
+class Checkpoint:
+    """The objects a checkpoint holds, by name: ``Checkpoint(model=..., optimizer=..., step=StepCounter())``.
+
+    Accepted objects: numpy arrays (restored in place), kubeps variables and sharded variables (any type with an
+    adapter from :func:`register_saveable`), objects with ``get_state()``/``set_state(state)`` (JSON state), and
+    dicts, lists and objects with a ``variables`` attribute holding any of these.
+    """
+
+    def __init__(self, **objects: Any):
+        if not objects:
+            raise CheckpointError("Checkpoint() needs at least one object, e.g. Checkpoint(model=model, step=step)")
+        for key in objects:
+            if "/" in key:
+                raise CheckpointError(f"Checkpoint object name {key!r} must not contain '/'")
+        self._objects = dict(objects)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.__dict__["_objects"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    # -- flattening --------------------------------------------------------------------------------------------
+    def _flatten(self) -> tuple[list[Saveable], dict[str, Any], ArrayAccess]:
+        saveables: list[Saveable] = []
+        stateful: dict[str, Any] = {}
+        local = ArrayAccess()
+        local_exec = LocalExecutor(local)
+        seen: dict[int, str] = {}
+
+        def visit(path: str, obj: Any) -> None:
+            if id(obj) in seen and not isinstance(obj, (int, str)):
+                return  # the same object reachable twice (an optimizer's and a model's reference)
+            seen[id(obj)] = path
+            for cls in type(obj).__mro__:
+                adapter = SAVEABLE_ADAPTERS.get(cls)
+                if adapter is not None:
+                    saveables.extend(adapter(obj, path))
+                    return
+            if isinstance(obj, np.ndarray):
+                dtype = np.dtype(dtype_name(obj.dtype, f"checkpoint object {path!r}"))
+                local.arrays[path] = obj
+                rows = tensor_rows(obj.shape)
+                shards = [ShardRef(0, rows, path, local_exec)] if rows else []
+                saveables.append(Saveable(path, tuple(obj.shape), dtype, shards))
+            elif _is_stateful(obj):
+                stateful[path] = obj
+            elif isinstance(obj, Mapping):
+                for k, v in obj.items():
+                    visit(f"{path}/{k}", v)
+            elif isinstance(obj, (list, tuple)):
+                # variables in a list are named by their own names (stable when the list order changes)
+                labels = [getattr(v, "name", None) for v in obj]
+                if not (all(isinstance(n, str) and n for n in labels) and len(set(labels)) == len(labels)):
+                    labels = [str(i) for i in range(len(obj))]
+                for label, v in zip(labels, obj):
+                    visit(f"{path}/{label}", v)
+            elif hasattr(obj, "variables") and not callable(obj.variables):
+                visit(path, obj.variables)
+            else:
+                raise CheckpointError(
+                    f"checkpoint object {path!r} of type {type(obj).__name__} cannot be checkpointed: give numpy "
+                    "arrays, kubeps variables, objects with get_state()/set_state(), or dicts/lists of them"
+                )
+
+        for key, obj in self._objects.items():
+            visit(key, obj)
+        names = [s.name for s in saveables]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise CheckpointError(f"two checkpoint variables share the name(s) {sorted(dup)}")
+        return saveables, stateful, local
+
+    def _step_value(self) -> int | None:
+        for key in ("step", "global_step", "iterations"):
+            obj = self._objects.get(key)
+            if obj is None:
+                continue
+            try:
+                return int(obj.numpy() if hasattr(obj, "numpy") else obj)
+            except (TypeError, ValueError):
+                continue
+        return None
+
+    # -- save ------------------------------------------------------------------------------------------------
+    def write(self, path: str, *, checkpoint_number: int = 0, step: int | None = None, final: bool = False) -> str:
+        """Write a complete checkpoint to the directory ``path`` (a ``ckpt-N`` directory); returns ``path``."""
+        path = normalize_path(path)
+        storage = storage_for(path)
+        saveables, stateful, _ = self._flatten()
+        if storage.exists(storage.join(path, MANIFEST_NAME)):
+            raise CheckpointError(f"checkpoint {path} already exists; refusing to overwrite a committed checkpoint")
+        storage.remove_tree(path)  # the remains of an interrupted save of the same number
+        storage.makedirs(path)
+        groups: dict[Any, tuple[ShardExecutor, list[tuple[SaveItem, Saveable]]]] = {}
+        for sv in saveables:
+            for shard in sv.shards:
+                item = SaveItem(key=shard.key, name=sv.name, start=shard.start, stop=shard.stop, shape=list(sv.shape))
+                groups.setdefault(group_key(shard.executor), (shard.executor, []))[1].append((item, sv))
+        results: dict[tuple[str, int], SavedShard] = {}
+
+        def run(group):
+            executor, pairs = group
+            saved = executor.save(path, [item for item, _ in pairs])
+            if len(saved) != len(pairs):
+                raise CheckpointError(f"{executor.label} saved {len(saved)} shards, {len(pairs)} were asked for")
+            return [((sv.name, item.start), s) for (item, sv), s in zip(pairs, saved)]
+
+        if groups:
+            with ThreadPoolExecutor(max_workers=len(groups), thread_name_prefix="ckpt-shards") as pool:
+                for pairs in pool.map(run, list(groups.values())):
+                    results.update(pairs)
+        variables: dict[str, VariableEntry] = {}
+        for sv in saveables:
+            parts = sorted((results[(sv.name, sh.start)] for sh in sv.shards), key=lambda s: s.value.start)
+            slot_keys = {(ok, sn) for p in parts for ok, g in p.slots.items() for sn in g}
+            slots: dict[str, dict[str, TensorEntry]] = {}
+            for okey, sname in sorted(slot_keys):
+                have = [p.slots.get(okey, {}).get(sname) for p in parts]
+                if any(h is None for h in have):
+                    # some shards never received an update with this optimizer: their slots do not exist yet
+                    log.warning("variable %r: slot %r exists on only some shards; not saved", sv.name, sname)
+                    continue
+                tail, dt = have[0][2], have[0][1]
+                slots.setdefault(okey, {})[sname] = TensorEntry(
+                    shape=[tensor_rows(sv.shape)] + list(tail) if sv.shape else [], dtype=dt,
+                    slices=[h[0] for h in have],
+                )
+            dtype = parts[0].dtype if parts else np.dtype(sv.dtype).name
+            variables[sv.name] = VariableEntry(
+                shape=list(sv.shape), dtype=dtype, slices=[p.value for p in parts], slots=slots
+            )
+        objects = {}
+        for key, obj in stateful.items():
+            state = obj.get_state()
+            try:
+                json.dumps(state)
+            except (TypeError, ValueError) as err:
+                raise CheckpointError(f"checkpoint object {key!r}: get_state() is not JSON-serialisable ({err})") from None
+            objects[key] = state
+        if step is None:
+            step = self._step_value()
+        manifest = Manifest(format_version=FORMAT_VERSION, checkpoint_number=checkpoint_number, step=step,
+                            final=final, created=time.time(), variables=variables, objects=objects)
+        commit_manifest(path, manifest)
+        return path
+
+    # -- restore ---------------------------------------------------------------------------------------------
+    def restore(self, path: str) -> int | None:
+        """Restore every object from the checkpoint at ``path``; returns the checkpoint's training step."""
+        path = normalize_path(path)
+        manifest = read_manifest(path)
+        saveables, stateful, _ = self._flatten()
+        groups: dict[Any, tuple[ShardExecutor, list[RestoreItem]]] = {}
+        for sv in saveables:
+            entry = manifest.variables.get(sv.name)
+            if entry is None:
+                raise CheckpointMismatchError(
+                    f"variable {sv.name!r} is not in checkpoint {path}; it holds {short_listing(manifest.variables)}"
+                )
+            dtype = np.dtype(sv.dtype).name
+            if list(sv.shape) != entry.shape or dtype != entry.dtype:
+                raise CheckpointMismatchError(
+                    f"variable {sv.name!r}: expected shape {list(sv.shape)} dtype {dtype}, checkpoint {path} has "
+                    f"shape {entry.shape} dtype {entry.dtype}"
+                )
+            for shard in sv.shards:
+                value = TensorEntry(shape=entry.shape, dtype=entry.dtype,
+                                    slices=[s for s, _, _ in overlapping(entry.slices, shard.start, shard.stop)]
+                                    if entry.shape else entry.slices)
+                slots = {
+                    okey: {
+                        sname: TensorEntry(shape=t.shape, dtype=t.dtype,
+                                           slices=[s for s, _, _ in overlapping(t.slices, shard.start, shard.stop)]
+                                           if t.shape else t.slices)
+                        for sname, t in group.items()
+                    }
+                    for okey, group in entry.slots.items()
+                }
+                item = RestoreItem(key=shard.key, name=sv.name, start=shard.start, stop=shard.stop, value=value,
+                                   slots=slots)
+                groups.setdefault(group_key(shard.executor), (shard.executor, []))[1].append(item)
+        for key in stateful:
+            if key not in manifest.objects:
+                raise CheckpointMismatchError(
+                    f"object {key!r} is not in checkpoint {path}; it holds objects {short_listing(manifest.objects)}"
+                )
+        if groups:
+            with ThreadPoolExecutor(max_workers=len(groups), thread_name_prefix="ckpt-shards") as pool:
+                list(pool.map(lambda g: g[0].restore(path, g[1]), list(groups.values())))
+        for key, obj in stateful.items():
+            obj.set_state(manifest.objects[key])
+        return manifest.step

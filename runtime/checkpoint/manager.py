@@ -1,0 +1,94 @@
+"""``CheckpointManager``: numbered checkpoints in a directory, the latest restored, the oldest deleted."""
+
+from __future__ import annotations
+
+
+import numpy as np
+
+from ..storage import is_temporary, normalize_path, storage_for
+from .api import Checkpoint
+from .format import (
+    CHECKPOINT_PREFIX,
+    MANIFEST_NAME,
+    CheckpointError,
+    latest_checkpoint,
+    list_checkpoints,
+    numbered_dirs,
+)
+
+
+class CheckpointManager:
+    """Numbered checkpoints in one directory, keeping the newest ``max_to_keep``."""
+
+    def __init__(self, checkpoint: Checkpoint, directory: str, max_to_keep: int | None = 5):
+        if not isinstance(checkpoint, Checkpoint):
+            raise CheckpointError(f"checkpoint must be a kubeps Checkpoint, got {type(checkpoint).__name__}")
+        if max_to_keep is not None and (isinstance(max_to_keep, bool) or not isinstance(max_to_keep, int)
+                                        or max_to_keep < 1):
+            raise CheckpointError(f"max_to_keep={max_to_keep!r} is invalid: allowed are None (keep all) or an int >= 1")
+        self.checkpoint = checkpoint
+        self.directory = normalize_path(directory)
+        self.storage = storage_for(self.directory)
+        self.max_to_keep = max_to_keep
+        self.storage.makedirs(self.directory)
+
+    @property
+    def checkpoints(self) -> list[str]:
+        """Paths of the committed checkpoints, oldest first."""
+        return [p for _, p in list_checkpoints(self.directory)]
+
+    @property
+    def latest_checkpoint(self) -> str | None:
+        return latest_checkpoint(self.directory)
+
+    def save(self, checkpoint_number: int | None = None, *, step: int | None = None, final: bool = False) -> str:
+        """Save a new checkpoint (number: given, or one more than the newest); returns its path."""
+        existing = numbered_dirs(self.directory)
+        committed = list_checkpoints(self.directory)
+        if checkpoint_number is None:
+            checkpoint_number = (committed[-1][0] + 1) if committed else 0
+        if isinstance(checkpoint_number, bool) or not isinstance(checkpoint_number, (int, np.integer)) \
+                or checkpoint_number < 0:
+            raise CheckpointError(f"checkpoint_number={checkpoint_number!r} is invalid: allowed is an int >= 0")
+        checkpoint_number = int(checkpoint_number)
+        if committed and checkpoint_number < committed[-1][0]:
+            # checkpoints are ordered by number (latest_checkpoint, max_to_keep, the evaluator): a lower one would
+            # never be the latest, and once max_to_keep is reached the sweep would delete it right away
+            raise CheckpointError(
+                f"checkpoint_number={checkpoint_number} is invalid: the newest committed checkpoint is "
+                f"{committed[-1][0]}; allowed is a number above it (or None for the next one)"
+            )
+        path = self.storage.join(self.directory, f"{CHECKPOINT_PREFIX}{checkpoint_number}")
+        # partial checkpoints (no manifest) are the remains of interrupted saves: nobody reads them
+        committed_paths = {p for _, p in committed}
+        for _, p in existing:
+            if p not in committed_paths and p != path:
+                self.storage.remove_tree(p)
+        self.checkpoint.write(path, checkpoint_number=checkpoint_number, step=step, final=final)
+        self._sweep()
+        return path
+
+    def _sweep(self) -> None:
+        if self.max_to_keep is None:
+            return
+        committed = list_checkpoints(self.directory)
+        for _, p in committed[: max(0, len(committed) - self.max_to_keep)]:
+            # the manifest goes first: a sweep interrupted half-way leaves an uncommitted directory, not a broken one
+            self.storage.remove(self.storage.join(p, MANIFEST_NAME))
+            self.storage.remove_tree(p)
+        for name in self.storage.listdir(self.directory):
+            if is_temporary(name):
+                self.storage.remove(self.storage.join(self.directory, name))
+
+    def restore(self, path: str | None = None) -> int | None:
+        """Restore ``path`` (default: the newest checkpoint); returns its step. No checkpoint: ``None``."""
+        if path is None:
+            path = self.latest_checkpoint
+            if path is None:
+                return None
+        return self.checkpoint.restore(path)
+
+    def restore_or_initialize(self) -> int:
+        """Restore the newest checkpoint if there is one; returns its step, or 0 for a fresh start."""
+        step = self.restore()
+        return 0 if step is None else int(step)

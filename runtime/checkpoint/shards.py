@@ -1,0 +1,182 @@
+"""The shard side of a checkpoint: what a parameter server (or the coordinator, for local variables) does to save
+and restore its shards, and the ``SaveShards``/``RestoreShards`` methods of the PS service."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Mapping, Protocol, Sequence
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ..storage import storage_for
+from .. import server
+from ..ps import ParameterServerState
+from .format import (
+    CheckpointError,
+    CheckpointMismatchError,
+    SliceEntry,
+    TensorEntry,
+    dtype_name,
+    overlapping,
+    read_rows,
+    slice_file_name,
+    write_array,
+)
+
+
+# -- the shard side: what a parameter server (or the coordinator, for local variables) does --------------------
+class ShardAccess(Protocol):
+    """Snapshots and loads one shard with its optimizer state, each under the shard's lock
+    (:class:`~kubeps.runtime.ps.ParameterServerState` is one)."""
+
+    def snapshot(self, key: str) -> tuple[np.ndarray, dict[str, dict[str, np.ndarray]], int]: ...
+
+    def load(self, key: str, value: np.ndarray, slots: dict[str, dict[str, np.ndarray]] | None,
+             updates: int | None) -> None: ...
+
+    def describe(self, key: str) -> tuple[tuple[int, ...], np.dtype]: ...
+
+
+class SaveItem(BaseModel):
+    """Save shard ``key`` as rows ``start..stop-1`` of logical variable ``name`` (of full shape ``shape``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: str
+    name: str
+    start: int
+    stop: int
+    shape: list[int]
+
+
+class SavedShard(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    key: str
+    value: SliceEntry
+    dtype: str
+    #: {optimizer key: {slot: (slice, dtype, trailing shape)}}
+    slots: dict[str, dict[str, tuple[SliceEntry, str, list[int]]]] = {}
+
+
+class RestoreItem(BaseModel):
+    """Load rows ``start..stop-1`` of the checkpointed ``value`` (and slots) into shard ``key``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: str
+    name: str
+    start: int
+    stop: int
+    value: TensorEntry
+    slots: dict[str, dict[str, TensorEntry]] = {}
+
+
+def save_items(access: ShardAccess, directory: str, items: Sequence[SaveItem], parallel: int = 4) -> list[SavedShard]:
+    """Write each shard (and its slots) to its own files; returns what the manifest needs to know."""
+    storage = storage_for(directory)
+
+    def one(item: SaveItem) -> SavedShard:
+        value, slots, updates = access.snapshot(item.key)
+        expected = (item.stop - item.start,) + tuple(item.shape[1:]) if item.shape else ()
+        if tuple(value.shape) != expected:
+            raise CheckpointError(
+                f"variable {item.name!r}: shard {item.key!r} has shape {list(value.shape)}, expected "
+                f"{list(expected)} for rows {item.start}..{item.stop - 1} of shape {item.shape}"
+            )
+        dtype = dtype_name(value.dtype, f"variable {item.name!r}")
+        fname = slice_file_name(item.name, item.start, item.stop)
+        sha, nbytes = write_array(storage, storage.join(directory, fname), value)
+        saved_slots: dict[str, dict[str, tuple[SliceEntry, str, list[int]]]] = {}
+        for okey, group in slots.items():
+            for sname, arr in group.items():
+                arr = np.asarray(arr)
+                if arr.ndim != value.ndim or (value.ndim and arr.shape[0] != value.shape[0]):
+                    raise CheckpointError(
+                        f"variable {item.name!r}: slot {sname!r} has shape {list(arr.shape)}; checkpoints need "
+                        f"slots with the variable's rows and rank (shard shape {list(value.shape)})"
+                    )
+                sfile = slice_file_name(item.name, item.start, item.stop, okey, sname)
+                ssha, sbytes = write_array(storage, storage.join(directory, sfile), arr)
+                saved_slots.setdefault(okey, {})[sname] = (
+                    SliceEntry(start=item.start, stop=item.stop, file=sfile, sha256=ssha, nbytes=sbytes),
+                    dtype_name(arr.dtype, f"variable {item.name!r} slot {sname!r}"),
+                    list(arr.shape[1:]),
+                )
+        entry = SliceEntry(start=item.start, stop=item.stop, file=fname, sha256=sha, nbytes=nbytes,
+                           updates=int(updates))
+        return SavedShard(key=item.key, value=entry, dtype=dtype, slots=saved_slots)
+
+    if len(items) <= 1 or parallel <= 1:
+        return [one(i) for i in items]
+    with ThreadPoolExecutor(max_workers=min(parallel, len(items)), thread_name_prefix="ckpt-save") as pool:
+        return list(pool.map(one, items))
+
+
+def restore_items(access: ShardAccess, directory: str, items: Sequence[RestoreItem], parallel: int = 4) -> int:
+    """Read and verify everything first, then load each shard; returns the number of shards loaded."""
+    storage = storage_for(directory)
+
+    def read(item: RestoreItem):
+        what = f"variable {item.name!r}"
+        shape, dtype = access.describe(item.key)
+        expected = (item.stop - item.start,) + tuple(item.value.shape[1:]) if item.value.shape else ()
+        if tuple(shape) != expected or np.dtype(dtype) != np.dtype(item.value.dtype):
+            raise CheckpointMismatchError(
+                f"{what}: shard {item.key!r} is shape {list(shape)} dtype {np.dtype(dtype).name}; the checkpoint "
+                f"gives shape {list(expected)} dtype {item.value.dtype} for rows {item.start}..{item.stop - 1}"
+            )
+        value = read_rows(storage, directory, item.value, item.start, item.stop, what)
+        updates = max((s.updates for s, _, _ in overlapping(item.value.slices, item.start, item.stop)), default=0)
+        slots: dict[str, dict[str, np.ndarray]] = {}
+        for okey, group in item.slots.items():
+            for sname, entry in group.items():
+                slots.setdefault(okey, {})[sname] = read_rows(
+                    storage, directory, entry, item.start, item.stop, f"{what} slot {sname!r}"
+                )
+        return item.key, value, slots, updates
+
+    if len(items) <= 1 or parallel <= 1:
+        loaded = [read(i) for i in items]
+    else:
+        with ThreadPoolExecutor(max_workers=min(parallel, len(items)), thread_name_prefix="ckpt-read") as pool:
+            loaded = list(pool.map(read, items))
+    for key, value, slots, updates in loaded:
+        access.load(key, value, slots, updates)
+    return len(loaded)
+
+
+def _request_list(meta: Mapping[str, Any], model: type[BaseModel], method: str) -> tuple[str, list]:
+    directory = meta.get("directory")
+    if not isinstance(directory, str) or not directory:
+        raise ValueError(f"{method}: field 'directory' must be a checkpoint directory path or URL, got {directory!r}")
+    raw = meta.get("items")
+    if not isinstance(raw, list):
+        raise ValueError(f"{method}: field 'items' must be a list, got {type(raw).__name__}")
+    try:
+        return directory, [model.model_validate(i) for i in raw]
+    except ValidationError as err:
+        raise ValueError(f"{method}: field 'items' is malformed: {err}") from None
+
+
+def rpc_save_shards(state: ParameterServerState, meta: dict[str, Any], arrays: list) -> tuple[dict[str, Any], list]:  # noqa: ARG001
+    """PS method ``SaveShards``: ``{"directory", "items": [SaveItem]}`` -> ``{"saved": [SavedShard]}``."""
+    directory, items = _request_list(meta, SaveItem, "SaveShards")
+    saved = save_items(state, directory, items)
+    return {"saved": [s.model_dump(mode="json") for s in saved]}, []
+
+
+def rpc_restore_shards(state: ParameterServerState, meta: dict[str, Any], arrays: list) -> tuple[dict[str, Any], list]:  # noqa: ARG001
+    """PS method ``RestoreShards``: ``{"directory", "items": [RestoreItem]}`` -> ``{"restored": n}``."""
+    directory, items = _request_list(meta, RestoreItem, "RestoreShards")
+    return {"restored": restore_items(state, directory, items)}, []
+
+
+PS_METHODS = {"SaveShards": rpc_save_shards, "RestoreShards": rpc_restore_shards}
+
+
+def register_ps_methods() -> None:
+    """Add ``SaveShards`` and ``RestoreShards`` to the parameter-server service's method table."""
+    for name, fn in PS_METHODS.items():
+        server.register_ps_method(name, fn, replace=True)  # idempotent: a re-import must not fail

@@ -1,0 +1,232 @@
+"""PSTrainingJobs with real pods on kind: the CTR example, lost workers and parameter servers, bad jobs, the
+sidecar evaluator, and `helm uninstall` (last). See tests/e2e/conftest.py for how the cluster is made."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import subprocess
+import time
+
+import yaml
+
+from .conftest import KIND_SH, NAMESPACE, RELEASE, REPO, Kind, record, wait
+
+EXAMPLE = yaml.safe_load((REPO / "examples" / "ctr" / "job.yaml").read_text())
+
+
+def ctr_job(name: str, *, steps: int = 600, checkpoint: str | None = None, every: int = 100,
+            evaluator: bool = False) -> dict:
+    """examples/ctr/job.yaml renamed, with more steps and, optionally, checkpoints on the PVC named ``checkpoint``."""
+    job = copy.deepcopy(EXAMPLE)
+    job["metadata"]["name"] = name
+    specs = job["spec"]["replicaSpecs"]
+    chief = specs["Chief"]["template"]["spec"]["containers"][0]
+    chief["command"] = ["python", "examples/ctr/train.py", "--steps", str(steps), "--train-examples", "40000",
+                        "--eval-examples", "10000"]
+    if checkpoint:
+        chief["command"] += ["--checkpoint-every", str(every)]
+        if evaluator:
+            ev = copy.deepcopy(specs["PS"])
+            ev["replicas"] = 1
+            ev["template"]["spec"]["containers"][0]["command"] = [
+                "python", "examples/ctr/train.py", "--eval-examples", "10000", "--evaluator-timeout", "120"]
+            specs["Evaluator"] = ev
+        for rt in ("Chief", "PS", "Evaluator"):
+            if rt not in specs:
+                continue
+            pod = specs[rt]["template"]["spec"]
+            c = pod["containers"][0]
+            c["env"] = [{"name": "KUBEPS_CHECKPOINT_DIR", "value": f"/ckpt/{name}"}]
+            c["volumeMounts"] = [{"name": "ckpt", "mountPath": "/ckpt"}]
+            pod["volumes"] = [{"name": "ckpt", "persistentVolumeClaim": {"claimName": checkpoint}}]
+    return job
+
+
+def pvc(kind: Kind, ns: str, name: str = "ckpt") -> str:
+    # kind's local-path provisioner; one node, so ReadWriteOnce is shared by every pod of the job.
+    kind.apply(ns, {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name},
+                    "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}})
+    return name
+
+
+def running(kind: Kind, ns: str, job: str, count: int) -> list[dict] | None:
+    pods = [p for p in kind.pods(ns, job) if p["status"].get("phase") == "Running"
+            and not p["metadata"].get("deletionTimestamp")]
+    return pods if len(pods) >= count else None
+
+
+def pod_uid(kind: Kind, ns: str, pod: str) -> str:
+    return kind.json("-n", ns, "get", "pod", pod)["metadata"]["uid"]
+
+
+def chief_log(kind: Kind, ns: str, job: str) -> str:
+    return kind.logs(ns, f"{job}-chief-0")
+
+
+def start_and_time(kind: Kind, ns: str, job: dict, pods: int) -> None:
+    start = time.monotonic()
+    kind.apply(ns, job)
+    wait(lambda: running(kind, ns, job["metadata"]["name"], pods), 180, f"{pods} pods Running", interval=0.25)
+    record("job create -> all pods Running", time.monotonic() - start, pods=pods)
+
+
+def delete_and_time(kind: Kind, ns: str, job: str, pod: str) -> None:
+    """Delete a pod (default grace period) and time: the delete itself, and until a new pod of that name runs."""
+    old = pod_uid(kind, ns, pod)
+    start = time.monotonic()
+    kind.kubectl("-n", ns, "delete", "pod", pod, "--wait=true", timeout=60)
+    deleted = time.monotonic() - start
+    record("pod delete (SIGTERM to gone)", deleted, pod=pod)
+    # The runtime image exits on SIGTERM: a delete must not wait out the 30 s grace period.
+    assert deleted < 15, f"deleting {pod} took {deleted:.1f} s: the container did not stop on SIGTERM"
+
+    def replaced() -> bool:
+        p = kind.json("-n", ns, "get", "pod", pod)
+        return p["metadata"]["uid"] != old and p["status"].get("phase") == "Running"
+    wait(replaced, 120, f"a new {pod} Running", interval=0.25)
+    record("pod delete -> replacement Running", time.monotonic() - start, pod=pod)
+
+
+def learned(log: str) -> dict:
+    m = re.search(r"^RESULT (\{.*\})$", log, re.M)
+    assert m, f"no RESULT line in the chief's log:\n{log[-2000:]}"
+    result = json.loads(m.group(1))
+    assert result["logloss"] < result["base_logloss"], result
+    return result
+
+
+# ---------------------------------------------------------------------------------------------- scenarios
+
+
+def test_ctr_example_succeeds(kind: Kind, ns: str):
+    """examples/ctr/job.yaml as users apply it: Succeeded, `kubectl get psjob` says so, the chief printed its eval."""
+    start_and_time(kind, ns, EXAMPLE, pods=5)
+    start = time.monotonic()
+    assert kind.wait_finished(ns, "ctr-e2e") == "Succeeded"
+    record("ctr example: Running -> Succeeded", time.monotonic() - start)
+    table = kind.kubectl("-n", ns, "get", "psjob", "ctr-e2e")
+    print(table)
+    assert re.search(r"ctr-e2e\s+Succeeded", table), table
+    log = chief_log(kind, ns, "ctr-e2e")
+    assert "eval log-loss" in log, log[-2000:]
+    learned(log)
+
+
+def test_worker_deleted_mid_training(kind: Kind, ns: str):
+    job = ctr_job("lost-worker", steps=1600)
+    start_and_time(kind, ns, job, pods=5)
+    wait(lambda: re.search(r"^step\s+\d+/", chief_log(kind, ns, "lost-worker"), re.M), 180, "training steps")
+    delete_and_time(kind, ns, "lost-worker", "lost-worker-worker-0")
+    assert kind.wait_finished(ns, "lost-worker") == "Succeeded"
+    learned(chief_log(kind, ns, "lost-worker"))
+
+
+def test_ps_deleted_chief_resumes_from_checkpoint(kind: Kind, ns: str):
+    job = ctr_job("lost-ps", steps=2000, checkpoint=pvc(kind, ns), every=100)
+    # A restarted chief may still resolve the old ps address (CoreDNS caches the headless Service's records for up
+    # to 30 s) and exit 133 again: each of those restarts counts against backoffLimit (2 in the example); 6 were
+    # seen on kind.
+    job["spec"]["runPolicy"]["backoffLimit"] = 10
+    start_and_time(kind, ns, job, pods=5)
+    wait(lambda: re.search(r"saved \S+", chief_log(kind, ns, "lost-ps")), 240, "a checkpoint saved")
+    first_chief = pod_uid(kind, ns, "lost-ps-chief-0")
+    delete_and_time(kind, ns, "lost-ps", "lost-ps-ps-0")
+    # The chief loses its parameter server, exits 133 and is started again; it resumes from the checkpoint.
+    wait(lambda: pod_uid(kind, ns, "lost-ps-chief-0") != first_chief
+         or "resumed from step" in chief_log(kind, ns, "lost-ps"), 180, "the chief restarted")
+    assert kind.wait_finished(ns, "lost-ps") == "Succeeded"
+    log = chief_log(kind, ns, "lost-ps")
+    m = re.search(r"resumed from step (\d+)", log)
+    assert m and int(m.group(1)) > 0, f"the chief did not resume from a checkpoint:\n{log[-2000:]}"
+    learned(log)
+    status = kind.json("-n", ns, "get", "psjob", "lost-ps")["status"]
+    print("restarts:", status.get("restarts"))
+
+
+def test_image_that_does_not_exist_fails_in_bounded_time(kind: Kind, ns: str):
+    job = ctr_job("no-image")
+    job["spec"]["runPolicy"]["activeDeadlineSeconds"] = 45
+    for spec in job["spec"]["replicaSpecs"].values():
+        c = spec["template"]["spec"]["containers"][0]
+        c["image"] = "kubeps-runtime:does-not-exist"
+        c["imagePullPolicy"] = "Never"  # no registry is ever asked
+    start = time.monotonic()
+    kind.apply(ns, job)
+    assert kind.wait_finished(ns, "no-image", timeout=150) == "Failed"
+    took = time.monotonic() - start
+    record("missing image -> Failed", took)
+    cond = kind.conditions(ns, "no-image")["Failed"]
+    print("Failed condition:", cond)
+    assert cond.get("reason") and cond.get("message"), cond
+    wait(lambda: not running(kind, ns, "no-image", 1) and not [
+        p for p in kind.pods(ns, "no-image") if p["status"].get("phase") in ("Pending", "Running")],
+        60, "no pod of the job left running or pending")
+
+
+def test_command_that_fails_at_once(kind: Kind, ns: str):
+    job = ctr_job("bad-command")
+    chief = job["spec"]["replicaSpecs"]["Chief"]["template"]["spec"]["containers"][0]
+    chief["command"] = ["python", "-c", "import sys; print('bad input', file=sys.stderr); sys.exit(3)"]
+    start = time.monotonic()
+    kind.apply(ns, job)
+    assert kind.wait_finished(ns, "bad-command", timeout=120) == "Failed"
+    record("failing chief command -> Failed", time.monotonic() - start)
+    cond = kind.conditions(ns, "bad-command")["Failed"]
+    print("Failed condition:", cond)
+    assert cond.get("reason") and cond.get("message"), cond
+    wait(lambda: not running(kind, ns, "bad-command", 1), 60, "no pod of the job left running")
+
+
+def test_sidecar_evaluator_scores_the_final_checkpoint(kind: Kind, ns: str):
+    claim = pvc(kind, ns)
+    job = ctr_job("with-eval", steps=600, checkpoint=claim, every=200, evaluator=True)
+    start_and_time(kind, ns, job, pods=6)
+    assert kind.wait_finished(ns, "with-eval") == "Succeeded"
+    # Read the evaluator's metrics from the shared volume.
+    reader = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "read-metrics"},
+              "spec": {"restartPolicy": "Never",
+                       "containers": [{"name": "cat", "image": "kubeps-runtime:e2e",
+                                       "command": ["cat", "/ckpt/with-eval/eval/metrics.jsonl"],
+                                       "volumeMounts": [{"name": "ckpt", "mountPath": "/ckpt"}]}],
+                       "volumes": [{"name": "ckpt", "persistentVolumeClaim": {"claimName": claim}}]}}
+    kind.apply(ns, reader)
+    wait(lambda: kind.json("-n", ns, "get", "pod", "read-metrics")["status"].get("phase") in ("Succeeded", "Failed"),
+         120, "the metrics reader")
+    lines = [json.loads(x) for x in kind.logs(ns, "read-metrics").splitlines() if x.startswith("{")]
+    print("\n".join(map(json.dumps, lines)))
+    assert lines, "the evaluator wrote no metrics"
+    final = max(lines, key=lambda r: r.get("step", 0))
+    assert final.get("step") == 600, final
+
+
+def test_tensorflow_program_succeeds(kind: Kind, ns: str):
+    """A real TensorFlow ParameterServerStrategy program (examples/tf) in a tensorflow-cpu image built here."""
+    start = time.monotonic()
+    proc = subprocess.run([str(KIND_SH), "tf-image"], env=kind.env, text=True, timeout=1800)
+    assert proc.returncode == 0, "hack/kind.sh tf-image failed"
+    record("TensorFlow image build + kind load", time.monotonic() - start)
+    job = yaml.safe_load((REPO / "examples" / "tf" / "job.yaml").read_text())
+    for spec in job["spec"]["replicaSpecs"].values():
+        c = spec["template"]["spec"]["containers"][0]
+        c["image"] = "kubeps-tf:e2e"
+        c["imagePullPolicy"] = "Never"
+    start_and_time(kind, ns, job, pods=4)
+    assert kind.wait_finished(ns, "tf-ps", timeout=600) == "Succeeded"
+    log = chief_log(kind, ns, "tf-ps")
+    print(log[-1500:])
+    assert re.search(r"variables on /job:ps/replica:0/task:\d", log), log[-2000:]
+    assert re.search(r"trained \d+ steps: loss", log), log[-2000:]
+
+
+def test_zz_helm_uninstall_leaves_nothing_but_the_kept_crd(kind: Kind):
+    """Last: `helm uninstall` removes the operator; the CRD stays (crds.keep, documented in docs/install.md)."""
+    kind.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout", "120s", timeout=180)
+    sel = f"app.kubernetes.io/instance={RELEASE}"
+    wait(lambda: not kind.kubectl("-n", NAMESPACE, "get", "all,serviceaccount,role,rolebinding,secret,configmap",
+                                  "-l", sel, "-o", "name").strip(), 60, "the release's namespaced objects gone")
+    assert not kind.kubectl("get", "clusterrole,clusterrolebinding", "-l", sel, "-o", "name").strip()
+    assert not kind.kubectl("-n", NAMESPACE, "get", "pods", "-o", "name").strip()
+    crd = kind.json("get", "crd", "pstrainingjobs.kubeps.dev")
+    assert crd["metadata"]["annotations"].get("helm.sh/resource-policy") == "keep"

@@ -1,0 +1,31 @@
+"""kubeps.runtime.nest: the one nested-structure walker (its docstring examples run as doctests too)."""
+
+from collections import OrderedDict, namedtuple
+
+import pytest
+
+from kubeps.runtime import nest
+
+Pair = namedtuple("Pair", "a b")
+
+
+def test_map_keeps_container_types_and_order():
+    structure = OrderedDict([("z", Pair(1, [2, (3,)])), ("a", 4)])
+    mapped = nest.map_structure(str, structure)
+    assert mapped == OrderedDict([("z", Pair("1", ["2", ("3",)])), ("a", "4")])
+    assert type(mapped) is OrderedDict and type(mapped["z"]) is Pair
+    assert nest.flatten(structure) == [1, 2, 3, 4]
+
+
+def test_pack_is_the_inverse_of_flatten_and_checks_the_count():
+    structure = {"x": [1, 2], "y": Pair(3, (4,))}
+    assert nest.pack(structure, nest.flatten(structure)) == structure
+    with pytest.raises(ValueError, match="4 leaves but 5"):
+        nest.pack(structure, [0] * 5)
+    with pytest.raises(ValueError, match="more leaves than the 3"):
+        nest.pack(structure, [0] * 3)
+
+
+def test_lists_can_be_leaves():
+    assert nest.map_structure(len, ([1, 2], {"k": [3]}), lists=False) == (2, {"k": 1})
+    assert nest.flatten_with_paths(([1, 2],), lists=False) == [("[0]", [1, 2])]

@@ -1,0 +1,83 @@
+"""CPU budget per task and math thread pools sized to it (kubeps.runtime.threads)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from kubeps.runtime import threads
+from kubeps.runtime.launcher import LauncherError, LocalCluster
+
+
+def _write(root, rel, text):
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_cgroup_v2_quota(tmp_path):
+    _write(tmp_path, "cpu.max", "150000 100000\n")
+    assert threads.cgroup_cpu_limit(str(tmp_path)) == 1.5
+    budget = threads.cpu_budget(env={}, cgroup_root=str(tmp_path))
+    assert int(budget) == min(2, threads._affinity()) and budget.source in ("cgroup quota", "affinity")
+
+
+def test_cgroup_v2_no_quota(tmp_path):
+    _write(tmp_path, "cpu.max", "max 100000\n")
+    assert threads.cgroup_cpu_limit(str(tmp_path)) is None
+
+
+def test_cgroup_v1_quota_and_unlimited(tmp_path):
+    _write(tmp_path, "cpu,cpuacct/cpu.cfs_quota_us", "50000\n")
+    _write(tmp_path, "cpu,cpuacct/cpu.cfs_period_us", "100000\n")
+    assert threads.cgroup_cpu_limit(str(tmp_path)) == 0.5
+    assert int(threads.cpu_budget(env={}, cgroup_root=str(tmp_path))) == 1  # half a CPU still gets one thread
+    _write(tmp_path, "cpu,cpuacct/cpu.cfs_quota_us", "-1\n")
+    assert threads.cgroup_cpu_limit(str(tmp_path)) is None
+
+
+def test_env_overrides_when_smaller(tmp_path):
+    budget = threads.cpu_budget(env={threads.CPUS_ENV: "1"}, cgroup_root=str(tmp_path))
+    assert (int(budget), budget.source) == (1, threads.CPUS_ENV)
+    # a larger request never exceeds what the task may run on
+    assert int(threads.cpu_budget(env={threads.CPUS_ENV: "4096"}, cgroup_root=str(tmp_path))) == threads._affinity()
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "two", "1.5"])
+def test_malformed_env_names_variable_value_and_allowed(tmp_path, value):
+    with pytest.raises(ValueError) as err:
+        threads.cpu_budget(env={threads.CPUS_ENV: value}, cgroup_root=str(tmp_path))
+    message = str(err.value)
+    assert threads.CPUS_ENV in message and repr(value) in message and ">= 1" in message
+
+
+def test_limit_math_threads_caps_blas_in_a_fresh_process():
+    code = (
+        "import numpy, threadpoolctl, json\n"
+        "from kubeps.runtime.threads import limit_math_threads\n"
+        "b = limit_math_threads()\n"
+        "print(json.dumps([int(b), b.source, [p['num_threads'] for p in threadpoolctl.threadpool_info()]]))\n"
+    )
+    env = dict(os.environ, **{threads.CPUS_ENV: "1"})
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    cpus, source, pools = json.loads(out.stdout)
+    assert (cpus, source) == (1, threads.CPUS_ENV)
+    assert pools and all(n == 1 for n in pools)
+
+
+def test_local_cluster_gives_each_task_its_share(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text("pass\n")
+    env = {k: v for k, v in os.environ.items() if k != threads.CPUS_ENV}
+    cluster = LocalCluster(str(script), num_ps=2, num_workers=2, env=env)
+    share = max(1, int(threads.cpu_budget(env)) // 4)
+    assert cluster.task_env("worker", 0)[threads.CPUS_ENV] == str(share)
+    # an explicit budget is kept, and a malformed one is a launcher error naming it
+    cluster = LocalCluster(str(script), env=dict(env, **{threads.CPUS_ENV: "3"}))
+    assert cluster.task_env("ps", 1)[threads.CPUS_ENV] == "3"
+    with pytest.raises(LauncherError, match=threads.CPUS_ENV):
+        LocalCluster(str(script), env=dict(env, **{threads.CPUS_ENV: "lots"}))
