@@ -193,7 +193,7 @@ class Reconciler:
     async def read_own_secret(self, key: Key, uid: str | None) -> dict | None:
         """The job's token Secret if it exists and belongs to this job (remembered), else None (forgotten)."""
         secret = await self.kube.read_secret(key[0], planner.secret_name(key[1]))
-        if secret is not None and planner._controlled_by(secret, uid):
+        if secret is not None and planner.controlled_by(secret, uid):
             self.secrets[key] = uid
             return secret
         # None, or a leftover of an older job of the same name that garbage collection removes
@@ -291,7 +291,7 @@ class Reconciler:
                 metrics.API_ERRORS.labels("create-secret", str(err.status)).inc()
                 raise
             existing = await self.kube.read_secret(key[0], action.name)
-            if existing is None or not planner._controlled_by(existing, uid):
+            if existing is None or not planner.controlled_by(existing, uid):
                 # Someone else's, e.g. the Secret of a deleted job of the same name that the garbage collector has
                 # not removed yet: not ours to use. Retry until it is gone (Secrets are not watched).
                 log.info("Secret %s/%s exists but is not controlled by job %s; retrying", key[0], action.name, uid)

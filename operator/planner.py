@@ -248,10 +248,10 @@ class _Planner:
         self.pods = [
             observe_pod(p)
             for p in pods
-            if _controlled_by(p, uid)
+            if controlled_by(p, uid)
         ]
         self.services = {
-            (s.get("metadata") or {}).get("name"): s for s in services if _controlled_by(s, uid)
+            (s.get("metadata") or {}).get("name"): s for s in services if controlled_by(s, uid)
         }
         self.secret = secret
         self.plan = Plan()
@@ -815,7 +815,8 @@ def _ended(pod: ObservedPod, what: str) -> str:
     return f"{what} (pod {pod.name}) failed ({pod.reason or 'no exit code'})"
 
 
-def _controlled_by(obj: Mapping[str, Any], uid: str | None) -> bool:
+def controlled_by(obj: Mapping[str, Any], uid: str | None) -> bool:
+    """Whether ``obj`` names the job with ``uid`` as its controller (an owner reference with controller true)."""
     refs = (obj.get("metadata") or {}).get("ownerReferences") or []
     return any(ref.get("controller") and ref.get("uid") == uid for ref in refs)
 
