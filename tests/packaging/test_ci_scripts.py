@@ -73,3 +73,60 @@ def test_e2e_job_is_small_enough_for_a_ci_runner():
             request = container["resources"]["requests"]["cpu"]
             cpu += spec["replicas"] * (float(request[:-1]) / 1000 if request.endswith("m") else float(request))
     assert cpu <= 1.5, f"the e2e job requests {cpu} CPUs; a GitHub runner has 2 (and kind's system pods)"
+
+
+# --------------------------------------------------------------------------- hack/kind.sh and the e2e wiring
+KIND_SH = REPO / "hack" / "kind.sh"
+
+
+def test_kind_script_shellcheck_clean_and_usage():
+    shellcheck = find_tool("shellcheck")
+    if shellcheck is None:
+        pytest.skip("shellcheck not installed: apt-get install -y shellcheck")
+    proc = subprocess.run([shellcheck, "-x", "--severity=style", str(KIND_SH), str(REPO / "hack" / "kind" / "node" / "ctr")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = subprocess.run([str(KIND_SH), "frobnicate"], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and "usage:" in proc.stderr
+
+
+def test_kind_script_env_names_what_the_tests_use():
+    proc = subprocess.run([str(KIND_SH), "env"], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert "export KUBECONFIG=" in proc.stdout and "kubeps-runtime:e2e" in proc.stdout
+
+
+def test_runc_wrapper_drops_only_missing_capabilities(tmp_path):
+    """hack/kind/runc-nocap edits the OCI spec of `--bundle DIR` and execs the real runc with the same arguments."""
+    import json
+
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    caps = ["CAP_CHOWN", "CAP_SYS_RESOURCE", "CAP_NET_ADMIN"]
+    (bundle / "config.json").write_text(json.dumps({"process": {"capabilities": {"bounding": caps, "effective": caps}}}))
+    fake = tmp_path / "runc"
+    fake.write_text("#!/bin/sh\necho \"$@\"\n")
+    fake.chmod(0o755)
+    proc = subprocess.run([sys.executable, str(REPO / "hack" / "kind" / "runc-nocap"), "--root", "/x", "create",
+                           "--bundle", str(bundle), "id1"], capture_output=True, text=True, timeout=30,
+                          env={**os.environ, "KUBEPS_REAL_RUNC": str(fake)})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["--root", "/x", "create", "--bundle", str(bundle), "id1"]
+    with open("/proc/self/status") as f:
+        bnd = int(next(line.split()[1] for line in f if line.startswith("CapBnd:")), 16)
+    kept = json.loads((bundle / "config.json").read_text())["process"]["capabilities"]["bounding"]
+    assert ("CAP_SYS_RESOURCE" in kept) == bool(bnd >> 24 & 1)
+    assert "CAP_CHOWN" in kept and "CAP_NET_ADMIN" in kept
+
+
+def test_ci_runs_the_e2e_after_the_suite():
+    text = (REPO / ".ci" / "run").read_text()
+    assert text.index("make test") < text.index("make e2e")
+    makefile = (REPO / "Makefile").read_text()
+    assert "KUBEPS_E2E=1" in makefile and "hack/kind.sh build" in makefile
+
+
+def test_runtime_image_exits_on_sigterm_as_pid1_hook_is_installed():
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert "kubeps_pid1.py" in dockerfile and "kubeps_pid1.pth" in dockerfile
+    assert (REPO / "images" / "runtime" / "kubeps_pid1.pth").read_text().strip() == "import kubeps_pid1"
