@@ -27,3 +27,17 @@ def test_kubeps_operator_still_imports():
     import kubeps.operator.planner as planner
 
     assert Path(planner.__file__).parent == REPO / "operator"
+
+
+def test_every_runtime_package_is_in_the_distribution():
+    """A sub-package (a folder with ``__init__.py``) missing from pyproject's explicit ``packages`` works in the
+    editable install the tests use, and is missing from every wheel and image (the kind e2e caught
+    ``kubeps.runtime.checkpoint``)."""
+    import tomllib
+
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(config["packages"])
+    for name, root in config["package-dir"].items():
+        for init in (REPO / root).rglob("__init__.py"):
+            package = ".".join([name, *init.parent.relative_to(REPO / root).parts])
+            assert package in listed, f"{package} ({init.parent}) is not in pyproject's [tool.setuptools] packages"
