@@ -13,10 +13,11 @@ state machine that decides *when* to create or delete them is :mod:`kubeps.opera
 from __future__ import annotations
 
 import copy
+import functools
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from kubeps.runtime.cluster import TFConfig
+from kubeps.runtime.cluster import TaskSpec, TFConfig
 
 from . import models
 from .models import ReplicaType
@@ -111,7 +112,16 @@ def cluster_addresses(job: Mapping[str, Any], config: PlanConfig) -> dict[str, l
 
 
 def tf_config_json(job: Mapping[str, Any], replica_type: ReplicaType, index: int, config: PlanConfig) -> str:
-    return TFConfig.for_task(cluster_addresses(job, config), replica_type.task_type, index).to_json()
+    cluster = tuple((task_type, tuple(addresses)) for task_type, addresses in cluster_addresses(job, config).items())
+    task = TaskSpec(type=replica_type.task_type, index=index)
+    return _validated(cluster, replica_type.task_type).model_copy(update={"task": task}).to_json()
+
+
+@functools.lru_cache(maxsize=64)
+def _validated(cluster: tuple[tuple[str, tuple[str, ...]], ...], task_type: str) -> TFConfig:
+    """The TF_CONFIG of a job's first task of ``task_type``, validated once: every address of the cluster was
+    checked again for each of its pods (O(N^2) per job), now once per job and task type."""
+    return TFConfig.for_task({t: list(a) for t, a in cluster}, task_type, 0)
 
 
 def pod_body(job: Mapping[str, Any], replica_type: ReplicaType, index: int, epoch: int, config: PlanConfig) -> dict:

@@ -20,7 +20,7 @@ import os
 import subprocess
 import threading
 import time
-from typing import Any
+from typing import Any, AsyncIterator
 
 import aiohttp
 import kopf
@@ -132,8 +132,9 @@ class KubeClient:
             self._session = aiohttp.ClientSession(
                 headers=headers, auth=auth,
                 # At most pool_size requests at once (self._slots), so the connector never makes one wait for a
-                # connection: its timeouts count from the moment a request is really sent.
-                connector=aiohttp.TCPConnector(ssl=ssl, limit=self.pool_size),
+                # connection (its timeouts count from the moment a request is really sent); watch streams, which
+                # hold theirs for minutes, come on top.
+                connector=aiohttp.TCPConnector(ssl=ssl, limit=0),
                 timeout=aiohttp.ClientTimeout(total=60, sock_connect=10))
             if old is not None:  # requests still on it may finish (the total timeout): close it after that
                 self._retired.append(old)
@@ -177,6 +178,33 @@ class KubeClient:
                 if status >= 400:
                     raise ApiError(method, path, status, raw.decode(errors="replace"))
                 return json.loads(raw) if answer else None
+
+    async def watch(self, path: str, params: dict[str, str], timeout: aiohttp.ClientTimeout) -> AsyncIterator[dict]:
+        """The events of one watch request (``{"type": ..., "object": ...}``), until the server ends the stream.
+
+        Not rate-limited (a stream is one request for minutes) and not counted against the pool; lines are split
+        here rather than by aiohttp, whose line reader refuses lines over 64 KiB (a pod of a big job is more).
+        """
+        session = self._session or await self._connect()
+        for attempt in (0, 1):
+            self.requests += 1
+            async with session.get(self._server + path, params=params, timeout=timeout) as resp:
+                if resp.status == 401 and attempt == 0:
+                    await resp.read()
+                    session = await self._connect(stale=session)
+                    continue
+                if resp.status >= 400:
+                    raise ApiError("GET", path, resp.status, (await resp.read()).decode(errors="replace"))
+                tail = b""
+                async for chunk in resp.content.iter_any():
+                    lines = (tail + chunk).split(b"\n")
+                    tail = lines.pop()
+                    for line in lines:
+                        if line.strip():
+                            yield json.loads(line)
+                if tail.strip():
+                    yield json.loads(tail)
+                return
 
     # -- jobs ----------------------------------------------------------------------------------------------------
     async def get_job(self, namespace: str, name: str) -> dict:

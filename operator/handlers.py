@@ -4,11 +4,14 @@ Level-based and finalizer-free:
 
 * ``@kopf.on.event`` for PSTrainingJobs keeps the latest body of every job and triggers its reconcile; no
   create/update handlers, timers or daemons, so kopf adds no finalizer and a job deletes (with its children, by
-  ownerReference garbage collection) even while the operator is down.
-* ``@kopf.index`` handlers keep a slim copy of every labelled pod and Service in the reconciler (kopf runs them
-  for every listed object before any other handler, so a restarted operator never plans from a half-known world)
-  and trigger the owning job's reconcile when the copy changes; ``@kopf.on.event``, filtered to deletions,
-  forgets them.
+  ownerReference garbage collection) even while the operator is down. kopf also does the peering, the namespace
+  patterns, the liveness probe and the Events.
+* The pods and Services are watched outside kopf (:mod:`kubeps.operator.watch`), one list-then-watch each per
+  :class:`Scope` (the cluster, or each namespace where a job was seen), started with the scope's first job. The
+  reconciler keeps a slim copy of every labelled one and triggers the owning job's reconcile when the copy
+  changes in what the planner reads. No job of a scope is planned before both lists are in (a restarted operator
+  never plans from a half-known world), nor while the scope's peering :class:`~kubeps.operator.peering.Gate` is
+  closed (another replica is in charge: kopf has paused the jobs' watch, and this keeps the children's quiet too).
 * One reconcile per job at a time (later triggers coalesce into one more pass); deadlines and TTLs are timers
   of the event loop, re-armed by every reconcile.
 * The status is written (with the observed resourceVersion as precondition) before any action runs, so a
@@ -20,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import copy
+import functools
 import json
 import logging
 import secrets
@@ -31,12 +35,15 @@ import kopf
 
 from . import client, metrics, models, planner
 from .client import ApiError, KubeClient
+from .peering import Gate
 from .settings import Settings, kopf_settings
+from .watch import Watcher
 
 log = logging.getLogger("kubeps.operator")
 
 Key = tuple[str, str]  # (namespace, job name)
 SUMMARY_NAMES = 12  # children named in one Event's message; the rest are counted
+RETIRE_AFTER = 60.0  # seconds a namespace's watches outlive its last job
 
 
 def _rv(obj: dict) -> int | None:
@@ -63,9 +70,7 @@ class Reconciler:
         self.config = planner.PlanConfig(default_image=settings.default_image,
                                           cluster_domain=settings.cluster_domain)
         self.jobs: dict[Key, dict] = {}
-        # The slim copies of every pod and Service, by job and UID: filled by kopf's index handlers, which kopf
-        # runs for every listed object before any other handler (so a restarted operator never plans from a
-        # half-known world), emptied by the deletion handler.
+        # The slim copies of every pod and Service, by job and UID, kept by the scopes' watches.
         self.pods: dict[Key, dict[str, dict]] = {}
         self.services: dict[Key, dict[str, dict]] = {}
         self.secrets: dict[Key, str] = {}  # job key -> uid of the job whose Secret is known to exist
@@ -76,6 +81,49 @@ class Reconciler:
         self.limit = asyncio.Semaphore(settings.workers)
         self.reconciles = 0
         self.last_error: str | None = None
+        # Set from kopf's settings at start-up (they hold kopf's CLI options under `kopf run` too).
+        self.clusterwide = settings.clusterwide
+        self.peering: tuple[str, int] | None = None  # (name, priority) when replicas peer
+        self.scopes: dict[str | None, Scope] = {}  # by namespace; None: the whole cluster
+
+    def configure(self, clusterwide: bool, peering: tuple[str, int] | None) -> None:
+        self.clusterwide, self.peering = clusterwide, peering
+
+    def scope(self, namespace: str) -> "Scope":
+        """The scope that holds ``namespace``'s children, its watches started on first use."""
+        where = None if self.clusterwide else namespace
+        found = self.scopes.get(where)
+        if found is None:
+            found = self.scopes[where] = Scope(self, where).start()
+        found.retire_at = None
+        return found
+
+    def _retire_idle_scopes(self) -> None:
+        """Stop the watches of namespaces that have had no job for RETIRE_AFTER seconds."""
+        now = time.monotonic()
+        busy = {namespace for namespace, _ in self.jobs}
+        for where, scope in list(self.scopes.items()):
+            if where is None or where in busy:
+                scope.retire_at = None
+            elif scope.retire_at is None:
+                scope.retire_at = now + RETIRE_AFTER
+                asyncio.get_running_loop().call_later(RETIRE_AFTER + 0.5, self._retire_idle_scopes)
+            elif scope.retire_at <= now:
+                del self.scopes[where]
+                self.drop_children(lambda key, ns=where: key[0] == ns)
+                asyncio.get_running_loop().create_task(scope.stop())
+
+    def drop_children(self, matches) -> None:
+        for store in (self.pods, self.services):
+            for key in [k for k in store if matches(k)]:
+                del store[key]
+
+    def gate_changed(self, where: str | None, now_open: bool) -> None:
+        """A scope's peering gate opened or closed. Closed: forget its jobs (kopf lists them again on resuming,
+        and until then they belong to the replica in charge)."""
+        if not now_open:
+            for key in [k for k in self.jobs if where is None or k[0] == where]:
+                self.forget(key)
 
     # -- observing -----------------------------------------------------------------------------------------------
     def observe_job(self, event_type: str | None, body: dict) -> None:
@@ -84,6 +132,7 @@ class Reconciler:
         if event_type == "DELETED":
             self.forget(key)
             return
+        self.scope(key[0])
         current = self.jobs.get(key)
         if current is not None and (current.get("metadata") or {}).get("uid") == meta.get("uid"):
             old, new = _rv(current), _rv(body)
@@ -92,26 +141,47 @@ class Reconciler:
         self.jobs[key] = body
         self.trigger(key)
 
-    def observe_child(self, body: kopf.Body, namespace: str, labels: dict, is_pod: bool) -> None:
-        """A pod or Service was listed or changed: keep its slim copy; reconcile its job if the planner would see
-        something new (a pod has 3-4 events on its way to Running; the scheduler's binding changes nothing the
-        planner reads)."""
-        key = (namespace, labels[planner.LABEL_JOB])
-        slim = _slim(body, with_status=is_pod)
-        known = (self.pods if is_pod else self.services).setdefault(key, {})
-        uid = slim["metadata"].get("uid")
-        if known.get(uid) != slim:
+    def child_event(self, is_pod: bool, kind: str, obj: dict) -> None:
+        """A watch event of a labelled pod or Service: keep its slim copy (or forget it) and reconcile its job if
+        the planner would see something new (the scheduler's binding of a pod, say, changes nothing it reads)."""
+        meta = obj.get("metadata") or {}
+        key = (meta.get("namespace"), (meta.get("labels") or {}).get(planner.LABEL_JOB))
+        store = self.pods if is_pod else self.services
+        known = store.get(key)
+        uid = meta.get("uid")
+        if kind == "DELETED":
+            if known is None or known.pop(uid, None) is None:
+                return
+            if not known:
+                del store[key]
+        else:
+            slim = _slim(obj, with_status=is_pod)
+            if known is None:
+                known = store[key] = {}
+            elif known.get(uid) == slim:
+                return
             known[uid] = slim
-            if key in self.jobs:
-                self.trigger(key)
-
-    def forget_child(self, namespace: str, labels: dict, uid: str, is_pod: bool) -> None:
-        key = (namespace, labels[planner.LABEL_JOB])
-        known = (self.pods if is_pod else self.services).get(key)
-        if known is not None and known.pop(uid, None) is not None and not known:
-            del (self.pods if is_pod else self.services)[key]
         if key in self.jobs:
             self.trigger(key)
+
+    def children_listed(self, where: str | None, is_pod: bool, items: list[dict]) -> None:
+        """A scope's full list of labelled pods or Services: replace what was known there (what is missing was
+        deleted while the watch was away) and reconcile the jobs whose children changed."""
+        fresh: dict[Key, dict[str, dict]] = {}
+        for obj in items:
+            meta = obj.get("metadata") or {}
+            key = (meta.get("namespace"), (meta.get("labels") or {}).get(planner.LABEL_JOB))
+            fresh.setdefault(key, {})[meta.get("uid")] = _slim(obj, with_status=is_pod)
+        store = self.pods if is_pod else self.services
+        for key in {k for k in store if where is None or k[0] == where} | set(fresh):
+            if store.get(key) == fresh.get(key):
+                continue
+            if key in fresh:
+                store[key] = fresh[key]
+            else:
+                del store[key]
+            if key in self.jobs:
+                self.trigger(key)
 
     def forget(self, key: Key) -> None:
         self.jobs.pop(key, None)
@@ -119,6 +189,8 @@ class Reconciler:
         timer = self.timers.pop(key, None)
         if timer is not None:
             timer.cancel()
+        if key[0] in self.scopes and not any(k[0] == key[0] for k in self.jobs):
+            self._retire_idle_scopes()
 
     def trigger(self, key: Key) -> None:
         self.dirty.add(key)
@@ -128,6 +200,9 @@ class Reconciler:
     async def _worker(self, key: Key) -> None:
         try:
             while key in self.dirty:
+                scope = self.scopes.get(None if self.clusterwide else key[0])
+                if scope is not None:
+                    await scope.ready()
                 self.dirty.discard(key)
                 async with self.limit:
                     try:
@@ -163,7 +238,14 @@ class Reconciler:
         pods = list(self.pods.get(key, {}).values())
         services = list(self.services.get(key, {}).values())
         cached = self.secrets.get(key) == uid
-        secret = {"metadata": {"name": planner.secret_name(name)}} if cached else await self.read_own_secret(key, uid)
+        if cached:
+            secret = {"metadata": {"name": planner.secret_name(name)}}
+        elif not pods and not job.get("status"):
+            # A job never reconciled: plan to create its Secret without reading first (creating one that exists
+            # answers 409, and create_secret then checks whose it is); one GET fewer per new job.
+            secret = None
+        else:
+            secret = await self.read_own_secret(key, uid)
         now = datetime.now(timezone.utc)
         plan = planner.plan(job, pods, services, secret, now, self.config)
         if cached and plan.of(planner.CreatePod) and await self.read_own_secret(key, uid) is None:
@@ -379,7 +461,55 @@ class Reconciler:
         for timer in self.timers.values():
             timer.cancel()
         self.timers.clear()
+        scopes, self.scopes = list(self.scopes.values()), {}
+        await asyncio.gather(*(scope.stop() for scope in scopes))
         await self.kube.close()
+
+
+class Scope:
+    """The watches behind the jobs of one namespace (or, ``namespace`` None, of the whole cluster): their pods,
+    their Services and, when replicas peer, the peering object."""
+
+    def __init__(self, reconciler: Reconciler, namespace: str | None):
+        settings = reconciler.settings
+        self.namespace = namespace
+        self.retire_at: float | None = None
+        self.timeouts = dict(server_timeout=settings.watch_server_timeout,
+                             client_timeout=settings.watch_client_timeout,
+                             connect_timeout=settings.watch_connect_timeout,
+                             inactivity_timeout=settings.watch_inactivity_timeout)
+        self.kube = reconciler.kube
+        self.pods = self._watch("pods", functools.partial(reconciler.children_listed, namespace, True),
+                                functools.partial(reconciler.child_event, True))
+        self.services = self._watch("services", functools.partial(reconciler.children_listed, namespace, False),
+                                    functools.partial(reconciler.child_event, False))
+        self.gate = None
+        if reconciler.peering is not None:
+            name, priority = reconciler.peering
+            self.gate = Gate(self.kube, namespace, name, priority,
+                             functools.partial(reconciler.gate_changed, namespace), **self.timeouts)
+
+    def _watch(self, plural: str, on_list, on_event) -> Watcher:
+        where = "" if self.namespace is None else f"/namespaces/{self.namespace}"
+        return Watcher(self.kube, f"/api/v1{where}/{plural}", label_selector=planner.LABEL_JOB, on_list=on_list,
+                       on_event=on_event, **self.timeouts)
+
+    def start(self) -> "Scope":
+        self.pods.start()
+        self.services.start()
+        if self.gate is not None:
+            self.gate.start()
+        return self
+
+    async def ready(self) -> None:
+        """Wait until both lists are in and, when peering, this replica may act here."""
+        await self.pods.synced.wait()
+        await self.services.synced.wait()
+        if self.gate is not None:
+            await self.gate.open.wait()
+
+    async def stop(self) -> None:
+        await asyncio.gather(self.pods.stop(), self.services.stop(), *([self.gate.stop()] if self.gate else []))
 
 
 # ------------------------------------------------------------------------------------------------ kopf handlers
@@ -397,6 +527,9 @@ async def _startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -
         kopf_settings(ours, target=settings, peering=False)
         memo.reconciler = Reconciler(ours)
     ours = memo.reconciler.settings
+    memo.reconciler.configure(
+        clusterwide=settings.peering.clusterwide,
+        peering=None if settings.peering.standalone else (settings.peering.name, settings.peering.priority))
     log.info("kubeps operator starting: namespaces=%s default image=%s cluster domain=%s qps=%s peering=%s",
              ",".join(ours.namespaces) or "(all)", ours.default_image, ours.cluster_domain, ours.api_qps,
              "off" if settings.peering.standalone else f"{settings.peering.name} (priority {settings.peering.priority})")
@@ -408,35 +541,10 @@ async def _cleanup(memo: kopf.Memo, **_: Any) -> None:
         await memo.reconciler.close()
 
 
-# The handlers are coroutines: kopf runs a plain function in a thread pool, a hop per event of every pod.
-# The children are kept by the index handlers (kopf's own index stays empty: it would hold the same copies);
-# index handlers are not called for deletions, which one event handler, filtered to them, reports.
-@kopf.index("", "v1", "pods", labels={planner.LABEL_JOB: kopf.PRESENT})
-async def kubeps_pods(namespace: str, labels: dict, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    memo.reconciler.observe_child(body, namespace, labels, is_pod=True)
-
-
-@kopf.index("", "v1", "services", labels={planner.LABEL_JOB: kopf.PRESENT})
-async def kubeps_services(namespace: str, labels: dict, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    memo.reconciler.observe_child(body, namespace, labels, is_pod=False)
-
-
-def _deleted(event: dict, **_: Any) -> bool:
-    return event.get("type") == "DELETED"
-
-
-@kopf.on.event("", "v1", "pods", labels={planner.LABEL_JOB: kopf.PRESENT}, when=_deleted)
-@kopf.on.event("", "v1", "services", labels={planner.LABEL_JOB: kopf.PRESENT}, when=_deleted)
-async def _child_deleted(namespace: str, labels: dict, uid: str, resource: kopf.Resource, memo: kopf.Memo,
-                         **_: Any) -> None:
-    """A pod or Service of a job is gone: forget it and reconcile its job."""
-    memo.reconciler.forget_child(namespace, labels, uid, is_pod=resource.plural == "pods")
-
-
-def _slim(body: kopf.Body, with_status: bool) -> dict:
+def _slim(body: dict, with_status: bool) -> dict:
     """Only what the planner reads of a child (keeps the operator small with thousands of pods)."""
     meta = body.get("metadata") or {}
-    # Copies one level deep are enough: kopf hands each event a new body parsed from the watch stream.
+    # Copies one level deep are enough: every event is a new body parsed from the watch stream.
     slim_meta = {key: meta[key] for key in ("name", "namespace", "uid", "deletionTimestamp") if key in meta}
     if "labels" in meta:
         slim_meta["labels"] = dict(meta["labels"])

@@ -157,7 +157,7 @@ def kopf_settings(ours: Settings, target: Any = None, peering: bool = True):
     target.execution.max_workers = max(4, ours.workers)
     target.queueing.idle_timeout = 1.0
     # kopf keeps a "diff base" (a deep copy of each object's spec, labels and annotations, rebuilt on every event)
-    # for on.create/update/field handlers; the operator has none (only event and index handlers), and building
+    # for on.create/update/field handlers; the operator has none (only event handlers), and building
     # it was ~5% of the operator's CPU in a burst of pod events.
     target.persistence.diffbase_storage = _no_diff_base()
     return target

@@ -25,6 +25,17 @@ def _reconciles(proc: OperatorProcess) -> float:
     return float(re.search(r"^kubeps_reconcile_duration_seconds_count (\S+)", proc.metrics(), re.M).group(1))
 
 
+def _peered_namespace(kube, prefix: str) -> str:
+    """A fresh namespace with the KopfPeering ``kubeps-test`` (kopf's peering CRDs installed first)."""
+    kube.kubectl("apply", "--server-side", "-f",
+                 str(REPO / "charts" / "kubeps" / "charts" / "kopf-peering" / "crds" / "kopf-peering.yaml"))
+    kube.kubectl("wait", "--for=condition=Established", "--timeout=30s", "crd/kopfpeerings.kopf.dev")
+    ns = make_namespace(kube, prefix=prefix)
+    kube.apply({"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "kubeps-test"}},
+               namespace=ns)
+    return ns
+
+
 def test_burst_of_jobs_reconciles_without_error_or_retry(crd, kube, tmp_path):
     ns = make_namespace(kube, prefix="kbu-")
     proc = OperatorProcess(kube, [ns], tmp_path / "operator.log")
@@ -53,12 +64,7 @@ def test_burst_of_jobs_reconciles_without_error_or_retry(crd, kube, tmp_path):
 
 
 def test_two_operators_with_peering_one_acts_and_the_other_takes_over(crd, kube, tmp_path):
-    kube.kubectl("apply", "--server-side", "-f",
-                 str(REPO / "charts" / "kubeps" / "charts" / "kopf-peering" / "crds" / "kopf-peering.yaml"))
-    kube.kubectl("wait", "--for=condition=Established", "--timeout=30s", "crd/kopfpeerings.kopf.dev")
-    ns = make_namespace(kube, prefix="kpe-")
-    kube.apply({"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "kubeps-test"}},
-               namespace=ns)
+    ns = _peered_namespace(kube, "kpe-")
     args = ["--peering", "kubeps-test"]
     first = OperatorProcess(kube, [ns], tmp_path / "first.log", args)
     second = OperatorProcess(kube, [ns], tmp_path / "second.log", args)
@@ -84,4 +90,43 @@ def test_two_operators_with_peering_one_acts_and_the_other_takes_over(crd, kube,
     finally:
         first.kill()
         second.stop()
+        delete_namespace(kube, ns)
+
+
+def test_a_replica_paused_by_a_higher_priority_one_leaves_the_job_alone(crd, kube, tmp_path):
+    """The pods and Services are watched outside kopf, so their events reach a paused replica too: its peering gate
+    must keep it from acting on them. A pod deleted after the take-over is replaced by the new leader only."""
+    ns = _peered_namespace(kube, "kpp-")
+    low = OperatorProcess(kube, [ns], tmp_path / "low.log", ["--peering", "kubeps-test", "--peering-priority", "10"])
+    high = OperatorProcess(kube, [ns], tmp_path / "high.log", ["--peering", "kubeps-test", "--peering-priority", "20"])
+    try:
+        low.start()
+        create_job(kube, ns, job_manifest("pc", ps=1, workers=2))
+        kube.wait_for(lambda: (get_job(kube, ns, "pc").get("status") or {}).get("state") == "Running",
+                      timeout=40, what="job pc Running")
+        assert _pods_created(low) == 4
+        high.start()
+        kube.wait_for(lambda: "Pausing operations" in low.log_path.read_text(errors="replace"), timeout=30,
+                      what=f"kopf pausing the low-priority replica\n{low.log_tail()}")
+        time.sleep(1)  # its gate, reading the same peering object, closes with it
+        kube.wait_for(lambda: _reconciles(high) > 0, timeout=30, what="the high-priority replica reconciling")
+        low_reconciles = _reconciles(low)
+
+        old_uid = kube.core().read_namespaced_pod("pc-worker-1", ns).metadata.uid
+        kube.kubectl("-n", ns, "delete", "pod", "pc-worker-1", "--wait=false")
+
+        def replaced():
+            try:
+                pod = kube.core().read_namespaced_pod("pc-worker-1", ns)
+            except Exception:  # noqa: BLE001 - not there yet
+                return False
+            return pod.metadata.uid != old_uid and pod.status.phase == "Running"
+
+        kube.wait_for(replaced, timeout=40, what="pc-worker-1 replaced")
+        time.sleep(2)  # a paused replica reacting to the deletion would have by now
+        assert _pods_created(high) == 1
+        assert _pods_created(low) == 4 and _reconciles(low) == low_reconciles
+    finally:
+        low.stop()
+        high.stop()
         delete_namespace(kube, ns)

@@ -1,8 +1,8 @@
 """The chart grants exactly the API access the operator's code uses: nothing missing, nothing extra.
 
 The operator's calls are read from its source: the REST requests of operator/client.py
-(``self.request("POST", f"/api/v1/namespaces/{namespace}/pods", ...)`` -> create pods), the resources of its kopf watch handlers and indices
-(``kopf.on.event("", "v1", "pods")`` -> list, watch pods) and ``kopf.event(...)`` (create events).
+(``self.request("POST", f"/api/v1/namespaces/{namespace}/pods", ...)`` -> create pods), the resources of its kopf watch handlers and of its own
+watches (``kopf.on.event(models.GROUP, ...)``, ``self._watch("pods", ...)`` -> list, watch) and ``kopf.event(...)`` (create events).
 """
 
 from __future__ import annotations
@@ -34,6 +34,9 @@ def required_permissions() -> set[tuple[str, str, str]]:
         group = GROUP if group == "models.GROUP" else group.strip('"')
         resource = PLURAL if resource == "models.PLURAL" else resource.strip('"')
         needed |= {(group, resource, "list"), (group, resource, "watch")}
+    # operator/handlers.py: the scopes' own watches, self._watch("pods", ...) -> list, watch pods
+    for resource in re.findall(r'self\._watch\("(\w+)"', source):
+        needed |= {("", resource, "list"), ("", resource, "watch")}
     if re.search(r"kopf\.(event|info|warn|exception)\(", source):
         needed.add(("", "events", "create"))
     return needed
