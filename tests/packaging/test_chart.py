@@ -97,6 +97,9 @@ def test_servicemonitor_only_when_enabled(render):
         (["--set", "crds.keep=yes"], "crds.keep: Invalid type. Expected: boolean, given: string"),
         (["--set", "resources.limits.memory=lots"], "resources.limits.memory"),
         (["--set", "serviceAccount.create=false"], "serviceAccount.name is required"),
+        (["--set", "replicaCount=2"], "replicaCount > 1 needs peering.enabled=true"),
+        (["--set", "replicaCount=0"], "replicaCount: Must be greater than or equal to 1"),
+        (["--set", "peering.lifetime=1"], "peering.lifetime: Must be greater than or equal to 2"),
     ],
 )
 def test_bad_values_fail_with_a_clear_message(render, args, message):
@@ -115,7 +118,9 @@ def deployment_and_container(objects):
 def test_operator_deployment_is_hardened(render, variant):
     deploy, container = deployment_and_container(render.template(*variant_args(variant)))
     spec = deploy["spec"]
-    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}, "kopf has no leader election"
+    peering = any(e["name"] == "KOPF_RUN_PEERING" for e in container["env"])
+    # Standalone, two operators must never run at once; with peering, a new pod waits behind the old one.
+    assert spec["replicas"] == 1 and spec["strategy"]["type"] == ("RollingUpdate" if peering else "Recreate")
     pod = spec["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -213,6 +218,17 @@ def test_namespaced_mode_rbac(render):
     objects = render.template("--values", str(VARIANTS["namespaced"]), "--set", "peering.enabled=true")
     for role in render.by_kind(objects, "Role"):
         assert ("kopf.dev", "kopfpeerings", "patch") in rules_of(role)
+
+
+def test_replicas_with_peering_roll_and_stand_by(render):
+    deploy, container = deployment_and_container(render.template(
+        "--set", "peering.enabled=true", "--set", "replicaCount=2", "--set", "peering.lifetime=15"))
+    assert deploy["spec"]["replicas"] == 2
+    assert deploy["spec"]["strategy"] == {"type": "RollingUpdate",
+                                          "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+    assert env["KOPF_RUN_PEERING"] == "kubeps" and env["KUBEPS_PEERING_LIFETIME"] == "15"
+    assert env["POD_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}
 
 
 def test_peering_objects_and_crds_only_when_enabled(render):

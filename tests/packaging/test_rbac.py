@@ -81,8 +81,10 @@ def _operator_options(render, *args):
 
 def test_peering_enabled_in_the_chart_makes_the_operator_peer(render):
     """peering.enabled sets KOPF_RUN_PEERING; the operator then runs with that peering, not standalone."""
-    options = _operator_options(render, "--set", "peering.enabled=true", "--set", "peering.name=kubeps-peers")
+    options = _operator_options(render, "--set", "peering.enabled=true", "--set", "peering.name=kubeps-peers",
+                                "--set", "peering.lifetime=15")
     assert options["standalone"] is False and options["peering_name"] == "kubeps-peers"
+    assert options["settings"].peering.lifetime == 15
 
 
 def test_default_chart_runs_the_operator_standalone(render):
