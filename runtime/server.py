@@ -320,7 +320,11 @@ class Server:
         """Block until the server stops (TF's ``Server.join``)."""
         if self._server is None:
             raise RuntimeError("the server was never started; call start() first")
-        self._stopped.wait()
+        # Wake up now and then: a signal the kernel hands to one of gRPC's threads runs its Python handler (the
+        # image's exit on SIGTERM, main()'s stop) only when the main thread executes bytecode, and a wait without
+        # a timeout held it off until the kubelet's SIGKILL at the end of the grace period.
+        while not self._stopped.wait(0.25):
+            pass
         self._server.wait_for_termination()
 
     def stop(self, grace: float | None = 1.0) -> None:

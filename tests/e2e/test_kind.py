@@ -115,7 +115,9 @@ def test_ctr_example_succeeds(kind: Kind, ns: str):
 
 
 def test_worker_deleted_mid_training(kind: Kind, ns: str):
-    job = ctr_job("lost-worker", steps=1600)
+    # Long enough (~25 s at the ~460 steps/s seen on kind) that the job is still training when the replacement
+    # worker runs: 1600 steps were over in 3.5 s, before the deleted worker was even gone.
+    job = ctr_job("lost-worker", steps=12000)
     start_and_time(kind, ns, job, pods=5)
     wait(lambda: re.search(r"^step\s+\d+/", chief_log(kind, ns, "lost-worker"), re.M), 180, "training steps")
     delete_and_time(kind, ns, "lost-worker", "lost-worker-worker-0")
@@ -124,7 +126,7 @@ def test_worker_deleted_mid_training(kind: Kind, ns: str):
 
 
 def test_ps_deleted_chief_resumes_from_checkpoint(kind: Kind, ns: str):
-    job = ctr_job("lost-ps", steps=2000, checkpoint=pvc(kind, ns), every=100)
+    job = ctr_job("lost-ps", steps=4000, checkpoint=pvc(kind, ns), every=100)  # still training when the ps goes
     # A restarted chief may still resolve the old ps address (CoreDNS caches the headless Service's records for up
     # to 30 s) and exit 133 again: each of those restarts counts against backoffLimit (2 in the example); 6 were
     # seen on kind.
