@@ -75,11 +75,14 @@ RUN apt-get update \
  && groupadd --gid 65532 kubeps \
  && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /tmp --shell /usr/sbin/nologin kubeps
 COPY --from=builder /wheels /wheels
+# kubeps_pid1, as in the CPU image: PID 1 exits on SIGTERM.
+COPY images/runtime/ /tmp/pid1/
 # The venv is made with this image's Python (Ubuntu's 3.10), not the builder's; the wheel is pure Python.
 RUN python3 -m venv /opt/venv \
  && WHEEL="$(ls /wheels/kubeps-*.whl)" \
  && /opt/venv/bin/pip install "kubeps[gpu] @ file://${WHEEL}" \
- && rm -rf /wheels
+ && mv /tmp/pid1/kubeps_pid1.py /tmp/pid1/kubeps_pid1.pth "$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/" \
+ && rm -rf /wheels /tmp/pid1
 COPY examples/ /opt/kubeps/examples/
 WORKDIR /opt/kubeps
 USER 65532:65532
