@@ -28,21 +28,28 @@ NS_PREFIX = "kop-"
 class OperatorProcess:
     """The operator as a subprocess on loopback; stopped by its own PID only."""
 
-    def __init__(self, kube, namespaces: list[str], log_path: Path, extra_args: list[str] | None = None):
+    def __init__(self, kube, namespaces: list[str], log_path: Path, extra_args: list[str] | None = None,
+                 kopf_cli: bool = False):
         self.kube = kube
         self.namespaces = namespaces
         self.log_path = log_path
         self.extra_args = extra_args or []
+        self.kopf_cli = kopf_cli  # `kopf run -m kubeps.operator.handlers` instead of `kubeps operator`
         self.proc: subprocess.Popen | None = None
         self.metrics_port, self.liveness_port = free_ports(2)  # held together: never the same port twice
 
     def start(self, wait: bool = True) -> "OperatorProcess":
-        args = [sys.executable, "-m", "kubeps.operator.main", "--bind-address", "127.0.0.1",
-                "--metrics-port", str(self.metrics_port), "--liveness-port", str(self.liveness_port),
-                "--default-image", "registry.test/kubeps-runtime:test", *self.extra_args]
+        env = dict(self.kube.env, PYTHONUNBUFFERED="1")
+        if self.kopf_cli:  # our settings from the environment, kopf's from its own flags
+            env["KUBEPS_DEFAULT_IMAGE"] = "registry.test/kubeps-runtime:test"
+            args = [sys.executable, "-m", "kopf", "run", "-m", "kubeps.operator.handlers",
+                    f"--liveness=http://127.0.0.1:{self.liveness_port}/healthz", *self.extra_args]
+        else:
+            args = [sys.executable, "-m", "kubeps.operator.main", "--bind-address", "127.0.0.1",
+                    "--metrics-port", str(self.metrics_port), "--liveness-port", str(self.liveness_port),
+                    "--default-image", "registry.test/kubeps-runtime:test", *self.extra_args]
         for namespace in self.namespaces:
             args += ["--namespace", namespace]
-        env = dict(self.kube.env, PYTHONUNBUFFERED="1")
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
         log.close()

@@ -3,7 +3,9 @@
 * A burst of 50 jobs: every reconcile succeeds the first time (no error logged, no retry scheduled, no API error
   counted). A pooled connection handed back with an unread answer made the next request on it read that answer
   as its status line: the reconcile failed and was retried 5 s later, which hid it from every other test.
-* Two operators with kopf peering: exactly one acts; SIGKILLed, the other takes over within the peering lifetime.
+* Two operators with kopf peering: exactly one acts; SIGKILLed, the other takes over within the peering lifetime;
+  a replica paused by a higher-priority one leaves the children alone.
+* ``kopf run -m kubeps.operator.handlers`` runs a job too.
 """
 
 from __future__ import annotations
@@ -129,4 +131,21 @@ def test_a_replica_paused_by_a_higher_priority_one_leaves_the_job_alone(crd, kub
     finally:
         low.stop()
         high.stop()
+        delete_namespace(kube, ns)
+
+
+def test_kopf_run_module_runs_a_job(crd, kube, tmp_path):
+    """`kopf run -m kubeps.operator.handlers` (kopf's CLI, our handlers): the children are watched by the
+    operator's own watches under kopf's options too, and a job runs."""
+    ns = make_namespace(kube, prefix="kcl-")
+    proc = OperatorProcess(kube, [ns], tmp_path / "kopf-run.log", ["--standalone"], kopf_cli=True)
+    try:
+        proc.start()
+        create_job(kube, ns, job_manifest("kr", ps=1, workers=2))
+        kube.wait_for(lambda: (get_job(kube, ns, "kr").get("status") or {}).get("state") == "Running",
+                      timeout=40, what=f"job kr Running under kopf run\n{proc.log_tail()}")
+        pods = kube.core().list_namespaced_pod(ns, label_selector="kubeps.dev/job-name=kr").items
+        assert sorted(p.metadata.name for p in pods) == ["kr-chief-0", "kr-ps-0", "kr-worker-0", "kr-worker-1"]
+    finally:
+        proc.stop()
         delete_namespace(kube, ns)
