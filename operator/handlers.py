@@ -568,10 +568,15 @@ def _slim(body: dict, with_status: bool) -> dict:
 
 
 def _slim_container(status: dict) -> dict:
-    terminated = (status.get("state") or {}).get("terminated")
+    state = status.get("state") or {}
+    terminated = state.get("terminated")
     slim = {"name": status.get("name"), "restartCount": status.get("restartCount", 0), "state": {}}
     if terminated is not None:
-        slim["state"]["terminated"] = {"exitCode": terminated.get("exitCode"), "reason": terminated.get("reason")}
+        slim["state"]["terminated"] = {"exitCode": terminated.get("exitCode"), "reason": terminated.get("reason"),
+                                       "finishedAt": terminated.get("finishedAt")}
+    waiting = state.get("waiting") or {}
+    if waiting.get("reason") in planner.STUCK_REASONS:  # not the usual ContainerCreating: no reconcile for those
+        slim["state"]["waiting"] = {"reason": waiting["reason"], "message": waiting.get("message")}
     return slim
 
 

@@ -84,6 +84,12 @@ R_INVALID_TEMPLATE = "InvalidPodTemplate"
 R_SUSPENDED = "Suspended"
 R_RESUMED = "Resumed"
 R_SECRET_LOST = "TokenSecretLost"
+R_PODS_WAITING = "PodsCannotStart"
+
+#: Container waiting reasons that no wait fixes (a missing or unpullable image, a bad container config): they are
+#: named in the Running condition and a Warning Event. Plain ContainerCreating and PodInitializing are not.
+STUCK_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName",
+                           "CreateContainerConfigError", "CreateContainerError"})
 
 
 # ---------------------------------------------------------------------------------------------- actions
@@ -173,6 +179,8 @@ class ObservedPod:
     reason: str | None
     #: When the main container (else the last container) terminated, if the kubelet said.
     finished_at: datetime | None = None
+    #: Why a container of the pod cannot start ("container c: ErrImagePull: ..."), for STUCK_REASONS only.
+    waiting: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -208,6 +216,13 @@ def observe_pod(pod: Mapping[str, Any]) -> ObservedPod:
                 finished_at = None
             if s.get("name") in MAIN_CONTAINER_NAMES and exit_code:
                 break
+    waiting = None
+    for s in [*(status.get("initContainerStatuses") or []), *statuses]:
+        w = (s.get("state") or {}).get("waiting") or {}
+        if w.get("reason") in STUCK_REASONS:
+            detail = str(w.get("message") or "")[:200]
+            waiting = f"container {s.get('name')}: {w['reason']}" + (f": {detail}" if detail else "")
+            break
     ready = any(
         c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
     )
@@ -228,6 +243,7 @@ def observe_pod(pod: Mapping[str, Any]) -> ObservedPod:
         epoch=epoch,
         reason=status.get("reason"),
         finished_at=finished_at,
+        waiting=waiting,
     )
 
 
@@ -539,6 +555,7 @@ class _Planner:
         self.reconcile_replicas(ReplicaType.EVALUATOR, desired[ReplicaType.EVALUATOR], spec)
         self.reconcile_services(desired)
         self.update_running(desired)
+        self.report_stuck_pods()
 
     def create_pod(self, rt: ReplicaType, index: int) -> None:
         body = pod_body(self.job, rt, index, self.status.chiefEpoch, self.config)
@@ -765,6 +782,27 @@ class _Planner:
         if workers and all(workers):
             self.set_condition(ConditionType.RUNNING, True, R_RUNNING, "The chief, parameter servers and workers run.")
             self.event("Normal", R_RUNNING, "All replicas are running")
+
+    def report_stuck_pods(self) -> None:
+        """Pods whose containers cannot start (STUCK_REASONS) are named in a ``Running: False`` condition, with a
+        Warning Event when that begins: a TFJob in the same state just stays Created. Only while the job has not
+        run yet (or this condition is the one that says why); it goes away when the pods start."""
+        cond = self.condition(ConditionType.RUNNING)
+        if cond is not None and cond.reason != R_PODS_WAITING:
+            return  # running, or not running for a reason of its own (restarting, suspended)
+        stuck = sorted((p for p in self.pods if p.live and p.waiting), key=lambda p: p.name)
+        if not stuck:
+            if cond is not None:
+                self.status.conditions.remove(cond)
+            return
+        message = f"{len(stuck)} pod(s) cannot start; {stuck[0].name}: {stuck[0].waiting}"
+        if cond is None:
+            self.status.conditions.append(models.Condition(
+                type=ConditionType.RUNNING, status="False", reason=R_PODS_WAITING, message=message,
+                lastTransitionTime=self.now_text, lastUpdateTime=self.now_text))
+            self.event("Warning", R_PODS_WAITING, message)
+        elif cond.message != message:
+            cond.message, cond.lastUpdateTime = message, self.now_text
 
     def summarise(self) -> None:
         desired = self.desired_counts()

@@ -162,6 +162,10 @@ def test_image_that_does_not_exist_fails_in_bounded_time(kind: Kind, ns: str):
     cond = kind.conditions(ns, "no-image")["Failed"]
     print("Failed condition:", cond)
     assert cond.get("reason") and cond.get("message"), cond
+    # Before the deadline the job said why its pods did not start (a TFJob just stays Created).
+    warned = kind.json("-n", ns, "get", "events",
+                       "--field-selector", "involvedObject.name=no-image,reason=PodsCannotStart")["items"]
+    assert warned and "ErrImageNeverPull" in warned[0]["message"], warned
     wait(lambda: not running(kind, ns, "no-image", 1) and not [
         p for p in kind.pods(ns, "no-image") if p["status"].get("phase") in ("Pending", "Running")],
         60, "no pod of the job left running or pending")

@@ -801,3 +801,51 @@ def test_handled_pods_limit_covers_every_pod_a_job_can_have():
     most = 1 + models.MAX_PS + models.MAX_WORKERS + 1
     assert P.HANDLED_LIMIT >= 2 * most  # each name may have a terminating pod and its replacement
     assert models.PSTrainingJobStatus.model_fields["handledPods"].metadata[0].max_length >= P.HANDLED_LIMIT
+
+
+def _waiting(world: World, name: str, reason: str, message: str | None = None) -> None:
+    state = {"waiting": {"reason": reason, **({"message": message} if message else {})}}
+    world.pods[name]["status"] = {"phase": "Pending",
+                                  "containerStatuses": [{"name": "kubeps", "restartCount": 0, "state": state}]}
+
+
+def test_pods_that_cannot_start_are_named_in_the_running_condition_until_they_start():
+    """A missing image leaves a TFJob in Created with no word of why; here Running is False with the reason."""
+    world = World(make_job())
+    world.converge()
+    _waiting(world, "ctr-worker-0", "ContainerCreating")  # the usual wait: nothing to say
+    world.step()
+    assert world.cond("Running") is None
+
+    _waiting(world, "ctr-worker-1", "ErrImagePull", "pull access denied for img")
+    world.step()
+    cond = world.cond("Running")
+    assert (cond["status"], cond["reason"]) == ("False", "PodsCannotStart")
+    assert cond["message"] == "1 pod(s) cannot start; ctr-worker-1: container kubeps: ErrImagePull: pull access denied for img"
+    assert world.job["status"]["state"] == "Created"
+    assert [e.type for e in world.events if e.reason == "PodsCannotStart"] == ["Warning"]
+
+    _waiting(world, "ctr-worker-1", "ImagePullBackOff", "Back-off pulling image")  # the kubelet's next word
+    _waiting(world, "ctr-chief-0", "ErrImageNeverPull")
+    world.step()
+    assert world.cond("Running")["message"] == "2 pod(s) cannot start; ctr-chief-0: container kubeps: ErrImageNeverPull"
+    assert len([e for e in world.events if e.reason == "PodsCannotStart"]) == 1  # one Event when it began
+
+    _waiting(world, "ctr-chief-0", "ContainerCreating")
+    _waiting(world, "ctr-worker-1", "ContainerCreating")  # the image came: gone again
+    world.step()
+    assert world.cond("Running") is None
+    world.run_all()
+    world.converge()
+    assert world.is_true("Running")
+
+
+def test_a_stuck_pod_does_not_hide_why_a_job_restarts():
+    world = running()
+    world.exit("ctr-ps-0", 1)
+    world.converge()
+    assert world.is_true("Restarting")
+    reason = world.cond("Running")["reason"]
+    _waiting(world, "ctr-ps-0", "ErrImagePull")
+    world.step()
+    assert world.cond("Running")["reason"] == reason

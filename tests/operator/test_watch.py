@@ -214,3 +214,34 @@ def test_a_namespace_scope_starts_with_its_first_job_and_retires_after_its_last(
         asyncio.run(main())
     finally:
         kube.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def test_the_slim_copy_keeps_everything_the_planner_reads_of_a_pod():
+    """The reconciler keeps slim copies of pods; the planner must see in them what it would in the full pod (the
+    chief's finishedAt was dropped once, so a chief seen after the deadline never counted by when it exited)."""
+    from dataclasses import asdict
+
+    from kubeps.operator import planner
+    from kubeps.operator.handlers import _slim
+
+    meta = {"name": "j-chief-0", "namespace": "n", "uid": "u", "resourceVersion": "7",
+            "labels": {"kubeps.dev/job-name": "j", "kubeps.dev/replica-type": "chief",
+                       "kubeps.dev/replica-index": "0"},
+            "annotations": {planner.ANNOTATION_EPOCH: "2", "other": "x"},
+            "ownerReferences": [{"uid": "job", "controller": True}], "managedFields": [{"manager": "kubelet"}]}
+    statuses = [
+        {"phase": "Failed", "reason": "Evicted", "conditions": [{"type": "Ready", "status": "False"}],
+         "containerStatuses": [{"name": "kubeps", "restartCount": 2, "image": "img",
+                                "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled",
+                                                         "finishedAt": "2026-01-01T00:00:59Z"}}},
+                               {"name": "sidecar", "restartCount": 0, "state": {"running": {}}}]},
+        {"phase": "Pending", "initContainerStatuses": [
+            {"name": "init", "restartCount": 1, "state": {"waiting": {"reason": "CreateContainerConfigError",
+                                                                       "message": "secret x not found"}}}]},
+        {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}, {"type": "PodScheduled"}],
+         "containerStatuses": [{"name": "kubeps", "restartCount": 0,
+                                "state": {"waiting": {"reason": "ContainerCreating"}}}]},
+    ]
+    for status in statuses:
+        pod = {"metadata": meta, "spec": {"containers": [{"name": "kubeps"}]}, "status": status}
+        assert asdict(planner.observe_pod(_slim(pod, with_status=True))) == asdict(planner.observe_pod(pod))
