@@ -17,7 +17,7 @@ from .conftest import STEPS_PER_EXECUTION, report, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(200)]
 
-STEPS = 2400
+STEPS = 4800  # the kills come after 1-3 checkpoints: leave the job well short of its end by then
 EVERY = 240  # steps between checkpoints: 12 scheduled executions
 ARGS = ("--steps", str(STEPS), "--checkpoint-every", str(EVERY), "--eval-examples", "20000")
 
