@@ -250,12 +250,14 @@ def test_zy_two_operator_replicas_with_peering_one_acts_and_the_standby_takes_ov
     kind.helm("upgrade", RELEASE, str(REPO / "charts" / "kubeps"), "--namespace", NAMESPACE, "--reuse-values",
               "--set", "peering.enabled=true", "--set", "replicaCount=2", "--wait", "--timeout", "180s", timeout=240)
 
-    def peers() -> dict | None:  # both replicas' records, by pod name (POD_ID), once each has written one
+    def peers() -> dict | None:
+        """The records by pod name (POD_ID) once they are exactly the two new replicas': the old pod's record (it
+        stays in charge until it stops) removed when it stopped, or by kopf once it expired."""
         status = kind.json("get", "clusterkopfpeering", "kubeps").get("status") or {}
         pods = _operator_pods(kind)
-        return status if len(pods) == 2 and set(pods) <= set(status) else None
+        return status if len(pods) == 2 and set(status) == set(pods) else None
 
-    records = wait(peers, 120, "both operator replicas in the ClusterKopfPeering")
+    records = wait(peers, 120, "exactly the two new operator replicas in the ClusterKopfPeering")
     leader, standby = sorted(_operator_pods(kind), key=lambda pod: -int(records[pod]["priority"]))
     wait(lambda: "Pausing operations" in kind.logs(NAMESPACE, standby), 60, f"{standby} pausing")
 
