@@ -263,14 +263,15 @@ def test_zy_two_operator_replicas_with_peering_one_acts_and_the_standby_takes_ov
 
     kind.apply(ns, ctr_job("ha-first"))
     assert kind.wait_finished(ns, "ha-first", timeout=300) == "Succeeded"
-    assert _pods_created(kind, leader) == 5 and _pods_created(kind, standby) == 0
+    # 5 pods, or more when the chief was restarted (a crowded node left a ps Pending for a while: seen in CI)
+    assert _pods_created(kind, leader) >= 5 and _pods_created(kind, standby) == 0
 
     start = time.monotonic()
     kind.kubectl("-n", NAMESPACE, "delete", "pod", leader, "--wait=false")
     kind.apply(ns, ctr_job("ha-second"))
     assert kind.wait_finished(ns, "ha-second", timeout=300) == "Succeeded"
     record("operator leader deleted -> the standby ran a new job to Succeeded", time.monotonic() - start)
-    assert _pods_created(kind, standby) == 5
+    assert _pods_created(kind, standby) >= 5
 
 
 def test_zz_helm_uninstall_leaves_nothing_but_the_kept_crd(kind: Kind):
