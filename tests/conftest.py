@@ -248,9 +248,10 @@ class Kube:
         if delay is not None:
             annotations[FAKE_EXIT_DELAY_ANNOTATION] = delay
         core = self.core()
-        core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": annotations}})
+        patched = core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": annotations}})
         if not wait:
-            return core.read_namespaced_pod(name, namespace)
+            # the patch's answer, not a read after it: the operator may have replaced the pod by then (seen in CI)
+            return patched
         return self.wait_for_pod(
             namespace, name, lambda p: container_exit_code(p) == int(exit_code), timeout=timeout,
             what=f"pod {namespace}/{name} to report exit code {exit_code} (kwok pod-fake-exit stage)")
