@@ -242,7 +242,7 @@ def _pods_created(kind: Kind, pod: str) -> float:
 
 def test_zy_two_operator_replicas_with_peering_one_acts_and_the_standby_takes_over(kind: Kind, ns: str):
     """The chart's standby mode on real pods (peering on, 2 replicas): one replica runs a job while the other
-    pauses and creates nothing; the leader's pod deleted, the standby runs the next job. (Next and last: the
+    creates nothing; the leader's pod deleted, the standby runs the next job. (Next and last: the
     uninstall.)"""
     kind.kubectl("apply", "--server-side", "-f",
                  str(REPO / "charts" / "kubeps" / "charts" / "kopf-peering" / "crds" / "kopf-peering.yaml"))
@@ -259,7 +259,8 @@ def test_zy_two_operator_replicas_with_peering_one_acts_and_the_standby_takes_ov
 
     records = wait(peers, 120, "exactly the two new operator replicas in the ClusterKopfPeering")
     leader, standby = sorted(_operator_pods(kind), key=lambda pod: -int(records[pod]["priority"]))
-    wait(lambda: "Pausing operations" in kind.logs(NAMESPACE, standby), 60, f"{standby} pausing")
+    # (a replica started behind a live leader starts paused: kopf logs no "Pausing" line for it; what shows that
+    # it stays out is that it creates nothing)
 
     kind.apply(ns, ctr_job("ha-first"))
     assert kind.wait_finished(ns, "ha-first", timeout=300) == "Succeeded"
