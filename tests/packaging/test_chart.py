@@ -118,9 +118,8 @@ def deployment_and_container(objects):
 def test_operator_deployment_is_hardened(render, variant):
     deploy, container = deployment_and_container(render.template(*variant_args(variant)))
     spec = deploy["spec"]
-    peering = any(e["name"] == "KOPF_RUN_PEERING" for e in container["env"])
-    # Standalone, two operators must never run at once; with peering, a new pod waits behind the old one.
-    assert spec["replicas"] == 1 and spec["strategy"]["type"] == ("RollingUpdate" if peering else "Recreate")
+    # Old pods stop before new ones start: an old standalone pod ignores peering, so it must never overlap.
+    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
     pod = spec["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -223,9 +222,7 @@ def test_namespaced_mode_rbac(render):
 def test_replicas_with_peering_roll_and_stand_by(render):
     deploy, container = deployment_and_container(render.template(
         "--set", "peering.enabled=true", "--set", "replicaCount=2", "--set", "peering.lifetime=15"))
-    assert deploy["spec"]["replicas"] == 2
-    assert deploy["spec"]["strategy"] == {"type": "RollingUpdate",
-                                          "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    assert deploy["spec"]["replicas"] == 2 and deploy["spec"]["strategy"] == {"type": "Recreate"}
     env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
     assert env["KOPF_RUN_PEERING"] == "kubeps" and env["KUBEPS_PEERING_LIFETIME"] == "15"
     assert env["POD_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}
