@@ -89,9 +89,13 @@ class Reconciler:
     def configure(self, clusterwide: bool, peering: tuple[str, int] | None) -> None:
         self.clusterwide, self.peering = clusterwide, peering
 
+    def where(self, namespace: str) -> str | None:
+        """The key of the scope that holds ``namespace``'s children (None: the whole cluster)."""
+        return None if self.clusterwide else namespace
+
     def scope(self, namespace: str) -> "Scope":
         """The scope that holds ``namespace``'s children, its watches started on first use."""
-        where = None if self.clusterwide else namespace
+        where = self.where(namespace)
         found = self.scopes.get(where)
         if found is None:
             found = self.scopes[where] = Scope(self, where).start()
@@ -110,19 +114,16 @@ class Reconciler:
                 asyncio.get_running_loop().call_later(RETIRE_AFTER + 0.5, self._retire_idle_scopes)
             elif scope.retire_at <= now:
                 del self.scopes[where]
-                self.drop_children(lambda key, ns=where: key[0] == ns)
+                for store in (self.pods, self.services):
+                    for key in [k for k in store if _within(where, k)]:
+                        del store[key]
                 asyncio.get_running_loop().create_task(scope.stop())
-
-    def drop_children(self, matches) -> None:
-        for store in (self.pods, self.services):
-            for key in [k for k in store if matches(k)]:
-                del store[key]
 
     def gate_changed(self, where: str | None, now_open: bool) -> None:
         """A scope's peering gate opened or closed. Closed: forget its jobs (kopf lists them again on resuming,
         and until then they belong to the replica in charge)."""
         if not now_open:
-            for key in [k for k in self.jobs if where is None or k[0] == where]:
+            for key in [k for k in self.jobs if _within(where, k)]:
                 self.forget(key)
 
     # -- observing -----------------------------------------------------------------------------------------------
@@ -145,7 +146,7 @@ class Reconciler:
         """A watch event of a labelled pod or Service: keep its slim copy (or forget it) and reconcile its job if
         the planner would see something new (the scheduler's binding of a pod, say, changes nothing it reads)."""
         meta = obj.get("metadata") or {}
-        key = (meta.get("namespace"), (meta.get("labels") or {}).get(planner.LABEL_JOB))
+        key = _child_key(meta)
         store = self.pods if is_pod else self.services
         known = store.get(key)
         uid = meta.get("uid")
@@ -170,10 +171,9 @@ class Reconciler:
         fresh: dict[Key, dict[str, dict]] = {}
         for obj in items:
             meta = obj.get("metadata") or {}
-            key = (meta.get("namespace"), (meta.get("labels") or {}).get(planner.LABEL_JOB))
-            fresh.setdefault(key, {})[meta.get("uid")] = _slim(obj, with_status=is_pod)
+            fresh.setdefault(_child_key(meta), {})[meta.get("uid")] = _slim(obj, with_status=is_pod)
         store = self.pods if is_pod else self.services
-        for key in {k for k in store if where is None or k[0] == where} | set(fresh):
+        for key in {k for k in store if _within(where, k)} | set(fresh):
             if store.get(key) == fresh.get(key):
                 continue
             if key in fresh:
@@ -200,7 +200,7 @@ class Reconciler:
     async def _worker(self, key: Key) -> None:
         try:
             while key in self.dirty:
-                scope = self.scopes.get(None if self.clusterwide else key[0])
+                scope = self.scopes.get(self.where(key[0]))
                 if scope is not None:
                     await scope.ready()
                 self.dirty.discard(key)
@@ -539,6 +539,16 @@ async def _startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -
 async def _cleanup(memo: kopf.Memo, **_: Any) -> None:
     if "reconciler" in memo:
         await memo.reconciler.close()
+
+
+def _child_key(meta: dict) -> Key:
+    """The job a labelled pod or Service belongs to."""
+    return meta.get("namespace"), (meta.get("labels") or {}).get(planner.LABEL_JOB)
+
+
+def _within(where: str | None, key: Key) -> bool:
+    """Whether the job ``key`` is in the scope ``where`` (a namespace, or None: the whole cluster)."""
+    return where is None or key[0] == where
 
 
 def _slim(body: dict, with_status: bool) -> dict:

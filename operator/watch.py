@@ -73,22 +73,16 @@ class Watcher:
                     await self.list()
                 await self.watch()
                 delay = 1.0
-            except (Gone, ApiError) as err:
-                if isinstance(err, ApiError) and err.status != 410:
-                    await self._back_off(err, delay)
-                    delay = min(30.0, delay * 2)
-                    continue
+            except Gone:
                 log.debug("watch of %s: resourceVersion %s is gone; listing again", self.path, self.version)
                 self.version = None
             except asyncio.CancelledError:
                 raise
-            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, TypeError) as err:
-                await self._back_off(err, delay)
+            except (ApiError, aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, TypeError) as err:
+                log.warning("watch of %s failed (%s: %s); retrying in %.0f s", self.path, type(err).__name__, err,
+                            delay)
+                await asyncio.sleep(delay)
                 delay = min(30.0, delay * 2)
-
-    async def _back_off(self, err: Exception, delay: float) -> None:
-        log.warning("watch of %s failed (%s: %s); retrying in %.0f s", self.path, type(err).__name__, err, delay)
-        await asyncio.sleep(delay)
 
     async def list(self) -> None:
         """List every object (in pages), report them, and go on from the list's resourceVersion."""
@@ -111,12 +105,15 @@ class Watcher:
         last version it delivered."""
         params = dict(self.selectors, watch="1", resourceVersion=self.version, allowWatchBookmarks="true",
                       timeoutSeconds=str(self.server_timeout))
-        async for event in self.kube.watch(self.path, params, self.timeout):
-            kind, obj = event["type"], event["object"]
-            if kind == "ERROR":
-                if obj.get("code") == 410:
-                    raise Gone()
-                raise ApiError("WATCH", self.path, int(obj.get("code") or 500), str(obj.get("message")))
-            self.version = obj["metadata"]["resourceVersion"]
-            if kind != "BOOKMARK":
-                self.on_event(kind, obj)
+        try:
+            async for event in self.kube.watch(self.path, params, self.timeout):
+                kind, obj = event["type"], event["object"]
+                if kind == "ERROR":
+                    raise ApiError("WATCH", self.path, int(obj.get("code") or 500), str(obj.get("message")))
+                self.version = obj["metadata"]["resourceVersion"]
+                if kind != "BOOKMARK":
+                    self.on_event(kind, obj)
+        except ApiError as err:  # "410 Gone", as an answer or as an event in the stream
+            if err.status == 410:
+                raise Gone() from err
+            raise

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -53,10 +52,9 @@ def _configmap(name: str, labelled: bool = True) -> dict:
             "metadata": {"name": name, "labels": {LABEL: "yes"} if labelled else {}}, "data": {"v": "1"}}
 
 
-def test_list_then_watch_and_a_restart_relists_on_the_real_api_server(kube, monkeypatch):
+def test_list_then_watch_and_a_restart_relists_on_the_real_api_server(kube, namespace, monkeypatch):
     monkeypatch.setenv("KUBECONFIG", kube.kubeconfig)
-    ns = f"kwa-{uuid.uuid4().hex[:6]}"
-    kube.kubectl("create", "namespace", ns)
+    ns = namespace
     kube.apply([_configmap("before"), _configmap("unlabelled", labelled=False)], namespace=ns)
 
     async def main():
@@ -86,10 +84,7 @@ def test_list_then_watch_and_a_restart_relists_on_the_real_api_server(kube, monk
             await watcher.stop()
             await kube_client.close()
 
-    try:
-        asyncio.run(main())
-    finally:
-        kube.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+    asyncio.run(main())
 
 
 def test_gone_lists_again_long_lines_and_broken_streams_resume():
@@ -176,7 +171,7 @@ def test_peering_gate_is_closed_without_the_peering_object():
 
 
 
-def test_a_namespace_scope_starts_with_its_first_job_and_retires_after_its_last(kube, monkeypatch):
+def test_a_namespace_scope_starts_with_its_first_job_and_retires_after_its_last(kube, namespace, monkeypatch):
     """The reconciler watches a namespace's children from its first job on (lists in before any plan) and stops
     those watches RETIRE_AFTER seconds after its last job is gone."""
     from kubeps.operator import handlers
@@ -184,8 +179,7 @@ def test_a_namespace_scope_starts_with_its_first_job_and_retires_after_its_last(
 
     monkeypatch.setenv("KUBECONFIG", kube.kubeconfig)
     monkeypatch.setattr(handlers, "RETIRE_AFTER", 0.5)
-    ns = f"kwb-{uuid.uuid4().hex[:6]}"
-    kube.kubectl("create", "namespace", ns)
+    ns = namespace
     kube.apply({"apiVersion": "v1", "kind": "Service",
                 "metadata": {"name": "j-worker-0", "labels": {"kubeps.dev/job-name": "j"}},
                 "spec": {"clusterIP": "None", "ports": [{"port": 2222}]}}, namespace=ns)
@@ -210,10 +204,7 @@ def test_a_namespace_scope_starts_with_its_first_job_and_retires_after_its_last(
         finally:
             await reconciler.close()
 
-    try:
-        asyncio.run(main())
-    finally:
-        kube.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+    asyncio.run(main())
 
 
 def test_the_slim_copy_keeps_everything_the_planner_reads_of_a_pod():
