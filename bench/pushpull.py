@@ -22,12 +22,12 @@ import time
 
 import numpy as np
 
-from kubeps.runtime import wire
+from kubeps.runtime.rpc import wire
 from kubeps.runtime.cluster import TFConfig, TFConfigClusterResolver
-from kubeps.runtime.optimizers import SGD
-from kubeps.runtime.partitioners import FixedShardsPartitioner
-from kubeps.runtime.strategy import ParameterServerStrategy
-from kubeps.runtime.variables import Variable, _read_many
+from kubeps.runtime.ops.optimizers import SGD
+from kubeps.runtime.variables.partitioners import FixedShardsPartitioner
+from kubeps.runtime.coordinator.strategy import ParameterServerStrategy
+from kubeps.runtime.variables.variable import Variable, _read_many
 
 TOKEN = "bench-token-" + "0123456789abcdef"
 

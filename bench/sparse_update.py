@@ -2,7 +2,7 @@
 
 8192 ids (about 30% of them duplicates) into a 1M x 16 float32 table with its accumulator. Prints
 
-* updates/s of ``kubeps.runtime.optimizers.Adagrad.apply_sparse`` (vectorised: argsort + ``np.add.reduceat``
+* updates/s of ``kubeps.runtime.ops.optimizers.Adagrad.apply_sparse`` (vectorised: argsort + ``np.add.reduceat``
   segment sum, then gather / update / scatter of the touched rows);
 * the ratio to a naive implementation measured in the same run: duplicates summed with ``np.add.at`` into a
   dense gradient the size of the table, then the Adagrad formula over the whole table -- what "convert the
@@ -22,8 +22,8 @@ import time
 
 import numpy as np
 
-from kubeps.runtime import kernels
-from kubeps.runtime.optimizers import Adagrad
+from kubeps.runtime.ops import kernels
+from kubeps.runtime.ops.optimizers import Adagrad
 
 
 def make_ids(rng: np.random.Generator, rows: int, n: int, dup: float) -> np.ndarray:

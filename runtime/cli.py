@@ -1,7 +1,7 @@
 """The ``kubeps`` command.
 
 - ``kubeps local SCRIPT [--ps N] [--workers M] [--evaluator] [--evaluator-grace S] [--restart] [--host H]
-  [--port-base P] [-- ARGS...]``: run a training program as a local cluster of processes (see :mod:`kubeps.runtime.launcher`).
+  [--port-base P] [-- ARGS...]``: run a training program as a local cluster of processes (see :mod:`kubeps.runtime.local.launcher`).
 - ``kubeps operator [ARGS...]``: the Kubernetes operator (``kubeps.operator.main``; needs ``kubeps[operator]``).
 - ``kubeps version``: the installed version.
 
@@ -11,7 +11,6 @@ Usage errors exit with status 2, as argparse does.
 from __future__ import annotations
 
 import argparse
-import importlib
 import ipaddress
 import os
 import sys
@@ -166,9 +165,8 @@ def _split_script_args(argv: list[str]) -> tuple[list[str], list[str]]:
 
 def _run_operator(argv: list[str]) -> int:
     try:
-        module = importlib.import_module("kubeps.operator.main")
-        operator_main = module.main
-    except (ImportError, AttributeError) as err:
+        from kubeps.operator.main import main as operator_main  # noqa: PLC0415 - kopf loads for `kubeps operator` alone
+    except ImportError as err:
         sys.stderr.write(
             f"kubeps operator: the operator is not available ({err}); install kubeps[operator] "
             f"(pip install 'kubeps[operator]')\n"
@@ -179,8 +177,8 @@ def _run_operator(argv: list[str]) -> int:
 
 
 def _run_local(args: argparse.Namespace, script_args: list[str]) -> int:
-    from .launcher import LauncherError, LocalCluster, run_local  # noqa: PLC0415 - only `kubeps local` needs it
-    from .restarting import RestartingLocalCluster  # noqa: PLC0415
+    from kubeps.runtime.local.launcher import LauncherError, LocalCluster, run_local  # noqa: PLC0415 - only `kubeps local` needs it
+    from kubeps.runtime.local.restarting import RestartingLocalCluster  # noqa: PLC0415
 
     local_parser: argparse.ArgumentParser = args._local_parser
     if not os.path.exists(args.script):

@@ -21,7 +21,7 @@ from typing import Any, Iterable, Mapping
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
-from .errors import FieldError, short_repr
+from kubeps.runtime.errors import FieldError, short_repr
 
 __all__ = [
     "TASK_TYPES",

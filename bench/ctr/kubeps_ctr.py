@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import workload as wl  # noqa: E402 - next to this file, only numpy
 
 import kubeps.runtime as kp  # noqa: E402
-from kubeps.runtime import nn  # noqa: E402
+from kubeps.runtime.ops import nn  # noqa: E402
 
 
 class FromArray:

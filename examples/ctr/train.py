@@ -10,7 +10,7 @@ servers by ``MinSizePartitioner``, and a small MLP head -- builds a dataset on e
 the embedding rows its batch needs, runs the layers' forward and backward passes with numpy and pushes the
 gradients (row-sparse for the table) to the parameter servers, where Adagrad applies them.
 
-The model (``kubeps.runtime.nn`` layers)::
+The model (``kubeps.runtime.ops.nn`` layers)::
 
     ids [B, FIELDS] --Embedding--> [B, FIELDS, DIM] --flatten--+
                                                                +--concat--> MLP(hidden, relu) --> logit --> p
@@ -50,18 +50,19 @@ import time
 
 import numpy as np
 
-from kubeps.runtime import kernels, nn
+from kubeps.runtime.ops import kernels
+from kubeps.runtime.ops import nn
 from kubeps.runtime.checkpoint import Checkpoint, CheckpointManager, StepCounter
 from kubeps.runtime.cluster import TFConfigClusterResolver
-from kubeps.runtime.context import get_current_worker_index
-from kubeps.runtime.coordinator import ClusterCoordinator
+from kubeps.runtime.variables.context import get_current_worker_index
+from kubeps.runtime.coordinator.cluster_coordinator import ClusterCoordinator
 from kubeps.runtime.data import Dataset, InputContext
-from kubeps.runtime.evaluator import SidecarEvaluator
-from kubeps.runtime.optimizers import Adagrad
-from kubeps.runtime.partitioners import MinSizePartitioner
+from kubeps.runtime.checkpoint.evaluator import SidecarEvaluator
+from kubeps.runtime.ops.optimizers import Adagrad
+from kubeps.runtime.variables.partitioners import MinSizePartitioner
 from kubeps.runtime.server import Server
-from kubeps.runtime.strategy import ParameterServerStrategy
-from kubeps.runtime.supervisor import run_coordinator
+from kubeps.runtime.coordinator.strategy import ParameterServerStrategy
+from kubeps.runtime.coordinator.supervisor import run_coordinator
 
 FIELDS = 6
 VALUES_PER_FIELD = 200
@@ -130,13 +131,13 @@ def log_loss(labels: np.ndarray, p: np.ndarray) -> float:
 
 
 def auc(labels: np.ndarray, scores: np.ndarray) -> float:
-    """Area under the ROC curve (ties count half), from ranks: ``kubeps.runtime.kernels.auc``."""
+    """Area under the ROC curve (ties count half), from ranks: ``kubeps.runtime.ops.kernels.auc``."""
     return kernels.auc(labels, scores)
 
 
 # -- the model --------------------------------------------------------------------------------------------------
 class CTRModel:
-    """``logit = head(concat(flatten(embedding(ids)), dense))`` from ``kubeps.runtime.nn`` layers.
+    """``logit = head(concat(flatten(embedding(ids)), dense))`` from ``kubeps.runtime.ops.nn`` layers.
 
     Built inside ``strategy.scope()`` its variables live on the parameter servers (the table sharded by the
     scope's partitioner); built outside they are local arrays -- the same code trains in-process or on

@@ -26,7 +26,8 @@ import numpy as np
 
 import kubeps.runtime as kp
 from kubeps.runtime.server import main as serve  # a ps or worker task: `python -m kubeps.runtime.server`'s main
-from kubeps.runtime import kernels, nn
+from kubeps.runtime.ops import kernels
+from kubeps.runtime.ops import nn
 
 
 def make_teacher(features: int, classes: int, seed: int):

@@ -18,9 +18,9 @@ size and sha256; a corrupt or incompatible checkpoint fails with a :class:`Check
 variable and what was expected versus found.
 
 Parameter servers do their part through two methods of the PS service, ``SaveShards`` and ``RestoreShards``
-(:func:`rpc_save_shards`, :func:`rpc_restore_shards`), registered with :func:`register_ps_methods`.
+(:func:`rpc_save_shards`, :func:`rpc_restore_shards`), served through :mod:`kubeps.runtime.server.methods`.
 
-The package, one module per part (importing it registers the PS methods and the adapters for kubeps variables):
+The package, one module per part (importing it registers the adapters for kubeps variables):
 
 * ``format``: errors, the manifest, file names, verified ``.npy`` files, listing checkpoint directories;
 * ``shards``: saving and restoring shards where they live, and the PS methods;
@@ -31,11 +31,11 @@ The package, one module per part (importing it registers the PS methods and the 
 
 from __future__ import annotations
 
-from .adapters import register_variable_adapters
-from .api import Checkpoint
+from kubeps.runtime.checkpoint.adapters import register_variable_adapters
+from kubeps.runtime.checkpoint.api import Checkpoint
 
 # the public names (__all__) and, as `X as X`, the building blocks the single module had, for extensions and tests
-from .format import (
+from kubeps.runtime.checkpoint.format import (
     CHECKPOINT_PREFIX as CHECKPOINT_PREFIX,
     FORMAT_VERSION,
     MANIFEST_NAME as MANIFEST_NAME,
@@ -59,9 +59,9 @@ from .format import (
     verify_checkpoint,
     write_array as write_array,
 )
-from .manager import CheckpointManager
-from .reader import CheckpointReader
-from .saveables import (
+from kubeps.runtime.checkpoint.manager import CheckpointManager
+from kubeps.runtime.checkpoint.reader import CheckpointReader
+from kubeps.runtime.checkpoint.saveables import (
     ArrayAccess as ArrayAccess,
     LocalExecutor as LocalExecutor,
     PSExecutor as PSExecutor,
@@ -71,13 +71,12 @@ from .saveables import (
     StepCounter,
     register_saveable as register_saveable,
 )
-from .shards import (
+from kubeps.runtime.checkpoint.shards import (
     PS_METHODS as PS_METHODS,
     RestoreItem as RestoreItem,
     SavedShard as SavedShard,
     SaveItem as SaveItem,
     ShardAccess as ShardAccess,
-    register_ps_methods,
     restore_items as restore_items,
     rpc_restore_shards as rpc_restore_shards,
     rpc_save_shards as rpc_save_shards,
@@ -97,9 +96,7 @@ __all__ = [
     "StepCounter",
     "latest_checkpoint",
     "list_checkpoints",
-    "register_ps_methods",
     "verify_checkpoint",
 ]
 
 register_variable_adapters()
-register_ps_methods()

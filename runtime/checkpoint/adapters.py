@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import numpy as np
-from ..ps import optimizer_key
-from ..variables import ShardedVariable, Variable
-from .format import tensor_rows
-from .saveables import LocalExecutor, PSExecutor, Saveable, ShardRef, register_saveable
+from kubeps.runtime.rpc.protocol import optimizer_key
+from kubeps.runtime.variables.variable import ShardedVariable, Variable
+from kubeps.runtime.checkpoint.format import tensor_rows
+from kubeps.runtime.checkpoint.saveables import LocalExecutor, PSExecutor, Saveable, ShardRef, register_saveable
 
 
 
@@ -19,7 +19,7 @@ def _config_key_of(optimizer: Any) -> str:
 
 
 class _LocalVariableAccess:
-    """:class:`ShardAccess` over local :class:`~kubeps.runtime.variables.Variable` objects (coordinator-side)."""
+    """:class:`ShardAccess` over local :class:`~kubeps.runtime.variables.variable.Variable` objects (coordinator-side)."""
 
     def __init__(self):
         self.variables: dict[str, Any] = {}

@@ -10,8 +10,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..storage import normalize_path, storage_for
-from .format import (
+from kubeps.runtime.util.storage import normalize_path, storage_for
+from kubeps.runtime.checkpoint.format import (
     FORMAT_VERSION,
     MANIFEST_NAME,
     CheckpointError,
@@ -26,8 +26,8 @@ from .format import (
     short_listing,
     tensor_rows,
 )
-from .saveables import SAVEABLE_ADAPTERS, ArrayAccess, LocalExecutor, Saveable, ShardExecutor, ShardRef, group_key
-from .shards import RestoreItem, SavedShard, SaveItem
+from kubeps.runtime.checkpoint.saveables import SAVEABLE_ADAPTERS, ArrayAccess, LocalExecutor, Saveable, ShardExecutor, ShardRef, group_key
+from kubeps.runtime.checkpoint.shards import RestoreItem, SavedShard, SaveItem
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ from typing import Iterable, Any, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
-from .. import npyfiles
-from ..storage import Storage, normalize_path, storage_for
+from kubeps.runtime.util import npyfiles
+from kubeps.runtime.util.storage import Storage, normalize_path, storage_for
 
 
 #: Version of the manifest format this module writes and reads.

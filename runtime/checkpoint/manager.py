@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..storage import is_temporary, normalize_path, storage_for
-from .api import Checkpoint
-from .format import (
+from kubeps.runtime.util.storage import is_temporary, normalize_path, storage_for
+from kubeps.runtime.checkpoint.api import Checkpoint
+from kubeps.runtime.checkpoint.format import (
     CHECKPOINT_PREFIX,
     MANIFEST_NAME,
     CheckpointError,

@@ -6,8 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from ..storage import normalize_path, storage_for
-from .format import CheckpointMismatchError, TensorEntry, read_manifest, read_rows, short_listing, tensor_rows
+from kubeps.runtime.util.storage import normalize_path, storage_for
+from kubeps.runtime.checkpoint.format import CheckpointMismatchError, TensorEntry, read_manifest, read_rows, short_listing, tensor_rows
 
 
 class CheckpointReader:

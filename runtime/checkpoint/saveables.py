@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol
 
 import numpy as np
-from .format import CheckpointMismatchError
-from .shards import RestoreItem, SavedShard, SaveItem, ShardAccess, restore_items, save_items
+from kubeps.runtime.checkpoint.format import CheckpointMismatchError
+from kubeps.runtime.checkpoint.shards import RestoreItem, SavedShard, SaveItem, ShardAccess, restore_items, save_items
+from kubeps.runtime.rpc.protocol import PS
 
 
 
@@ -73,13 +74,13 @@ class PSExecutor:
         self.group_key = ("ps", id(transport), ps_index)
 
     def save(self, directory, items):
-        meta, _ = self.transport.call(self.ps_index, "SaveShards",
+        meta, _ = self.transport.call(self.ps_index, PS.SAVE_SHARDS,
                                       {"directory": directory, "items": [i.model_dump() for i in items]},
                                       (), self.timeout)
         return [SavedShard.model_validate(s) for s in meta["saved"]]
 
     def restore(self, directory, items):
-        meta, _ = self.transport.call(self.ps_index, "RestoreShards",
+        meta, _ = self.transport.call(self.ps_index, PS.RESTORE_SHARDS,
                                       {"directory": directory, "items": [i.model_dump(mode="json") for i in items]},
                                       (), self.timeout)
         return int(meta.get("restored", 0))

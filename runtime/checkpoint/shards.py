@@ -9,10 +9,8 @@ from typing import Any, Mapping, Protocol, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ..storage import storage_for
-from .. import server
-from ..ps import ParameterServerState
-from .format import (
+from kubeps.runtime.util.storage import storage_for
+from kubeps.runtime.checkpoint.format import (
     CheckpointError,
     CheckpointMismatchError,
     SliceEntry,
@@ -28,7 +26,7 @@ from .format import (
 # -- the shard side: what a parameter server (or the coordinator, for local variables) does --------------------
 class ShardAccess(Protocol):
     """Snapshots and loads one shard with its optimizer state, each under the shard's lock
-    (:class:`~kubeps.runtime.ps.ParameterServerState` is one)."""
+    (:class:`~kubeps.runtime.ps.state.ParameterServerState` is one)."""
 
     def snapshot(self, key: str) -> tuple[np.ndarray, dict[str, dict[str, np.ndarray]], int]: ...
 
@@ -160,23 +158,19 @@ def _request_list(meta: Mapping[str, Any], model: type[BaseModel], method: str) 
         raise ValueError(f"{method}: field 'items' is malformed: {err}") from None
 
 
-def rpc_save_shards(state: ParameterServerState, meta: dict[str, Any], arrays: list) -> tuple[dict[str, Any], list]:  # noqa: ARG001
+def rpc_save_shards(state: ShardAccess, meta: dict[str, Any], arrays: list) -> tuple[dict[str, Any], list]:  # noqa: ARG001
     """PS method ``SaveShards``: ``{"directory", "items": [SaveItem]}`` -> ``{"saved": [SavedShard]}``."""
     directory, items = _request_list(meta, SaveItem, "SaveShards")
     saved = save_items(state, directory, items)
     return {"saved": [s.model_dump(mode="json") for s in saved]}, []
 
 
-def rpc_restore_shards(state: ParameterServerState, meta: dict[str, Any], arrays: list) -> tuple[dict[str, Any], list]:  # noqa: ARG001
+def rpc_restore_shards(state: ShardAccess, meta: dict[str, Any], arrays: list) -> tuple[dict[str, Any], list]:  # noqa: ARG001
     """PS method ``RestoreShards``: ``{"directory", "items": [RestoreItem]}`` -> ``{"restored": n}``."""
     directory, items = _request_list(meta, RestoreItem, "RestoreShards")
     return {"restored": restore_items(state, directory, items)}, []
 
 
+#: the checkpoint methods of the parameter-server service (:mod:`kubeps.runtime.server.methods` serves them)
 PS_METHODS = {"SaveShards": rpc_save_shards, "RestoreShards": rpc_restore_shards}
 
-
-def register_ps_methods() -> None:
-    """Add ``SaveShards`` and ``RestoreShards`` to the parameter-server service's method table."""
-    for name, fn in PS_METHODS.items():
-        server.register_ps_method(name, fn, replace=True)  # idempotent: a re-import must not fail

@@ -16,8 +16,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from kubeps.runtime.restarting import RestartingLocalCluster
-from kubeps.runtime.supervisor import RestartPolicy
+from kubeps.runtime.local.restarting import RestartingLocalCluster
+from kubeps.runtime.local.policy import RestartPolicy
 
 PROGRAM = str(Path(__file__).resolve().parents[2] / "examples" / "ctr" / "train.py")
 STEPS_PER_EXECUTION = 20  # the example's default

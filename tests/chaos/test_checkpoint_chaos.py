@@ -113,9 +113,9 @@ PS_SAVER = textwrap.dedent("""
     from kubeps.runtime.checkpoint import Checkpoint, CheckpointManager, StepCounter
     from kubeps.runtime.cluster import TFConfig, TFConfigClusterResolver
     from kubeps.runtime.errors import PSUnavailableError
-    from kubeps.runtime.partitioners import FixedShardsPartitioner
-    from kubeps.runtime.strategy import ParameterServerStrategy
-    from kubeps.runtime.variables import Variable
+    from kubeps.runtime.variables.partitioners import FixedShardsPartitioner
+    from kubeps.runtime.coordinator.strategy import ParameterServerStrategy
+    from kubeps.runtime.variables.variable import Variable
 
     directory, tf_config = sys.argv[1], sys.argv[2]
     strategy = ParameterServerStrategy(TFConfigClusterResolver(tf_config=tf_config),

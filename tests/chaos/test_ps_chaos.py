@@ -11,7 +11,7 @@ import time
 import pytest
 
 from kubeps.runtime.checkpoint import latest_checkpoint, list_checkpoints, verify_checkpoint
-from kubeps.runtime.supervisor import EXIT_PS_UNAVAILABLE
+from kubeps.runtime.coordinator.supervisor import EXIT_PS_UNAVAILABLE
 
 from .conftest import STEPS_PER_EXECUTION, report, wait_until
 

@@ -88,7 +88,7 @@ def test_random_worker_kills_do_not_stop_training(chaos_run):
     assert recoveries and max(recoveries) < 30
 
     # the sidecar evaluator followed the checkpoints and evaluated the final one, as the chief did
-    from kubeps.runtime.evaluator import read_metrics
+    from kubeps.runtime.checkpoint.evaluator import read_metrics
 
     records = read_metrics(str(run.metrics))
     assert records and records[-1]["final"] and records[-1]["step"] == STEPS

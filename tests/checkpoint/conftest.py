@@ -14,7 +14,8 @@ import pytest
 
 from kubeps.runtime.cluster import TFConfig, TFConfigClusterResolver
 from kubeps.runtime.errors import RemoteError
-from kubeps.runtime.rpc import PS_SERVICE, Client
+from kubeps.runtime.rpc.client import Client
+from kubeps.runtime.rpc.protocol import PS_SERVICE
 
 TOKEN = "kubeps-checkpoint-test-token-0123456789"
 
@@ -65,7 +66,7 @@ class PSCluster:
                 client.close()
 
     def strategy(self, **kwargs):
-        from kubeps.runtime.strategy import ParameterServerStrategy
+        from kubeps.runtime.coordinator.strategy import ParameterServerStrategy
 
         resolver = TFConfigClusterResolver(tf_config=TFConfig.for_task(self.cluster, "chief", 0))
         return ParameterServerStrategy(resolver, job_token=TOKEN, **kwargs)

@@ -331,7 +331,7 @@ class _CountingLock:
 def test_restore_parses_every_npy_header_under_the_process_wide_lock(tmp_path, monkeypatch):
     """numpy parses .npy headers with ast.literal_eval, which races between threads on CPython < 3.11.8
     (SystemError: AST constructor recursion depth mismatch, seen in CI); restores read files from thread pools."""
-    from kubeps.runtime import npyfiles
+    from kubeps.runtime.util import npyfiles
 
     lock = _CountingLock()
     monkeypatch.setattr(npyfiles, "_HEADER_LOCK", lock)
@@ -349,4 +349,4 @@ def test_no_module_parses_npy_headers_outside_npyfiles():
     runtime = Path(ck.__file__).parents[1]
     offenders = [p.name for p in runtime.rglob("*.py") if p.name != "npyfiles.py"
                  and any(s in p.read_text() for s in ("np.load(", "read_array_header", "literal_eval"))]
-    assert not offenders, f"parse .npy headers through kubeps.runtime.npyfiles (thread-safe): {offenders}"
+    assert not offenders, f"parse .npy headers through kubeps.runtime.util.npyfiles (thread-safe): {offenders}"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kubeps.runtime.evaluator import read_metrics
-from kubeps.runtime.restarting import RestartingLocalCluster
+from kubeps.runtime.checkpoint.evaluator import read_metrics
+from kubeps.runtime.local.restarting import RestartingLocalCluster
 
 EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "eval" / "train.py")
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from kubeps.runtime.checkpoint import Checkpoint, CheckpointManager, StepCounter
-from kubeps.runtime.evaluator import SidecarEvaluator, read_metrics
+from kubeps.runtime.checkpoint.evaluator import SidecarEvaluator, read_metrics
 
 
 def _mse(values, batches):

@@ -19,10 +19,10 @@ from kubeps.runtime.checkpoint import (
     verify_checkpoint,
 )
 from kubeps.runtime.errors import RemoteError
-from kubeps.runtime.optimizers import Adagrad
-from kubeps.runtime.partitioners import FixedShardsPartitioner
-from kubeps.runtime.training import IndexedSlices
-from kubeps.runtime.variables import Variable
+from kubeps.runtime.ops.optimizers import Adagrad
+from kubeps.runtime.variables.partitioners import FixedShardsPartitioner
+from kubeps.runtime.variables.push import IndexedSlices
+from kubeps.runtime.variables.variable import Variable
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -142,7 +142,7 @@ def test_field_errors_survive_pickling_with_their_fields():
     import pickle
 
     from kubeps.runtime.errors import FieldError, RuntimeConfigError
-    from kubeps.runtime.wire import WireError
+    from kubeps.runtime.rpc.wire import WireError
 
     for err in (TFConfigError("task.index", 7, "must be in 0..0"), RuntimeConfigError("steps", -1, "must be >= 1"),
                 WireError("magic", b"xx", "must be b'KPS1'")):

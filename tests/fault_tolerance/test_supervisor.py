@@ -13,14 +13,10 @@ import time
 import pytest
 
 from kubeps.runtime.errors import PSUnavailableError
-from kubeps.runtime.restarting import RestartingLocalCluster
-from kubeps.runtime.supervisor import (
-    EXIT_PS_UNAVAILABLE,
-    Action,
-    RestartPolicy,
-    is_retryable_exit,
-    ps_unavailable_cause,
-)
+from kubeps.runtime.local.restarting import RestartingLocalCluster
+from kubeps.runtime.contract import EXIT_PS_UNAVAILABLE, is_retryable_exit
+from kubeps.runtime.coordinator.supervisor import ps_unavailable_cause
+from kubeps.runtime.local.policy import Action, RestartPolicy
 
 P = RestartPolicy(max_restarts=2, backoff_initial=0.5, backoff_max=1.5)
 
@@ -75,7 +71,7 @@ def test_run_coordinator_exits_133_on_ps_loss(tmp_path):
     script.write_text(textwrap.dedent("""
         import threading, time
         from kubeps.runtime.errors import PSUnavailableError
-        from kubeps.runtime.supervisor import run_coordinator
+        from kubeps.runtime.coordinator.supervisor import run_coordinator
         def main():
             # a non-daemon thread stuck forever must not keep the process alive
             threading.Thread(target=time.sleep, args=(600,)).start()
@@ -89,7 +85,7 @@ def test_run_coordinator_exits_133_on_ps_loss(tmp_path):
     assert "exits with status 133 (retryable)" in proc.stderr
     assert time.monotonic() - t0 < 30
     other = tmp_path / "other.py"
-    other.write_text("from kubeps.runtime.supervisor import run_coordinator\n"
+    other.write_text("from kubeps.runtime.coordinator.supervisor import run_coordinator\n"
                      "def main():\n    raise ValueError('bad input')\nrun_coordinator(main)\n")
     proc = subprocess.run([sys.executable, str(other)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "ValueError: bad input" in proc.stderr
@@ -130,7 +126,7 @@ def _wait(cond, timeout=30.0):
 
 @pytest.mark.timeout(120)
 def test_restarting_local_cluster_with_real_processes(tmp_path):
-    pytest.importorskip("kubeps.runtime.launcher")
+    pytest.importorskip("kubeps.runtime.local.launcher")
     script = tmp_path / "toy.py"
     script.write_text(TOY)
     state = tmp_path / "state"

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from kubeps.runtime.watchdog import Watchdog
+from kubeps.runtime.coordinator.watchdog import Watchdog
 
 
 def _stuck_here(event: threading.Event) -> None:

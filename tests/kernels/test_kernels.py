@@ -8,7 +8,7 @@ import warnings
 import numpy as np
 import pytest
 
-from kubeps.runtime import kernels as K
+from kubeps.runtime.ops import kernels as K
 
 
 @pytest.fixture(params=["numpy", "cupy"])

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kubeps.runtime import nn
-from kubeps.runtime.optimizers import SGD, Adagrad
+from kubeps.runtime.ops import nn
+from kubeps.runtime.ops.optimizers import SGD, Adagrad
 
 EPS = 1e-6
 
@@ -134,7 +134,7 @@ def test_softmax_loss_value():
 
 
 def test_embedding_on_plain_numpy_table_gathers_locally(monkeypatch):
-    from kubeps.runtime import variables
+    from kubeps.runtime.variables import variable as variables
 
     monkeypatch.setattr(variables, "embedding_lookup", lambda *a: pytest.fail("must not call embedding_lookup"))
     table = np.arange(12, dtype=np.float32).reshape(4, 3)
@@ -143,7 +143,7 @@ def test_embedding_on_plain_numpy_table_gathers_locally(monkeypatch):
 
 
 def test_embedding_on_sharded_variable_pulls_only_needed_rows(monkeypatch):
-    from kubeps.runtime import variables
+    from kubeps.runtime.variables import variable as variables
 
     table = np.arange(26, dtype=np.float32).reshape(13, 2)
     shards = [variables.Variable(table[a:b], name=f"t/part_{i}") for i, (a, b) in
@@ -213,7 +213,7 @@ def test_layers_pickle_without_caches():
 
 
 # ------------------------------------------------------------------------------------------------------------
-# Training end to end on local variables (apply_gradients through kubeps.runtime.training)
+# Training end to end on local variables (apply_gradients through kubeps.runtime.variables.push)
 # ------------------------------------------------------------------------------------------------------------
 
 

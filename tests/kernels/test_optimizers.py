@@ -10,8 +10,8 @@ import types
 import numpy as np
 import pytest
 
-from kubeps.runtime import optimizers as opt
-from kubeps.runtime.optimizers import SGD, Adagrad, Adam, Ftrl, Momentum
+from kubeps.runtime.ops import optimizers as opt
+from kubeps.runtime.ops.optimizers import SGD, Adagrad, Adam, Ftrl, Momentum
 
 # ------------------------------------------------------------------------------------------------------------
 # Reference implementations: one scalar coordinate at a time, written from the papers / TF docs.
@@ -341,14 +341,14 @@ def test_first_update_uses_schedule_at_zero():
 # ------------------------------------------------------------------------------------------------------------
 
 
-def test_apply_gradients_delegates_to_training_module(monkeypatch):
+def test_apply_gradients_delegates_to_the_push(monkeypatch):
     calls = []
-    fake = types.ModuleType("kubeps.runtime.training")
+    fake = types.ModuleType("kubeps.runtime.variables.push")
     fake.apply_gradients = lambda optimizer, gv: calls.append((optimizer, list(gv))) or "pushed"
-    import kubeps.runtime as pkg
+    import kubeps.runtime.variables as pkg
 
-    monkeypatch.setitem(sys.modules, "kubeps.runtime.training", fake)
-    monkeypatch.setattr(pkg, "training", fake, raising=False)
+    monkeypatch.setitem(sys.modules, "kubeps.runtime.variables.push", fake)
+    monkeypatch.setattr(pkg, "push", fake, raising=False)
     o = Adam(0.01)
     g, v = np.ones(2), np.zeros(2)
     assert o.apply_gradients([(g, v)]) == "pushed"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from kubeps.runtime.launcher import free_ports
+from kubeps.runtime.local.launcher import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 GROUP, VERSION, PLURAL = "kubeps.dev", "v1alpha1", "pstrainingjobs"

@@ -16,11 +16,12 @@ import numpy as np
 import pytest
 
 from kubeps.runtime.cluster import TFConfig, TFConfigClusterResolver
-from kubeps.runtime.coordinator import ClusterCoordinator
+from kubeps.runtime.coordinator.cluster_coordinator import ClusterCoordinator
 from kubeps.runtime.errors import RemoteError
-from kubeps.runtime.optimizers import SGD
-from kubeps.runtime.rpc import PS_SERVICE, WORKER_SERVICE, Client
-from kubeps.runtime.variables import Variable
+from kubeps.runtime.ops.optimizers import SGD
+from kubeps.runtime.rpc.client import Client
+from kubeps.runtime.rpc.protocol import PS_SERVICE, WORKER_SERVICE
+from kubeps.runtime.variables.variable import Variable
 
 TOKEN = "kubeps-test-token-0123456789abcdef"
 
@@ -131,7 +132,7 @@ class LocalCluster:
         return TFConfigClusterResolver(tf_config=TFConfig.for_task(self.cluster, "chief", 0))
 
     def strategy(self, **kwargs: Any):
-        from kubeps.runtime.strategy import ParameterServerStrategy
+        from kubeps.runtime.coordinator.strategy import ParameterServerStrategy
 
         kwargs.setdefault("job_token", self.token)
         return ParameterServerStrategy(self.resolver(), **kwargs)
@@ -198,8 +199,8 @@ def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCl
 @pytest.fixture
 def coord(shared_cluster: LocalCluster):
     """``(strategy, coordinator)`` on the module's shared cluster; tables split in 2 shards."""
-    from kubeps.runtime.coordinator import ClusterCoordinator
-    from kubeps.runtime.partitioners import FixedShardsPartitioner
+    from kubeps.runtime.coordinator.cluster_coordinator import ClusterCoordinator
+    from kubeps.runtime.variables.partitioners import FixedShardsPartitioner
 
     strategy = shared_cluster.strategy(variable_partitioner=FixedShardsPartitioner(2))
     coordinator = ClusterCoordinator(strategy)

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from kubeps.runtime.closure_queue import Closure, ClosureQueue, ClosureState, RemoteValueStatus
+from kubeps.runtime.coordinator.closure_queue import Closure, ClosureQueue, ClosureState, RemoteValueStatus
 from kubeps.runtime.errors import CancelledError
 
 pytestmark = pytest.mark.timeout(30)

@@ -12,12 +12,12 @@ import cloudpickle
 import numpy as np
 import pytest
 
-from kubeps.runtime.coordinator import ClusterCoordinator, PerWorkerIterator
-from kubeps.runtime.context import current_closure_context, get_current_worker_index
+from kubeps.runtime.coordinator.cluster_coordinator import ClusterCoordinator, PerWorkerIterator
+from kubeps.runtime.variables.context import current_closure_context, get_current_worker_index
 from kubeps.runtime.errors import InsecureServerError, PSUnavailableError, RemoteError, UnauthenticatedError
-from kubeps.runtime.optimizers import SGD
+from kubeps.runtime.ops.optimizers import SGD
 from kubeps.runtime.server import Server
-from kubeps.runtime.variables import Variable
+from kubeps.runtime.variables.variable import Variable
 
 from .conftest import TOKEN, free_ports
 
@@ -228,7 +228,7 @@ def test_server_bad_arguments_and_insecure(tmp_path):
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
     server = Server(cluster, "ps", 0, start=True, bind_host="127.0.0.1",
-                    token=__import__("kubeps.runtime.security", fromlist=["x"]).load_job_token(
+                    token=__import__("kubeps.runtime.rpc.security", fromlist=["x"]).load_job_token(
                         {"KUBEPS_JOB_TOKEN_FILE": str(token_file)}))
     try:
         with pytest.raises(OSError, match=f"cannot listen on port {port}"):

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from kubeps.runtime.errors import CancelledError
-from kubeps.runtime.context import get_current_worker_index
-from kubeps.runtime.optimizers import SGD
-from kubeps.runtime.training import IndexedSlices
-from kubeps.runtime.variables import ShardedVariable, Variable, embedding_lookup
+from kubeps.runtime.variables.context import get_current_worker_index
+from kubeps.runtime.ops.optimizers import SGD
+from kubeps.runtime.variables.push import IndexedSlices
+from kubeps.runtime.variables.variable import ShardedVariable, Variable, embedding_lookup
 
 pytestmark = pytest.mark.timeout(120)
 

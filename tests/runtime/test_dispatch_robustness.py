@@ -14,12 +14,13 @@ import grpc
 import numpy as np
 import pytest
 
-from kubeps.runtime import coordinator as coordinator_module
-from kubeps.runtime import rpc
-from kubeps.runtime.closure_queue import Closure, ClosureState
-from kubeps.runtime.coordinator import ClusterCoordinator
+from kubeps.runtime.coordinator import cluster_coordinator as coordinator_module
+from kubeps.runtime.rpc import client as rpc
+from kubeps.runtime.rpc import protocol
+from kubeps.runtime.coordinator.closure_queue import Closure, ClosureState
+from kubeps.runtime.coordinator.cluster_coordinator import ClusterCoordinator
 from kubeps.runtime.errors import CancelledError, PSUnavailableError, RemoteError
-from kubeps.runtime.strategy import ParameterServerStrategy
+from kubeps.runtime.coordinator.strategy import ParameterServerStrategy
 
 from .conftest import TOKEN, LocalCluster
 
@@ -97,7 +98,7 @@ def test_future_cancelled_error_escaping_the_transport_reruns_the_closure(fake):
 
 def test_unexpected_exception_fails_the_closure_and_the_thread_goes_on(fake, caplog):
     coordinator, client = fake
-    caplog.set_level(logging.ERROR, logger="kubeps.runtime.coordinator")
+    caplog.set_level(logging.ERROR, logger="kubeps.runtime.coordinator.cluster_coordinator")
     boom = KeyError("a bug in the dispatch path")
     client.failures = [boom]
     value = coordinator.schedule(int)
@@ -155,7 +156,7 @@ def test_ps_failed_during_the_retry_pause_fails_the_closure_instead_of_parking_i
     def pause(timeout=None):  # the other closure's error lands during this closure's pause
         coordinator.mark_ps_failed(0, ps_error)
         if answers_again:
-            coordinator._ps_recovered(0)  # the job failed all the same: the error is pending
+            coordinator.failures.ps_recovered(0)  # the job failed all the same: the error is pending
         return real_wait(0)
 
     coordinator._stopping.wait = pause
@@ -203,9 +204,9 @@ def test_fetch_of_a_queued_closure_does_not_block_on_a_pending_error(fake):
 
 def test_monitor_survives_a_failing_heartbeat(fake, monkeypatch, caplog):
     coordinator, _ = fake
-    caplog.set_level(logging.ERROR, logger="kubeps.runtime.coordinator")
+    caplog.set_level(logging.ERROR, logger="kubeps.runtime.coordinator.failure")
     calls = []
-    real = coordinator._heartbeat_ps
+    real = coordinator.failures._heartbeat_ps
 
     def flaky(ps, now):
         calls.append(now)
@@ -213,11 +214,11 @@ def test_monitor_survives_a_failing_heartbeat(fake, monkeypatch, caplog):
             raise RuntimeError("injected heartbeat failure")
         return real(ps, now)
 
-    monkeypatch.setattr(coordinator, "_heartbeat_ps", flaky)
+    monkeypatch.setattr(coordinator.failures, "_heartbeat_ps", flaky)
     deadline = time.monotonic() + 10
     while len(calls) < 3 and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert len(calls) >= 3 and coordinator._monitor.is_alive()
+    assert len(calls) >= 3 and coordinator.failures.thread.is_alive()
     assert any("injected heartbeat failure" in (r.exc_text or str(r.exc_info)) for r in caplog.records)
 
 
@@ -243,7 +244,7 @@ class _ParkedError(grpc.RpcError):
         return "answer parked"
 
     def trailing_metadata(self):
-        return ((rpc.ERROR_REASON_KEY, rpc.ANSWER_PARKED), (rpc.ANSWER_ID_KEY, "id-1"))
+        return ((protocol.ERROR_REASON_KEY, protocol.ANSWER_PARKED), (protocol.ANSWER_ID_KEY, "id-1"))
 
 
 class _BlockingStream:
@@ -276,7 +277,7 @@ class _CancelledRpc(grpc.RpcError):
 
 
 def test_call_result_turns_future_cancelled_into_remote_error():
-    client = rpc.Client("127.0.0.1:1", rpc.WORKER_SERVICE, TOKEN)
+    client = rpc.Client("127.0.0.1:1", protocol.WORKER_SERVICE, TOKEN)
     call = rpc.Call(client, "RunClosure", 5.0, future=_FakeFuture(grpc.FutureCancelledError()))
     with pytest.raises(RemoteError) as info:
         call.result()
@@ -286,7 +287,7 @@ def test_call_result_turns_future_cancelled_into_remote_error():
 def test_cancel_reaches_the_collect_stream_of_a_parked_answer(monkeypatch):
     """The heartbeat cancels a frozen worker's call; when the answer was parked and is being collected, cancelling
     the (finished) unary future alone would leave the dispatch thread reading the stream until its deadline."""
-    client = rpc.Client("127.0.0.1:1", rpc.WORKER_SERVICE, TOKEN)
+    client = rpc.Client("127.0.0.1:1", protocol.WORKER_SERVICE, TOKEN)
     stream = _BlockingStream()
     monkeypatch.setattr(client, "_method", lambda name, unary=False: (lambda chunks, **kw: stream))
     call = rpc.Call(client, "RunClosure", 30.0, future=_FakeFuture(_ParkedError()))

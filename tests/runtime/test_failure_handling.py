@@ -13,13 +13,13 @@ import time
 import numpy as np
 import pytest
 
-from kubeps.runtime.closure_queue import Closure
-from kubeps.runtime.coordinator import ClusterCoordinator, _dumps
+from kubeps.runtime.coordinator.closure_queue import Closure
+from kubeps.runtime.coordinator.cluster_coordinator import ClusterCoordinator, _dumps
 from kubeps.runtime.errors import PSUnavailableError
-from kubeps.runtime.optimizers import SGD
-from kubeps.runtime.supervisor import EXIT_PS_UNAVAILABLE, run_coordinator
-from kubeps.runtime.variables import Variable
-from kubeps.runtime.watchdog import Watchdog
+from kubeps.runtime.ops.optimizers import SGD
+from kubeps.runtime.coordinator.supervisor import EXIT_PS_UNAVAILABLE, run_coordinator
+from kubeps.runtime.variables.variable import Variable
+from kubeps.runtime.coordinator.watchdog import Watchdog
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -81,7 +81,7 @@ def test_hung_worker_and_hung_ps_are_detected_in_parallel(make_cluster, caplog):
     worker, ps = cluster.procs[("worker", 0)], cluster.procs[("ps", 1)]
     stopped = []
     try:
-        from kubeps.runtime.context import get_current_worker_index
+        from kubeps.runtime.variables.context import get_current_worker_index
 
         def slow(seconds):
             time.sleep(seconds)
@@ -90,7 +90,7 @@ def test_hung_worker_and_hung_ps_are_detected_in_parallel(make_cluster, caplog):
         coordinator.fetch([coordinator.schedule(slow, args=(0.0,)) for _ in range(4)])
         long_ones = [coordinator.schedule(slow, args=(30.0,)) for _ in range(2)]  # one on each worker
         time.sleep(0.5)
-        caplog.set_level(logging.WARNING, logger="kubeps.runtime.coordinator")
+        caplog.set_level(logging.WARNING, logger="kubeps.runtime.coordinator.failure")
         start = time.monotonic()
         for proc in (worker, ps):
             os.kill(proc.pid, signal.SIGSTOP)  # alive, connections open, silent: only the heartbeat notices
@@ -195,7 +195,7 @@ def test_transient_errors_close_together_count_once(shared_cluster):
         assert coordinator.done() is not None  # no error pending
         time.sleep(0.1)
         start = time.monotonic()
-        coordinator._ps_errors[0].clear()  # a fresh incident (counted errors also expire after ps_error_window)
+        coordinator.failures.ps_errors[0].clear()  # a fresh incident (counted errors also expire after ps_error_window)
         hammer(8.0)
         took = time.monotonic() - start
         with pytest.raises(PSUnavailableError, match=r"/job:ps/task:0 .*4 errors over \d+\.\d s"):

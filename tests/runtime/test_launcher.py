@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from kubeps.runtime import cli
-from kubeps.runtime.launcher import LauncherError, LocalCluster, exit_status, free_ports
+from kubeps.runtime.local.launcher import LauncherError, LocalCluster, exit_status, free_ports
 
 # The task script: argv[1] is a directory for pid files, argv[2] a JSON behaviour per task type
 # ({"chief": {"exit": 3}, "worker": {"sleep": 60}, ...}); "default" applies to types not named. "wait_for": N
@@ -446,14 +446,8 @@ def test_operator_delegates_all_arguments(monkeypatch):
 
 
 def test_operator_missing_says_what_to_install(monkeypatch, capsys):
-    real_import = cli.importlib.import_module
-
-    def no_operator(name, *args):
-        if name == "kubeps.operator.main":
-            raise ImportError("No module named 'kopf'")
-        return real_import(name, *args)
-
-    monkeypatch.setattr(cli.importlib, "import_module", no_operator)
+    # None in sys.modules makes `from kubeps.operator.main import main` raise ImportError, as a missing kopf does
+    monkeypatch.setitem(sys.modules, "kubeps.operator.main", None)
     assert cli.main(["operator"]) == 1
     assert "install kubeps[operator]" in capsys.readouterr().err
 

@@ -1,10 +1,10 @@
-"""kubeps.runtime.nest: the one nested-structure walker (its docstring examples run as doctests too)."""
+"""kubeps.runtime.util.nest: the one nested-structure walker (its docstring examples run as doctests too)."""
 
 from collections import OrderedDict, namedtuple
 
 import pytest
 
-from kubeps.runtime import nest
+from kubeps.runtime.util import nest
 
 Pair = namedtuple("Pair", "a b")
 

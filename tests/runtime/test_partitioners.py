@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from kubeps.runtime.partitioners import (
+from kubeps.runtime.variables.partitioners import (
     FixedShardsPartitioner,
     MaxSizePartitioner,
     MinSizePartitioner,

@@ -8,8 +8,9 @@ import time
 import numpy as np
 import pytest
 
-from kubeps.runtime.optimizers import SGD
-from kubeps.runtime.ps import ParameterServerState, UnknownVariableError, rpc_push
+from kubeps.runtime.ops.optimizers import SGD
+from kubeps.runtime.ps.methods import rpc_push
+from kubeps.runtime.ps.state import ParameterServerState, UnknownVariableError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -107,7 +108,7 @@ def test_unrelated_shards_are_not_serialised():
 def test_slots_are_lazy_per_optimizer_and_steps_count():
     state = ParameterServerState()
     state.create("v", np.ones(4, np.float32))
-    from kubeps.runtime.optimizers import Adagrad
+    from kubeps.runtime.ops.optimizers import Adagrad
 
     cfg = Adagrad(learning_rate=0.1).get_config()
     assert state.get("v").slots == {}

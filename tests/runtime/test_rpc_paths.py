@@ -8,15 +8,16 @@ import grpc
 import numpy as np
 import pytest
 
-from kubeps.runtime import wire
-from kubeps.runtime.context import current_closure_context
+from kubeps.runtime.rpc import wire
+from kubeps.runtime.variables.context import current_closure_context
 from kubeps.runtime.errors import RemoteError, UnauthenticatedError
-from kubeps.runtime.optimizers import SGD
-from kubeps.runtime.rpc import ANSWER_PARKED, PS_SERVICE, UNARY_PREFIX, Client
-from kubeps.runtime.security import TOKEN_METADATA_KEY
+from kubeps.runtime.ops.optimizers import SGD
+from kubeps.runtime.rpc.client import Client
+from kubeps.runtime.rpc.protocol import ANSWER_PARKED, PS_SERVICE, UNARY_PREFIX
+from kubeps.runtime.rpc.security import TOKEN_METADATA_KEY
 from kubeps.runtime.server import Server, register_ps_method
-from kubeps.runtime.training import IndexedSlices
-from kubeps.runtime.variables import Variable, embedding_lookup
+from kubeps.runtime.variables.push import IndexedSlices
+from kubeps.runtime.variables.variable import Variable, embedding_lookup
 
 from .conftest import TOKEN, free_ports
 
@@ -230,7 +231,7 @@ def test_a_training_step_makes_one_rpc_per_ps(coord):
 def test_small_sharded_weights_ride_on_the_lookup_big_ones_are_read_on_demand(coord):
     """Dense weights are pulled with the step's first call whether or not a partitioner sharded them; a variable
     over PREFETCH_MAX_BYTES (a table) never is: only what a step asks for is read."""
-    from kubeps.runtime.context import PREFETCH_MAX_BYTES
+    from kubeps.runtime.variables.context import PREFETCH_MAX_BYTES
 
     strategy, coordinator = coord
     with strategy.scope():

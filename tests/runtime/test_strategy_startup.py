@@ -9,7 +9,7 @@ import pytest
 from kubeps.runtime.cluster import TFConfigClusterResolver
 from kubeps.runtime.errors import PSUnavailableError, RuntimeConfigError
 from kubeps.runtime.server import Server
-from kubeps.runtime.strategy import ParameterServerStrategy
+from kubeps.runtime.coordinator.strategy import ParameterServerStrategy
 
 TOKEN = "startup-test-token-0123456789abcdef"
 
@@ -62,7 +62,7 @@ def test_startup_timeout_must_be_positive(free_port_list):
 
 
 def strategy_variable(strategy):
-    from kubeps.runtime.variables import Variable
+    from kubeps.runtime.variables.variable import Variable
 
     return Variable(np.arange(4, dtype=np.float32), name="v")
 

@@ -1,4 +1,4 @@
-"""CPU budget per task and math thread pools sized to it (kubeps.runtime.threads)."""
+"""CPU budget per task and math thread pools sized to it (kubeps.runtime.util.threads)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from kubeps.runtime import threads
-from kubeps.runtime.launcher import LauncherError, LocalCluster
+from kubeps.runtime.util import threads
+from kubeps.runtime.local.launcher import LauncherError, LocalCluster
 
 
 def _write(root, rel, text):
@@ -58,7 +58,7 @@ def test_malformed_env_names_variable_value_and_allowed(tmp_path, value):
 def test_limit_math_threads_caps_blas_in_a_fresh_process():
     code = (
         "import numpy, threadpoolctl, json\n"
-        "from kubeps.runtime.threads import limit_math_threads\n"
+        "from kubeps.runtime.util.threads import limit_math_threads\n"
         "b = limit_math_threads()\n"
         "print(json.dumps([int(b), b.source, [p['num_threads'] for p in threadpoolctl.threadpool_info()]]))\n"
     )

@@ -7,10 +7,10 @@ import pytest
 
 from kubeps.runtime.cluster import TFConfig, TFConfigClusterResolver
 from kubeps.runtime.errors import RuntimeConfigError
-from kubeps.runtime.partitioners import FixedShardsPartitioner, MinSizePartitioner
+from kubeps.runtime.variables.partitioners import FixedShardsPartitioner, MinSizePartitioner
 from kubeps.runtime.server import Server
-from kubeps.runtime.strategy import ParameterServerStrategy
-from kubeps.runtime.variables import ShardedVariable, Variable, embedding_lookup
+from kubeps.runtime.coordinator.strategy import ParameterServerStrategy
+from kubeps.runtime.variables.variable import ShardedVariable, Variable, embedding_lookup
 
 from .conftest import TOKEN, free_ports
 
@@ -165,7 +165,7 @@ def test_strategy_needs_ps_and_worker():
 
 
 def test_scope_nesting_is_checked(servers):
-    from kubeps.runtime import context
+    from kubeps.runtime.variables import context
 
     cluster, _ = servers
     a, b = _strategy(cluster), _strategy(cluster)

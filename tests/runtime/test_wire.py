@@ -8,8 +8,8 @@ import struct
 import numpy as np
 import pytest
 
-from kubeps.runtime import wire
-from kubeps.runtime.wire import WireError, decode_chunks, decode_message, encode_chunks
+from kubeps.runtime.rpc import wire
+from kubeps.runtime.rpc.wire import WireError, decode_chunks, decode_message, encode_chunks
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,0 +1,535 @@
+"""``ClusterCoordinator``: schedules functions on workers, as TensorFlow's class of the same name.
+
+* ``schedule(fn, args, kwargs)`` pickles ``fn`` with cloudpickle (variables travel as handles, per-worker
+  iterators as references) and queues it; it returns a :class:`RemoteValue` at once.
+* One dispatch thread per worker takes closures from the :class:`~kubeps.runtime.coordinator.closure_queue.ClosureQueue`
+  (its tagged queue first) and runs them with a ``RunClosure`` RPC; the result is copied back as soon as the
+  closure finishes.
+* A monitor thread pings every parameter server and every busy worker, all in parallel, each ping with a short
+  deadline (the failure detector): a peer without an answered ping for ``heartbeat_failures x heartbeat_interval``
+  seconds is declared dead, so one hung peer never delays the detection of another. It also compares each
+  parameter server's incarnation with the one its variables were created in: a ps that restarted empty fails the
+  job at once (restart the chief from a checkpoint).
+* With ``watchdog_timeout`` (or a :class:`~kubeps.runtime.coordinator.watchdog.Watchdog`), every thread's stack is dumped when
+  no closure finished for that long while work is pending.
+
+Failure handling (each step a method named for it, for subclasses and the fault-tolerance layer):
+``handle_worker_failure`` (re-queue the closure: at-least-once), ``wait_for_worker`` (reconnect with backoff),
+``rebuild_worker_resources`` (datasets and iterators re-created from scratch), ``handle_ps_error`` (retry while a
+PS blip lasts: errors closer than ``ps_error_interval`` count once, the job fails after more than
+``max_transient_ps_errors`` counted errors), ``mark_ps_failed`` (:class:`~kubeps.runtime.errors.PSUnavailableError` through
+``schedule``/``join``/``done``).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import itertools
+import logging
+import os
+import pickle
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+import cloudpickle
+import grpc
+import numpy as np
+
+from kubeps.runtime.util import nest
+from kubeps.runtime.coordinator.closure_queue import Closure, ClosureQueue, ClosureState, RemoteValue
+from kubeps.runtime.coordinator.failure import FailureDetector, Heartbeat
+from kubeps.runtime.data.dataset import DistributedDataset
+from kubeps.runtime.variables.context import current_input_context
+from kubeps.runtime.errors import (
+    ClosureError,
+    PSUnavailableError,
+    RemoteError,
+    ResourceMissingError,
+    RuntimeConfigError,
+    WorkerUnavailableError,
+)
+from kubeps.runtime.rpc.client import Client
+from kubeps.runtime.rpc.protocol import PING, WORKER, WORKER_SERVICE
+from kubeps.runtime.coordinator.strategy import ParameterServerStrategy
+from kubeps.runtime.coordinator.values import PerWorkerDataset, PerWorkerIterator, PerWorkerValues
+from kubeps.runtime.coordinator.watchdog import Watchdog
+from kubeps.runtime.rpc.codec import join_structure
+
+__all__ = ["ClusterCoordinator", "PerWorkerDataset", "PerWorkerIterator", "PerWorkerValues", "RemoteValue"]
+
+log = logging.getLogger("kubeps.runtime.coordinator.cluster_coordinator")
+
+#: worker RPC failures that are the request's fault, not the worker's: the closure fails instead of re-running
+_NON_RETRYABLE_CODES = frozenset({"UNAUTHENTICATED", "PERMISSION_DENIED", "INVALID_ARGUMENT", "NOT_FOUND",
+                                  "UNIMPLEMENTED", "FAILED_PRECONDITION"})
+#: raw gRPC errors that can escape a transport instead of a RemoteError: the call did not complete (a cancelled
+#: future, a failed call), so the worker is treated as lost and the closure re-run, as for a RemoteError
+_GRPC_CALL_ERRORS = (grpc.RpcError, grpc.FutureCancelledError, grpc.FutureTimeoutError)
+
+
+def _as_remote_error(err: BaseException, address: str) -> RemoteError:
+    """A raw gRPC error that escaped the transport, as the :class:`RemoteError` it should have been."""
+    if isinstance(err, grpc.FutureCancelledError):
+        code = "CANCELLED"
+    elif isinstance(err, grpc.FutureTimeoutError):
+        code = "DEADLINE_EXCEEDED"
+    else:
+        status = err.code() if callable(getattr(err, "code", None)) else None
+        code = getattr(status, "name", None) or "UNKNOWN"
+    error = RemoteError(f"{WORKER_SERVICE} at {address} failed with {code}: {type(err).__name__}: {err}",
+                        code=code, address=address)
+    error.reason = None
+    return error
+
+
+# -- shipping functions ----------------------------------------------------------------------------------------------
+def _ship_by_value(fn: Any) -> None:
+    """Pickle the user's own modules by value, so workers need not import them (``__main__`` always is)."""
+    module_name = getattr(fn, "__module__", None)
+    if not module_name or module_name == "__main__" or module_name.startswith(("kubeps.", "cloudpickle")):
+        return
+    module = sys.modules.get(module_name)
+    path = getattr(module, "__file__", None)
+    if module is None or path is None:
+        return
+    path = os.path.realpath(path)
+    prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    if any(path.startswith(p + os.sep) for p in prefixes) or "site-packages" in path:
+        return  # installed: the worker image has it
+    try:
+        cloudpickle.register_pickle_by_value(module)
+    except ValueError:
+        pass
+
+
+def _dumps(obj: Any, what: str) -> np.ndarray:
+    try:
+        blob = cloudpickle.dumps(obj)
+    except Exception as err:  # noqa: BLE001 - tell the user what could not be shipped
+        raise TypeError(f"cannot send {what} to the workers: pickling failed with {type(err).__name__}: {err}") from err
+    return np.frombuffer(blob, dtype=np.uint8)
+
+
+def _build_dataset(dataset_fn: Callable, num_workers: int) -> Any:
+    """Runs on a worker: call ``dataset_fn()`` or ``dataset_fn(input_context)``."""
+    try:
+        params = [p for p in inspect.signature(dataset_fn).parameters.values()
+                  if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        params = []
+    if params:
+        return dataset_fn(current_input_context(num_workers))
+    return dataset_fn()
+
+
+# -- the coordinator ---------------------------------------------------------------------------------------------------
+class _WorkerHandle:
+    """The coordinator's view of one worker: its client, health, in-flight call and dispatch thread."""
+
+    def __init__(self, index: int, address: str, client: Client):
+        self.index = index
+        self.address = address
+        self.client = client
+        self.healthy = False
+        self.incarnation: str | None = None
+        self.call: Any = None  # the in-flight RPC (cancelled by the monitor when the worker stops answering)
+        self.failures = 0
+        self.thread: threading.Thread | None = None
+        self.heartbeat = Heartbeat()
+
+
+class ClusterCoordinator:
+    """``ClusterCoordinator(strategy)``: dispatches functions to the strategy's workers.
+
+    kubeps extras (keyword-only):
+
+    * ``closure_timeout``: deadline of one function run (default an hour).
+    * ``heartbeat_interval`` (1 s), ``heartbeat_failures`` (3), ``ping_timeout`` (1 s): every parameter server and
+      every busy worker is pinged every ``heartbeat_interval`` seconds, in parallel, each ping with a
+      ``ping_timeout`` deadline; a peer whose pings went unanswered for ``heartbeat_failures x heartbeat_interval``
+      seconds is dead (a busy worker's call is cancelled and its closure re-queued; a ps fails the job).
+    * ``max_transient_ps_errors`` (3, as TF's) and ``ps_error_interval`` (1 s): a closure that cannot reach a ps
+      is retried; errors from one ps less than ``ps_error_interval`` apart count once, counted errors expire after
+      ``ps_error_window`` (60 s), and one more counted error than ``max_transient_ps_errors`` fails the job. So
+      a ps unreachable for about ``max_transient_ps_errors x ps_error_interval`` seconds is survived.
+    * ``worker_wait_timeout``: how long a lost worker is waited for before the job fails.
+    * ``watchdog_timeout`` (None: off) or ``watchdog`` (a :class:`~kubeps.runtime.coordinator.watchdog.Watchdog`): dump every
+      thread's stack when no closure finished for that long while work is pending (diagnosis only).
+    """
+
+    def __init__(self, strategy: Any, *, closure_timeout: float = 3600.0, heartbeat_interval: float = 1.0,
+                 heartbeat_failures: int = 3, ping_timeout: float = 1.0, max_transient_ps_errors: int = 3,
+                 ps_error_interval: float = 1.0, ps_error_window: float = 60.0,
+                 worker_wait_timeout: float = 3600.0, watchdog_timeout: float | None = None,
+                 watchdog: Watchdog | None = None):
+        if not isinstance(strategy, ParameterServerStrategy):
+            raise RuntimeConfigError("strategy", type(strategy).__name__,
+                                     "ClusterCoordinator needs a ParameterServerStrategy")
+        for name, value in (("closure_timeout", closure_timeout), ("heartbeat_interval", heartbeat_interval),
+                            ("ping_timeout", ping_timeout), ("ps_error_window", ps_error_window),
+                            ("worker_wait_timeout", worker_wait_timeout)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise RuntimeConfigError(name, value, "must be a number of seconds > 0")
+        if isinstance(ps_error_interval, bool) or not isinstance(ps_error_interval, (int, float)) \
+                or not ps_error_interval >= 0:
+            raise RuntimeConfigError("ps_error_interval", ps_error_interval, "must be a number of seconds >= 0")
+        for name, value, low in (("heartbeat_failures", heartbeat_failures, 1),
+                                 ("max_transient_ps_errors", max_transient_ps_errors, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise RuntimeConfigError(name, value, f"must be an integer >= {low}")
+        if watchdog is not None and watchdog_timeout is not None:
+            raise RuntimeConfigError("watchdog", watchdog, "pass either watchdog_timeout or a Watchdog, not both")
+        if watchdog is not None and not isinstance(watchdog, Watchdog):
+            raise RuntimeConfigError("watchdog", type(watchdog).__name__, "must be a kubeps.runtime.coordinator.watchdog.Watchdog")
+        self.strategy = strategy
+        self.closure_timeout = closure_timeout
+        self.heartbeat_interval = float(heartbeat_interval)
+        self.heartbeat_failures = heartbeat_failures
+        self.ping_timeout = float(ping_timeout)
+        self.max_transient_ps_errors = max_transient_ps_errors
+        self.ps_error_interval = float(ps_error_interval)
+        self.ps_error_window = float(ps_error_window)
+        self.worker_wait_timeout = worker_wait_timeout
+        self._queue = ClosureQueue()
+        # the watchdog: created here from a timeout, or the caller's (given a progress probe if it has none)
+        self.watchdog: Watchdog | None = watchdog
+        if watchdog_timeout is not None:
+            self.watchdog = Watchdog(watchdog_timeout, progress=self._watchdog_progress)
+        elif watchdog is not None and watchdog.progress is None:
+            watchdog.progress = self._watchdog_progress
+        self._finished = 0  # closures that finished (ok or raised): the watchdog's measure of progress
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._resources: list[tuple[str, np.ndarray]] = []  # (resource_id, pickled creator), creation order
+        self._resource_ids = itertools.count()
+        self._workers = [
+            _WorkerHandle(i, address, Client(address, WORKER_SERVICE, strategy.job_token, timeout=closure_timeout))
+            for i, address in enumerate(strategy.worker_addresses)
+        ]
+        #: heartbeats of every ps and busy worker, and the accounting of ps errors (coordinator/failure.py)
+        self.failures = FailureDetector(
+            strategy, self._queue, self._workers, self._stopping,
+            heartbeat_interval=self.heartbeat_interval, heartbeat_failures=heartbeat_failures,
+            ping_timeout=self.ping_timeout, max_transient_ps_errors=max_transient_ps_errors,
+            ps_error_interval=self.ps_error_interval, ps_error_window=self.ps_error_window)
+        for worker in self._workers:
+            worker.thread = threading.Thread(target=self._dispatch_loop, args=(worker,), daemon=True,
+                                             name=f"kubeps-worker-{worker.index}")
+            worker.thread.start()
+        self.failures.start()
+        self._stop_watchdog = False
+        if self.watchdog is not None and not self.watchdog.running:
+            self.watchdog.start()
+            self._stop_watchdog = True  # started here, so stopped by shutdown()
+
+    # -- public API (TF's) -----------------------------------------------------------------------------------
+    def schedule(self, fn: Callable, args: Any = None, kwargs: Any = None) -> RemoteValue:
+        """Queue ``fn(*args, **kwargs)`` for some worker; non-blocking. Raises the first pending error, if any."""
+        if not callable(fn):
+            raise RuntimeConfigError("fn", fn, "schedule() needs a callable")
+        if args is not None and not isinstance(args, (tuple, list)):
+            raise RuntimeConfigError("args", type(args).__name__, "must be a tuple or list of positional arguments")
+        if kwargs is not None and not isinstance(kwargs, dict):
+            raise RuntimeConfigError("kwargs", type(kwargs).__name__, "must be a dict of keyword arguments")
+        self._check_open()
+        _ship_by_value(fn)
+        payload = _dumps((fn, tuple(args or ()), dict(kwargs or {})), f"function {getattr(fn, '__name__', fn)!r}")
+        closure = Closure(payload)
+        self._queue.put(closure)
+        return closure.remote_value
+
+    def join(self) -> None:
+        """Block until every scheduled function finished; raises the first error (and cancels the rest)."""
+        self._queue.wait()
+
+    def done(self) -> bool:
+        """Whether every scheduled function finished; raises the first error like ``join``."""
+        return self._queue.done()
+
+    def fetch(self, val: Any) -> Any:
+        """Fetch every RemoteValue in a nested structure (others pass through)."""
+
+        def leaf(item: Any) -> Any:
+            if isinstance(item, RemoteValue):
+                return item.fetch()
+            if isinstance(item, PerWorkerValues):
+                return tuple(self.fetch(v) for v in item)
+            return item
+
+        return nest.map_structure(leaf, val)
+
+    def create_per_worker_dataset(self, dataset_fn: Any) -> PerWorkerDataset:
+        """Build ``dataset_fn()`` (or ``dataset_fn(input_context)``) on every worker; or build a
+        ``DistributedDataset`` from ``strategy.experimental_distribute_dataset`` /
+        ``strategy.distribute_datasets_from_function`` there."""
+        if isinstance(dataset_fn, PerWorkerDataset):
+            return dataset_fn
+        if isinstance(dataset_fn, DistributedDataset):
+            _ship_by_value(dataset_fn.per_worker_fn)
+            dataset_fn = dataset_fn.build  # a function of the worker's InputContext
+        if not callable(dataset_fn):
+            raise RuntimeConfigError("dataset_fn", type(dataset_fn).__name__,
+                                     "must be a function that returns a dataset (an iterable) on the worker")
+        _ship_by_value(dataset_fn)
+        return self.create_per_worker_resource(
+            functools.partial(_build_dataset, dataset_fn, len(self._workers)), "dataset", PerWorkerDataset
+        )
+
+    @property
+    def num_workers(self) -> int:
+        return len(self._workers)
+
+    @property
+    def ps_incarnations(self) -> dict[int, str | None]:
+        """The incarnation of every parameter server that its variables were created in (None: not seen yet)."""
+        transport = self.strategy.transport
+        return {ps: transport.incarnation(ps) for ps in range(transport.num_ps)}
+
+    def shutdown(self) -> None:
+        """Stop the dispatch threads (queued functions are cancelled) and close connections."""
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        self._queue.stop()
+        for worker in self._workers:
+            call = worker.call
+            if call is not None:
+                call.cancel()
+        for worker in self._workers:
+            if worker.thread is not None:
+                worker.thread.join(timeout=5)
+            worker.client.close()
+        self.failures.stop()
+        if self._stop_watchdog and self.watchdog is not None:
+            self.watchdog.stop()
+
+    close = shutdown
+
+    def __reduce__(self):
+        raise TypeError("a ClusterCoordinator cannot be sent to a worker: a scheduled function must not capture it")
+
+    def __enter__(self) -> "ClusterCoordinator":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+    # -- per-worker resources ----------------------------------------------------------------------------------
+    def create_per_worker_resource(self, creator: Callable[[], Any], kind: str, cls: type) -> Any:
+        """Run ``creator`` on every worker (rebuilt on a worker that restarts); ``cls`` stands for the results
+        (kubeps's hook behind ``create_per_worker_dataset`` and per-worker iterators)."""
+        self._check_open()
+        resource_id = f"{kind}-{next(self._resource_ids)}"
+        payload = _dumps(creator, f"the {kind} function")
+        with self._lock:
+            self._resources.append((resource_id, payload))
+        values = []
+        for worker in self._workers:
+            closure = Closure(payload, kind="resource", info={"resource_id": resource_id})
+            self._queue.put_per_worker(worker.index, closure)
+            values.append(closure.remote_value)
+        return cls(self, resource_id, PerWorkerValues(tuple(values)))
+
+    def rebuild_worker_resources(self, worker: _WorkerHandle) -> bool:
+        """Re-create every per-worker resource on a worker that came back (in creation order)."""
+        with self._lock:
+            resources = list(self._resources)
+        for resource_id, payload in resources:
+            try:
+                meta, arrays = worker.client.call(WORKER.CREATE_RESOURCE, {"resource_id": resource_id}, [payload],
+                                                  timeout=self.closure_timeout)
+            except RemoteError as err:
+                log.warning("rebuilding %s on worker %d failed: %s", resource_id, worker.index, err)
+                return False
+            if meta.get("status") != "ok":
+                error = self._closure_error(meta, arrays)
+                log.error("rebuilding %s on worker %d raised %r", resource_id, worker.index, error)
+                if meta.get("status") == "error":
+                    self._queue.set_error(error)
+                return False
+        return True
+
+    # -- dispatch ----------------------------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._stopping.is_set():
+            raise RuntimeError("this ClusterCoordinator was shut down")
+
+    def _dispatch_loop(self, worker: _WorkerHandle) -> None:
+        """The worker's dispatch thread. It ends only when the coordinator stops: an unexpected error in an
+        iteration is logged and fails the closure the thread held (:meth:`_dispatch_failed`), so no closure is
+        ever left in flight by a dead thread (``join`` would wait forever)."""
+        while not self._stopping.is_set():
+            closure, attempt = None, 0
+            try:
+                if not worker.healthy:
+                    if not self.wait_for_worker(worker):
+                        continue
+                    if worker.failures and not self.rebuild_worker_resources(worker):
+                        worker.healthy = False
+                        self._stopping.wait(1.0)  # do not hammer a worker whose rebuild keeps failing
+                        continue
+                closure = self._queue.get(worker.index, timeout=0.5)
+                if closure is None:
+                    continue
+                attempt = closure.attempts
+                self._run_closure(worker, closure)
+            except BaseException as err:  # noqa: BLE001 - the thread must outlive any error (see _dispatch_failed)
+                self._dispatch_failed(worker, closure, attempt, err)
+
+    def _dispatch_failed(self, worker: _WorkerHandle, closure: Closure | None, attempt: int,
+                         error: BaseException) -> None:
+        """An iteration of ``worker``'s dispatch thread raised ``error`` (a bug, a malformed answer...): log it
+        and fail the closure the thread still held with it -- not re-run, as the same error would likely come
+        back forever; while stopping it is cancelled. A closure the iteration had already handed on (finished,
+        failed, re-queued) is left alone. Then the thread goes on, after a pause when no closure was involved
+        (e.g. reconnecting raised) so that a persistent error does not spin."""
+        worker.call = None
+        held = closure is not None and closure.state is ClosureState.RUNNING and closure.attempts == attempt
+        log.error("dispatch thread of worker %d (%s) caught an unexpected error%s", worker.index, worker.address,
+                  f" running {closure!r}" if held else "", exc_info=error)
+        try:
+            if closure is not None:
+                if self._stopping.is_set():
+                    if held:
+                        self._queue.requeue(closure)  # cancels it: the queue is stopped
+                elif self._queue.fail_if_running(closure, attempt, error):
+                    self._closure_done()
+            if not held:
+                worker.healthy = False  # reconnect (and rebuild) before taking more work
+                self._stopping.wait(1.0)
+        except BaseException:  # noqa: BLE001 - last resort: never let the handler itself end the thread
+            log.exception("dispatch thread of worker %d could not recover from %r", worker.index, error)
+
+    def _run_closure(self, worker: _WorkerHandle, closure: Closure) -> None:
+        if self._stopping.is_set():
+            self._queue.requeue(closure)  # cancels it: taken just as the coordinator stopped
+            return
+        method = WORKER.RUN_CLOSURE if closure.kind == "closure" else WORKER.CREATE_RESOURCE
+        meta_in = {"closure_id": closure.id, **closure.info}
+        try:
+            try:
+                worker.call = worker.client.start(method, meta_in, [closure.payload], timeout=self.closure_timeout)
+                meta, arrays = worker.client.finish(worker.call)
+            except _GRPC_CALL_ERRORS as raw:  # the transport should have made it a RemoteError
+                log.warning("worker %d: %s escaped the transport; handled as %s", worker.index,
+                            type(raw).__name__, "a failed call")
+                raise _as_remote_error(raw, worker.address) from raw
+        except RemoteError as err:
+            worker.call = None
+            if self._stopping.is_set():
+                self._queue.requeue(closure)  # cancels it: the queue is stopped
+            elif err.code in _NON_RETRYABLE_CODES:
+                self._queue.mark_failed(closure, err)
+            else:
+                self.handle_worker_failure(worker, closure, err)
+            return
+        finally:
+            worker.call = None
+        status = meta.get("status")
+        if status == "ok":
+            try:
+                result = self._closure_result(arrays)
+            except Exception as err:  # noqa: BLE001 - a result we cannot rebuild fails the closure
+                self._queue.mark_failed(closure, err)
+                return
+            self._queue.mark_finished(closure, result)
+            self._closure_done()
+        elif status == "resource_missing":
+            self.handle_worker_failure(worker, closure, ResourceMissingError(meta.get("message", "")))
+        elif status == "ps_unavailable":
+            self.failures.handle_ps_error(closure, int(meta.get("ps_index", -1)), meta.get("message", ""),
+                                 restarted=bool(meta.get("restarted")))
+        else:
+            self._queue.mark_failed(closure, self._closure_error(meta, arrays))
+            self._closure_done()
+
+    # -- watchdog ----------------------------------------------------------------------------------------------
+    def _closure_done(self) -> None:
+        with self._lock:
+            self._finished += 1
+        if self.watchdog is not None:
+            self.watchdog.notify()
+
+    def _watchdog_progress(self) -> Any:
+        """What the watchdog polls: the finished-closure count while work is pending; with nothing scheduled a
+        fresh object every time (always "progress"), so an idle coordinator never triggers a dump."""
+        stats = self._queue.stats()
+        if not (stats["queued"] or stats["inflight"] or stats["per_worker"]):
+            return object()
+        return self._finished
+
+    @staticmethod
+    def _closure_result(arrays: list[np.ndarray]) -> Any:
+        if not arrays:
+            raise ValueError("malformed RunClosure answer: no result skeleton")
+        skeleton = pickle.loads(arrays[0].tobytes())
+        return join_structure(skeleton, arrays[1:])
+
+    @staticmethod
+    def _closure_error(meta: dict[str, Any], arrays: list[np.ndarray]) -> BaseException:
+        blob = arrays[0].tobytes() if arrays else b""
+        remote_tb = meta.get("traceback", "")
+        if blob:
+            try:
+                error = pickle.loads(blob)
+            except Exception:  # noqa: BLE001 - fall back to the text
+                error = None
+            if isinstance(error, BaseException):
+                if remote_tb and hasattr(error, "add_note"):
+                    error.add_note(f"raised on the worker:\n{remote_tb.rstrip()}")
+                return error
+        return ClosureError(meta.get("type", "Error"), meta.get("message", ""), remote_tb)
+
+    # -- worker failures ---------------------------------------------------------------------------------------
+    def handle_worker_failure(self, worker: _WorkerHandle, closure: Closure | None, error: BaseException) -> None:
+        """A worker failed while running ``closure``: re-queue it (at-least-once) and mark the worker down."""
+        log.warning("worker %d (%s) failed: %s", worker.index, worker.address, error)
+        worker.healthy = False
+        worker.failures += 1
+        if closure is not None:
+            if closure.kind == "resource":
+                self._queue.mark_finished(closure, None)  # rebuilt with all the others when the worker returns
+            else:
+                self._queue.requeue(closure)
+        self._queue.drop_per_worker(worker.index)
+
+    def wait_for_worker(self, worker: _WorkerHandle) -> bool:
+        """Ping the worker with backoff until it answers (True) or the coordinator stops (False)."""
+        delay = 0.05
+        deadline = time.monotonic() + self.worker_wait_timeout
+        reported = False
+        while not self._stopping.is_set():
+            try:
+                meta, _ = worker.client.call(PING, timeout=max(2.0, self.ping_timeout))
+            except RemoteError as err:
+                if err.code in _NON_RETRYABLE_CODES and not reported:
+                    self._queue.set_error(err)  # e.g. wrong job token: no point in waiting quietly
+                    reported = True
+                if time.monotonic() > deadline and not reported:
+                    self._queue.set_error(WorkerUnavailableError(
+                        f"worker {worker.index} at {worker.address} did not come back within "
+                        f"{self.worker_wait_timeout:.0f} s: {err}", code=err.code, address=worker.address))
+                    reported = True
+                self._stopping.wait(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            previous = worker.incarnation
+            worker.incarnation = meta.get("incarnation")
+            worker.heartbeat.last_ok = time.monotonic()
+            worker.healthy = True
+            if previous is not None and previous != worker.incarnation:
+                log.info("worker %d came back as a new process", worker.index)
+            return True
+        return False
+
+    # -- parameter-server failures (the failure detector decides) --------------------------------------------------
+    def handle_ps_error(self, closure: Closure, ps_index: int, message: str, restarted: bool = False) -> None:
+        """A closure could not reach a ps: see :meth:`FailureDetector.handle_ps_error`."""
+        self.failures.handle_ps_error(closure, ps_index, message, restarted)
+
+    def mark_ps_failed(self, ps_index: int, error: PSUnavailableError) -> None:
+        """The ps is gone: see :meth:`FailureDetector.mark_ps_failed`."""
+        self.failures.mark_ps_failed(ps_index, error)

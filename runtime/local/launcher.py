@@ -1,0 +1,532 @@
+"""Run a parameter-server training program as a local cluster of processes: ``kubeps local``.
+
+:class:`LocalCluster` starts the chief, the parameter servers, the workers and (optionally) the evaluator of one
+job as child processes of this one, each running ``python SCRIPT ARGS`` with its own ``TF_CONFIG`` (built with
+:meth:`kubeps.runtime.cluster.TFConfig.for_task`, so the evaluator is never part of the training cluster) on free
+loopback ports. Every task's output is streamed line by line with a ``[type-index]`` prefix.
+
+The chief decides the outcome: when it exits, every other task is stopped (SIGTERM to its process group, SIGKILL
+after a grace period) and its exit status is the cluster's. After a chief that succeeded, a running sidecar
+evaluator first gets up to ``evaluator_grace`` seconds (``--evaluator-grace``, default 60) to evaluate the final
+checkpoint and exit by itself. A ps or worker that dies before the chief is reported
+through :meth:`LocalCluster.on_task_exit` -- the hook a restart policy overrides.
+
+No process is left behind: each task runs in its own session (process group), a task's exit is observed with
+``waitid(WNOWAIT)`` so its process group id stays reserved until :meth:`LocalCluster.stop` has signalled the group
+and reaped the task, and :func:`run_local` stops the cluster on success, failure, SIGINT, SIGTERM, SIGHUP and at
+interpreter exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import queue
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import IO, Callable, Mapping, Sequence
+
+from kubeps.runtime.cluster import TFConfig
+from kubeps.runtime.contract import BIND_HOST_ENV, CPUS_ENV, JOB_TOKEN_ENV, JOB_TOKEN_FILE_ENV, TF_CONFIG_ENV
+from kubeps.runtime.util.threads import cpu_budget
+
+__all__ = [
+    "DEFAULT_EVALUATOR_GRACE_S",
+    "DEFAULT_GRACE_PERIOD_S",
+    "LauncherError",
+    "LocalCluster",
+    "TaskProcess",
+    "exit_status",
+    "free_ports",
+    "run_local",
+]
+
+#: Environment variables the runtime reads (see ``kubeps.runtime.rpc.security`` and ``kubeps.runtime.server``).
+DEFAULT_GRACE_PERIOD_S = 5.0
+#: After the chief succeeded, how long a running evaluator may take to finish the final checkpoint (seconds).
+DEFAULT_EVALUATOR_GRACE_S = 60.0
+#: Start order: servers first, so the chief finds them listening (it retries anyway).
+START_ORDER = ("ps", "worker", "evaluator", "chief")
+
+
+class LauncherError(RuntimeError):
+    """The local cluster could not be set up (bad arguments, ports in use, a script that cannot start)."""
+
+
+# -- ports --------------------------------------------------------------------------------------------------------
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct free TCP ports on ``host``; the sockets are held together so no port is repeated."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket(family, socket.SOCK_STREAM)
+            s.bind((host, 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def _check_ports_free(host: str, ports: Sequence[int]) -> None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    for port in ports:
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError as err:
+                raise LauncherError(
+                    f"--port-base: port {port} on {host} is not free ({err.strerror}); the cluster needs ports "
+                    f"{ports[0]}..{ports[-1]}: pick another --port-base or leave it out to use free ports"
+                ) from None
+
+
+def exit_status(returncode: int) -> int:
+    """A shell-style exit status: the code itself, or ``128 + signal`` for a process killed by a signal."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+# -- one task -----------------------------------------------------------------------------------------------------
+@dataclass
+class TaskProcess:
+    """A running (or finished) task of the local cluster."""
+
+    task_type: str
+    index: int
+    address: str
+    popen: subprocess.Popen
+    #: the exit code once the process has exited (negative: killed by that signal), as Popen reports it
+    returncode: int | None = None
+    output_thread: threading.Thread | None = None
+    waiter_thread: threading.Thread | None = None
+    reaped: bool = False
+    #: its exit was reported (or handled by a restart policy): not to be reported again
+    exit_handled: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.task_type}-{self.index}"
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def running(self) -> bool:
+        return self.returncode is None
+
+
+def _wait_without_reaping(pid: int) -> int:
+    """Block until ``pid`` exits and return its Popen-style return code, leaving it a zombie (not reaped): its
+    pid -- and so its process group id -- cannot be reused until :meth:`LocalCluster.stop` reaps it."""
+    while True:
+        try:
+            info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        except ChildProcessError:  # already reaped elsewhere
+            return -1
+        except InterruptedError:  # pragma: no cover - PEP 475 retries for us
+            continue
+        if info is None:  # pragma: no cover - only with WNOHANG
+            continue
+        if info.si_code == os.CLD_EXITED:
+            return info.si_status
+        return -info.si_status  # CLD_KILLED / CLD_DUMPED: the signal number
+
+
+# -- the cluster --------------------------------------------------------------------------------------------------
+class LocalCluster:
+    """The processes of one local job, supervised.
+
+    ``start()`` starts every task, ``wait()`` blocks until the chief exits and returns its exit status (after a
+    successful chief, first letting a running evaluator finish for up to ``evaluator_grace`` seconds), ``stop()``
+    ends whatever is still running. ``start_task(type, index)`` (re)starts one task at its fixed address, and
+    ``on_task_exit(task)`` is called for every task that exits before the chief: override it to restart tasks.
+    """
+
+    def __init__(
+        self,
+        script: str,
+        script_args: Sequence[str] = (),
+        *,
+        num_ps: int = 2,
+        num_workers: int = 2,
+        evaluator: bool = False,
+        host: str = "127.0.0.1",
+        port_base: int | None = None,
+        python: str = sys.executable,
+        env: Mapping[str, str] | None = None,
+        grace_period: float = DEFAULT_GRACE_PERIOD_S,
+        evaluator_grace: float = DEFAULT_EVALUATOR_GRACE_S,
+        output: IO[str] | None = None,
+        log: IO[str] | None = None,
+    ):
+        if num_ps < 1:
+            raise LauncherError(f"--ps must be >= 1, got {num_ps}")
+        if num_workers < 1:
+            raise LauncherError(f"--workers must be >= 1, got {num_workers}")
+        if grace_period < 0:
+            raise LauncherError(f"--grace-period must be >= 0 seconds, got {grace_period}")
+        if not evaluator_grace >= 0:
+            raise LauncherError(f"--evaluator-grace must be >= 0 seconds, got {evaluator_grace}")
+        if not os.path.isfile(script):
+            raise LauncherError(f"script file not found: {script}")
+        self.script = script
+        self.script_args = list(script_args)
+        self.python = python
+        self.host = host
+        self.grace_period = grace_period
+        #: after the chief succeeded, how long the evaluator may take to evaluate the final checkpoint and exit
+        self.evaluator_grace = evaluator_grace
+        self._output = output
+        self._log = log
+        self._write_lock = threading.Lock()
+
+        counts = {"chief": 1, "ps": num_ps, "worker": num_workers, "evaluator": 1 if evaluator else 0}
+        total = sum(counts.values())
+        if port_base is not None:
+            if not 1 <= port_base <= 65535 - total + 1:
+                raise LauncherError(
+                    f"--port-base must be in 1..{65535 - total + 1} for {total} tasks, got {port_base}"
+                )
+            ports = list(range(port_base, port_base + total))
+            _check_ports_free(host, ports)
+        else:
+            ports = free_ports(total, host)
+        host_part = f"[{host}]" if ":" in host else host
+        addresses = iter(f"{host_part}:{p}" for p in ports)
+        self.cluster: dict[str, list[str]] = {
+            t: [next(addresses) for _ in range(counts[t])] for t in ("chief", "ps", "worker", "evaluator") if counts[t]
+        }
+        base_env = dict(os.environ if env is None else env)
+        if not base_env.get(JOB_TOKEN_ENV) and not base_env.get(JOB_TOKEN_FILE_ENV):
+            base_env[JOB_TOKEN_ENV] = secrets.token_hex(24)
+        base_env.setdefault(BIND_HOST_ENV, host)
+        base_env["PYTHONUNBUFFERED"] = "1"
+        try:
+            cpus = cpu_budget(base_env)
+        except ValueError as err:
+            raise LauncherError(str(err)) from None
+        if not base_env.get(CPUS_ENV):
+            # the machine's CPUs shared by the tasks that compute (ps and workers): math thread pools sized to
+            # one task's share instead of every task starting one thread per core (see kubeps.runtime.util.threads)
+            base_env[CPUS_ENV] = str(max(1, int(cpus) // (num_ps + num_workers)))
+        self._base_env = base_env
+
+        self.tasks: dict[tuple[str, int], TaskProcess] = {}
+        self._events: "queue.Queue[TaskProcess]" = queue.Queue()
+        self._lock = threading.RLock()
+        self._stopping = False
+        self._started = False
+        #: ``time.time()`` when the chief's exit was seen last (before any evaluator grace)
+        self.chief_exit_time: float | None = None
+        # signals that arrive while a process is being started are held until it is tracked (see run_local)
+        self._defer_signals = 0
+        self._pending_signal: int | None = None
+
+    # -- configuration ------------------------------------------------------------------------------------------
+    @property
+    def job_token(self) -> str | None:
+        return self._base_env.get(JOB_TOKEN_ENV)
+
+    def task_keys(self) -> list[tuple[str, int]]:
+        """Every ``(type, index)`` of the job, in start order."""
+        return [(t, i) for t in START_ORDER for i in range(len(self.cluster.get(t, [])))]
+
+    def tf_config(self, task_type: str, index: int) -> str:
+        """The TF_CONFIG JSON of one task (the evaluator's cluster is just itself)."""
+        return TFConfig.for_task(self.cluster, task_type, index).to_json()
+
+    def task_env(self, task_type: str, index: int) -> dict[str, str]:
+        env = dict(self._base_env)
+        env[TF_CONFIG_ENV] = self.tf_config(task_type, index)
+        return env
+
+    # -- output -------------------------------------------------------------------------------------------------
+    def _out(self) -> IO[str]:
+        return self._output if self._output is not None else sys.stdout
+
+    def _err(self) -> IO[str]:
+        return self._log if self._log is not None else sys.stderr
+
+    def report(self, message: str) -> None:
+        """A launcher message, ``[kubeps] ...``, on the log stream (stderr by default)."""
+        with self._write_lock:
+            stream = self._err()
+            stream.write(f"[kubeps] {message}\n")
+            stream.flush()
+
+    def _pump_output(self, task: TaskProcess) -> None:
+        prefix = f"[{task.name}] "
+        stream = task.popen.stdout
+        assert stream is not None
+        try:
+            for raw in iter(stream.readline, b""):
+                line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+                with self._write_lock:
+                    try:
+                        out = self._out()
+                        out.write(prefix + line + "\n")
+                        out.flush()
+                    except (OSError, ValueError):
+                        pass  # our own stdout is gone (a closed pipe): keep draining so the task never blocks
+        except (OSError, ValueError):  # the task's pipe was closed under us during shutdown
+            pass
+        finally:
+            try:
+                stream.close()
+            except OSError:
+                pass
+
+    def _watch(self, task: TaskProcess) -> None:
+        task.returncode = _wait_without_reaping(task.pid)
+        self._events.put(task)
+
+    # -- lifecycle ----------------------------------------------------------------------------------------------
+    @contextmanager
+    def _signals_deferred(self):
+        self._defer_signals += 1
+        try:
+            yield
+        finally:
+            self._defer_signals -= 1
+            if not self._defer_signals and self._pending_signal is not None:
+                signum, self._pending_signal = self._pending_signal, None
+                raise _Signalled(signum)
+
+    def start_task(self, task_type: str, index: int) -> TaskProcess:
+        """Start (or restart, once the previous process has exited) one task at its address."""
+        addresses = self.cluster.get(task_type, [])
+        if not 0 <= index < len(addresses):
+            raise LauncherError(f"the cluster has {len(addresses)} '{task_type}' task(s); no index {index}")
+        with self._lock, self._signals_deferred():
+            if self._stopping:
+                raise LauncherError(f"the cluster is stopping; not starting {task_type}-{index}")
+            previous = self.tasks.get((task_type, index))
+            if previous is not None:
+                if previous.running:
+                    raise LauncherError(f"{previous.name} is still running (pid {previous.pid})")
+                # what the previous run left in its process group goes with it: once reaped, its group id is
+                # free and nothing could reach those processes any more
+                self._signal_group(previous, signal.SIGKILL)
+                self._reap(previous)
+            try:
+                popen = subprocess.Popen(
+                    [self.python, self.script, *self.script_args],
+                    env=self.task_env(task_type, index),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # its own process group: signalled as a whole, immune to our tty's ^C
+                    close_fds=True,
+                )
+            except OSError as err:
+                raise LauncherError(f"cannot start {task_type}-{index} with {self.python!r}: {err}") from None
+            task = TaskProcess(task_type, index, addresses[index], popen)
+            self.tasks[(task_type, index)] = task
+            task.output_thread = threading.Thread(
+                target=self._pump_output, args=(task,), name=f"kubeps-out-{task.name}", daemon=True
+            )
+            task.waiter_thread = threading.Thread(
+                target=self._watch, args=(task,), name=f"kubeps-wait-{task.name}", daemon=True
+            )
+            task.output_thread.start()
+            task.waiter_thread.start()
+            return task
+
+    def start(self) -> None:
+        """Start every task: parameter servers, workers, the evaluator, then the chief."""
+        if self._started:
+            raise LauncherError("this LocalCluster was already started")
+        self._started = True
+        summary = ", ".join(f"{t} {' '.join(a)}" for t, a in self.cluster.items())
+        self.report(f"starting {self.script} on {summary}")
+        for task_type, index in self.task_keys():
+            task = self.start_task(task_type, index)
+            self.report(f"{task.name} pid {task.pid} at {task.address}")
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Block until the chief exits; return its exit status (``128 + signal`` if killed). Tasks that exit
+        before it go to :meth:`on_task_exit`. With ``timeout`` (seconds), raise ``TimeoutError`` if the chief is
+        still running then."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise TimeoutError(f"the chief is still running after {timeout} s")
+            try:
+                # short waits keep the main thread responsive to SIGINT/SIGTERM
+                task = self._events.get(timeout=0.2 if remaining is None else min(0.2, remaining))
+            except queue.Empty:
+                continue
+            if self.tasks.get((task.task_type, task.index)) is not task:
+                continue  # an old incarnation of a restarted task
+            if task.output_thread is not None:
+                task.output_thread.join(timeout=2.0)  # its last lines first
+            if task.task_type == "chief":
+                status = exit_status(task.returncode if task.returncode is not None else -1)
+                self.report(f"chief-0 exited with status {status}")
+                self.chief_exit_time = time.time()
+                if status == 0:
+                    self.let_evaluator_finish(None if deadline is None else deadline - time.monotonic())
+                return status
+            self.on_task_exit(task)
+
+    def let_evaluator_finish(self, timeout: float | None = None) -> bool:
+        """After the chief succeeded: wait up to ``evaluator_grace`` seconds (and ``timeout``) for a running
+        evaluator to exit by itself -- a sidecar evaluator stops after the final checkpoint. True if it did (or
+        there is none running)."""
+        task = self.tasks.get(("evaluator", 0))
+        if task is None:
+            return True
+        if not task.running:
+            # exited about when the chief did: its exit may still be queued behind the chief's, unreported
+            if not task.exit_handled:
+                self._report_evaluator_exit(task)
+            return True
+        grace = self.evaluator_grace if timeout is None else max(0.0, min(self.evaluator_grace, timeout))
+        if grace <= 0:
+            return False
+        self.report(f"waiting up to {grace:.0f} s for the evaluator to finish the final checkpoint")
+        deadline = time.monotonic() + grace
+        while task.running and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if task.running:
+            self.report(f"the evaluator did not finish within {grace:.0f} s (--evaluator-grace); stopping it")
+            return False
+        self._report_evaluator_exit(task)
+        return True
+
+    def _report_evaluator_exit(self, task: TaskProcess) -> None:
+        if task.output_thread is not None:
+            task.output_thread.join(timeout=2.0)  # its last lines first
+        task.exit_handled = True
+        self.report(f"{task.name} (pid {task.pid}) exited with status "
+                    f"{exit_status(task.returncode if task.returncode is not None else -1)}")
+
+    def on_task_exit(self, task: TaskProcess) -> None:
+        """Called when a task other than the chief exits while the chief runs. Reports it; a restart policy
+        overrides this (and calls :meth:`start_task`)."""
+        if task.task_type == "evaluator":
+            self._report_evaluator_exit(task)
+        else:
+            task.exit_handled = True
+            status = exit_status(task.returncode if task.returncode is not None else -1)
+            self.report(
+                f"{task.name} (pid {task.pid}) exited with status {status} before the chief; it is not restarted "
+                f"(the chief may fail or hang without it)"
+            )
+
+    def _signal_group(self, task: TaskProcess, sig: int) -> None:
+        if task.reaped:
+            return  # its process group id may belong to someone else now
+        try:
+            os.killpg(task.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def _reap(self, task: TaskProcess) -> None:
+        if task.reaped:
+            return
+        try:
+            task.popen.wait(timeout=max(self.grace_period, 1.0))
+        except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL was sent; the kernel is slow
+            os.kill(task.pid, signal.SIGKILL)
+            task.popen.wait()
+        task.reaped = True
+        if task.returncode is None:
+            task.returncode = task.popen.returncode
+
+    def stop(self) -> None:
+        """Stop every task: SIGTERM to each process group, SIGKILL to what is left after the grace period, then
+        reap. Safe to call more than once and from an ``atexit`` hook."""
+        with self._lock:
+            self._stopping = True
+            tasks = list(self.tasks.values())
+        if not tasks:
+            return
+        live = [t for t in tasks if t.running and not t.reaped]
+        if live:
+            self.report("stopping " + ", ".join(t.name for t in live))
+        for task in tasks:
+            if task.running:
+                self._signal_group(task, signal.SIGTERM)
+        deadline = time.monotonic() + self.grace_period
+        while any(t.running for t in tasks) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for task in tasks:
+            if task.running:
+                self.report(f"{task.name} (pid {task.pid}) did not stop within {self.grace_period} s: SIGKILL")
+            # also catches anything a task left behind in its process group
+            self._signal_group(task, signal.SIGKILL)
+        for task in tasks:
+            self._reap(task)
+            if task.output_thread is not None:
+                task.output_thread.join(timeout=2.0)
+            if task.waiter_thread is not None:
+                task.waiter_thread.join(timeout=2.0)
+
+    def __enter__(self) -> "LocalCluster":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# -- the command --------------------------------------------------------------------------------------------------
+class _Signalled(Exception):
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _signal_handler(cluster: LocalCluster) -> Callable[[int, object], None]:
+    def handle(signum: int, frame: object) -> None:  # noqa: ARG001 - signal handler signature
+        if cluster._defer_signals:
+            cluster._pending_signal = signum  # raised once the process being started is tracked
+            return
+        raise _Signalled(signum)
+
+    return handle
+
+
+def run_local(
+    script: str,
+    script_args: Sequence[str] = (),
+    *,
+    cluster_factory: Callable[..., LocalCluster] = LocalCluster,
+    **options: object,
+) -> int:
+    """Run a local cluster to completion and return the chief's exit status (130 on SIGINT, 143 on SIGTERM,
+    129 on SIGHUP); every task is stopped before this returns. Raises :class:`LauncherError` on bad options."""
+    cluster = cluster_factory(script, script_args, **options)
+    atexit.register(cluster.stop)
+    previous: dict[int, object] = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            previous[sig] = signal.signal(sig, _signal_handler(cluster))
+    try:
+        cluster.start()
+        return cluster.wait()
+    except (_Signalled, KeyboardInterrupt) as err:
+        signum = err.signum if isinstance(err, _Signalled) else signal.SIGINT
+        cluster.report(f"received {signal.Signals(signum).name}")
+        return 128 + signum
+    finally:
+        # a second ^C during shutdown must not leave tasks behind
+        if threading.current_thread() is threading.main_thread():
+            for sig in previous:
+                signal.signal(sig, signal.SIG_IGN)
+        try:
+            cluster.stop()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)  # type: ignore[arg-type]
+            atexit.unregister(cluster.stop)

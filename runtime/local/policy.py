@@ -1,0 +1,91 @@
+"""The restart policy of ``kubeps local --restart``: a pure decision table ("task X exited with status S after N
+restarts: what now?") that :class:`~kubeps.runtime.local.restarting.RestartingLocalCluster` applies, restarting
+tasks as the operator restarts pods (the retry rule is :func:`kubeps.runtime.contract.is_retryable_exit`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kubeps.runtime.contract import is_retryable_exit
+
+__all__ = ["Action", "RestartPolicy", "SupervisorEvent"]
+
+
+@dataclass(frozen=True)
+class Action:
+    """One step of the policy's answer. ``kind``: ``restart`` a task after ``delay`` seconds, ``kill`` it (it will
+    be restarted when its exit is seen), ``finish`` the job, ``fail`` it, or just ``report``."""
+
+    kind: str
+    task: tuple[str, int] | None = None
+    delay: float = 0.0
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """Which failed tasks come back, how often and how soon (exponential backoff per task)."""
+
+    restart: bool = True
+    max_restarts: int = 20
+    backoff_initial: float = 0.2
+    backoff_max: float = 10.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) or self.max_restarts < 0:
+            raise ValueError(f"RestartPolicy: max_restarts={self.max_restarts!r} is invalid; allowed is an int >= 0")
+        for name in ("backoff_initial", "backoff_max"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"RestartPolicy: {name}={value!r} is invalid; allowed is a number of seconds >= 0")
+
+    def backoff(self, restarts: int) -> float:
+        """Delay before restart number ``restarts + 1`` of a task."""
+        return min(self.backoff_max, self.backoff_initial * (2 ** restarts)) if restarts else 0.0
+
+    def on_exit(self, task_type: str, index: int, status: int, restarts: int) -> list[Action]:
+        """What to do when task ``(task_type, index)`` exited with ``status`` after ``restarts`` restarts."""
+        task = (task_type, index)
+        name = f"{task_type}-{index}"
+        budget = self.restart and restarts < self.max_restarts
+        spent = f"{name} was restarted {restarts} time(s) already (max_restarts={self.max_restarts})"
+        if task_type == "chief":
+            if status == 0:
+                return [Action("finish", task, reason="the chief succeeded")]
+            if not is_retryable_exit(status):
+                return [Action("fail", task, reason=f"the chief exited with permanent status {status}")]
+            if not self.restart:
+                return [Action("fail", task, reason=f"the chief exited with status {status} and restarts are off")]
+            if not budget:
+                return [Action("fail", task, reason=spent)]
+            return [Action("restart", task, self.backoff(restarts), f"the chief exited with retryable status {status}")]
+        if task_type == "ps":
+            if not self.restart:
+                return [Action("report", task, reason=f"{name} exited with status {status}; restarts are off")]
+            if not budget:
+                return [Action("fail", task, reason=spent)]
+            return [
+                Action("restart", task, self.backoff(restarts), f"{name} exited with status {status}"),
+                Action("kill", ("chief", 0), reason=f"{name} lost its variables: the chief restarts from the "
+                                                    "latest checkpoint"),
+            ]
+        # workers and the evaluator
+        if status == 0:
+            return [Action("report", task, reason=f"{name} finished")]
+        if not self.restart:
+            return [Action("report", task, reason=f"{name} exited with status {status}; restarts are off")]
+        if not budget:
+            return [Action("report", task, reason=spent + "; not restarting it")]
+        return [Action("restart", task, self.backoff(restarts), f"{name} exited with status {status}")]
+
+
+@dataclass
+class SupervisorEvent:
+    """A failure or a restart, for logs and for measuring recovery."""
+
+    time: float
+    kind: str  # "exit", "restart", "kill", "finish", "fail"
+    task: str
+    status: int | None = None
+    reason: str = ""

@@ -1,0 +1,495 @@
+"""Layers with explicit forward and backward passes, for training on parameter servers without autodiff.
+
+Each layer's ``forward(x)`` caches what its ``backward(dy)`` needs; ``backward`` returns ``dx`` and records the
+gradients of the layer's variables, which ``grads_and_vars()`` hands out ready for
+``optimizer.apply_gradients``. Dense gradients are arrays; an :class:`Embedding` produces a row-sparse
+``IndexedSlices(values, indices)`` over only the rows the batch used (duplicates already summed).
+
+Variables are ``kubeps.runtime.variables.variable.Variable`` objects created when the layer is built: inside
+``strategy.scope()`` they live on the parameter servers (an embedding table may be a ``ShardedVariable``), outside
+they are local numpy arrays in this process -- the same model code runs in-process or distributed. Build the
+model on the coordinator (``build(input_dim)``, or give ``input_dim`` to the layer) so the variables exist before
+a scheduled function carries the model to a worker. An ``Embedding`` may also be given a plain numpy table (gathered
+locally) or an existing ``Variable``/``ShardedVariable`` (rows pulled with ``embedding_lookup``).
+
+Loss objects (:class:`SigmoidCrossEntropy`, :class:`SoftmaxCrossEntropy`) return the mean loss from ``forward`` and
+``d loss / d logits`` from ``backward()``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from kubeps.runtime.ops import kernels
+from kubeps.runtime.variables.indexed_slices import IndexedSlices
+
+__all__ = [
+    "Layer",
+    "Dense",
+    "Embedding",
+    "Flatten",
+    "Sequential",
+    "MLP",
+    "SigmoidCrossEntropy",
+    "SoftmaxCrossEntropy",
+    "glorot_uniform",
+    "random_uniform",
+    "zeros",
+    "get_initializer",
+]
+
+# --------------------------------------------------------------------------------------------------------------
+# Initializers: callables (shape, dtype) -> numpy array
+# --------------------------------------------------------------------------------------------------------------
+
+
+class glorot_uniform:
+    """Glorot/Xavier uniform: ``U(-l, l)``, ``l = sqrt(6 / (fan_in + fan_out))`` (fans of the first two axes).
+
+    Initializers are small picklable objects ``(shape, dtype) -> numpy array`` with their own seeded generator.
+    """
+
+    def __init__(self, seed: int | None = None) -> None:
+        self.rng = np.random.default_rng(seed)
+
+    def __call__(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        fan_in = shape[0] if len(shape) >= 1 else 1
+        fan_out = shape[1] if len(shape) >= 2 else shape[0] if shape else 1
+        limit = math.sqrt(6.0 / (fan_in + fan_out))
+        return self.rng.uniform(-limit, limit, size=shape).astype(dtype)
+
+
+class random_uniform:
+    """``U(minval, maxval)`` (Keras' default for embeddings: -0.05, 0.05)."""
+
+    def __init__(self, minval: float = -0.05, maxval: float = 0.05, seed: int | None = None) -> None:
+        if not minval < maxval:
+            raise ValueError(f"random_uniform: minval={minval!r}, maxval={maxval!r}; allowed: minval < maxval")
+        self.minval, self.maxval = float(minval), float(maxval)
+        self.rng = np.random.default_rng(seed)
+
+    def __call__(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        return self.rng.uniform(self.minval, self.maxval, size=shape).astype(dtype)
+
+
+class zeros:
+    """All zeros."""
+
+    def __init__(self, seed: int | None = None) -> None:
+        pass
+
+    def __call__(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        return np.zeros(shape, dtype=dtype)
+
+
+_INITIALIZERS = {"glorot_uniform": glorot_uniform, "uniform": random_uniform, "zeros": zeros}
+
+
+def get_initializer(spec: Any, seed: int | None, what: str) -> Callable[[tuple[int, ...], Any], np.ndarray]:
+    """A name (``"glorot_uniform"``, ``"uniform"``, ``"zeros"``) or a callable ``(shape, dtype) -> array``."""
+    if callable(spec):
+        return spec
+    if isinstance(spec, str) and spec in _INITIALIZERS:
+        return _INITIALIZERS[spec](seed=seed)
+    raise ValueError(f"{what}={spec!r} is not an initializer; allowed: {sorted(_INITIALIZERS)} or a callable "
+                     f"(shape, dtype) -> array")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Variables: kubeps Variables (local or on a PS) or plain arrays
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _new_variable(initial: np.ndarray, name: str) -> Any:
+    from kubeps.runtime.variables.variable import Variable  # noqa: PLC0415 - nn on local arrays loads no grpc
+
+    return Variable(initial, name=name)
+
+
+def _value(var: Any) -> Any:
+    """The current value of a weight: arrays as they are, kubeps variables read (cached per step on a worker)."""
+    if isinstance(var, np.ndarray) or kernels.array_module(var) is not np:
+        return var
+    if hasattr(var, "read_value"):
+        return var.read_value()
+    raise TypeError(f"weight of type {type(var).__name__} is neither an array nor a kubeps Variable")
+
+
+def _check_int(owner: str, name: str, value: Any, lo: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < lo:
+        raise ValueError(f"{owner}: {name}={value!r} is not allowed; allowed: an integer >= {lo}")
+    return int(value)
+
+
+_ACTIVATIONS = {
+    None: (None, None),
+    "linear": (None, None),
+    "relu": (kernels.relu, "x"),
+    "sigmoid": (kernels.sigmoid, "y"),
+    "tanh": (kernels.tanh, "y"),
+}
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Layers
+# --------------------------------------------------------------------------------------------------------------
+
+
+class Layer:
+    """Base: ``forward``/``backward``, the variables it owns and the gradients of its last backward pass."""
+
+    def __init__(self, name: str | None = None) -> None:
+        self.name = name or type(self).__name__.lower()
+        self._grads: list[tuple[Any, Any]] = []
+
+    @property
+    def trainable_variables(self) -> list[Any]:
+        return []
+
+    @property
+    def built(self) -> bool:
+        return True
+
+    def build(self, input_dim: int | None) -> int | None:
+        """Create variables for inputs with ``input_dim`` features; return the output's feature count."""
+        return input_dim
+
+    def forward(self, x: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__}.forward")
+
+    def backward(self, dy: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__}.backward")
+
+    def __call__(self, x: Any) -> Any:
+        return self.forward(x)
+
+    def grads_and_vars(self) -> list[tuple[Any, Any]]:
+        """``(gradient, variable)`` pairs from the last ``backward``, for ``optimizer.apply_gradients``."""
+        if not self._grads and self.trainable_variables:
+            raise RuntimeError(f"layer {self.name!r}: no gradients yet; call forward then backward first")
+        return list(self._grads)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Caches and gradients never travel with a scheduled function (they may be large and are per step).
+        state = dict(self.__dict__)
+        for key in list(state):
+            if key.startswith("_cache"):
+                state[key] = None
+        state["_grads"] = []
+        return state
+
+
+class Dense(Layer):
+    """``y = activation(x @ kernel + bias)`` for ``x`` of shape ``(batch, input_dim)``."""
+
+    def __init__(self, units: int, activation: str | None = None, use_bias: bool = True,
+                 kernel_initializer: Any = "glorot_uniform", bias_initializer: Any = "zeros",
+                 input_dim: int | None = None, seed: int | None = None, dtype: Any = "float32",
+                 name: str | None = None) -> None:
+        super().__init__(name)
+        self.units = _check_int("Dense", "units", units)
+        if activation not in _ACTIVATIONS:
+            raise ValueError(f"Dense: activation={activation!r} is not supported; allowed: "
+                             f"{[a for a in _ACTIVATIONS if a is not None]} or None")
+        self.activation = activation
+        self.use_bias = bool(use_bias)
+        self._kernel_init = get_initializer(kernel_initializer, seed, "kernel_initializer")
+        self._bias_init = get_initializer(bias_initializer, None if seed is None else seed + 1, "bias_initializer")
+        self.dtype = np.dtype(dtype)
+        self.kernel: Any = None
+        self.bias: Any = None
+        self._cache_x = self._cache_w = self._cache_act = None
+        if input_dim is not None:
+            self.build(input_dim)
+
+    @property
+    def built(self) -> bool:
+        return self.kernel is not None
+
+    def build(self, input_dim: int | None) -> int:
+        if self.built:
+            if input_dim is not None and input_dim != self.kernel.shape[0]:
+                raise ValueError(f"Dense {self.name!r}: built for {self.kernel.shape[0]} input features, got {input_dim}")
+            return self.units
+        if input_dim is None:
+            raise ValueError(f"Dense {self.name!r}: input_dim is unknown; pass input_dim or call build(input_dim)")
+        d = _check_int("Dense", "input_dim", input_dim)
+        self.kernel = _new_variable(self._kernel_init((d, self.units), self.dtype), f"{self.name}/kernel")
+        if self.use_bias:
+            self.bias = _new_variable(self._bias_init((self.units,), self.dtype), f"{self.name}/bias")
+        return self.units
+
+    @property
+    def trainable_variables(self) -> list[Any]:
+        if not self.built:
+            return []
+        return [self.kernel] + ([self.bias] if self.use_bias else [])
+
+    def forward(self, x: Any) -> Any:
+        if x.ndim != 2:
+            raise ValueError(f"Dense {self.name!r}: input has shape {tuple(x.shape)}; allowed: (batch, features)")
+        if not self.built:
+            self.build(int(x.shape[1]))
+        w = _value(self.kernel)
+        b = _value(self.bias) if self.use_bias else None
+        xp = kernels.array_module(x)
+        w = xp.asarray(w)
+        b = xp.asarray(b) if b is not None else None
+        if x.shape[1] != w.shape[0]:
+            raise ValueError(f"Dense {self.name!r}: input has {x.shape[1]} features; the layer was built for "
+                             f"{w.shape[0]}")
+        z = kernels.dense_forward(x, w, b)
+        fn, keep = _ACTIVATIONS[self.activation]
+        y = z if fn is None else fn(z)
+        self._cache_x, self._cache_w = x, w
+        self._cache_act = None if fn is None else (z if keep == "x" else y)
+        return y
+
+    def backward(self, dy: Any) -> Any:
+        if self._cache_x is None:
+            raise RuntimeError(f"Dense {self.name!r}: backward called before forward")
+        if self.activation == "relu":
+            dy = kernels.relu_grad(self._cache_act, dy)
+        elif self.activation == "sigmoid":
+            dy = kernels.sigmoid_grad(self._cache_act, dy)
+        elif self.activation == "tanh":
+            dy = kernels.tanh_grad(self._cache_act, dy)
+        dx, dw, db = kernels.dense_backward(self._cache_x, self._cache_w, dy, with_bias=self.use_bias)
+        self._grads = [(dw, self.kernel)] + ([(db, self.bias)] if self.use_bias else [])
+        return dx
+
+
+class Embedding(Layer):
+    """Rows of a ``(input_dim, output_dim)`` table for integer ids of any shape.
+
+    ``embeddings`` may be given: a plain array (gathered locally), or a ``Variable``/``ShardedVariable`` (only the
+    rows the batch needs are pulled, with ``kubeps.runtime.variables.variable.embedding_lookup``). Otherwise a table is
+    created as a kubeps ``Variable`` (on the PS inside ``strategy.scope()``, sharded by the scope's partitioner).
+    The gradient is an ``IndexedSlices`` over the unique ids of the batch.
+    """
+
+    def __init__(self, input_dim: int, output_dim: int, embeddings_initializer: Any = "uniform",
+                 embeddings: Any = None, seed: int | None = None, dtype: Any = "float32",
+                 name: str | None = None) -> None:
+        super().__init__(name)
+        self.input_dim = _check_int("Embedding", "input_dim", input_dim)
+        self.output_dim = _check_int("Embedding", "output_dim", output_dim)
+        self.dtype = np.dtype(dtype)
+        if embeddings is None:
+            init = get_initializer(embeddings_initializer, seed, "embeddings_initializer")
+            embeddings = _new_variable(init((self.input_dim, self.output_dim), self.dtype), f"{self.name}/embeddings")
+        shape = tuple(embeddings.shape)
+        if shape != (self.input_dim, self.output_dim):
+            raise ValueError(f"Embedding {self.name!r}: embeddings has shape {shape}; expected "
+                             f"(input_dim, output_dim) = {(self.input_dim, self.output_dim)}")
+        self.embeddings = embeddings
+        self._cache_ids = None
+
+    @property
+    def trainable_variables(self) -> list[Any]:
+        return [self.embeddings]
+
+    def build(self, input_dim: int | None) -> int | None:
+        return None  # output is (..., output_dim); its flattened width depends on the id shape
+
+    def _lookup(self, ids: Any) -> Any:
+        table = self.embeddings
+        if isinstance(table, np.ndarray) or kernels.array_module(table) is not np:
+            return kernels.embedding_gather(table, ids)
+        from kubeps.runtime.variables import variable as variables  # noqa: PLC0415 - nn on local arrays loads no grpc
+
+        return variables.embedding_lookup(table, kernels.to_numpy(ids))
+
+    def forward(self, ids: Any) -> Any:
+        xp = kernels.array_module(ids)
+        ids = xp.asarray(ids)
+        if ids.dtype.kind not in "iu":
+            raise TypeError(f"Embedding {self.name!r}: ids must be integers, got dtype {ids.dtype}")
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self.input_dim):
+            bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+            raise IndexError(f"Embedding {self.name!r}: id {bad} is out of range; allowed: 0 <= id < {self.input_dim}")
+        rows = self._lookup(ids)
+        self._cache_ids = ids
+        return xp.asarray(rows)
+
+    def backward(self, dy: Any) -> None:
+        if self._cache_ids is None:
+            raise RuntimeError(f"Embedding {self.name!r}: backward called before forward")
+        ids = self._cache_ids
+        want = tuple(ids.shape) + (self.output_dim,)
+        if tuple(dy.shape) != want:
+            raise ValueError(f"Embedding {self.name!r}: dy has shape {tuple(dy.shape)}; expected {want}")
+        uniq, summed = kernels.reduce_sparse(ids.reshape(-1).astype("int64"), dy.reshape(-1, self.output_dim))
+        self._grads = [(_indexed_slices(summed, uniq, (self.input_dim, self.output_dim)), self.embeddings)]
+        return None  # integer inputs have no gradient
+
+
+def _indexed_slices(values: Any, indices: Any, dense_shape: tuple[int, ...]) -> IndexedSlices:
+    return IndexedSlices(kernels.to_numpy(values), kernels.to_numpy(indices), dense_shape)
+
+
+class Flatten(Layer):
+    """``(batch, d1, d2, ...) -> (batch, d1 * d2 * ...)``."""
+
+    def __init__(self, name: str | None = None) -> None:
+        super().__init__(name)
+        self._cache_shape = None
+
+    def forward(self, x: Any) -> Any:
+        self._cache_shape = tuple(x.shape)
+        return x.reshape(x.shape[0], -1)
+
+    def backward(self, dy: Any) -> Any:
+        if self._cache_shape is None:
+            raise RuntimeError(f"Flatten {self.name!r}: backward called before forward")
+        return dy.reshape(self._cache_shape)
+
+
+class Sequential(Layer):
+    """Layers applied in order; ``backward`` runs them in reverse. Gradients are collected from every layer."""
+
+    def __init__(self, layers: Sequence[Layer], name: str | None = None) -> None:
+        super().__init__(name)
+        layers = list(layers)
+        for i, layer in enumerate(layers):
+            if not isinstance(layer, Layer):
+                raise ValueError(f"Sequential: layers[{i}] is a {type(layer).__name__}; allowed: kubeps.runtime.ops.nn "
+                                 f"Layer instances")
+        names = [layer.name for layer in layers]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"Sequential: layer names {dupes} repeat; give each layer a unique name (variables are "
+                             f"named after their layer)")
+        self.layers = layers
+
+    @property
+    def built(self) -> bool:
+        return all(layer.built for layer in self.layers)
+
+    def build(self, input_dim: int | None) -> int | None:
+        """Create every layer's variables (call on the coordinator, inside ``strategy.scope()`` to place them)."""
+        for layer in self.layers:
+            input_dim = layer.build(input_dim)
+        return input_dim
+
+    @property
+    def trainable_variables(self) -> list[Any]:
+        return [v for layer in self.layers for v in layer.trainable_variables]
+
+    def forward(self, x: Any) -> Any:
+        for layer in self.layers:
+            x = layer.forward(x)
+        return x
+
+    def backward(self, dy: Any) -> Any:
+        for layer in reversed(self.layers):
+            dy = layer.backward(dy)
+        return dy
+
+    def grads_and_vars(self) -> list[tuple[Any, Any]]:
+        return [gv for layer in self.layers for gv in layer.grads_and_vars()]
+
+    def train_step(self, x: Any, labels: Any, loss: "Loss", optimizer: Any) -> float:
+        """forward, loss, backward, ``optimizer.apply_gradients``; returns the batch's mean loss."""
+        value = loss.forward(self.forward(x), labels)
+        self.backward(loss.backward())
+        optimizer.apply_gradients(self.grads_and_vars())
+        return value
+
+
+class MLP(Sequential):
+    """``Dense(h, activation) for h in hidden_units`` then ``Dense(output_units, output_activation)``.
+
+    Layer ``i`` gets seed ``seed + 2 * i`` so a seeded MLP is reproducible.
+    """
+
+    def __init__(self, hidden_units: Sequence[int], output_units: int, activation: str = "relu",
+                 output_activation: str | None = None, input_dim: int | None = None, seed: int | None = None,
+                 dtype: Any = "float32", name: str = "mlp") -> None:
+        if isinstance(hidden_units, (int, np.integer)) or not all(
+                isinstance(h, (int, np.integer)) and not isinstance(h, bool) and h >= 1 for h in hidden_units):
+            raise ValueError(f"MLP: hidden_units={hidden_units!r} is not allowed; allowed: a list of integers >= 1")
+        sizes = list(hidden_units) + [output_units]
+        acts = [activation] * len(hidden_units) + [output_activation]
+        layers = [Dense(u, activation=a, seed=None if seed is None else seed + 2 * i, dtype=dtype,
+                        name=f"{name}/dense_{i}") for i, (u, a) in enumerate(zip(sizes, acts))]
+        super().__init__(layers, name=name)
+        if input_dim is not None:
+            self.build(input_dim)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Losses
+# --------------------------------------------------------------------------------------------------------------
+
+
+class Loss:
+    """``forward(logits, labels) -> mean loss``; ``backward() -> d mean loss / d logits``."""
+
+    def __init__(self) -> None:
+        self._cache = None
+
+    def __call__(self, logits: Any, labels: Any) -> float:
+        return self.forward(logits, labels)
+
+    def forward(self, logits: Any, labels: Any) -> float:
+        raise NotImplementedError
+
+    def backward(self) -> Any:
+        raise NotImplementedError
+
+
+class SigmoidCrossEntropy(Loss):
+    """Mean binary cross-entropy of logits against 0/1 (or soft) labels of the same shape."""
+
+    def forward(self, logits: Any, labels: Any) -> float:
+        xp = kernels.array_module(logits)
+        labels = xp.asarray(labels, dtype=logits.dtype).reshape(logits.shape)
+        per = kernels.sigmoid_cross_entropy_with_logits(logits, labels)
+        self._cache = (logits, labels)
+        return float(per.mean())
+
+    def backward(self) -> Any:
+        if self._cache is None:
+            raise RuntimeError("SigmoidCrossEntropy: backward called before forward")
+        logits, labels = self._cache
+        return kernels.sigmoid_cross_entropy_with_logits_grad(logits, labels) / logits.size
+
+
+class SoftmaxCrossEntropy(Loss):
+    """Mean softmax cross-entropy; labels are class ids ``(batch,)`` or probability rows ``(batch, classes)``."""
+
+    def forward(self, logits: Any, labels: Any) -> float:
+        xp = kernels.array_module(logits)
+        labels = xp.asarray(labels)
+        if logits.ndim != 2:
+            raise ValueError(f"SoftmaxCrossEntropy: logits has shape {tuple(logits.shape)}; allowed: (batch, classes)")
+        if labels.ndim == 1:
+            if labels.dtype.kind not in "iu" or (labels.size and (int(labels.min()) < 0
+                                                                 or int(labels.max()) >= logits.shape[1])):
+                raise ValueError(f"SoftmaxCrossEntropy: class-id labels must be integers in [0, {logits.shape[1]})")
+            onehot = xp.zeros(logits.shape, dtype=logits.dtype)
+            onehot[xp.arange(labels.shape[0]), labels] = 1
+            labels = onehot
+        labels = labels.astype(logits.dtype, copy=False)
+        per = kernels.softmax_cross_entropy_with_logits(logits, labels)
+        self._cache = (logits, labels)
+        return float(per.mean())
+
+    def backward(self) -> Any:
+        if self._cache is None:
+            raise RuntimeError("SoftmaxCrossEntropy: backward called before forward")
+        logits, labels = self._cache
+        return kernels.softmax_cross_entropy_with_logits_grad(logits, labels) / logits.shape[0]
+
+
+def all_grads_and_vars(layers: Iterable[Layer]) -> list[tuple[Any, Any]]:
+    """Concatenated ``grads_and_vars()`` of several layers or models (e.g. an embedding and an MLP)."""
+    return [gv for layer in layers for gv in layer.grads_and_vars()]
+
+
+__all__.append("all_grads_and_vars")
+__all__.append("Loss")

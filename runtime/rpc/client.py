@@ -1,0 +1,221 @@
+"""The client half of kubeps' gRPC glue: two paths per registered name, raw bytes both ways.
+
+Service paths are ``/kubeps.ParameterServer/<Method>`` and ``/kubeps.Worker/<Method>`` (stream-stream: requests
+and responses are wire frames (:mod:`kubeps.runtime.rpc.wire`) cut into chunks), plus the unary twin
+``/<service>/Unary.<Method>`` (one message each way). A request that fits one chunk takes the unary twin: a
+unary-unary round trip costs a third of a stream-stream one in grpc-python (no request-iterator thread, one batch
+of operations). If the answer turns out bigger than one chunk, the server -- having run the method exactly once --
+parks it and answers ``RESOURCE_EXHAUSTED`` with reason ``answer-parked``; the client then streams it in chunks
+with the reserved ``Collect`` method, so big tensors always travel in chunks both ways.
+
+Serializers are the identity, so no protoc and no pickle. Every call has a deadline (fail fast: no
+``wait_for_ready``), so a dead peer is an error, never a hang.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Sequence
+
+import grpc
+import numpy as np
+
+from kubeps.runtime.rpc import wire
+from kubeps.runtime.errors import RemoteError, UnauthenticatedError
+from kubeps.runtime.rpc.protocol import (ANSWER_ID_KEY, ANSWER_PARKED, COLLECT, ERROR_REASON_KEY, UNARY_PREFIX)
+from kubeps.runtime.rpc.security import token_metadata
+
+__all__ = ["CHANNEL_OPTIONS", "DEFAULT_TIMEOUT_S", "Call", "Client"]
+
+#: Deadline of a call that has none of its own (seconds).
+DEFAULT_TIMEOUT_S = 30.0
+_MAX_MESSAGE = 64 << 20
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", _MAX_MESSAGE),
+    ("grpc.max_receive_message_length", _MAX_MESSAGE),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2_000),
+    # big flow-control windows let one stream fill the pipe (tuned with bench/pushpull.py)
+    ("grpc.http2.lookahead_bytes", 8 << 20),
+    ("grpc.http2.bdp_probe", 1),
+]
+
+_IDENTITY = lambda b: b  # noqa: E731
+
+
+def _connect_address(address: str) -> str:
+    """Clients on this host reach a task by its cluster address."""
+    return address
+
+
+class Client:
+    """Calls methods of one task. Thread-safe; the channel reconnects by itself after the peer comes back."""
+
+    def __init__(self, address: str, service: str, token: str | None, timeout: float = DEFAULT_TIMEOUT_S,
+                 chunk_bytes: int | None = None):
+        self.address = address
+        self.service = service
+        self.timeout = timeout
+        self.chunk_bytes = chunk_bytes
+        self._metadata = token_metadata(token)
+        self._lock = threading.Lock()
+        self._channel: grpc.Channel | None = None
+        self._methods: dict[tuple[str, bool], Any] = {}
+
+    def _method(self, name: str, unary: bool = False):
+        """The multi-callable of a method: its stream-stream path, or (``unary``) its unary-unary twin."""
+        with self._lock:
+            if self._channel is None:
+                self._channel = grpc.insecure_channel(_connect_address(self.address), options=CHANNEL_OPTIONS)
+            key = (name, unary)
+            method = self._methods.get(key)
+            if method is None:
+                if unary:
+                    method = self._channel.unary_unary(f"/{self.service}/{UNARY_PREFIX}{name}",
+                                                       request_serializer=_IDENTITY, response_deserializer=_IDENTITY)
+                else:
+                    method = self._channel.stream_stream(f"/{self.service}/{name}",
+                                                         request_serializer=_IDENTITY, response_deserializer=_IDENTITY)
+                self._methods[key] = method
+            return method
+
+    def start(self, name: str, meta: dict[str, Any] | None = None, arrays: Sequence[Any] = (),
+              timeout: float | None = None) -> "Call":
+        """Start a call without waiting for it; ``finish(call)`` (or ``call.result()``) reads the answer.
+
+        A request that encodes to one chunk goes out on the method's unary twin (one gRPC message each way, no
+        request-iterator thread); a bigger one is streamed in chunks. ``.cancel()`` on the returned call aborts it.
+        """
+        timeout = self.timeout if timeout is None else timeout
+        chunks = wire.encode_chunks(meta, arrays, self.chunk_bytes or wire.DEFAULT_CHUNK_BYTES)
+        if len(chunks) == 1:
+            future = self._method(name, unary=True).future(chunks[0], timeout=timeout, metadata=self._metadata)
+            return Call(self, name, timeout, future=future)
+        stream = self._method(name)(iter(chunks), timeout=timeout, metadata=self._metadata)
+        return Call(self, name, timeout, stream=stream)
+
+    def finish(self, call: "Call") -> tuple[dict[str, Any], list[np.ndarray]]:
+        """Read a started call's response; gRPC failures become :class:`RemoteError` with the status code name."""
+        return call.result()
+
+    def call(self, name: str, meta: dict[str, Any] | None = None, arrays: Sequence[Any] = (),
+             timeout: float | None = None) -> tuple[dict[str, Any], list[np.ndarray]]:
+        try:
+            call = self.start(name, meta, arrays, timeout)
+        except grpc.RpcError as err:
+            raise self.remote_error(err) from None
+        return call.result()
+
+    def _collect(self, answer_id: str, timeout: float, call: "Call | None" = None) -> tuple[dict[str, Any],
+                                                                                           list[np.ndarray]]:
+        """Fetch, streamed in chunks, an answer the server parked because it was too big for one unary message.
+
+        With ``call``, the stream is attached to it, so that ``call.cancel()`` (the failure detector giving up on a
+        frozen peer) aborts the collection too instead of leaving it to its deadline.
+        """
+        chunks = wire.encode_chunks({"id": answer_id})
+        stream = self._method(COLLECT)(iter(chunks), timeout=timeout, metadata=self._metadata)
+        if call is not None:
+            call._collecting = stream
+            if call._cancelled:  # cancel() ran before the stream was attached: it did not see it
+                stream.cancel()
+        return _read_stream(self, stream)
+
+    def remote_error(self, err: grpc.RpcError) -> RemoteError:
+        """The :class:`RemoteError` (or :class:`UnauthenticatedError`) for a failed gRPC call to this task."""
+        code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
+        details = err.details() if hasattr(err, "details") else str(err)
+        name = code.name if code is not None else "UNKNOWN"
+        message = f"{self.service} at {self.address} failed with {name}: {details}"
+        cls = UnauthenticatedError if code == grpc.StatusCode.UNAUTHENTICATED else RemoteError
+        error = cls(message, code=name, address=self.address)
+        reason = None
+        try:
+            trailing = err.trailing_metadata() if hasattr(err, "trailing_metadata") else None
+            reason = dict(trailing or ()).get(ERROR_REASON_KEY)
+        except Exception:  # noqa: BLE001 - a failed call without metadata
+            reason = None
+        error.reason = reason
+        return error
+
+    def close(self) -> None:
+        with self._lock:
+            if self._channel is not None:
+                self._channel.close()
+            self._channel = None
+            self._methods.clear()
+
+
+def _read_stream(client: Client, stream) -> tuple[dict[str, Any], list[np.ndarray]]:
+    try:
+        decoder = wire.MessageDecoder()
+        for chunk in stream:
+            decoder.feed(chunk)
+        return decoder.finish()
+    except grpc.RpcError as err:
+        raise client.remote_error(err) from None
+
+
+class Call:
+    """A started call (unary future or chunk stream): ``result()`` waits for and decodes the answer."""
+
+    __slots__ = ("_client", "_name", "_timeout", "_future", "_stream", "_collecting", "_cancelled")
+
+    def __init__(self, client: Client, name: str, timeout: float, *, future=None, stream=None):
+        self._client, self._name, self._timeout = client, name, timeout
+        self._future, self._stream = future, stream
+        self._collecting = None  # the Collect stream of a parked answer, once started
+        self._cancelled = False
+
+    @property
+    def unary(self) -> bool:
+        return self._future is not None
+
+    def cancel(self) -> bool:
+        """Abort the call -- the Collect stream of its parked answer too, once that started; ``result()`` then
+        raises a :class:`RemoteError` with code ``CANCELLED``."""
+        self._cancelled = True
+        cancelled = (self._future or self._stream).cancel()
+        collecting = self._collecting
+        if collecting is not None:
+            cancelled = collecting.cancel() or cancelled
+        return cancelled
+
+    def _cancelled_error(self) -> RemoteError:
+        error = RemoteError(f"{self._client.service} at {self._client.address} failed with CANCELLED: "
+                            f"{self._name} was cancelled locally", code="CANCELLED", address=self._client.address)
+        error.reason = None
+        return error
+
+    def result(self) -> tuple[dict[str, Any], list[np.ndarray]]:
+        """The decoded answer. Every failure is a :class:`RemoteError` (a cancelled call: code ``CANCELLED``), never
+        a raw gRPC exception: callers' threads (the coordinator's dispatch threads) handle only that."""
+        if self._stream is not None:
+            return _read_stream(self._client, self._stream)
+        try:
+            answer = self._future.result()
+        except grpc.FutureCancelledError:
+            raise self._cancelled_error() from None
+        except grpc.RpcError as err:
+            error = self._client.remote_error(err)
+            if error.code == "RESOURCE_EXHAUSTED" and error.reason == ANSWER_PARKED:
+                answer_id = _trailing(err, ANSWER_ID_KEY)
+                if answer_id:
+                    if self._cancelled:
+                        raise self._cancelled_error() from None
+                    return self._client._collect(answer_id, self._timeout, call=self)
+            raise error from None
+        return wire.decode_message(answer)
+
+
+def _trailing(err: grpc.RpcError, key: str) -> str | None:
+    try:
+        trailing = err.trailing_metadata() if hasattr(err, "trailing_metadata") else None
+        return dict(trailing or ()).get(key)
+    except Exception:  # noqa: BLE001 - a failed call without metadata
+        return None

@@ -1,0 +1,171 @@
+"""The protocol between tasks: every service and method name, and the metadata each request and answer carries.
+
+A call is ``(method, meta, arrays)``: ``meta`` is a JSON object (the typed dicts below say which keys each method
+reads and answers), ``arrays`` the tensors of the wire frame (:mod:`kubeps.runtime.rpc.wire`), in the order each
+method's docstring gives. Clients name methods with the constants here, servers serve them under the same names
+(:mod:`kubeps.runtime.server.methods`), so a rename is one edit and a typo is an ``AttributeError`` at import.
+
+This module is pure data: no grpc, no numpy.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal, TypedDict
+
+__all__ = [
+    "ANSWER_ID_KEY",
+    "ANSWER_PARKED",
+    "COLLECT",
+    "ERROR_REASON_KEY",
+    "PING",
+    "PS",
+    "PS_SERVICE",
+    "UNARY_PREFIX",
+    "UNKNOWN_VARIABLE",
+    "WORKER",
+    "WORKER_SERVICE",
+    "AssignRequest",
+    "ClosureAnswer",
+    "ClosureStatus",
+    "CreateResourceRequest",
+    "CreateVariablesAnswer",
+    "NamesRequest",
+    "PingAnswer",
+    "PushAnswer",
+    "PushReadRequest",
+    "PushRequest",
+    "ReadManyRequest",
+    "RestoreShardsRequest",
+    "SaveShardsRequest",
+    "UpdateSpec",
+    "optimizer_key",
+]
+
+#: the gRPC service of a parameter server; of a worker
+PS_SERVICE = "kubeps.ParameterServer"
+WORKER_SERVICE = "kubeps.Worker"
+
+#: answered by both services: ``{}`` -> :class:`PingAnswer` (the failure detector's heartbeat)
+PING = "Ping"
+#: reserved stream-stream method of both services: the request is a parked answer's id, the answer its chunks
+COLLECT = "Collect"
+#: method-name prefix of the unary twin of every method: ``/kubeps.ParameterServer/Unary.Read``
+UNARY_PREFIX = "Unary."
+
+
+class PS:
+    """Methods of the parameter-server service."""
+
+    CREATE_VARIABLES = "CreateVariables"  #: :class:`NamesRequest` + one value per name -> :class:`CreateVariablesAnswer`
+    READ = "Read"  #: :class:`NamesRequest` -> one value per name
+    READ_ROWS = "ReadRows"  #: :class:`NamesRequest` + one index array per name -> one row block per name
+    READ_MANY = "ReadMany"  #: :class:`ReadManyRequest` + one index array per ``rows`` name -> values, then row blocks
+    ASSIGN = "Assign"  #: :class:`AssignRequest` + one value per name -> ``{}``
+    PUSH = "Push"  #: :class:`PushRequest` + the updates' tensors -> :class:`PushAnswer`
+    PUSH_READ = "PushRead"  #: :class:`PushReadRequest`: a ``Push`` and then a ``ReadMany`` in one call
+    LIST_VARIABLES = "ListVariables"  #: ``{}`` -> ``{"variables": [{name, shape, dtype, updates}]}``
+    SAVE_SHARDS = "SaveShards"  #: :class:`SaveShardsRequest` -> ``{"saved": [SavedShard]}``
+    RESTORE_SHARDS = "RestoreShards"  #: :class:`RestoreShardsRequest` -> ``{"restored": n}``
+
+    #: the methods that only read: a worker's closure context may batch them
+    READS = frozenset({READ, READ_ROWS, READ_MANY})
+
+
+class WORKER:
+    """Methods of the worker service."""
+
+    RUN_CLOSURE = "RunClosure"  #: one uint8 tensor (the pickled function) -> :class:`ClosureAnswer` + result tensors
+    CREATE_RESOURCE = "CreateResource"  #: :class:`CreateResourceRequest` + the pickled creator -> :class:`ClosureAnswer`
+
+
+# -- errors ----------------------------------------------------------------------------------------------------------
+#: trailing-metadata key a server sets to say why a call failed, beyond the status code; a client's
+#: :class:`~kubeps.runtime.errors.RemoteError` carries it as ``.reason``
+ERROR_REASON_KEY = "x-kubeps-error"
+#: ``reason`` of a NOT_FOUND for a variable the parameter server does not hold (it restarted and lost it)
+UNKNOWN_VARIABLE = "unknown-variable"
+#: ``reason`` of the RESOURCE_EXHAUSTED a unary call gets when its answer is bigger than one chunk: the server ran
+#: the method once and parked the answer under the id in :data:`ANSWER_ID_KEY`; the client streams it with
+#: :data:`COLLECT` (so a non-idempotent method such as ``Push`` never runs twice)
+ANSWER_PARKED = "answer-parked"
+ANSWER_ID_KEY = "x-kubeps-answer-id"
+
+
+# -- request and answer metadata -------------------------------------------------------------------------------------
+class NamesRequest(TypedDict):
+    names: list[str]
+
+
+class ReadManyRequest(TypedDict, total=False):
+    names: list[str]  #: whole values, answered first
+    rows: list[str]  #: variables read by rows, one index array each, answered after the values
+
+
+class AssignRequest(TypedDict, total=False):
+    names: list[str]
+    ops: list[Literal["assign", "add"]]  #: one per name; default all ``assign``
+
+
+class UpdateSpec(TypedDict, total=False):
+    name: str
+    kind: Literal["dense", "sparse"]  #: dense: one tensor (the gradient); sparse: two (indices, values)
+
+
+class PushRequest(TypedDict):
+    optimizer: dict[str, Any]  #: the optimizer's ``get_config()``
+    updates: list[UpdateSpec]
+
+
+class PushReadRequest(PushRequest, ReadManyRequest):
+    pass
+
+
+class PushAnswer(TypedDict):
+    steps: int
+
+
+class CreateVariablesAnswer(TypedDict):
+    created: int
+    incarnation: str
+
+
+class PingAnswer(TypedDict, total=False):
+    incarnation: str  #: random per process start: a restarted task answers with a new one
+    job: str
+    task: int
+
+
+class SaveShardsRequest(TypedDict):
+    directory: str
+    items: list[dict[str, Any]]  #: :class:`~kubeps.runtime.checkpoint.shards.SaveItem` as JSON
+
+
+class RestoreShardsRequest(TypedDict):
+    directory: str
+    items: list[dict[str, Any]]  #: :class:`~kubeps.runtime.checkpoint.shards.RestoreItem` as JSON
+
+
+class CreateResourceRequest(TypedDict):
+    resource_id: str
+
+
+#: ``ok`` (result), ``error`` (the function raised; non-retryable), ``resource_missing`` (a per-worker resource is
+#: not there: the worker restarted), ``ps_unavailable`` (a parameter server could not be reached)
+ClosureStatus = Literal["ok", "error", "resource_missing", "ps_unavailable"]
+
+
+class ClosureAnswer(TypedDict, total=False):
+    status: ClosureStatus
+    pulls: int  #: ``ok``: how many reads the function's closure context sent
+    type: str  #: ``error``: the exception's type name
+    message: str
+    traceback: str
+    ps_index: int  #: ``ps_unavailable``: which ps
+    restarted: bool  #: ``ps_unavailable``: the ps answered NOT_FOUND for a variable (it restarted empty)
+
+
+def optimizer_key(config: dict[str, Any]) -> str:
+    """The key a variable's slots are kept under on a ps: the optimizer's config as canonical JSON (checkpoints of
+    local variables key their slots the same way)."""
+    return json.dumps(config, sort_keys=True, separators=(",", ":"))

@@ -1,0 +1,244 @@
+"""Where code is running: the strategy scope on the coordinator, and the closure context on a worker.
+
+* :class:`ClosureContext` exists while a worker unpickles and runs one scheduled function: the variable handles
+  that arrive with the function register in it, and the first read pulls every registered dense variable in one
+  RPC per parameter server (folded into the embedding lookup's call when there is one); a push waits for the
+  next step's first call to the same parameter server and rides on it (``PushRead``), so a training step costs one
+  round trip per parameter server. It sees variables only through
+  the small :class:`RemoteHandle` protocol, so this module does not import :mod:`kubeps.runtime.variables.variable`
+  (which imports it).
+* :func:`get_current_worker_index` tells a dataset fn or scheduled fn which worker runs it.
+* :func:`current_strategy` is the strategy whose ``scope()`` is active on the coordinator.
+
+The parameter servers are reached through :class:`~kubeps.runtime.rpc.transport.PSTransport`.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+
+from kubeps.runtime.data.dataset import InputContext
+from kubeps.runtime.errors import ResourceMissingError
+from kubeps.runtime.rpc.protocol import PS
+from kubeps.runtime.rpc.transport import PSTransport
+
+__all__ = [
+    "ClosureContext",
+    "RemoteHandle",
+    "current_closure_context",
+    "current_input_context",
+    "current_strategy",
+    "get_current_worker_index",
+    "resolve_resource",
+]
+
+
+class RemoteHandle(Protocol):
+    """What the closure context needs of a variable on a parameter server (:class:`~kubeps.runtime.Variable`
+    provides it)."""
+
+    @property
+    def key(self) -> str:
+        """The variable's unique name on its parameter server."""
+
+    @property
+    def ps_index(self) -> int | None:
+        """The index of the parameter server holding it."""
+
+    @property
+    def prefetch(self) -> bool:
+        """Whether a closure's batched pull fetches it (dense variables; not embedding tables)."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def dtype(self) -> np.dtype: ...
+
+
+#: variables of at most this many bytes (dense weights, sharded or not) are pulled whole with a step's first call to
+#: their parameter server; bigger ones (embedding tables) are read only where a step asks (rows or ``read_value``)
+PREFETCH_MAX_BYTES = 1 << 20
+#: methods that only read: a deferred push to the same parameter server rides on them (``PushRead``)
+_READS = PS.READS
+
+_local = threading.local()
+_scope_lock = threading.Lock()
+_scope_stack: list[Any] = []  # strategies, innermost last (scopes are process-wide, as in TF's default graph)
+
+
+class ClosureContext:
+    """The per-closure variable registry, read cache and deferred pushes on a worker.
+
+    A training step's calls are batched and ride on each other, so that a step costs **one round trip per
+    parameter server**:
+
+    * the first read of a dense variable pulls **every** registered dense variable, one call per PS;
+    * an ``embedding_lookup`` that needs rows while that pull is still due folds it into its own call
+      (``ReadMany``: the dense values and the rows in one answer per PS);
+    * ``apply_gradients`` does not call at once: it leaves one ``Push`` per PS here (:meth:`defer_push`) and
+      clears the cache. The next call the closure makes to that PS -- the next step's lookup and pull -- carries it
+      (``PushRead``: the PS applies the push, then reads, so the step sees its own update); any other method, a
+      second push, and the end of the closure (:meth:`flush`) send it on its own first. Program order per PS is
+      kept; a push reaches the PS as late as the start of the next step's first call.
+
+    Semantics (TF's async parameter-server training): a value read in a step is the PS's value when it was read,
+    which includes every push this worker made before; updates other workers push in between are seen from the
+    next read, i.e. at most one step stale, as in TF's async PS training. A new closure starts with an empty cache.
+    A push's error (a parameter server gone) surfaces at the call that carries it.
+    """
+
+    def __init__(self, worker_index: int, transport: PSTransport, resources: dict[str, Any]):
+        self.worker_index = worker_index
+        self.transport = transport
+        self.resources = resources
+        self.registered: dict[str, RemoteHandle] = {}
+        self.cache: dict[str, np.ndarray] = {}
+        self._batched = False  # whether the registered variables were pulled since the last invalidation
+        self._deferred: dict[int, tuple[dict[str, Any], list[Any]]] = {}  # ps -> (Push meta, tensors)
+        self.pulls = 0  # calls that pulled dense values (Read, ReadMany, PushRead); tests check batching
+
+    def register(self, var: RemoteHandle) -> None:
+        self.registered.setdefault(var.key, var)
+
+    def read(self, variables: Sequence[RemoteHandle]) -> list[np.ndarray]:
+        missing = [v for v in variables if v.key not in self.cache]
+        if missing:
+            wanted = {v.key: v for v in missing}
+            for var in self.take_prefetch():
+                wanted.setdefault(var.key, var)
+            self._pull(list(wanted.values()))
+        return [self.cache[v.key] for v in variables]
+
+    def take_prefetch(self) -> list[RemoteHandle]:
+        """The registered dense variables a batched pull is still due for (none once pulled); the caller pulls
+        them (and :meth:`store` s them)."""
+        if self._batched:
+            return []
+        self._batched = True
+        return [var for key, var in self.registered.items() if var.prefetch and key not in self.cache]
+
+    def store(self, keys: Sequence[str], arrays: Sequence[np.ndarray]) -> None:
+        for key, array in zip(keys, arrays):
+            self.cache[key] = array
+
+    def _pull(self, variables: list[RemoteHandle]) -> None:
+        by_ps: dict[int, list[str]] = {}
+        for var in variables:
+            by_ps.setdefault(var.ps_index, []).append(var.key)
+        results = self.call_many({ps: (PS.READ, {"names": names}, ()) for ps, names in by_ps.items()})
+        self.pulls += len(results)
+        for ps, (_, arrays) in results.items():
+            self.store(by_ps[ps], arrays)
+
+    def invalidate(self, keys: Sequence[str] | None = None) -> None:
+        if keys is None:
+            self.cache.clear()
+        else:
+            for key in keys:
+                self.cache.pop(key, None)
+        self._batched = False
+
+    # -- deferred pushes ----------------------------------------------------------------------------------------
+    def defer_push(self, requests: dict[int, tuple[dict[str, Any], list[Any]]]) -> None:
+        """Hold one ``Push`` ``(meta, tensors)`` per PS until the next call to that PS carries it; a push still
+        held for one of them goes first, on its own. The cached values are stale from here on."""
+        held = [ps for ps in requests if ps in self._deferred]
+        if held:
+            self.flush(held)
+        self._deferred.update(requests)
+        self.invalidate()
+
+    def call_many(self, requests: dict[int, tuple[str, dict[str, Any], Sequence[Any]]],
+                  timeout: float | None = None) -> dict[int, tuple[dict[str, Any], list[np.ndarray]]]:
+        """``PSTransport.call_many`` for calls made inside the closure: a read to a PS with a deferred push
+        becomes one ``PushRead`` (same answer layout as the read); before any other method the push is sent."""
+        calls: dict[int, tuple[str, dict[str, Any], Sequence[Any]]] = {}
+        others = []
+        for ps, (method, meta, arrays) in requests.items():
+            if ps not in self._deferred:
+                calls[ps] = (method, meta, arrays)
+            elif method in _READS:
+                push_meta, push_arrays = self._deferred.pop(ps)
+                names = list(meta.get("names", [])) if method != PS.READ_ROWS else []
+                rows = list(meta["names"]) if method == PS.READ_ROWS else list(meta.get("rows", []))
+                calls[ps] = (PS.PUSH_READ, {**push_meta, "names": names, "rows": rows}, [*push_arrays, *arrays])
+            else:
+                others.append(ps)
+                calls[ps] = (method, meta, arrays)
+        if others:
+            self.flush(others)
+        return self.transport.call_many(calls, timeout)
+
+    def deferred_ps(self) -> list[int]:
+        """The parameter servers a deferred push is held for."""
+        return list(self._deferred)
+
+    def flush(self, ps_indices: Sequence[int] | None = None) -> None:
+        """Send the deferred pushes (of ``ps_indices``, default all) on their own, in parallel."""
+        targets = list(self._deferred) if ps_indices is None else [ps for ps in ps_indices if ps in self._deferred]
+        pushes = {ps: (PS.PUSH, *self._deferred.pop(ps)) for ps in targets}
+        if pushes:
+            self.transport.call_many(pushes)
+
+
+def current_closure_context() -> ClosureContext | None:
+    return getattr(_local, "closure", None)
+
+
+def set_closure_context(ctx: ClosureContext | None) -> ClosureContext | None:
+    previous = getattr(_local, "closure", None)
+    _local.closure = ctx
+    return previous
+
+
+def get_current_worker_index() -> int:
+    """The index of the worker running the current scheduled function or dataset function (TF's name)."""
+    ctx = current_closure_context()
+    if ctx is None:
+        raise RuntimeError(
+            "get_current_worker_index() must be called inside a function running on a worker (a function passed "
+            "to ClusterCoordinator.schedule or create_per_worker_dataset); this code runs on the coordinator"
+        )
+    return ctx.worker_index
+
+
+def current_input_context(num_workers: int) -> Any:
+    """The ``InputContext`` of the worker running the current dataset function: one input pipeline per worker."""
+    return InputContext(num_input_pipelines=num_workers, input_pipeline_id=get_current_worker_index())
+
+
+def push_strategy(strategy: Any) -> None:
+    with _scope_lock:
+        _scope_stack.append(strategy)
+
+
+def pop_strategy(strategy: Any) -> None:
+    with _scope_lock:
+        if not _scope_stack or _scope_stack[-1] is not strategy:
+            raise RuntimeError("strategy scopes must be exited in the reverse order of entering them")
+        _scope_stack.pop()
+
+
+def current_strategy() -> Any | None:
+    """The strategy whose ``scope()`` is active, or None (variables are then local)."""
+    if current_closure_context() is not None:
+        return None  # variables created inside a scheduled function are local to it
+    with _scope_lock:
+        return _scope_stack[-1] if _scope_stack else None
+
+
+def resolve_resource(resource_id: str) -> Any:
+    """Unpickling hook: the worker-local object a per-worker resource reference stands for."""
+    ctx = current_closure_context()
+    if ctx is None:
+        raise RuntimeError(f"per-worker resource {resource_id} can only be used inside a function running on a worker")
+    try:
+        return ctx.resources[resource_id]
+    except KeyError:
+        raise ResourceMissingError(
+            f"worker {ctx.worker_index} holds no per-worker resource {resource_id} (it restarted?)"
+        ) from None

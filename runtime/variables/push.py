@@ -1,0 +1,113 @@
+"""Applying gradients: the transport behind ``Optimizer.apply_gradients``.
+
+``apply_gradients(optimizer, grads_and_vars)`` groups the updates by parameter server into **one** ``Push`` per PS
+carrying every dense gradient and every row-sparse gradient (:class:`IndexedSlices`) of the step; the PS runs the
+optimizer update next to the variable, with the slots it keeps there. On the coordinator the pushes are sent at
+once, in parallel. Inside a scheduled function they are handed to the closure context, and the next step's first
+call to each PS carries them (``PushRead``; see :class:`kubeps.runtime.variables.context.ClosureContext`). A sharded
+variable's gradient is split by shard: dense rows by the div split, sparse rows by the owner of each id.
+Local variables (created outside ``strategy.scope()``) are updated in place in this process.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import numpy as np
+
+from kubeps.runtime.variables import context as _context
+from kubeps.runtime.errors import RuntimeConfigError
+from kubeps.runtime.variables.indexed_slices import IndexedSlices
+from kubeps.runtime.variables.partitioners import owner_of
+from kubeps.runtime.variables.variable import ShardedVariable, Variable
+from kubeps.runtime.rpc.protocol import PS
+
+__all__ = ["IndexedSlices", "apply_gradients"]  # IndexedSlices is defined in indexed_slices.py
+
+
+def _check_dense(grad: Any, var: Variable | ShardedVariable) -> np.ndarray:
+    g = np.asarray(grad)
+    if g.shape != tuple(var.shape):
+        raise RuntimeConfigError(f"gradient of {var.name!r}", f"array of shape {list(g.shape)}",
+                                 f"must match the variable's shape {list(var.shape)}")
+    return g.astype(var.dtype, copy=False)
+
+
+def _check_sparse(grad: IndexedSlices, var: Variable | ShardedVariable) -> tuple[np.ndarray, np.ndarray]:
+    if len(var.shape) == 0:
+        raise RuntimeConfigError(f"gradient of {var.name!r}", "IndexedSlices", "a scalar variable takes dense gradients")
+    if tuple(grad.values.shape[1:]) != tuple(var.shape[1:]):
+        raise RuntimeConfigError(f"gradient of {var.name!r}", f"rows of shape {list(grad.values.shape[1:])}",
+                                 f"must match the variable's rows {list(var.shape[1:])}")
+    idx = grad.indices.astype(np.int64, copy=False)
+    if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= var.shape[0]):
+        bad = int(idx.min()) if int(idx.min()) < 0 else int(idx.max())
+        raise RuntimeConfigError(f"gradient of {var.name!r}", f"index {bad}", f"must be in [0, {var.shape[0]})")
+    return idx, grad.values.astype(var.dtype, copy=False)
+
+
+def apply_gradients(optimizer: Any, grads_and_vars: Iterable[tuple[Any, Any]]) -> None:
+    """Apply ``(gradient, variable)`` pairs: one ``Push`` RPC per parameter server for all of them.
+
+    ``gradient`` is array-like (dense) or an :class:`IndexedSlices`; ``None`` gradients are skipped (as in TF).
+    """
+    pairs = list(grads_and_vars)
+    config = None
+    # (transport id) -> (transport, {ps: (updates, arrays)})
+    batches: dict[int, tuple[Any, dict[int, tuple[list, list]]]] = {}
+    touched: list[str] = []
+
+    def add(var: Variable, grad: Any) -> None:
+        nonlocal config
+        if not var.is_remote:
+            var.apply_local_update(optimizer, grad)
+            return
+        if config is None:
+            config = optimizer.get_config()
+        transport = var.transport
+        per_ps = batches.setdefault(id(transport), (transport, {}))[1]
+        updates, arrays = per_ps.setdefault(var.ps_index, ([], []))
+        if isinstance(grad, tuple):
+            updates.append({"name": var.key, "kind": "sparse"})
+            arrays.extend(grad)
+        else:
+            updates.append({"name": var.key, "kind": "dense"})
+            arrays.append(grad)
+        touched.append(var.key)
+
+    for i, pair in enumerate(pairs):
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise RuntimeConfigError(f"grads_and_vars[{i}]", pair, "must be a (gradient, variable) pair")
+        grad, var = pair
+        if grad is None:
+            continue
+        if not isinstance(var, (Variable, ShardedVariable)):
+            raise RuntimeConfigError(f"grads_and_vars[{i}][1]", type(var).__name__,
+                                     "must be a kubeps Variable or ShardedVariable")
+        if isinstance(grad, IndexedSlices):
+            idx, values = _check_sparse(grad, var)
+            if isinstance(var, ShardedVariable):
+                shard, local = owner_of(idx, var.shape[0], var.num_shards) if idx.size else (idx, idx)
+                for s, shard_var in enumerate(var.variables):
+                    mask = shard == s
+                    if mask.any():
+                        add(shard_var, (local[mask], values[mask]))
+            else:
+                add(var, (idx, values))
+        else:
+            dense = _check_dense(grad, var)
+            if isinstance(var, ShardedVariable):
+                for (a, b), shard_var in zip(var.shard_rows(), var.variables):
+                    add(shard_var, dense[a:b])
+            else:
+                add(var, dense)
+
+    ctx = _context.current_closure_context()
+    for transport, per_ps in batches.values():
+        requests = {ps: ({"optimizer": config, "updates": updates}, arrays) for ps, (updates, arrays) in per_ps.items()}
+        if ctx is not None and ctx.transport is transport:
+            ctx.defer_push(requests)
+        else:
+            transport.call_many({ps: (PS.PUSH, meta, arrays) for ps, (meta, arrays) in requests.items()})
+    if ctx is not None and touched and not any(ctx.transport is t for t, _ in batches.values()):
+        ctx.invalidate()

@@ -1,0 +1,142 @@
+"""The worker service: runs scheduled functions (closures) and holds per-worker resources (datasets, iterators).
+
+A closure arrives as cloudpickle bytes (only after the job token was checked, see :mod:`kubeps.runtime.rpc.security`).
+It is unpickled inside a :class:`~kubeps.runtime.variables.context.ClosureContext`, so its variable handles register there
+and per-worker resource references resolve to this worker's objects. The result goes back as a pickled skeleton
+(containers, scalars) with every numpy array replaced by a reference to a tensor of the wire frame.
+
+Statuses a ``RunClosure`` answer carries in ``meta["status"]``:
+``ok`` (result), ``error`` (the function raised; non-retryable), ``resource_missing`` (a per-worker resource is not
+here: the worker restarted; the coordinator rebuilds resources and retries), ``ps_unavailable`` (a parameter server
+could not be reached: the coordinator retries while the blip lasts, then fails the job; with ``restarted`` true the
+ps answered NOT_FOUND for a variable, i.e. it restarted empty, and the job fails at once).
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+import traceback
+import uuid
+from typing import Any, Callable
+
+import cloudpickle
+import numpy as np
+
+from kubeps.runtime.variables import context as _context
+from kubeps.runtime.variables.context import ClosureContext
+from kubeps.runtime.errors import PSUnavailableError, ResourceMissingError
+from kubeps.runtime.rpc.codec import split_structure
+from kubeps.runtime.rpc.protocol import WORKER
+from kubeps.runtime.rpc.transport import PSTransport, ps_restarted
+from kubeps.runtime.variables.variable import ShardedVariable, Variable
+
+__all__ = ["BUILTIN_METHODS", "WorkerState"]
+
+
+class WorkerState:
+    """What a worker task holds between closures."""
+
+    def __init__(self, worker_index: int, ps_addresses: list[str], token: str | None, rpc_timeout: float = 30.0):
+        self.worker_index = worker_index
+        self.transport = PSTransport(ps_addresses, token, rpc_timeout)
+        self.resources: dict[str, Any] = {}
+        self.incarnation = uuid.uuid4().hex
+        self.closures_run = 0
+        self._lock = threading.Lock()
+
+    def context(self) -> ClosureContext:
+        return ClosureContext(self.worker_index, self.transport, self.resources)
+
+    def close(self) -> None:
+        self.transport.close()
+
+
+def _to_array(item: Any) -> Any:
+    """A variable in a result travels as its value."""
+    return np.asarray(item.read_value()) if isinstance(item, (Variable, ShardedVariable)) else item
+
+
+def _payload(arrays: list, method: str) -> bytes:
+    if len(arrays) != 1 or arrays[0].dtype != np.uint8 or arrays[0].ndim != 1:
+        raise ValueError(f"{method}: field 'tensors' must hold exactly one 1-D uint8 tensor (the pickled function)")
+    return arrays[0].tobytes()
+
+
+def _bytes_tensor(data: bytes) -> np.ndarray:
+    return np.frombuffer(data, dtype=np.uint8)
+
+
+def _run_and_flush(ctx: ClosureContext, body: Callable[[Any], Any], obj: Any) -> Any:
+    """``body(obj)``, then the pushes the closure still holds (its last step's) are sent before it counts as done.
+    If the function fails, the pushes it made before still apply (to every parameter server but one that failed
+    it), as they would have without deferral; the function's error is what the coordinator sees."""
+    try:
+        result = body(obj)
+    except BaseException as err:
+        failed = getattr(err, "ps_index", None)
+        try:
+            ctx.flush([ps for ps in ctx.deferred_ps() if ps != failed])
+        except Exception:  # noqa: BLE001 - the function's own error is the one to report
+            pass
+        raise
+    ctx.flush()
+    return result
+
+
+def _run(state: WorkerState, payload: bytes, body: Callable[[Any], Any]) -> tuple[dict[str, Any], list]:
+    ctx = state.context()
+    previous = _context.set_closure_context(ctx)
+    try:
+        try:
+            obj = cloudpickle.loads(payload)
+            result = _run_and_flush(ctx, body, obj)
+        except ResourceMissingError as err:
+            return {"status": "resource_missing", "message": str(err)}, []
+        except PSUnavailableError as err:
+            return {"status": "ps_unavailable", "ps_index": err.ps_index, "message": str(err),
+                    "restarted": ps_restarted(err)}, []
+        except BaseException as err:  # noqa: BLE001 - the user's function may raise anything; report it
+            if isinstance(err, (KeyboardInterrupt, SystemExit)):
+                raise
+            try:
+                blob = cloudpickle.dumps(err)
+                pickle.loads(blob)  # make sure the coordinator can rebuild it
+            except Exception:  # noqa: BLE001
+                blob = b""
+            meta = {"status": "error", "type": type(err).__name__, "message": str(err),
+                    "traceback": traceback.format_exc()}
+            return meta, [_bytes_tensor(blob)]
+        tensors: list[np.ndarray] = []
+        skeleton = split_structure(result, tensors, _to_array)
+        return {"status": "ok", "pulls": ctx.pulls}, [_bytes_tensor(cloudpickle.dumps(skeleton))] + tensors
+    finally:
+        _context.set_closure_context(previous)
+        with state._lock:
+            state.closures_run += 1
+
+
+def rpc_run_closure(state: WorkerState, meta: dict[str, Any], arrays: list) -> tuple[dict[str, Any], list]:  # noqa: ARG001
+    """Run ``fn(*args, **kwargs)`` from the pickled ``(fn, args, kwargs)``."""
+    payload = _payload(arrays, WORKER.RUN_CLOSURE)
+    return _run(state, payload, lambda obj: obj[0](*obj[1], **obj[2]))
+
+
+def rpc_create_resource(state: WorkerState, meta: dict[str, Any], arrays: list) -> tuple[dict[str, Any], list]:
+    """Build a per-worker resource: ``resources[resource_id] = fn()`` from the pickled ``fn``."""
+    resource_id = meta.get("resource_id")
+    if not isinstance(resource_id, str) or not resource_id:
+        raise ValueError(f"field 'resource_id' must be a non-empty string, got {resource_id!r}")
+    payload = _payload(arrays, WORKER.CREATE_RESOURCE)
+
+    def build(fn: Callable[[], Any]) -> None:
+        state.resources[resource_id] = fn()
+        return None
+
+    return _run(state, payload, build)
+
+
+BUILTIN_METHODS: dict[str, Callable[[WorkerState, dict[str, Any], list], tuple[dict[str, Any], list]]] = {
+    WORKER.RUN_CLOSURE: rpc_run_closure,
+    WORKER.CREATE_RESOURCE: rpc_create_resource,
+}
