@@ -37,7 +37,7 @@ for _module, _names in {
         "UnauthenticatedError WorkerUnavailableError"
     ),
     "variables.partitioners": "Partitioner FixedShardsPartitioner MinSizePartitioner MaxSizePartitioner",
-    "data.dataset": "AUTOTUNE AutoShardPolicy Dataset DistributeOptions DistributedDataset InputContext Options TextLineDataset auto_shard",
+    "data": "AUTOTUNE AutoShardPolicy Dataset DistributeOptions DistributedDataset InputContext Options TextLineDataset auto_shard",
     "ops.optimizers": (
         "Optimizer SGD Momentum Adagrad Adam Ftrl optimizer_from_config LearningRateSchedule ExponentialDecay "
         "InverseTimeDecay PiecewiseConstantDecay PolynomialDecay CosineDecay schedule_from_config"
@@ -85,7 +85,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; kept equal to _EXPORTS by 
     )
     from kubeps.runtime.coordinator.values import PerWorkerValues as PerWorkerValues
     from kubeps.runtime.coordinator.watchdog import Watchdog as Watchdog
-    from kubeps.runtime.data.dataset import (
+    from kubeps.runtime.data import (
         auto_shard as auto_shard, AutoShardPolicy as AutoShardPolicy, AUTOTUNE as AUTOTUNE, Dataset as Dataset,
         DistributedDataset as DistributedDataset, DistributeOptions as DistributeOptions,
         InputContext as InputContext, Options as Options, TextLineDataset as TextLineDataset,

@@ -41,7 +41,7 @@ import numpy as np
 from kubeps.runtime.util import nest
 from kubeps.runtime.coordinator.closure_queue import Closure, ClosureQueue, ClosureState, RemoteValue
 from kubeps.runtime.coordinator.failure import FailureDetector, Heartbeat
-from kubeps.runtime.data.dataset import DistributedDataset
+from kubeps.runtime.data.distribute import DistributedDataset
 from kubeps.runtime.variables.context import current_input_context
 from kubeps.runtime.errors import (
     ClosureError,

@@ -17,7 +17,7 @@ import numpy as np
 
 from kubeps.runtime.variables import context as _context
 from kubeps.runtime.cluster import ClusterSpec, TFConfigClusterResolver
-from kubeps.runtime.data.dataset import distribute_dataset, distribute_datasets_from_function
+from kubeps.runtime.data.distribute import distribute_dataset, distribute_datasets_from_function
 from kubeps.runtime.errors import PSUnavailableError, RuntimeConfigError
 from kubeps.runtime.variables.partitioners import div_split
 from kubeps.runtime.rpc.client import DEFAULT_TIMEOUT_S

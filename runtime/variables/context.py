@@ -20,7 +20,7 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-from kubeps.runtime.data.dataset import InputContext
+from kubeps.runtime.data.options import InputContext
 from kubeps.runtime.errors import ResourceMissingError
 from kubeps.runtime.rpc.protocol import PS
 from kubeps.runtime.rpc.transport import PSTransport

@@ -138,7 +138,7 @@ def test_from_iterable_and_one_shot_iterators():
     assert values(one_shot) == [1, 2]
     with pytest.raises(RuntimeError, match="one-shot iterator"):
         values(one_shot)
-    assert as_dataset(range(3)).batch(2).__class__.__name__ == "_BatchDataset"
+    assert values(as_dataset(range(3)).batch(2)) == [[0, 1], [2]]
     assert values(as_dataset((i * i for i in range(3)))) == [0, 1, 4]
     with pytest.raises(TypeError, match="iterable"):
         as_dataset(5)
@@ -528,8 +528,8 @@ def test_block_path_matches_element_path(name):
 
     blocked = _pipelines(Dataset.from_tensor_slices)[name]
     per_element = _pipelines(element_source)[name]
-    rowwise = lambda ds: ds if name == "unbatched" else ds._parent  # noqa: E731 - the node under the batch
-    assert rowwise(blocked)._blocks() is not None and rowwise(per_element)._blocks() is None
+    rowwise = lambda ds: ds._node if name == "unbatched" else ds._node.parent  # noqa: E731 - the node under the batch
+    assert rowwise(blocked).blocks() is not None and rowwise(per_element).blocks() is None
     got, want = list(blocked), list(per_element)
     assert len(got) == len(want) > 0
     for a, b in zip(got, want):

@@ -1,0 +1,58 @@
+"""File readers for ``Dataset.from_files``: each maps a path to an iterator of records (text lines, CSV rows,
+rows of a ``.npy`` array or of the arrays in a ``.npz`` file)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Iterator
+
+import numpy as np
+
+from kubeps.runtime.data.sources import TensorSlicesNode
+from kubeps.runtime.util import npyfiles
+
+
+def read_lines(path: str) -> Iterator[str]:
+    """Lines of a text file, without their line ending."""
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            yield line.rstrip("\r\n")
+
+
+def read_csv(
+    path: str, delimiter: str = ",", skip_header: bool = False, dtype: Any = np.float32
+) -> Iterator[np.ndarray]:
+    """One 1-D array per CSV row (``dtype`` float32 by default; ``dtype=str`` keeps the text)."""
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            line = line.rstrip("\r\n")
+            if (skip_header and lineno == 1) or not line:
+                continue
+            fields = line.split(delimiter)
+            try:
+                yield np.asarray(fields, dtype=dtype)
+            except ValueError as err:
+                raise ValueError(f"{path}:{lineno}: cannot read {fields!r} as {np.dtype(dtype)}: {err}") from None
+
+
+def read_npy(path: str) -> Iterator[np.ndarray]:
+    """Rows (axis-0 slices) of a ``.npy`` array, memory-mapped."""
+    array = npyfiles.load(path, mmap_mode="r", allow_pickle=False)
+    if array.ndim == 0:
+        raise ValueError(f"{path}: holds a scalar; read_npy needs an array with at least one dimension")
+    for i in range(array.shape[0]):
+        yield np.array(array[i])
+
+
+def read_npz(path: str) -> Iterator[dict[str, np.ndarray]]:
+    """Rows of the arrays of a ``.npz`` file as ``{name: row}`` dicts (all arrays need the same row count)."""
+    arrays = npyfiles.load_npz(path)
+    yield from TensorSlicesNode(arrays).iterate()
+
+
+#: the readers ``Dataset.from_files`` knows by name
+READERS: dict[str, Callable[[str], Iterable[Any]]] = {
+    "lines": read_lines,
+    "csv": read_csv,
+    "npy": read_npy,
+    "npz": read_npz,
+}
