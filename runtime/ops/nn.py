@@ -336,7 +336,7 @@ class Flatten(Layer):
 
     def __init__(self, name: str | None = None) -> None:
         super().__init__(name)
-        self._cache_shape = None
+        self._cache_shape: tuple[int, ...] | None = None
 
     def forward(self, x: Any) -> Any:
         self._cache_shape = tuple(x.shape)
@@ -430,7 +430,7 @@ class Loss:
     """``forward(logits, labels) -> mean loss``; ``backward() -> d mean loss / d logits``."""
 
     def __init__(self) -> None:
-        self._cache = None
+        self._cache: tuple[Any, Any] | None = None
 
     def __call__(self, logits: Any, labels: Any) -> float:
         return self.forward(logits, labels)

@@ -137,21 +137,21 @@ class ParameterServerState:
         Every update is checked (variable, shapes, rows, the optimizer config) before the first is applied, so a
         malformed push changes nothing. Returns each variable's update count after its update."""
         key, opt = self.optimizer(config)
-        checked = []
+        checked: list[tuple[PSVariable, np.ndarray | None, np.ndarray]] = []
         for kind, name, *arrays in updates:
             var = self.get(name)
             if kind == "dense":
                 checked.append((var, None, self._check_like(var, arrays[0], "grad")))
                 continue
-            idx = self._check_rows(var, arrays[0], "indices")
+            rows = self._check_rows(var, arrays[0], "indices")
             values = np.asarray(arrays[1])
-            expected = (idx.shape[0],) + var.value.shape[1:]
+            expected = (rows.shape[0],) + var.value.shape[1:]
             if values.shape != expected:
                 raise ValueError(
                     f"sparse gradient for {name!r}: 'values' has shape {list(values.shape)}, expected "
                     f"{list(expected)} (one row per index, rows shaped like the variable's {list(var.value.shape[1:])})"
                 )
-            checked.append((var, idx, values.astype(var.value.dtype, copy=False)))
+            checked.append((var, rows, values.astype(var.value.dtype, copy=False)))
         steps = []
         for var, idx, grad in checked:
             with var.lock:

@@ -12,7 +12,7 @@ dense variables a step reads come from each PS in one RPC (see :class:`kubeps.ru
 from __future__ import annotations
 
 import operator
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
@@ -70,7 +70,13 @@ class _ArrayLike:
     def numpy(self) -> np.ndarray:
         return np.asarray(self.read_value())
 
-    # subclasses set _name, _shape and _dtype
+    # subclasses set _name, _shape and _dtype, and define read_value
+    _name: str
+    _shape: tuple[int, ...]
+    _dtype: np.dtype
+    if TYPE_CHECKING:
+        def read_value(self) -> Any: ...
+
     @property
     def name(self) -> str:
         return self._name
@@ -241,6 +247,7 @@ class Variable(_ArrayLike):
             else:
                 self._local += array
             return self
+        assert self._ps_index is not None, "a variable is local or on a parameter server"
         _calls(self._require_transport(), {self._ps_index: (PS.ASSIGN, {"names": [self._key], "ops": [op]}, [array])})
         ctx = _context.current_closure_context()
         if ctx is not None:
@@ -350,7 +357,7 @@ class ShardedVariable(_ArrayLike):
         return self._write("add", -np.asarray(delta, dtype=self._dtype))
 
 
-def _calls(transport: Any, requests: dict[int, tuple[str, dict[str, Any], Sequence[Any]]]) -> dict[int, Any]:
+def _calls(transport: Any, requests: Mapping[int, tuple[str, dict[str, Any], Sequence[Any]]]) -> dict[int, Any]:
     """Calls to parameter servers: inside a scheduled function through its closure context, which lets a read
     carry the closure's deferred push and keeps every other call behind it; elsewhere straight to the transport."""
     ctx = _context.current_closure_context()
@@ -361,10 +368,12 @@ def _calls(transport: Any, requests: dict[int, tuple[str, dict[str, Any], Sequen
 
 def _group_remote(variables: Sequence[Variable]) -> tuple[Any, dict[int, list[int]]]:
     """Positions of remote variables per parameter server (they must share one transport)."""
-    transport, by_ps = None, {}
+    transport = None
+    by_ps: dict[int, list[int]] = {}
     for i, v in enumerate(variables):
         if v._local is not None:
             continue
+        assert v._ps_index is not None, "a variable is local or on a parameter server"
         transport = transport or v._require_transport()
         by_ps.setdefault(v._ps_index, []).append(i)
     return transport, by_ps
@@ -449,14 +458,16 @@ def embedding_lookup(params: Variable | ShardedVariable, ids: Any) -> np.ndarray
             rows[positions] = ctx.cache[var._key][local[positions]]
             continue
         transport = transport or var._require_transport()
+        assert var._ps_index is not None, "a variable is local or on a parameter server"
         requests.setdefault(var._ps_index, []).append((s, positions))
     if requests:
         ctx = _context.current_closure_context()
         dense: dict[int, list[str]] = {}  # a batched pull still due rides on these calls (ReadMany)
         if ctx is not None and ctx.transport is transport:
-            for var in ctx.take_prefetch():
-                dense.setdefault(var._ps_index, []).append(var._key)
-        calls = {}
+            for handle in ctx.take_prefetch():
+                assert handle.ps_index is not None, "the closure context registers remote variables only"
+                dense.setdefault(handle.ps_index, []).append(handle.key)
+        calls: dict[int, tuple[str, dict[str, Any], Sequence[Any]]] = {}
         for ps in sorted(set(requests) | set(dense)):
             items = requests.get(ps, [])
             rows_names = [shards[s]._key for s, _ in items]
@@ -469,6 +480,7 @@ def embedding_lookup(params: Variable | ShardedVariable, ids: Any) -> np.ndarray
         for ps, (_, arrays) in results.items():
             values = dense.get(ps, [])
             if values:
+                assert ctx is not None, "dense is only filled from the closure context"
                 ctx.store(values, arrays[: len(values)])
                 ctx.pulls += 1
             for (_, positions), block in zip(requests.get(ps, []), arrays[len(values):]):
