@@ -43,7 +43,7 @@ for _module, _names in {
         "InverseTimeDecay PiecewiseConstantDecay PolynomialDecay CosineDecay schedule_from_config"
     ),
     "ops.kernels": "DeviceUnavailableError",
-    "ops.nn": "Dense Embedding Flatten Sequential MLP SigmoidCrossEntropy SoftmaxCrossEntropy glorot_uniform",
+    "ops.nn": "Add Concatenate Dense Embedding Flatten Sequential MLP SigmoidCrossEntropy SoftmaxCrossEntropy glorot_uniform",
     "checkpoint": (
         "Checkpoint CheckpointManager CheckpointReader StepCounter latest_checkpoint verify_checkpoint "
         "CheckpointError CheckpointCorruptError CheckpointMismatchError"
@@ -101,8 +101,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; kept equal to _EXPORTS by 
     from kubeps.runtime.local.restarting import RestartingLocalCluster as RestartingLocalCluster
     from kubeps.runtime.ops.kernels import DeviceUnavailableError as DeviceUnavailableError
     from kubeps.runtime.ops.nn import (
-        Dense as Dense, Embedding as Embedding, Flatten as Flatten, glorot_uniform as glorot_uniform, MLP as MLP,
-        Sequential as Sequential, SigmoidCrossEntropy as SigmoidCrossEntropy,
+        Add as Add, Concatenate as Concatenate, Dense as Dense, Embedding as Embedding, Flatten as Flatten,
+        glorot_uniform as glorot_uniform, MLP as MLP, Sequential as Sequential, SigmoidCrossEntropy as SigmoidCrossEntropy,
         SoftmaxCrossEntropy as SoftmaxCrossEntropy,
     )
     from kubeps.runtime.ops.optimizers import (
