@@ -12,7 +12,9 @@ back. The pool keeps ``budget`` threads, which may run on any of the task's CPUs
 
 It must run before anything else in the process makes jax create its backend (the first computation, or
 ``jax.devices()``; ``import jax`` alone does not). :mod:`kubeps.runtime.models.autodiff` calls it before its first use
-of jax; a program that computes with jax outside it (e.g. initial values with ``jax.random``) calls it first.
+of jax, and ``Server`` (ps, worker) and ``ParameterServerStrategy`` (the chief) call it when they start if the
+program has imported jax by then (:func:`size_cpu_backend_if_loaded`). A program that computes with jax before
+either (e.g. initial values with ``jax.random`` at import time) calls :func:`size_cpu_backend` first.
 Where the budget covers every CPU the process may use, or on a platform without ``sched_setaffinity``, the backend is
 created as jax would create it.
 """
@@ -27,7 +29,7 @@ from typing import Any
 
 from kubeps.runtime.util.threads import cpu_budget
 
-__all__ = ["size_cpu_backend", "xla_pool_threads"]
+__all__ = ["size_cpu_backend", "size_cpu_backend_if_loaded", "xla_pool_threads"]
 
 _log = logging.getLogger("kubeps.threads")
 _lock = threading.Lock()
@@ -87,6 +89,14 @@ def size_cpu_backend(cpus: int | None = None) -> int:
         _sized = budget
         _log.info("XLA CPU thread pool sized for %d CPU(s)", budget)
         return budget
+
+
+def size_cpu_backend_if_loaded() -> None:
+    """:func:`size_cpu_backend` when this process has imported jax (a program that imports it at its top), before
+    its first computation: ``Server`` and ``ParameterServerStrategy`` call this when they start, beside the BLAS
+    caps. A process that never imported jax does not load it."""
+    if sys.modules.get("jax") is not None:
+        size_cpu_backend()
 
 
 def xla_pool_threads() -> int:
