@@ -41,6 +41,7 @@ from kubeps.runtime.rpc.protocol import (ANSWER_ID_KEY, ANSWER_PARKED, COLLECT, 
                                           UNARY_PREFIX, UNKNOWN_VARIABLE, WORKER_SERVICE)
 from kubeps.runtime.rpc.security import TokenInterceptor, load_job_token, require_job_token
 from kubeps.runtime.util.threads import limit_math_threads
+from kubeps.runtime.models.xla import size_cpu_backend_if_loaded
 from kubeps.runtime.worker.state import WorkerState
 
 __all__ = [
@@ -241,6 +242,7 @@ class Server:
         if self._server is not None:
             return
         limit_math_threads()  # size BLAS/OpenMP pools to this task's CPUs before the first update runs
+        size_cpu_backend_if_loaded()  # and XLA's, where the program imported jax
         load_extensions()  # KUBEPS_SERVER_EXTENSIONS: a plain Server(...).join() serves the user's methods too
         server = grpc.server(
             ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix=f"kubeps-{self.job_name}"),

@@ -21,7 +21,7 @@ from kubeps.runtime.errors import RuntimeConfigError
 from kubeps.runtime.variables.partitioners import div_split, owner_of
 from kubeps.runtime.rpc.protocol import PS
 
-__all__ = ["ShardedVariable", "Variable", "embedding_lookup"]
+__all__ = ["ShardedVariable", "Variable", "embedding_lookup", "gather_unique_rows"]
 
 
 def _dtype(dtype: Any) -> np.dtype:
@@ -432,6 +432,15 @@ def embedding_lookup(params: Variable | ShardedVariable, ids: Any) -> np.ndarray
     ``ids.shape + params.shape[1:]``. Inside a scheduled function, when the batched pull of the registered dense
     variables is still due, it rides on these calls (``ReadMany``, one per PS) instead of costing calls of its own.
     """
+    ids_arr, unique, inverse, rows = gather_unique_rows(params, ids)
+    return rows[inverse].reshape(ids_arr.shape + tuple(params.shape[1:]))
+
+
+def gather_unique_rows(params: Variable | ShardedVariable,
+                       ids: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """What :func:`embedding_lookup` reads, before it expands duplicates: ``(ids, unique, inverse, rows)`` with
+    ``rows[i] = params[unique[i]]`` and ``params[ids] = rows[inverse].reshape(...)``. A gradient with respect to
+    ``rows`` is the row-sparse gradient of ``params`` over ``unique`` (what autodiff on the workers pushes)."""
     if not isinstance(params, (Variable, ShardedVariable)):
         raise RuntimeConfigError("params", type(params).__name__, "must be a Variable or ShardedVariable")
     if len(params.shape) == 0:
@@ -485,4 +494,4 @@ def embedding_lookup(params: Variable | ShardedVariable, ids: Any) -> np.ndarray
                 ctx.pulls += 1
             for (_, positions), block in zip(requests.get(ps, []), arrays[len(values):]):
                 rows[positions] = block
-    return rows[inverse].reshape(ids_arr.shape + tuple(params.shape[1:]))
+    return ids_arr, unique, inverse, rows
