@@ -81,7 +81,7 @@ def kubeps_optimizer(optimizer: Any) -> Optimizer:
         raise RuntimeConfigError(f"optimizer {kind} learning_rate", lr,
                                  "a Keras optimizer is mapped with a constant learning rate; for a schedule pass a "
                                  "kubeps optimizer with a kubeps schedule (kubeps.runtime.ExponentialDecay, ...)")
-    lr = float(lr)
+    lr = float(str(np.float32(lr)))  # Keras keeps it as float32: 0.1, not 0.10000000149011612
     if kind == "SGD":
         momentum = float(config.get("momentum", 0.0))
         return Momentum(lr, momentum, bool(config.get("nesterov", False))) if momentum else SGD(lr)
