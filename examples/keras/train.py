@@ -132,7 +132,8 @@ def run_chief(args: argparse.Namespace, resolver: kp.TFConfigClusterResolver) ->
         result = ctr.evaluate(Predictor(model), args)  # the numpy example's metrics, computed the same way
         result.update(examples_per_s=trained / elapsed if trained else 0.0, train_seconds=elapsed,
                       embedding_shards=len(shards), epochs_run=len(history.epoch),
-                      train_loss=history.history.get("loss", []))
+                      train_loss=history.history.get("loss", []),
+                      epoch_examples_per_s=history.history.get("examples_per_s", []))
         print(f"trained {trained} examples in {elapsed:.1f} s: {result['examples_per_s']:.0f} examples/s")
         print(f"eval log-loss {result['logloss']:.4f}  AUC {result['auc']:.4f}")
         print(f"  teacher (best achievable) log-loss {result['teacher_logloss']:.4f}  gap {result['gap_pct']:.2f}%")
