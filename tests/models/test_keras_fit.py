@@ -152,3 +152,18 @@ def test_import_kubeps_runtime_loads_neither_keras_nor_jax():
            "m for m in sys.modules if m.split('.')[0] in ('keras', 'jax')))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.stdout.strip() == "[]", result.stderr
+
+
+def test_dropout_seed_state_stays_on_the_worker_and_advances():
+    """Keras's random-seed state is the one non-trainable variable fit supports: each worker keeps its own."""
+    ids, dense = keras.Input((FIELDS,), dtype="int32"), keras.Input((2,))
+    x = keras.layers.Concatenate()([keras.layers.Flatten()(KubepsEmbedding(VOCAB, DIM)(ids)), dense])
+    model = keras.Model([ids, dense], keras.layers.Dense(1)(keras.layers.Dropout(0.5)(x))[:, 0])
+    table = keras_fit.table_layers(model)[0].table
+    weights = [Variable(np.asarray(v.value), name=v.path) for v in model.trainable_variables]
+    replica = keras_fit._Replica(type(model), keras_fit._plain(model.get_config()), {}, "binary_crossentropy",
+                                 [tuple(v.shape) for v in model.trainable_variables], 1)
+    replica.run(iter([batch(0)]), weights, [table], SGD(0.1), 1)
+    first = np.asarray(replica.non_trainable[0]).copy()
+    replica.run(iter([batch(1)]), weights, [table], SGD(0.1), 1)
+    assert not np.array_equal(first, np.asarray(replica.non_trainable[0]))
