@@ -5,8 +5,12 @@ pass and the loss with ``jax.numpy``; kubeps pulls the dense variables, gathers 
 runs ``jax.value_and_grad`` (jit-compiled) and hands dense and row-sparse gradients to ``optimizer.apply_gradients``.
 ``xla`` creates jax's CPU backend with its thread pool sized to the task's CPU budget.
 
-Rule: sits on top of :mod:`kubeps.runtime.variables` and :mod:`kubeps.runtime.ops` (what a model reads and pushes)
-and below the task processes (``ps``, ``worker``, ``server``, ``coordinator``), which never need it. jax (and any
-other model library) is imported lazily, inside the functions that use it, so ``import kubeps.runtime`` -- and every
-ps, chief or numpy-only worker -- never loads it.
+``keras_fit`` trains Keras 3 models (JAX backend) through a ``fit``-style entry point, with ``keras_layers``
+(``KubepsEmbedding``: tables on the ps) and ``keras_callbacks`` (``ModelCheckpoint``, ``BackupAndRestore``).
+
+Rule: sits on top of :mod:`kubeps.runtime.variables`, :mod:`kubeps.runtime.ops` and
+:mod:`kubeps.runtime.checkpoint` (what a model reads, pushes and saves) and below the task processes (``ps``,
+``worker``, ``server``, ``coordinator``), which never need it but to size XLA's pool. jax and keras are imported
+only by the modules and functions that use them, so ``import kubeps.runtime`` -- and every ps, chief or
+numpy-only worker -- never loads them.
 """
