@@ -10,7 +10,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from kubeps.operator import models, planner as P
+from kubeps.operator.api import models
+from kubeps.operator.core import planner as P
 from kubeps.runtime.cluster import TFConfig
 
 NOW = datetime(2025, 1, 1, 12, 0, 0, tzinfo=timezone.utc)

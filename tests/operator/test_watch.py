@@ -1,4 +1,4 @@
-"""The operator's own list-then-watch (operator/watch.py) and its peering gate (operator/peering.py).
+"""The operator's own list-then-watch (operator/kube/watch.py) and its peering gate (operator/kube/peering.py).
 
 On the real control plane: the first list, every change after it, and a restart that lists again and so learns
 of a deletion made while it was away. On a loopback HTTP server, what the API server does too rarely to provoke:
@@ -15,10 +15,10 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from aiohttp import web
 
-from kubeps.operator import client as client_module
-from kubeps.operator.client import KubeClient
-from kubeps.operator.peering import is_open
-from kubeps.operator.watch import Watcher
+from kubeps.operator.kube import client as client_module
+from kubeps.operator.kube.client import KubeClient
+from kubeps.operator.kube.peering import is_open
+from kubeps.operator.kube.watch import Watcher
 
 from .test_client import _client, _serve
 
@@ -174,8 +174,8 @@ def test_peering_gate_is_closed_without_the_peering_object():
 def test_a_namespace_scope_starts_with_its_first_job_and_retires_after_its_last(kube, namespace, monkeypatch):
     """The reconciler watches a namespace's children from its first job on (lists in before any plan) and stops
     those watches RETIRE_AFTER seconds after its last job is gone."""
-    from kubeps.operator import handlers
-    from kubeps.operator.settings import Settings
+    from kubeps.operator.controller import handlers
+    from kubeps.operator.controller.settings import Settings
 
     monkeypatch.setenv("KUBECONFIG", kube.kubeconfig)
     monkeypatch.setattr(handlers, "RETIRE_AFTER", 0.5)
@@ -212,8 +212,8 @@ def test_the_slim_copy_keeps_everything_the_planner_reads_of_a_pod():
     chief's finishedAt was dropped once, so a chief seen after the deadline never counted by when it exited)."""
     from dataclasses import asdict
 
-    from kubeps.operator import planner
-    from kubeps.operator.handlers import _slim
+    from kubeps.operator.core import planner
+    from kubeps.operator.controller.handlers import _slim
 
     meta = {"name": "j-chief-0", "namespace": "n", "uid": "u", "resourceVersion": "7",
             "labels": {"kubeps.dev/job-name": "j", "kubeps.dev/replica-type": "chief",

@@ -1,7 +1,7 @@
 """The children of a ``PSTrainingJob``: their names, labels, ``TF_CONFIG`` and the pod, Service and Secret bodies.
 
 Pure functions of the job (a dict as the API server returns it) and a :class:`PlanConfig`: no I/O, no clock. The
-state machine that decides *when* to create or delete them is :mod:`kubeps.operator.planner`; this module says
+state machine that decides *when* to create or delete them is :mod:`kubeps.operator.core.planner`; this module says
 *what* they are (as training-operator keeps TF_CONFIG in ``tensorflow.go`` beside its reconcile engine).
 
 * Per replica one pod and one headless Service named ``<job>-<type>-<index>``; one Secret per job holding the
@@ -19,8 +19,8 @@ from typing import Any, Mapping
 
 from kubeps.runtime.cluster import TaskSpec, TFConfig
 
-from . import models
-from .models import ReplicaType
+from kubeps.operator.api import models
+from kubeps.operator.api.models import ReplicaType
 
 #: The runtime image of containers that name none (``--default-image`` / ``KUBEPS_DEFAULT_IMAGE`` override it).
 DEFAULT_IMAGE = "ghcr.io/kubeps/kubeps-runtime:0.1.0"

@@ -23,7 +23,7 @@ import aiohttp
 
 from .client import ApiError, KubeClient
 
-log = logging.getLogger("kubeps.operator.watch")
+log = logging.getLogger("kubeps.operator.kube.watch")
 
 PAGE = 500  # objects per list request
 

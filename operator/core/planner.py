@@ -4,7 +4,7 @@ Pure: no I/O, no clock, no randomness. Everything it decides follows from what i
 restarted at any moment recomputes the same plan from what it observes, and a repeated action is a no-op
 (children have deterministic names; deletes carry the pod's UID as a precondition).
 
-The children's names, labels, TF_CONFIG and bodies are :mod:`kubeps.operator.children`; this module is the state
+The children's names, labels, TF_CONFIG and bodies are :mod:`kubeps.operator.core.children`; this module is the state
 machine that decides when to create and delete them.
 
 Rules (documented for users in docs/operator.md):
@@ -39,7 +39,18 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable, Mapping
 
 
-from . import models
+from kubeps.operator.api import models
+from kubeps.operator.api.models import (
+    CleanPodPolicy,
+    ConditionType,
+    PSTrainingJobSpec,
+    PSTrainingJobStatus,
+    ReplicaStatus,
+    ReplicaType,
+    RestartPolicy,
+    SpecError,
+)
+
 from .children import (  # the handlers read the label names and PlanConfig from here too
     ANNOTATION_EPOCH as ANNOTATION_EPOCH,
     LABEL_INDEX,
@@ -54,16 +65,6 @@ from .children import (  # the handlers read the label names and PlanConfig from
     secret_body,
     secret_name as secret_name,
     service_body,
-)
-from .models import (
-    CleanPodPolicy,
-    ConditionType,
-    PSTrainingJobSpec,
-    PSTrainingJobStatus,
-    ReplicaStatus,
-    ReplicaType,
-    RestartPolicy,
-    SpecError,
 )
 
 #: Covers every pod a job can have (chief, 100 PS, 1000 workers, evaluator), twice: a terminating pod and its

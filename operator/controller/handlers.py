@@ -1,4 +1,4 @@
-"""The kopf shell: observe, call the planner, apply its actions. ``kopf run -m kubeps.operator.handlers`` works.
+"""The kopf shell: observe, call the planner, apply its actions. ``kopf run -m kubeps.operator.controller.handlers`` works.
 
 Level-based and finalizer-free:
 
@@ -6,11 +6,11 @@ Level-based and finalizer-free:
   create/update handlers, timers or daemons, so kopf adds no finalizer and a job deletes (with its children, by
   ownerReference garbage collection) even while the operator is down. kopf also does the peering, the namespace
   patterns, the liveness probe and the Events.
-* The pods and Services are watched outside kopf (:mod:`kubeps.operator.watch`), one list-then-watch each per
+* The pods and Services are watched outside kopf (:mod:`kubeps.operator.kube.watch`), one list-then-watch each per
   :class:`Scope` (the cluster, or each namespace where a job was seen), started with the scope's first job. The
   reconciler keeps a slim copy of every labelled one and triggers the owning job's reconcile when the copy
   changes in what the planner reads. No job of a scope is planned before both lists are in (a restarted operator
-  never plans from a half-known world), nor while the scope's peering :class:`~kubeps.operator.peering.Gate` is
+  never plans from a half-known world), nor while the scope's peering :class:`~kubeps.operator.kube.peering.Gate` is
   closed (another replica is in charge: kopf has paused the jobs' watch, and this keeps the children's quiet too).
 * One reconcile per job at a time (later triggers coalesce into one more pass); deadlines and TTLs are timers
   of the event loop, re-armed by every reconcile.
@@ -33,11 +33,15 @@ from typing import Any
 
 import kopf
 
-from . import client, metrics, models, planner
-from .client import ApiError, KubeClient
-from .peering import Gate
+from kubeps.operator.api import models
+from kubeps.operator.core import planner
+from kubeps.operator.kube import client
+from kubeps.operator.kube.client import ApiError, KubeClient
+from kubeps.operator.kube.peering import Gate
+from kubeps.operator.kube.watch import Watcher
+
+from . import metrics
 from .settings import Settings, kopf_settings
-from .watch import Watcher
 
 log = logging.getLogger("kubeps.operator")
 
@@ -522,7 +526,7 @@ def _login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
 @kopf.on.startup()
 async def _startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     if "reconciler" not in memo:
-        # `kopf run -m kubeps.operator.handlers`: our settings from the environment, kopf's CLI decides the peering.
+        # `kopf run -m kubeps.operator.controller.handlers`: our settings from the environment, kopf's CLI decides the peering.
         ours = Settings.from_env()
         kopf_settings(ours, target=settings, peering=False)
         memo.reconciler = Reconciler(ours)

@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
-from .children import DEFAULT_IMAGE  # written once, where the pod bodies use it
+from kubeps.operator.core.children import DEFAULT_IMAGE  # written once, where the pod bodies use it
 
 
 def _bool(text: str | None) -> bool:
@@ -130,7 +130,7 @@ class Settings:
 
 def kopf_settings(ours: Settings, target: Any = None, peering: bool = True):
     """kopf's ``OperatorSettings`` for our settings: the one place that maps them (``main`` passes the result to
-    ``kopf.run(settings=...)``; under ``kopf run -m kubeps.operator.handlers`` the start-up handler applies it to
+    ``kopf.run(settings=...)``; under ``kopf run -m kubeps.operator.controller.handlers`` the start-up handler applies it to
     kopf's own object with ``peering=False``, leaving the peering to kopf's ``--peering``/``--standalone``)."""
     import kopf  # noqa: PLC0415 - main reads the settings before it hides the kubernetes package from kopf
 

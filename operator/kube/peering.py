@@ -1,7 +1,7 @@
 """Whether this operator replica may act in a scope, read from kopf's peering object.
 
 kopf pauses its own watches (the jobs) while a live peer has a higher priority; the pods and Services are watched
-by :mod:`kubeps.operator.watch`, outside kopf, so their events would still reach a paused replica. A :class:`Gate`
+by :mod:`kubeps.operator.kube.watch`, outside kopf, so their events would still reach a paused replica. A :class:`Gate`
 reads the same peering object (``KopfPeering`` NAME in a namespace, ``ClusterKopfPeering`` NAME cluster-wide) by
 the same rule, and the reconciler plans nothing in the scope while it is closed:
 
@@ -23,7 +23,7 @@ from typing import Callable
 from .client import KubeClient
 from .watch import Watcher
 
-log = logging.getLogger("kubeps.operator.peering")
+log = logging.getLogger("kubeps.operator.kube.peering")
 GROUP_VERSION = "/apis/kopf.dev/v1"
 
 

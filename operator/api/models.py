@@ -1,7 +1,7 @@
 """The PSTrainingJob API (``kubeps.dev/v1alpha1``) as pydantic models.
 
 These models are the source of truth: the CRD's OpenAPI schema, defaults and CEL rules are generated from them
-(:mod:`kubeps.operator.crd`), and the planner parses every observed job with them. Field names are the API's
+(:mod:`kubeps.operator.api.crd`), and the planner parses every observed job with them. Field names are the API's
 (camelCase, role keys ``Chief``/``PS``/``Worker``/``Evaluator`` as in TFJob's ``tfReplicaSpecs``).
 
 ``json_schema_extra`` carries what only the CRD needs: ``x-kubernetes-*`` markers and CEL rules

@@ -26,7 +26,7 @@ import aiohttp
 import kopf
 import yaml
 
-from . import models
+from kubeps.operator.api import models
 
 MERGE_PATCH = "application/merge-patch+json"
 JOBS = f"/apis/{models.GROUP}/{models.VERSION}/namespaces"
