@@ -34,7 +34,7 @@ from typing import Any
 import kopf
 
 from kubeps.operator.api import models
-from kubeps.operator.core import planner
+from kubeps.operator.core import actions, children, observed, planner
 from kubeps.operator.kube import client
 from kubeps.operator.kube.client import ApiError, KubeClient
 from kubeps.operator.kube.peering import Gate
@@ -71,7 +71,7 @@ class Reconciler:
     def __init__(self, settings: Settings, kube: KubeClient | None = None):
         self.settings = settings
         self.kube = kube or KubeClient(qps=settings.api_qps, burst=settings.api_burst, pool_size=settings.workers)
-        self.config = planner.PlanConfig(default_image=settings.default_image,
+        self.config = children.PlanConfig(default_image=settings.default_image,
                                           cluster_domain=settings.cluster_domain)
         self.jobs: dict[Key, dict] = {}
         # The slim copies of every pod and Service, by job and UID, kept by the scopes' watches.
@@ -243,7 +243,7 @@ class Reconciler:
         services = list(self.services.get(key, {}).values())
         cached = self.secrets.get(key) == uid
         if cached:
-            secret = {"metadata": {"name": planner.secret_name(name)}}
+            secret = {"metadata": {"name": children.secret_name(name)}}
         elif not pods and not job.get("status"):
             # A job never reconciled: plan to create its Secret without reading first (creating one that exists
             # answers 409, and create_secret then checks whose it is); one GET fewer per new job.
@@ -252,7 +252,7 @@ class Reconciler:
             secret = await self.read_own_secret(key, uid)
         now = datetime.now(timezone.utc)
         plan = planner.plan(job, pods, services, secret, now, self.config)
-        if cached and plan.of(planner.CreatePod) and await self.read_own_secret(key, uid) is None:
+        if cached and plan.of(actions.CreatePod) and await self.read_own_secret(key, uid) is None:
             # A new pod reads its token from the Secret, which someone may have deleted since it was made (Secrets
             # are not watched: that would need rights to read every Secret). Without it the planner restarts the
             # pods that hold the old token, with a new Secret.
@@ -269,7 +269,7 @@ class Reconciler:
         await self.apply(key, job, plan)
         if plan.all_children_present and uid not in self.children_seen:
             self.children_seen.add(uid)
-            created = planner.parse_time(job["metadata"].get("creationTimestamp"))
+            created = observed.parse_time(job["metadata"].get("creationTimestamp"))
             if created is not None:
                 metrics.CHILDREN_LATENCY.observe(max(0.0, (datetime.now(timezone.utc) - created).total_seconds()))
         if plan.requeue_after is not None:
@@ -278,8 +278,8 @@ class Reconciler:
 
     async def read_own_secret(self, key: Key, uid: str | None) -> dict | None:
         """The job's token Secret if it exists and belongs to this job (remembered), else None (forgotten)."""
-        secret = await self.kube.read_secret(key[0], planner.secret_name(key[1]))
-        if secret is not None and planner.controlled_by(secret, uid):
+        secret = await self.kube.read_secret(key[0], children.secret_name(key[1]))
+        if secret is not None and observed.controlled_by(secret, uid):
             self.secrets[key] = uid
             return secret
         # None, or a leftover of an older job of the same name that garbage collection removes
@@ -326,25 +326,25 @@ class Reconciler:
             if delta > 0:
                 metrics.RESTARTS.labels(role).inc(delta)
 
-    async def apply(self, key: Key, job: dict, plan: planner.Plan) -> None:
+    async def apply(self, key: Key, job: dict, plan: actions.Plan) -> None:
         namespace, name = key
-        for action in plan.of(planner.Event):
+        for action in plan.of(actions.Event):
             kopf.event(job, type=action.type, reason=action.reason, message=action.message)
         secret_ready = True
-        for action in plan.of(planner.CreateSecret):
+        for action in plan.of(actions.CreateSecret):
             secret_ready = await self.create_secret(key, job, action)
         # Without the job's own Secret no pod is made: one started with another owner's token would disagree with
         # the pods started after it.
-        kinds = (planner.CreateService, planner.CreatePod) if secret_ready else (planner.CreateService,)
+        kinds = (actions.CreateService, actions.CreatePod) if secret_ready else (actions.CreateService,)
         creates = [self.create_child(key, job, a) for a in plan.actions if isinstance(a, kinds)]
         deletes = [self.delete_child(key, job, a) for a in plan.actions
-                   if isinstance(a, (planner.DeletePod, planner.DeleteService))]
+                   if isinstance(a, (actions.DeletePod, actions.DeleteService))]
         results = await asyncio.gather(*creates, *deletes, return_exceptions=True)
         self.post_summaries(job, [r for r in results if isinstance(r, tuple)])
         for result in results:
             if isinstance(result, BaseException):
                 raise result
-        for action in plan.of(planner.DeleteJob):
+        for action in plan.of(actions.DeleteJob):
             await self.delete_job(key, job, action)
 
     @staticmethod
@@ -364,12 +364,12 @@ class Reconciler:
                 message = f"{verb} {len(items)} {kind}s: {shown}{more}"
             kopf.event(job, type="Normal", reason=reason, message=message)
 
-    async def create_secret(self, key: Key, job: dict, action: planner.CreateSecret) -> bool:
+    async def create_secret(self, key: Key, job: dict, action: actions.CreateSecret) -> bool:
         """Create the job's Secret; returns whether the job's own Secret exists now."""
         uid = job["metadata"]["uid"]
         body = copy.deepcopy(action.body)
         token = secrets.token_urlsafe(32)
-        body["data"] = {planner.TOKEN_KEY: base64.b64encode(token.encode()).decode()}
+        body["data"] = {children.TOKEN_KEY: base64.b64encode(token.encode()).decode()}
         try:
             await self.kube.create_secret(key[0], body)
         except ApiError as err:
@@ -377,7 +377,7 @@ class Reconciler:
                 metrics.API_ERRORS.labels("create-secret", str(err.status)).inc()
                 raise
             existing = await self.kube.read_secret(key[0], action.name)
-            if existing is None or not planner.controlled_by(existing, uid):
+            if existing is None or not observed.controlled_by(existing, uid):
                 # Someone else's, e.g. the Secret of a deleted job of the same name that the garbage collector has
                 # not removed yet: not ours to use. Retry until it is gone (Secrets are not watched).
                 log.info("Secret %s/%s exists but is not controlled by job %s; retrying", key[0], action.name, uid)
@@ -393,7 +393,7 @@ class Reconciler:
 
     async def create_child(self, key: Key, job: dict, action) -> tuple[str, str] | None:
         """Create a pod or Service; returns ``(reason, name)`` for the reconcile's Event when it was made."""
-        is_pod = isinstance(action, planner.CreatePod)
+        is_pod = isinstance(action, actions.CreatePod)
         kind = "Pod" if is_pod else "Service"
         try:
             if is_pod:
@@ -416,14 +416,14 @@ class Reconciler:
                 return None
             raise
         if is_pod:
-            metrics.PODS_CREATED.labels(action.body["metadata"]["labels"][planner.LABEL_ROLE]).inc()
+            metrics.PODS_CREATED.labels(action.body["metadata"]["labels"][children.LABEL_ROLE]).inc()
         else:
             metrics.SERVICES_CREATED.inc()
         return f"{kind}Created", action.name
 
     async def delete_child(self, key: Key, job: dict, action) -> tuple[str, str] | None:
         """Delete a pod or Service; returns ``(reason, what)`` for the reconcile's Event when it was deleted."""
-        is_pod = isinstance(action, planner.DeletePod)
+        is_pod = isinstance(action, actions.DeletePod)
         kind = "Pod" if is_pod else "Service"
         try:
             if is_pod:
@@ -439,7 +439,7 @@ class Reconciler:
             metrics.PODS_DELETED.labels(action.reason).inc()
         return f"{kind}Deleted", f"{action.name} ({action.reason})"
 
-    async def delete_job(self, key: Key, job: dict, action: planner.DeleteJob) -> None:
+    async def delete_job(self, key: Key, job: dict, action: actions.DeleteJob) -> None:
         try:
             await self.kube.delete_job(key[0], key[1], job["metadata"].get("uid"))
         except ApiError as err:
@@ -495,7 +495,7 @@ class Scope:
 
     def _watch(self, plural: str, on_list, on_event) -> Watcher:
         where = "" if self.namespace is None else f"/namespaces/{self.namespace}"
-        return Watcher(self.kube, f"/api/v1{where}/{plural}", label_selector=planner.LABEL_JOB, on_list=on_list,
+        return Watcher(self.kube, f"/api/v1{where}/{plural}", label_selector=children.LABEL_JOB, on_list=on_list,
                        on_event=on_event, **self.timeouts)
 
     def start(self) -> "Scope":
@@ -547,7 +547,7 @@ async def _cleanup(memo: kopf.Memo, **_: Any) -> None:
 
 def _child_key(meta: dict) -> Key:
     """The job a labelled pod or Service belongs to."""
-    return meta.get("namespace"), (meta.get("labels") or {}).get(planner.LABEL_JOB)
+    return meta.get("namespace"), (meta.get("labels") or {}).get(children.LABEL_JOB)
 
 
 def _within(where: str | None, key: Key) -> bool:
@@ -564,9 +564,9 @@ def _slim(body: dict, with_status: bool) -> dict:
         slim_meta["labels"] = dict(meta["labels"])
     if "ownerReferences" in meta:
         slim_meta["ownerReferences"] = [dict(ref) for ref in meta["ownerReferences"]]
-    epoch = (meta.get("annotations") or {}).get(planner.ANNOTATION_EPOCH)
+    epoch = (meta.get("annotations") or {}).get(children.ANNOTATION_EPOCH)
     if epoch is not None:
-        slim_meta["annotations"] = {planner.ANNOTATION_EPOCH: epoch}
+        slim_meta["annotations"] = {children.ANNOTATION_EPOCH: epoch}
     slim: dict[str, Any] = {"metadata": slim_meta}
     if with_status:
         status = body.get("status") or {}
@@ -589,7 +589,7 @@ def _slim_container(status: dict) -> dict:
         slim["state"]["terminated"] = {"exitCode": terminated.get("exitCode"), "reason": terminated.get("reason"),
                                        "finishedAt": terminated.get("finishedAt")}
     waiting = state.get("waiting") or {}
-    if waiting.get("reason") in planner.STUCK_REASONS:  # not the usual ContainerCreating: no reconcile for those
+    if waiting.get("reason") in observed.STUCK_REASONS:  # not the usual ContainerCreating: no reconcile for those
         slim["state"]["waiting"] = {"reason": waiting["reason"], "message": waiting.get("message")}
     return slim
 

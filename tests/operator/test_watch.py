@@ -212,13 +212,14 @@ def test_the_slim_copy_keeps_everything_the_planner_reads_of_a_pod():
     chief's finishedAt was dropped once, so a chief seen after the deadline never counted by when it exited)."""
     from dataclasses import asdict
 
-    from kubeps.operator.core import planner
     from kubeps.operator.controller.handlers import _slim
+    from kubeps.operator.core.children import ANNOTATION_EPOCH
+    from kubeps.operator.core.observed import observe_pod
 
     meta = {"name": "j-chief-0", "namespace": "n", "uid": "u", "resourceVersion": "7",
             "labels": {"kubeps.dev/job-name": "j", "kubeps.dev/replica-type": "chief",
                        "kubeps.dev/replica-index": "0"},
-            "annotations": {planner.ANNOTATION_EPOCH: "2", "other": "x"},
+            "annotations": {ANNOTATION_EPOCH: "2", "other": "x"},
             "ownerReferences": [{"uid": "job", "controller": True}], "managedFields": [{"manager": "kubelet"}]}
     statuses = [
         {"phase": "Failed", "reason": "Evicted", "conditions": [{"type": "Ready", "status": "False"}],
@@ -235,4 +236,4 @@ def test_the_slim_copy_keeps_everything_the_planner_reads_of_a_pod():
     ]
     for status in statuses:
         pod = {"metadata": meta, "spec": {"containers": [{"name": "kubeps"}]}, "status": status}
-        assert asdict(planner.observe_pod(_slim(pod, with_status=True))) == asdict(planner.observe_pod(pod))
+        assert asdict(observe_pod(_slim(pod, with_status=True))) == asdict(observe_pod(pod))
