@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     _skip_kubernetes_package()
     import kopf  # noqa: PLC0415 - arguments are checked, and the kubernetes package hidden, before kopf loads
 
-    from .controller import handlers, metrics  # noqa: PLC0415
+    from .controller import handlers, metrics  # noqa: PLC0415, F401 - importing handlers registers them with kopf
+    from .controller.reconciler import Reconciler  # noqa: PLC0415
 
     logging.basicConfig(level=settings.log_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(settings.log_level)))
     if settings.metrics_port:
         metrics.serve(settings.metrics_port, settings.bind_address)
-    kopf.run(**kopf_run_options(settings), memo=kopf.Memo(reconciler=handlers.Reconciler(settings)))
+    kopf.run(**kopf_run_options(settings), memo=kopf.Memo(reconciler=Reconciler(settings)))
     return 0
 
 
