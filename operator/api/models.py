@@ -17,6 +17,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from kubeps.runtime.contract import FIRST_RETRYABLE_EXIT
+
 GROUP = "kubeps.dev"
 VERSION = "v1alpha1"
 KIND = "PSTrainingJob"
@@ -62,7 +64,9 @@ REPLICA_TYPES = tuple(ReplicaType)
 BY_TASK_TYPE = {rt.task_type: rt for rt in ReplicaType}
 
 
-class RestartPolicy(str, Enum):
+# A replica's ``restartPolicy`` (the CRD field keeps its name). Not the runtime's local restart policy
+# (kubeps.runtime.supervisor.RestartPolicy). No docstring: it would become the schema's description, and move it.
+class ReplicaRestartPolicy(str, Enum):
     NEVER = "Never"
     ON_FAILURE = "OnFailure"
     ALWAYS = "Always"
@@ -123,25 +127,25 @@ _RESTART_POLICY_DOC = (
 )
 
 
-def _replica_spec(doc: str, default_replicas: int, lo: int, hi: int, default_policy: RestartPolicy):
+def _replica_spec(doc: str, default_replicas: int, lo: int, hi: int, default_policy: ReplicaRestartPolicy):
     class _Spec(BaseModel):
         model_config = ConfigDict(extra="ignore")
 
         replicas: int = Field(default_replicas, ge=lo, le=hi, description=f"Number of replicas ({lo}..{hi}).")
-        restartPolicy: RestartPolicy = Field(default_policy, description=_RESTART_POLICY_DOC)
+        restartPolicy: ReplicaRestartPolicy = Field(default_policy, description=_RESTART_POLICY_DOC)
         template: PodTemplateSpec
 
     _Spec.__doc__ = doc
     return _Spec
 
 
-ChiefSpec = _replica_spec("The chief (coordinator): exactly one.", 1, 1, 1, RestartPolicy.ON_FAILURE)
+ChiefSpec = _replica_spec("The chief (coordinator): exactly one.", 1, 1, 1, ReplicaRestartPolicy.ON_FAILURE)
 ChiefSpec.__name__ = ChiefSpec.__qualname__ = "ChiefSpec"
-PSSpec = _replica_spec("Parameter servers: at least one.", 1, 1, MAX_PS, RestartPolicy.ON_FAILURE)
+PSSpec = _replica_spec("Parameter servers: at least one.", 1, 1, MAX_PS, ReplicaRestartPolicy.ON_FAILURE)
 PSSpec.__name__ = PSSpec.__qualname__ = "PSSpec"
-WorkerSpec = _replica_spec("Workers: at least one.", 1, 1, MAX_WORKERS, RestartPolicy.ON_FAILURE)
+WorkerSpec = _replica_spec("Workers: at least one.", 1, 1, MAX_WORKERS, ReplicaRestartPolicy.ON_FAILURE)
 WorkerSpec.__name__ = WorkerSpec.__qualname__ = "WorkerSpec"
-EvaluatorSpec = _replica_spec("A sidecar evaluator: none or one.", 1, 0, 1, RestartPolicy.ON_FAILURE)
+EvaluatorSpec = _replica_spec("A sidecar evaluator: none or one.", 1, 0, 1, ReplicaRestartPolicy.ON_FAILURE)
 EvaluatorSpec.__name__ = EvaluatorSpec.__qualname__ = "EvaluatorSpec"
 
 
@@ -183,7 +187,8 @@ class RunPolicy(BaseModel):
     retryableExitCodes: list[ExitCode] | None = Field(
         None,
         max_length=255,
-        description="Exit codes that the ExitCode restart policy retries; default: 128 and above (signals).",
+        description=f"Exit codes that the ExitCode restart policy retries; default: {FIRST_RETRYABLE_EXIT} and above "
+        "(signals).",
         json_schema_extra={"x-kubernetes-list-type": "set"},
     )
 
@@ -192,7 +197,9 @@ class RunPolicy(BaseModel):
         if exit_code is None:
             return True
         if self.retryableExitCodes is None:
-            return exit_code >= 128
+            # the pod contract's rule (kubeps.runtime.contract.is_retryable_exit); a status above 255, which no
+            # Linux container reports, is retried too
+            return exit_code >= FIRST_RETRYABLE_EXIT
         return exit_code in self.retryableExitCodes
 
 

@@ -46,7 +46,7 @@ from kubeps.operator.api.models import (
     PSTrainingJobSpec,
     ReplicaStatus,
     ReplicaType,
-    RestartPolicy,
+    ReplicaRestartPolicy,
     SpecError,
 )
 
@@ -131,13 +131,13 @@ class _Planner:
         if self.plan.requeue_after is None or seconds < self.plan.requeue_after:
             self.plan.requeue_after = seconds
 
-    def retries(self, policy: RestartPolicy, pod: ObservedPod) -> bool:
+    def retries(self, policy: ReplicaRestartPolicy, pod: ObservedPod) -> bool:
         """Whether a replica's restart policy recreates this finished pod."""
         if pod.phase == "Succeeded":
-            return policy is RestartPolicy.ALWAYS
-        if policy is RestartPolicy.NEVER:
+            return policy is ReplicaRestartPolicy.ALWAYS
+        if policy is ReplicaRestartPolicy.NEVER:
             return False
-        if policy is RestartPolicy.EXIT_CODE:
+        if policy is ReplicaRestartPolicy.EXIT_CODE:
             return self.spec.runPolicy.retryable(pod.exit_code)
         return True
 
@@ -227,11 +227,13 @@ class _Planner:
     def check_templates(self) -> None:
         """Fail the job when a template cannot be made into a pod (the CRD preserves unknown fields, so e.g.
         ``metadata.labels: "a=b"`` or ``env: "X=1"`` reach the planner) instead of raising on every reconcile."""
+        spec = self.spec
+        assert spec is not None  # checked after the spec parsed
         for rt in models.REPLICA_TYPES:
-            if self.spec.replicaSpecs.get(rt) is None:
+            if spec.replicaSpecs.get(rt) is None:
                 continue
             try:
-                pod_body(self.job, rt, 0, self.status.chiefEpoch, self.config)
+                pod_body(self.job, spec, rt, 0, self.status.chiefEpoch, self.config)
                 service_body(self.job, rt, 0)
             except (TypeError, ValueError, AttributeError, KeyError, IndexError) as err:
                 self.fail(R_INVALID_TEMPLATE, f"spec.replicaSpecs.{rt.value}.template cannot be made into a pod: "
@@ -318,7 +320,8 @@ class _Planner:
         self.report_stuck_pods()
 
     def create_pod(self, rt: ReplicaType, index: int) -> None:
-        body = pod_body(self.job, rt, index, self.status.chiefEpoch, self.config)
+        assert self.spec is not None  # pods are made only for a spec that parsed
+        body = pod_body(self.job, self.spec, rt, index, self.status.chiefEpoch, self.config)
         self.plan.actions.append(CreatePod(body["metadata"]["name"], body, rt.value, index))
 
     def restart_allowed(self, what: str) -> bool:
@@ -350,7 +353,7 @@ class _Planner:
             else:
                 if not pod.finished:
                     continue
-                if pod.phase == "Succeeded" and policy is not RestartPolicy.ALWAYS:
+                if pod.phase == "Succeeded" and policy is not ReplicaRestartPolicy.ALWAYS:
                     continue  # a PS that chose to exit; the chief decides the job's fate
                 if self.book.handled(pod):
                     self.delete_pod(pod, "restart")

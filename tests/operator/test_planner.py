@@ -190,6 +190,21 @@ def test_pod_body_labels_owner_env_port_and_restart_policy():
     assert ev.cluster == {"evaluator": ["ctr-evaluator-0.ns.svc:2222"]}
 
 
+def test_tf_config_lists_exactly_the_pods_the_planner_makes_with_replicas_left_to_their_default():
+    """The children's TF_CONFIG takes each role's count from the parsed spec (its defaults), as the planner does:
+    a count read from the raw manifest with a default of its own could list tasks no pod serves."""
+    job = make_job(ps=2, workers=2)
+    for role in ("Chief", "PS"):
+        del job["spec"]["replicaSpecs"][role]["replicas"]
+    made = sorted(a.name for a in World(job).plan().of(A.CreatePod))
+    default = models.PSSpec.model_fields["replicas"].default
+    assert made == sorted(["ctr-chief-0", *(f"ctr-ps-{i}" for i in range(default)), "ctr-worker-0", "ctr-worker-1"])
+    body = next(a.body for a in World(job).plan().of(A.CreatePod) if a.name == "ctr-worker-1")
+    tf = TFConfig.parse(next(e["value"] for e in body["spec"]["containers"][0]["env"] if e["name"] == "TF_CONFIG"))
+    listed = sorted(f"ctr-{task_type}-{i}" for task_type, hosts in tf.cluster.items() for i in range(len(hosts)))
+    assert listed == made
+
+
 def test_service_body_is_headless_and_selects_exactly_its_pod():
     plan = World(make_job()).plan()
     svc = next(a.body for a in plan.of(A.CreateService) if a.name == "ctr-worker-2")
@@ -852,3 +867,13 @@ def test_a_stuck_pod_does_not_hide_why_a_job_restarts():
     _waiting(world, "ctr-ps-0", "ErrImagePull")
     world.step()
     assert world.cond("Running")["reason"] == reason
+
+
+def test_the_default_retry_rule_is_the_pod_contracts():
+    """ExitCode without retryableExitCodes retries what the runtime's own supervisor retries (one rule, in
+    kubeps.runtime.contract); an unknown code (an evicted or lost pod) is retried."""
+    from kubeps.runtime.contract import is_retryable_exit
+
+    policy = models.RunPolicy()
+    assert [c for c in range(1, 256) if policy.retryable(c)] == [c for c in range(1, 256) if is_retryable_exit(c)]
+    assert policy.retryable(None)
