@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import Any, Mapping
 
 from .controller import settings as settings_module
 from .controller.settings import Settings
@@ -40,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def settings_from_args(argv: list[str] | None, env=None) -> Settings:
+def settings_from_args(argv: list[str] | None, env: Mapping[str, str] | None = None) -> Settings:
     args = build_parser().parse_args(argv)
     base = Settings.from_env(env)
     settings = base.with_overrides(
@@ -88,10 +89,12 @@ def _skip_kubernetes_package() -> None:
     """The operator never uses the ``kubernetes`` package (see :mod:`kubeps.operator.kube.client`), but kopf imports it
     when it is installed, for type checks only: about 20 MB and 0.5 s. Make it look absent to kopf."""
     for name in ("kubernetes", "kubernetes_asyncio", "pykube"):
-        sys.modules.setdefault(name, None)
+        # None in sys.modules makes `import name` raise ImportError (importlib's documented way to block a module);
+        # typeshed types the values as modules only
+        sys.modules.setdefault(name, None)  # type: ignore[arg-type]
 
 
-def kopf_run_options(settings: Settings) -> dict:
+def kopf_run_options(settings: Settings) -> dict[str, Any]:
     """The keyword arguments of ``kopf.run`` for these settings (without ``memo``).
 
     ``settings`` is kopf's ``OperatorSettings`` built by :func:`kubeps.operator.controller.settings.kopf_settings`. Without a

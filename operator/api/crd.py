@@ -70,7 +70,8 @@ def structural(schema: dict[str, Any]) -> dict[str, Any]:
             out.pop("additionalProperties", None)
         return out
 
-    return resolve({k: v for k, v in schema.items()})
+    resolved: dict[str, Any] = resolve({k: v for k, v in schema.items()})
+    return resolved
 
 
 def spec_schema() -> dict[str, Any]:

@@ -20,7 +20,7 @@ _OPAQUE = {"template": "a [PodTemplateSpec](https://kubernetes.io/docs/reference
 
 
 def _type(node: dict[str, Any]) -> str:
-    kind = node.get("type", "object")
+    kind = str(node.get("type", "object"))
     if kind == "array":
         return f"[]{_type(node.get('items', {}))}"
     if kind == "object" and "additionalProperties" in node:

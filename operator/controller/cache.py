@@ -19,7 +19,7 @@ from kubeps.operator.core.children import ANNOTATION_EPOCH, LABEL_JOB
 from kubeps.operator.core.observed import STUCK_REASONS
 
 Key = tuple[str, str]  # (namespace, job name)
-Body = dict[str, Any]
+Body = dict[str, Any]  # an object as the API server returns it: JSON, read with .get() (values typed Any below)
 
 
 class Cache:
@@ -67,7 +67,7 @@ class Cache:
         key = child_key(meta)
         store = self.pods if is_pod else self.services
         known = store.get(key)
-        uid = meta.get("uid")
+        uid: Any = meta.get("uid")
         if kind == "DELETED":
             if known is None or known.pop(uid, None) is None:
                 return None
@@ -88,7 +88,8 @@ class Cache:
         fresh: dict[Key, dict[str, Body]] = {}
         for obj in items:
             meta = obj.get("metadata") or {}
-            fresh.setdefault(child_key(meta), {})[meta.get("uid")] = _slim(obj, with_status=is_pod)
+            uid: Any = meta.get("uid")
+            fresh.setdefault(child_key(meta), {})[uid] = _slim(obj, with_status=is_pod)
         store = self.pods if is_pod else self.services
         changed = []
         for key in {k for k in store if within(where, k)} | set(fresh):
@@ -110,12 +111,16 @@ class Cache:
 
 def job_key(body: Mapping[str, Any]) -> Key:
     meta = body.get("metadata") or {}
-    return meta.get("namespace"), meta.get("name")
+    namespace: Any = meta.get("namespace")
+    name: Any = meta.get("name")
+    return namespace, name
 
 
 def child_key(meta: Mapping[str, Any]) -> Key:
     """The job a labelled pod or Service belongs to."""
-    return meta.get("namespace"), (meta.get("labels") or {}).get(LABEL_JOB)
+    namespace: Any = meta.get("namespace")
+    job: Any = (meta.get("labels") or {}).get(LABEL_JOB)
+    return namespace, job
 
 
 def within(where: str | None, key: Key) -> bool:
@@ -124,8 +129,9 @@ def within(where: str | None, key: Key) -> bool:
 
 
 def _rv(obj: Mapping[str, Any]) -> int | None:
+    version: Any = (obj.get("metadata") or {}).get("resourceVersion")
     try:
-        return int((obj.get("metadata") or {}).get("resourceVersion"))
+        return int(version)
     except (TypeError, ValueError):
         return None
 

@@ -64,8 +64,8 @@ class Control:
             secret_ready = await self.create_secret(key, job, secret)
         # Without the job's own Secret no pod is made: one started with another owner's token would disagree with
         # the pods started after it.
-        kinds: tuple[type, ...] = (CreateService, CreatePod) if secret_ready else (CreateService,)
-        creates = [self.create_child(key, job, a) for a in plan.actions if isinstance(a, kinds)]
+        creates = [self.create_child(key, job, a) for a in plan.actions
+                   if isinstance(a, CreateService) or (secret_ready and isinstance(a, CreatePod))]
         deletes = [self.delete_child(key, job, a) for a in plan.actions if isinstance(a, (DeletePod, DeleteService))]
         results = await asyncio.gather(*creates, *deletes, return_exceptions=True)
         self.recorder.summaries(job, [r for r in results if isinstance(r, tuple)])
@@ -170,10 +170,9 @@ class Control:
         log.info("deleted %s/%s: %s", key[0], key[1], action.reason)
 
 
-def _api_message(err: Exception) -> str:
-    body = getattr(err, "body", None)
+def _api_message(err: ApiError) -> str:
     try:
-        return str(json.loads(body)["message"])
+        return str(json.loads(err.body)["message"])
     except Exception:  # noqa: BLE001 - any answer that is not a Status object: say what the error says
         return str(err)
 

@@ -59,7 +59,7 @@ async def _cleanup(memo: kopf.Memo, **_: Any) -> None:
         await memo.reconciler.close()
 
 
-def _plain(body: kopf.Body) -> dict:
+def _plain(body: kopf.Body) -> dict[str, Any]:
     """A private plain copy of kopf's body, without managedFields (the cache keeps it until the next event)."""
     raw = {key: copy.deepcopy(value) for key, value in body.items()}
     meta = raw.get("metadata") or {}
@@ -68,12 +68,12 @@ def _plain(body: kopf.Body) -> dict:
 
 
 @kopf.on.event(models.GROUP, models.VERSION, models.PLURAL)
-async def _job_event(event: dict, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+async def _job_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     memo.reconciler.observe_job(event.get("type"), _plain(body))
 
 
 @kopf.on.probe(id="reconciler")
-async def _probe(memo: kopf.Memo, **_: Any) -> dict:
+async def _probe(memo: kopf.Memo, **_: Any) -> dict[str, Any]:
     reconciler = memo.reconciler
     return {
         "jobs": len(reconciler.cache.jobs),

@@ -31,7 +31,8 @@ class Recorder:
     @staticmethod
     def event(job: Mapping[str, Any], etype: str, reason: str, message: str) -> None:
         """Post an Event (``etype`` Normal or Warning) on the job."""
-        kopf.event(job, type=etype, reason=reason, message=message)
+        # kopf types the object as its own Body, and reads a plain dict the same way (apiVersion, kind, metadata)
+        kopf.event(job, type=etype, reason=reason, message=message)  # type: ignore[arg-type]
 
     def summaries(self, job: Mapping[str, Any], done: list[tuple[str, str]]) -> None:
         """One Event per reason for the children a reconcile created or deleted (``(reason, what)`` pairs), not

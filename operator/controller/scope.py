@@ -18,7 +18,7 @@ from typing import Any, Callable
 from kubeps.operator.core.children import LABEL_JOB
 from kubeps.operator.kube.client import KubeClient
 from kubeps.operator.kube.peering import Gate
-from kubeps.operator.kube.watch import Watcher
+from kubeps.operator.kube.watch import Timeouts, Watcher
 
 from .cache import Body, Cache
 from .settings import Settings
@@ -39,10 +39,10 @@ class Scope:
                  on_list: OnList, on_event: OnEvent, on_gate: OnGate):
         self.namespace = namespace
         self.retire_at: float | None = None
-        self.timeouts = dict(server_timeout=settings.watch_server_timeout,
-                             client_timeout=settings.watch_client_timeout,
-                             connect_timeout=settings.watch_connect_timeout,
-                             inactivity_timeout=settings.watch_inactivity_timeout)
+        self.timeouts = Timeouts(server_timeout=settings.watch_server_timeout,
+                                 client_timeout=settings.watch_client_timeout,
+                                 connect_timeout=settings.watch_connect_timeout,
+                                 inactivity_timeout=settings.watch_inactivity_timeout)
         self.kube = kube
         self.pods = self._watch("pods", functools.partial(on_list, namespace, True),
                                 functools.partial(on_event, True))

@@ -74,7 +74,7 @@ def owner_reference(job: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def main_container(containers: list[dict]) -> dict:
+def main_container(containers: list[dict[str, Any]]) -> dict[str, Any]:
     """The container that gets TF_CONFIG: named ``kubeps``, else ``tensorflow`` (TFJob's), else the first."""
     for wanted in MAIN_CONTAINER_NAMES:
         for container in containers:
@@ -173,7 +173,7 @@ def pod_body(job: Mapping[str, Any], job_spec: PSTrainingJobSpec, replica_type: 
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
 
 
-def service_body(job: Mapping[str, Any], replica_type: ReplicaType, index: int) -> dict:
+def service_body(job: Mapping[str, Any], replica_type: ReplicaType, index: int) -> dict[str, Any]:
     name = job["metadata"]["name"]
     port = task_port(job["spec"]["replicaSpecs"][replica_type.value].get("template") or {})
     return {
@@ -194,7 +194,7 @@ def service_body(job: Mapping[str, Any], replica_type: ReplicaType, index: int) 
     }
 
 
-def secret_body(job: Mapping[str, Any]) -> dict:
+def secret_body(job: Mapping[str, Any]) -> dict[str, Any]:
     name = job["metadata"]["name"]
     return {
         "apiVersion": "v1",

@@ -74,10 +74,11 @@ from .status import (
 
 # ---------------------------------------------------------------------------------------------- the planner
 class _Planner:
-    def __init__(self, job, pods, services, secret, now: datetime, config: PlanConfig):
+    def __init__(self, job: Mapping[str, Any], pods: list[Mapping[str, Any]], services: list[Mapping[str, Any]],
+                 secret: Mapping[str, Any] | None, now: datetime, config: PlanConfig):
         self.job = job
-        self.meta = job.get("metadata") or {}
-        self.name = self.meta.get("name", "")
+        self.meta: Mapping[str, Any] = job.get("metadata") or {}
+        self.name: str = self.meta.get("name", "")
         self.now = now
         self.config = config
         self.book = StatusBook(job.get("status"), now)
@@ -88,8 +89,8 @@ class _Planner:
             for p in pods
             if controlled_by(p, uid)
         ]
-        self.services = {
-            (s.get("metadata") or {}).get("name"): s for s in services if controlled_by(s, uid)
+        self.services: dict[str, Mapping[str, Any]] = {
+            _name(s): s for s in services if controlled_by(s, uid)
         }
         self.secret = secret
         self.plan = Plan()
@@ -98,6 +99,12 @@ class _Planner:
             if pod.replica_type is not None and pod.index is not None:
                 self.by_key[(pod.replica_type, pod.index)] = pod
         self.spec: PSTrainingJobSpec | None = None
+
+    @property
+    def valid_spec(self) -> PSTrainingJobSpec:
+        """The parsed spec, for the rules that run only once it parsed (pods are made, restarts decided)."""
+        assert self.spec is not None, "a rule that needs the spec ran before it parsed"
+        return self.spec
 
     # -- events and terminal transitions -------------------------------------------------------------------
     def event(self, etype: str, reason: str, message: str) -> None:
@@ -138,7 +145,7 @@ class _Planner:
         if policy is ReplicaRestartPolicy.NEVER:
             return False
         if policy is ReplicaRestartPolicy.EXIT_CODE:
-            return self.spec.runPolicy.retryable(pod.exit_code)
+            return self.valid_spec.runPolicy.retryable(pod.exit_code)
         return True
 
     def backoff_used(self) -> int:
@@ -173,7 +180,7 @@ class _Planner:
             if policy is CleanPodPolicy.ALL or svc_name in removed:
                 self.plan.actions.append(DeleteService(svc_name, "cleanPodPolicy " + policy.value))
 
-    def raw_run_policy(self) -> dict:
+    def raw_run_policy(self) -> dict[str, Any]:
         """``spec.runPolicy`` as written, for a job whose spec the models rejected (any shape)."""
         spec = self.job.get("spec")
         run_policy = spec.get("runPolicy") if isinstance(spec, dict) else None
@@ -281,8 +288,8 @@ class _Planner:
         if run_policy.activeDeadlineSeconds is not None:
             started = parse_time(self.status.startTime) or self.now
             deadline = started + timedelta(seconds=run_policy.activeDeadlineSeconds)
-        if succeeded and (deadline is None or self.now < deadline or chief.finished_at is None
-                          or chief.finished_at <= deadline):
+        if succeeded and chief is not None and (deadline is None or self.now < deadline or chief.finished_at is None
+                                                or chief.finished_at <= deadline):
             self.succeed(f"The chief ({chief.name}) exited with code 0.")
             return
 
@@ -320,13 +327,12 @@ class _Planner:
         self.report_stuck_pods()
 
     def create_pod(self, rt: ReplicaType, index: int) -> None:
-        assert self.spec is not None  # pods are made only for a spec that parsed
-        body = pod_body(self.job, self.spec, rt, index, self.status.chiefEpoch, self.config)
+        body = pod_body(self.job, self.valid_spec, rt, index, self.status.chiefEpoch, self.config)
         self.plan.actions.append(CreatePod(body["metadata"]["name"], body, rt.value, index))
 
     def restart_allowed(self, what: str) -> bool:
         """Whether backoffLimit leaves room for one more chief/PS restart; fails the job when not."""
-        limit = self.spec.runPolicy.backoffLimit
+        limit = self.valid_spec.runPolicy.backoffLimit
         used = self.backoff_used()
         if used >= limit:
             self.fail(R_BACKOFF, f"{what}, but the job already restarted its chief and parameter servers {used} "
@@ -524,7 +530,7 @@ class _Planner:
         chief = self.by_key.get((ReplicaType.CHIEF, 0))
         core = (
             running(ReplicaType.CHIEF, 0)
-            and chief.epoch >= self.status.chiefEpoch
+            and chief is not None and chief.epoch >= self.status.chiefEpoch
             and all(running(ReplicaType.PS, i) for i in range(desired[ReplicaType.PS]))
         )
         if not core:
@@ -537,9 +543,10 @@ class _Planner:
         if self.book.is_true(ConditionType.RUNNING):
             return
         workers = []
+        worker_policy = self.valid_spec.replicaSpecs.Worker.restartPolicy
         for index in range(desired[ReplicaType.WORKER]):
             pod = self.by_key.get((ReplicaType.WORKER, index))
-            if pod is not None and pod.finished and not self.retries(self.spec.replicaSpecs.Worker.restartPolicy, pod):
+            if pod is not None and pod.finished and not self.retries(worker_policy, pod):
                 continue  # done for good
             workers.append(running(ReplicaType.WORKER, index))
         if workers and all(workers):
@@ -601,6 +608,11 @@ class _Planner:
 
 
 
+def _name(obj: Mapping[str, Any]) -> str:
+    name: str = (obj.get("metadata") or {}).get("name", "")
+    return name
+
+
 def _ended(pod: ObservedPod, what: str) -> str:
     if pod.phase == "Succeeded":
         return f"{what} (pod {pod.name}) exited with code 0"
@@ -622,7 +634,7 @@ def plan(
     return _Planner(job, list(pods), list(services), secret, now, config).run()
 
 
-def fail_status(job: Mapping[str, Any], reason: str, message: str, now: datetime) -> dict:
+def fail_status(job: Mapping[str, Any], reason: str, message: str, now: datetime) -> dict[str, Any]:
     """The job's status once failed for a reason found while applying a plan (e.g. the API server refused a pod
     built from the template)."""
     planner = _Planner(job, [], [], None, now, PlanConfig())
