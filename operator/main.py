@@ -97,7 +97,8 @@ def _skip_kubernetes_package() -> None:
 def kopf_run_options(settings: Settings) -> dict[str, Any]:
     """The keyword arguments of ``kopf.run`` for these settings (without ``memo``).
 
-    ``settings`` is kopf's ``OperatorSettings`` built by :func:`kubeps.operator.controller.settings.kopf_settings`. Without a
+    ``settings`` is kopf's ``OperatorSettings`` built by
+    :func:`kubeps.operator.controller.settings.kopf_settings`. Without a
     peering name the operator runs standalone (one replica); with one, kopf keeps a (Cluster)KopfPeering object
     and only the replica with the highest priority acts, the others pause until it stops renewing its record.
     """

@@ -139,8 +139,9 @@ class Settings:
 def kopf_settings(ours: Settings, target: kopf.OperatorSettings | None = None,
                   peering: bool = True) -> kopf.OperatorSettings:
     """kopf's ``OperatorSettings`` for our settings: the one place that maps them (``main`` passes the result to
-    ``kopf.run(settings=...)``; under ``kopf run -m kubeps.operator.controller.handlers`` the start-up handler applies it to
-    kopf's own object with ``peering=False``, leaving the peering to kopf's ``--peering``/``--standalone``)."""
+    ``kopf.run(settings=...)``; under ``kopf run -m kubeps.operator.controller.handlers`` the start-up handler
+    applies it to kopf's own object with ``peering=False``, leaving the peering to kopf's
+    ``--peering``/``--standalone``)."""
     import kopf  # noqa: PLC0415 - main reads the settings before it hides the kubernetes package from kopf
 
     target = kopf.OperatorSettings() if target is None else target

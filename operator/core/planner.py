@@ -536,7 +536,8 @@ class _Planner:
         if not core:
             return
         if self.book.is_true(ConditionType.RESTARTING):
-            self.book.set_condition(ConditionType.RESTARTING, False, R_RUNNING, "The chief and parameter servers run again.")
+            self.book.set_condition(ConditionType.RESTARTING, False, R_RUNNING,
+                                    "The chief and parameter servers run again.")
             self.book.set_condition(ConditionType.RUNNING, True, R_RUNNING, "The job is running again.")
             self.event("Normal", R_RUNNING, "The chief and all parameter servers run again")
             return
@@ -550,7 +551,8 @@ class _Planner:
                 continue  # done for good
             workers.append(running(ReplicaType.WORKER, index))
         if workers and all(workers):
-            self.book.set_condition(ConditionType.RUNNING, True, R_RUNNING, "The chief, parameter servers and workers run.")
+            self.book.set_condition(ConditionType.RUNNING, True, R_RUNNING,
+                                    "The chief, parameter servers and workers run.")
             self.event("Normal", R_RUNNING, "All replicas are running")
 
     def report_stuck_pods(self) -> None:
