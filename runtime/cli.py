@@ -32,7 +32,7 @@ def _version() -> str:
 class _Parser(argparse.ArgumentParser):
     """argparse, but ``error()`` raises instead of exiting so :func:`main` can return the status."""
 
-    def exit(self, status: int = 0, message: str | None = None) -> None:  # type: ignore[override]
+    def exit(self, status: int = 0, message: str | None = None) -> None:  # type: ignore[override]  # raises instead (NoReturn)
         if message:
             sys.stderr.write(message)
         raise _Exit(status)

@@ -142,7 +142,7 @@ def test_running_job_fields_are_immutable_but_workers_and_run_policy_change(crd,
 def test_sample_manifests_are_accepted(crd, kube, namespace, path):
     import yaml
 
-    from kubeps.operator import models
+    from kubeps.operator.api import models
 
     manifest = yaml.safe_load(path.read_text())
     created = kube.custom().create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest,
