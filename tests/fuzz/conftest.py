@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 #: inputs per target, by profile (docs/testing.md repeats this table)
@@ -16,3 +17,11 @@ for _name, _count in EXAMPLES.items():
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
     )
 settings.load_profile(os.environ.get("KUBEPS_FUZZ") or "ci")
+
+
+def pytest_collection_modifyitems(items):
+    """The long profile runs as long as it takes: no pytest-timeout on its targets."""
+    if os.environ.get("KUBEPS_FUZZ") == "long":
+        for item in items:
+            if "tests/fuzz/" in str(item.fspath).replace(os.sep, "/"):
+                item.add_marker(pytest.mark.timeout(0))
