@@ -20,6 +20,7 @@ from __future__ import annotations
 
 __all__ = [
     "BIND_HOST_ENV",
+    "CHECKPOINT_ROOT_ENV",
     "CHUNK_BYTES_ENV",
     "CPUS_ENV",
     "DEVICE_ENV",
@@ -29,6 +30,15 @@ __all__ = [
     "JOB_TOKEN_FILE_ENV",
     "LOGDIR_ENV",
     "LOG_LEVEL_ENV",
+    "MAX_ANSWER_BYTES_ENV",
+    "MAX_CALLS_PER_CLIENT_ENV",
+    "MAX_PARKED_BYTES_ENV",
+    "MAX_REQUEST_BYTES_ENV",
+    "MAX_SLOT_SETS_ENV",
+    "NONFINITE_GRADIENTS_ENV",
+    "PARKED_ANSWER_TTL_ENV",
+    "REQUEST_TIMEOUT_ENV",
+    "STREAM_IDLE_TIMEOUT_ENV",
     "TF_CONFIG_ENV",
     "is_retryable_exit",
 ]
@@ -60,6 +70,40 @@ LOG_LEVEL_ENV = "KUBEPS_LOG_LEVEL"
 #: where TensorBoard event files go: the job's log dir; the chief writes ``train/``, the evaluator ``eval/`` under it
 #: (a mounted volume's path, or an ``s3://``/``gs://`` URL; :mod:`kubeps.runtime.observe.summary`)
 LOGDIR_ENV = "KUBEPS_LOGDIR"
+
+# -- a server's limits (docs/runtime.md, "Limits"): what one peer may make a ps or worker hold --------------------
+#: seconds a server waits for the next chunk of a request before it cancels the call (default 10)
+STREAM_IDLE_TIMEOUT_ENV = "KUBEPS_STREAM_IDLE_TIMEOUT_S"
+
+#: seconds a whole request may take to arrive, however steadily its chunks trickle in (default 120)
+REQUEST_TIMEOUT_ENV = "KUBEPS_REQUEST_TIMEOUT_S"
+
+#: calls one client (one peer address) may have in a server at once; more are refused with RESOURCE_EXHAUSTED
+#: before they hold a thread, and kubeps clients retry them (default: half the server's handler threads)
+MAX_CALLS_PER_CLIENT_ENV = "KUBEPS_MAX_CALLS_PER_CLIENT"
+
+#: the largest request data section a server accepts, in bytes (default 1 GiB; methods without tensors take none)
+MAX_REQUEST_BYTES_ENV = "KUBEPS_MAX_REQUEST_BYTES"
+
+#: the largest answer a server builds, in bytes: a read that would answer more is refused (default 1 GiB)
+MAX_ANSWER_BYTES_ENV = "KUBEPS_MAX_ANSWER_BYTES"
+
+#: seconds a parked answer (too big for one message) waits for its client's Collect (default 30)
+PARKED_ANSWER_TTL_ENV = "KUBEPS_PARKED_ANSWER_TTL_S"
+
+#: the most bytes of parked answers a server holds; the oldest are dropped beyond it (default 2 GiB)
+MAX_PARKED_BYTES_ENV = "KUBEPS_MAX_PARKED_BYTES"
+
+#: how many slot sets (one per optimizer configuration) one variable may hold on a ps (default 8)
+MAX_SLOT_SETS_ENV = "KUBEPS_MAX_SLOT_SETS"
+
+#: ``refuse`` (default) or ``allow``: whether a ps applies gradients holding NaN or infinity
+NONFINITE_GRADIENTS_ENV = "KUBEPS_NONFINITE_GRADIENTS"
+
+#: where a ps may read and write checkpoint shards: a directory or URL (several separated by ``,``); a
+#: ``SaveShards``/``RestoreShards`` naming anything else is refused. ``kubeps local`` sets it; unset, checkpoint
+#: paths are only normalised (no ``..``, no relative paths), not confined
+CHECKPOINT_ROOT_ENV = "KUBEPS_CHECKPOINT_ROOT"
 
 #: Exit status of a chief that lost a parameter server: retryable (>= 128), and not a status the kernel gives a
 #: crash kubeps can cause by itself (134 abort, 137 kill/OOM, 139 segfault, 143 term).

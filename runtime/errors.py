@@ -9,6 +9,7 @@ __all__ = [
     "ClosureError",
     "CancelledError",
     "InsecureServerError",
+    "LimitExceededError",
     "PSUnavailableError",
     "RemoteError",
     "ResourceMissingError",
@@ -42,6 +43,14 @@ class FieldError(ValueError):
         return (type(self), (self.field, self.value, self.allowed))
 
 
+class LimitExceededError(FieldError):
+    """A request within the protocol but over one of a server's limits (answer size, slot sets, streams);
+    servers answer ``RESOURCE_EXHAUSTED`` with reason ``limit`` and the message names the setting."""
+
+    template = "'{field}' has value {value}: {allowed}"
+    value_chars = 120
+
+
 class RuntimeConfigError(FieldError):
     """A bad argument or configuration; the message names the field, the value and what is allowed."""
 
@@ -55,6 +64,8 @@ class RemoteError(RuntimeError):
 
     #: the peer's reason for a refusal (``kubeps.runtime.rpc.protocol``), set by the client that raised it
     reason: str | None
+    #: the method that failed, where the client knew it
+    method: str | None = None
 
     def __init__(self, message: str, code: str = "UNKNOWN", address: str | None = None):
         self.code = code

@@ -9,7 +9,7 @@ import re
 from typing import Iterable, Any, Sequence
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, StrictInt, ValidationError, field_validator, model_validator
 
 from kubeps.runtime.util import npyfiles
 from kubeps.runtime.util.storage import Storage, normalize_path, storage_for
@@ -67,13 +67,14 @@ class SliceEntry(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    start: int
-    stop: int
+    # strict ints everywhere: "2", 2.0 and true are refused, not read as 2, 2 and 1
+    start: StrictInt
+    stop: StrictInt
     file: str
     sha256: str
-    nbytes: int
+    nbytes: StrictInt
     #: optimizer update count of the shard these rows came from (learning-rate schedules, Adam's bias correction)
-    updates: int = 0
+    updates: StrictInt = 0
 
     @field_validator("file")
     @classmethod
@@ -103,7 +104,7 @@ class TensorEntry(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    shape: list[int]
+    shape: list[StrictInt]
     dtype: str
     slices: list[SliceEntry]
 
@@ -165,9 +166,9 @@ class Manifest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    format_version: int
-    checkpoint_number: int
-    step: int | None = None
+    format_version: StrictInt
+    checkpoint_number: StrictInt
+    step: StrictInt | None = None
     final: bool = False
     created: float
     variables: dict[str, VariableEntry] = {}

@@ -3,13 +3,15 @@ and restore its shards, and the ``SaveShards``/``RestoreShards`` methods of the 
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, StrictInt, ValidationError
 
-from kubeps.runtime.util.storage import storage_for
+from kubeps.runtime.contract import CHECKPOINT_ROOT_ENV
+from kubeps.runtime.util.storage import StorageError, checkpoint_roots, confine, storage_for
 from kubeps.runtime.checkpoint.format import (
     CheckpointError,
     CheckpointMismatchError,
@@ -43,9 +45,9 @@ class SaveItem(BaseModel):
 
     key: str
     name: str
-    start: int
-    stop: int
-    shape: list[int]
+    start: StrictInt
+    stop: StrictInt
+    shape: list[StrictInt]
 
 
 class SavedShard(BaseModel):
@@ -65,26 +67,38 @@ class RestoreItem(BaseModel):
 
     key: str
     name: str
-    start: int
-    stop: int
+    start: StrictInt
+    stop: StrictInt
     value: TensorEntry
     slots: dict[str, dict[str, TensorEntry]] = {}
 
 
+def _check_save_item(item: SaveItem, shape: tuple[int, ...], dtype: Any) -> None:
+    expected = (item.stop - item.start,) + tuple(item.shape[1:]) if item.shape else ()
+    if tuple(shape) != expected or item.start < 0 or (item.shape and item.stop > item.shape[0]):
+        raise CheckpointError(
+            f"variable {item.name!r}: shard {item.key!r} has shape {list(shape)}, expected "
+            f"{list(expected)} for rows {item.start}..{item.stop - 1} of shape {item.shape}"
+        )
+    dtype_name(dtype, f"variable {item.name!r}")
+
+
 def save_items(access: ShardAccess, directory: str, items: Sequence[SaveItem], parallel: int = 4) -> list[SavedShard]:
-    """Write each shard (and its slots) to its own files; returns what the manifest needs to know."""
+    """Write each shard (and its slots) to its own files; returns what the manifest needs to know.
+
+    Every item is checked (the shard exists, its shape and dtype) before the first file is written, and the files
+    of a save that fails half-way are removed: a refused save leaves nothing behind."""
     storage = storage_for(directory)
+    for item in items:
+        _check_save_item(item, *access.describe(item.key))
+    written: list[str] = []
 
     def one(item: SaveItem) -> SavedShard:
         value, slots, updates = access.snapshot(item.key)
-        expected = (item.stop - item.start,) + tuple(item.shape[1:]) if item.shape else ()
-        if tuple(value.shape) != expected:
-            raise CheckpointError(
-                f"variable {item.name!r}: shard {item.key!r} has shape {list(value.shape)}, expected "
-                f"{list(expected)} for rows {item.start}..{item.stop - 1} of shape {item.shape}"
-            )
+        _check_save_item(item, value.shape, value.dtype)  # it may have been re-created since
         dtype = dtype_name(value.dtype, f"variable {item.name!r}")
         fname = slice_file_name(item.name, item.start, item.stop)
+        written.append(storage.join(directory, fname))
         sha, nbytes = write_array(storage, storage.join(directory, fname), value)
         saved_slots: dict[str, dict[str, tuple[SliceEntry, str, list[int]]]] = {}
         for okey, group in slots.items():
@@ -96,6 +110,7 @@ def save_items(access: ShardAccess, directory: str, items: Sequence[SaveItem], p
                         f"slots with the variable's rows and rank (shard shape {list(value.shape)})"
                     )
                 sfile = slice_file_name(item.name, item.start, item.stop, okey, sname)
+                written.append(storage.join(directory, sfile))
                 ssha, sbytes = write_array(storage, storage.join(directory, sfile), arr)
                 saved_slots.setdefault(okey, {})[sname] = (
                     SliceEntry(start=item.start, stop=item.stop, file=sfile, sha256=ssha, nbytes=sbytes),
@@ -106,10 +121,15 @@ def save_items(access: ShardAccess, directory: str, items: Sequence[SaveItem], p
                            updates=int(updates))
         return SavedShard(key=item.key, value=entry, dtype=dtype, slots=saved_slots)
 
-    if len(items) <= 1 or parallel <= 1:
-        return [one(i) for i in items]
-    with ThreadPoolExecutor(max_workers=min(parallel, len(items)), thread_name_prefix="ckpt-save") as pool:
-        return list(pool.map(one, items))
+    try:
+        if len(items) <= 1 or parallel <= 1:
+            return [one(i) for i in items]
+        with ThreadPoolExecutor(max_workers=min(parallel, len(items)), thread_name_prefix="ckpt-save") as pool:
+            return list(pool.map(one, items))
+    except BaseException:
+        for path in written:  # all-or-nothing: what this save wrote before it failed goes again
+            storage.remove(path)
+        raise
 
 
 def restore_items(access: ShardAccess, directory: str, items: Sequence[RestoreItem], parallel: int = 4) -> int:
@@ -130,6 +150,13 @@ def restore_items(access: ShardAccess, directory: str, items: Sequence[RestoreIt
         slots: dict[str, dict[str, np.ndarray]] = {}
         for okey, group in item.slots.items():
             for sname, entry in group.items():
+                if list(entry.shape[1:]) != list(shape[1:]) or len(entry.shape) != len(shape) \
+                        or np.dtype(entry.dtype) != np.dtype(dtype):
+                    raise CheckpointMismatchError(
+                        f"{what}: slot {sname!r} is shape {entry.shape} dtype {entry.dtype} in the checkpoint; a "
+                        f"slot of shard {item.key!r} must have its trailing shape {list(shape[1:])} and dtype "
+                        f"{np.dtype(dtype).name}"
+                    )
                 slots.setdefault(okey, {})[sname] = read_rows(
                     storage, directory, entry, item.start, item.stop, f"{what} slot {sname!r}"
                 )
@@ -140,22 +167,36 @@ def restore_items(access: ShardAccess, directory: str, items: Sequence[RestoreIt
     else:
         with ThreadPoolExecutor(max_workers=min(parallel, len(items)), thread_name_prefix="ckpt-read") as pool:
             loaded = list(pool.map(read, items))
-    for key, value, slots, updates in loaded:
+    check = getattr(access, "check_load", None)  # a ps's state refuses more slot sets than it may hold
+    if check is not None:
+        for key, value, slots, _ in loaded:
+            check(key, value, slots)
+    for key, value, slots, updates in loaded:  # everything was read and checked: nothing below is refused
         access.load(key, value, slots, updates)
     return len(loaded)
 
 
 def _request_list(meta: Mapping[str, Any], model: type[BaseModel], method: str) -> tuple[str, list]:
+    """The request's directory -- normalised, and confined to the ps's checkpoint roots
+    (``KUBEPS_CHECKPOINT_ROOT``) before anything touches the file system -- and its items."""
     directory = meta.get("directory")
     if not isinstance(directory, str) or not directory:
         raise ValueError(f"{method}: field 'directory' must be a checkpoint directory path or URL, got {directory!r}")
+    try:
+        directory = confine(directory, checkpoint_roots(os.environ.get(CHECKPOINT_ROOT_ENV)))
+    except StorageError as err:
+        raise ValueError(f"{method}: {err}") from None
     raw = meta.get("items")
     if not isinstance(raw, list):
         raise ValueError(f"{method}: field 'items' must be a list, got {type(raw).__name__}")
     try:
-        return directory, [model.model_validate(i) for i in raw]
+        items = [model.model_validate(i) for i in raw]
     except ValidationError as err:
         raise ValueError(f"{method}: field 'items' is malformed: {err}") from None
+    keys = [getattr(i, "key", None) for i in items]  # SaveItem and RestoreItem both have one
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"{method}: field 'items' names a shard more than once ({keys}); each once")
+    return directory, items
 
 
 def rpc_save_shards(state: ShardAccess, meta: dict[str, Any], arrays: list) -> tuple[dict[str, Any], list]:  # noqa: ARG001

@@ -27,6 +27,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from contextlib import contextmanager
@@ -35,7 +36,8 @@ from types import FrameType
 from typing import IO, Any, Callable, Mapping, Sequence
 
 from kubeps.runtime.cluster import TFConfig
-from kubeps.runtime.contract import BIND_HOST_ENV, CPUS_ENV, JOB_TOKEN_ENV, JOB_TOKEN_FILE_ENV, TF_CONFIG_ENV
+from kubeps.runtime.contract import (BIND_HOST_ENV, CHECKPOINT_ROOT_ENV, CPUS_ENV, JOB_TOKEN_ENV, JOB_TOKEN_FILE_ENV,
+                                     TF_CONFIG_ENV)
 from kubeps.runtime.util.threads import cpu_budget
 
 __all__ = [
@@ -210,6 +212,10 @@ class LocalCluster:
         if not base_env.get(JOB_TOKEN_ENV) and not base_env.get(JOB_TOKEN_FILE_ENV):
             base_env[JOB_TOKEN_ENV] = secrets.token_hex(24)
         base_env.setdefault(BIND_HOST_ENV, host)
+        if not base_env.get(CHECKPOINT_ROOT_ENV):
+            # the parameter servers write checkpoint shards only below these: the directory kubeps local runs in and
+            # the temporary directory (where the examples write); set KUBEPS_CHECKPOINT_ROOT to choose others
+            base_env[CHECKPOINT_ROOT_ENV] = f"{os.getcwd()},{tempfile.gettempdir()}"
         base_env["PYTHONUNBUFFERED"] = "1"
         try:
             cpus = cpu_budget(base_env)

@@ -116,6 +116,11 @@ def _build(kind: str, registry: Mapping[str, type], config: Any) -> Any:
 # Learning-rate schedules
 # --------------------------------------------------------------------------------------------------------------
 
+#: the last step a schedule is checked to be finite at, when it is configured (a ps refuses an update whose learning
+#: rate is not finite, naming the step, before it changes anything)
+MAX_SCHEDULE_STEP = 2**31 - 1
+_FLOAT_MAX = float(np.finfo(np.float64).max)
+
 _SCHEDULES: dict[str, type["LearningRateSchedule"]] = {}
 
 
@@ -158,6 +163,14 @@ class ExponentialDecay(LearningRateSchedule):
         self.decay_steps = _integer(o, "decay_steps", decay_steps, lo=1)
         self.decay_rate = _number(o, "decay_rate", decay_rate, lo=0, lo_open=True)
         self.staircase = _boolean(o, "staircase", staircase)
+        if self.decay_rate > 1:  # a growing rate must stay finite over every step a ps can reach
+            steps = MAX_SCHEDULE_STEP / self.decay_steps
+            top = math.log(self.initial_learning_rate) + steps * math.log(self.decay_rate)
+            if top >= math.log(_FLOAT_MAX):
+                raise ValueError(
+                    f"{o}: decay_rate={decay_rate!r} with decay_steps={decay_steps!r} overflows before step "
+                    f"{MAX_SCHEDULE_STEP}; allowed: decay_rate <= 1, or a growth that stays finite up to that step"
+                )
 
     def __call__(self, step: int) -> float:
         p = step / self.decay_steps

@@ -21,6 +21,12 @@ def _names(meta: Meta, key: str = "names") -> list[str]:
     names = meta.get(key)
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise ValueError(f"field '{key}' must be a list of variable names, got {names!r}")
+    if len(set(names)) != len(names):
+        seen: set[str] = set()
+        for name in names:
+            if name in seen:
+                raise ValueError(f"field '{key}' names variable {name!r} more than once; allowed: each name once")
+            seen.add(name)
     return names
 
 
@@ -32,18 +38,20 @@ def _expect_arrays(method: str, arrays: list, count: int) -> None:
 def rpc_create_variables(state: ParameterServerState, meta: Meta, arrays: list) -> tuple[Meta, list]:
     names = _names(meta)
     _expect_arrays(PS.CREATE_VARIABLES, arrays, len(names))
-    for name, value in zip(names, arrays):
-        state.create(name, value)
+    state.create_many(names, arrays)
     return {"created": len(names), "incarnation": state.incarnation}, []
 
 
 def rpc_read(state: ParameterServerState, meta: Meta, arrays: list) -> tuple[Meta, list]:  # noqa: ARG001
-    return {}, [state.read(n) for n in _names(meta)]
+    names = _names(meta)
+    state.check_reads(names, [], [])
+    return {}, [state.read(n) for n in names]
 
 
 def rpc_read_rows(state: ParameterServerState, meta: Meta, arrays: list) -> tuple[Meta, list]:
     names = _names(meta)
     _expect_arrays(PS.READ_ROWS, arrays, len(names))
+    state.check_reads([], names, arrays)
     return {}, [state.read_rows(n, idx) for n, idx in zip(names, arrays)]
 
 
@@ -53,17 +61,18 @@ def rpc_read_many(state: ParameterServerState, meta: Meta, arrays: list) -> tupl
     names = _names(meta)
     rows = _names(meta, "rows") if "rows" in meta else []
     _expect_arrays(PS.READ_MANY, arrays, len(rows))
+    state.check_reads(names, rows, arrays)
     return {}, [state.read(n) for n in names] + [state.read_rows(n, idx) for n, idx in zip(rows, arrays)]
 
 
 def rpc_assign(state: ParameterServerState, meta: Meta, arrays: list) -> tuple[Meta, list]:
     names = _names(meta)
     ops = meta.get("ops", ["assign"] * len(names))
-    if not isinstance(ops, list) or len(ops) != len(names) or not set(ops) <= {"assign", "add"}:
+    if (not isinstance(ops, list) or len(ops) != len(names)
+            or not all(isinstance(op, str) and op in ("assign", "add") for op in ops)):
         raise ValueError(f"field 'ops' must list 'assign' or 'add' for each of {len(names)} names, got {ops!r}")
     _expect_arrays(PS.ASSIGN, arrays, len(names))
-    for name, op, value in zip(names, ops, arrays):
-        (state.assign if op == "assign" else state.assign_add)(name, value)
+    state.assign_many(list(zip(names, ops, arrays)))  # all checked before any is written
     return {}, []
 
 
@@ -72,6 +81,9 @@ def _push_array_count(updates: Any) -> int:
     if not isinstance(updates, list):
         return 0  # rpc_push refuses it, naming the field
     return sum(2 if isinstance(u, dict) and u.get("kind") == "sparse" else 1 for u in updates)
+
+
+_UPDATE_KEYS = frozenset({"name", "kind"})
 
 
 def _push_updates(meta: Meta, arrays: list) -> tuple[dict[str, Any], list[tuple]]:
@@ -86,8 +98,9 @@ def _push_updates(meta: Meta, arrays: list) -> tuple[dict[str, Any], list[tuple]
     out = []
     pos = 0
     for i, update in enumerate(updates):
-        if not isinstance(update, dict) or not isinstance(update.get("name"), str):
-            raise ValueError(f"field 'updates[{i}]' must be an object with a 'name', got {update!r}")
+        if not isinstance(update, dict) or not isinstance(update.get("name"), str) or not update.keys() <= _UPDATE_KEYS:
+            raise ValueError(f"field 'updates[{i}]' must be an object with a 'name' and optionally a 'kind', "
+                             f"got {update!r}")
         kind = update.get("kind", "dense")
         if kind not in ("dense", "sparse"):
             raise ValueError(f"field 'updates[{i}].kind' has value {kind!r}: allowed are 'dense' and 'sparse'")

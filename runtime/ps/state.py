@@ -10,17 +10,21 @@ The gRPC methods of the parameter-server service over this state are in :mod:`ku
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from kubeps.runtime.errors import RuntimeConfigError
+from kubeps.runtime.contract import MAX_ANSWER_BYTES_ENV, MAX_SLOT_SETS_ENV, NONFINITE_GRADIENTS_ENV
+from kubeps.runtime.errors import LimitExceededError, RuntimeConfigError
 from kubeps.runtime.rpc.protocol import optimizer_key
 
 __all__ = [
+    "DEFAULT_MAX_SLOT_SETS",
     "ParameterServerState",
     "PSVariable",
     "UnknownVariableError",
@@ -47,6 +51,52 @@ class PSVariable:
     updates: int = 0
 
 
+#: how many slot sets (one per optimizer a variable is pushed with) a variable may hold; ``KUBEPS_MAX_SLOT_SETS``
+DEFAULT_MAX_SLOT_SETS = 8
+#: the largest answer a read builds (``KUBEPS_MAX_ANSWER_BYTES``)
+DEFAULT_MAX_ANSWER_BYTES = 1 << 30
+#: how many built optimizers a parameter server caches (they are rebuilt from their config when evicted)
+_MAX_CACHED_OPTIMIZERS = 64
+
+
+def _env_int(name: str, default: int, lo: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    if not raw.isdigit() or int(raw) < lo:
+        raise RuntimeConfigError(name, raw, f"must be an integer >= {lo}")
+    return int(raw)
+
+
+def _nonfinite_policy() -> str:
+    raw = os.environ.get(NONFINITE_GRADIENTS_ENV) or "refuse"
+    if raw not in ("refuse", "allow"):
+        raise RuntimeConfigError(NONFINITE_GRADIENTS_ENV, raw, "must be 'refuse' (the default) or 'allow'")
+    return raw
+
+
+def _all_finite(array: np.ndarray) -> bool:
+    """Whether a float or complex array holds no NaN or infinity. The sum is a fast pass without an allocation
+    (a finite sum proves every element finite); only a non-finite sum (NaN/Inf, or an overflow) looks closer."""
+    if array.dtype.kind not in "fc" or array.size == 0:
+        return True
+    with np.errstate(all="ignore"):
+        if np.isfinite(np.add.reduce(array, axis=None)):
+            return True
+    return bool(np.isfinite(array).all())
+
+
+@contextlib.contextmanager
+def _locked(variables: Iterable["PSVariable"]) -> Iterator[None]:
+    """Hold the locks of several variables at once, taken in one global order (name, then identity), so that two
+    multi-variable updates can never wait for each other."""
+    unique = {id(v): v for v in variables}
+    with contextlib.ExitStack() as stack:
+        for var in sorted(unique.values(), key=lambda v: (v.name, id(v))):
+            stack.enter_context(var.lock)
+        yield
+
+
 def _default_optimizer_factory(config: dict[str, Any]):
     from kubeps.runtime.ops.optimizers import optimizer_from_config  # noqa: PLC0415 - loaded on the first push, not at start
 
@@ -56,11 +106,20 @@ def _default_optimizer_factory(config: dict[str, Any]):
 class ParameterServerState:
     """Everything one parameter server holds."""
 
-    def __init__(self, optimizer_factory: Callable[[dict[str, Any]], Any] | None = None):
+    def __init__(self, optimizer_factory: Callable[[dict[str, Any]], Any] | None = None,
+                 max_slot_sets: int | None = None, allow_nonfinite: bool | None = None):
         self.variables: dict[str, PSVariable] = {}
         self._lock = threading.Lock()  # guards the dict itself, never held during math
         self._optimizer_factory = optimizer_factory or _default_optimizer_factory
         self._optimizers: dict[str, Any] = {}
+        #: the most slot sets one variable may hold (``KUBEPS_MAX_SLOT_SETS``): a push that would add one more is
+        #: refused, so a client cycling through optimizer configs cannot grow a ps's memory without bound
+        self.max_slot_sets = (_env_int(MAX_SLOT_SETS_ENV, DEFAULT_MAX_SLOT_SETS, 1) if max_slot_sets is None
+                              else max_slot_sets)
+        #: the largest answer a read builds (``KUBEPS_MAX_ANSWER_BYTES``)
+        self.max_answer_bytes = _env_int(MAX_ANSWER_BYTES_ENV, DEFAULT_MAX_ANSWER_BYTES, 1)
+        #: NaN/Inf gradients are refused unless ``KUBEPS_NONFINITE_GRADIENTS=allow``
+        self.allow_nonfinite = (_nonfinite_policy() == "allow") if allow_nonfinite is None else allow_nonfinite
         #: random id of this state, i.e. of this process start: a restarted parameter server comes back empty
         #: with a new one (``Ping`` and ``CreateVariables`` answer it; the coordinator compares)
         self.incarnation = uuid.uuid4().hex
@@ -68,13 +127,21 @@ class ParameterServerState:
     # -- variables ---------------------------------------------------------------------------------------------
     def create(self, name: str, value: np.ndarray) -> PSVariable:
         """Create (or re-create, resetting optimizer state: a restarted coordinator does that) a variable."""
-        if not isinstance(name, str) or not name:
-            raise RuntimeConfigError("name", name, "a variable name must be a non-empty string")
-        array = np.array(value, copy=True, order="C")
-        var = PSVariable(name=name, value=array)
+        return self.create_many([name], [value])[0]
+
+    def create_many(self, names: list[str], values: list[np.ndarray]) -> list[PSVariable]:
+        """Create several variables at once: every name is checked first, then all appear together."""
+        seen: set[str] = set()
+        for i, name in enumerate(names):
+            if not isinstance(name, str) or not name:
+                raise RuntimeConfigError(f"names[{i}]", name, "a variable name must be a non-empty string")
+            if name in seen:
+                raise RuntimeConfigError(f"names[{i}]", name, "each variable may be named once per request")
+            seen.add(name)
+        made = [PSVariable(name=n, value=np.array(v, copy=True, order="C")) for n, v in zip(names, values)]
         with self._lock:
-            self.variables[name] = var
-        return var
+            self.variables.update((v.name, v) for v in made)
+        return made
 
     def get(self, name: str) -> PSVariable:
         try:
@@ -102,16 +169,24 @@ class ParameterServerState:
             return var.value[idx]
 
     def assign(self, name: str, value: np.ndarray) -> None:
-        var = self.get(name)
-        value = self._check_like(var, value, "value")
-        with var.lock:
-            var.value[...] = value
+        self.assign_many([(name, "assign", value)])
 
     def assign_add(self, name: str, delta: np.ndarray) -> None:
-        var = self.get(name)
-        delta = self._check_like(var, delta, "delta")
-        with var.lock:
-            var.value += delta
+        self.assign_many([(name, "add", delta)])
+
+    def assign_many(self, ops: list[tuple[str, str, np.ndarray]]) -> None:
+        """``(name, "assign" | "add", value)`` for several variables, all or nothing: every one is checked (the
+        variable exists, shape, a cast that keeps the values) before the first is written."""
+        checked = []
+        for name, op, value in ops:
+            var = self.get(name)
+            checked.append((var, op, self._check_like(var, value, "value" if op == "assign" else "delta")))
+        with _locked(var for var, _, _ in checked):
+            for var, op, value in checked:
+                if op == "assign":
+                    var.value[...] = value
+                else:
+                    var.value += value
 
     # -- optimizer updates -------------------------------------------------------------------------------------
     def optimizer(self, config: dict[str, Any]):
@@ -120,6 +195,8 @@ class ParameterServerState:
         if opt is None:
             opt = self._optimizer_factory(config)
             with self._lock:
+                if len(self._optimizers) >= _MAX_CACHED_OPTIMIZERS:  # a cache: bounded, the oldest goes first
+                    del self._optimizers[next(iter(self._optimizers))]
                 opt = self._optimizers.setdefault(key, opt)
         return key, opt
 
@@ -134,49 +211,94 @@ class ParameterServerState:
     def push(self, config: dict[str, Any], updates: list[tuple]) -> list[int]:
         """Apply ``("dense", name, grad)`` and ``("sparse", name, indices, values)`` updates with one optimizer.
 
-        Every update is checked (variable, shapes, rows, the optimizer config) before the first is applied, so a
-        malformed push changes nothing. Returns each variable's update count after its update."""
+        All or nothing: every update is checked (variable, dtype, shapes, rows, finite values, the optimizer
+        config, the learning rate at each variable's next step, the slot-set bound) with the locks of all the
+        push's variables held, before the first is applied; a refused push changes nothing, update counters
+        included. Returns each variable's update count after its update."""
         key, opt = self.optimizer(config)
         checked: list[tuple[PSVariable, np.ndarray | None, np.ndarray]] = []
-        for kind, name, *arrays in updates:
+        for i, (kind, name, *arrays) in enumerate(updates):
             var = self.get(name)
+            if var.value.dtype.kind != "f":
+                raise ValueError(f"updates[{i}]: variable {name!r} has dtype {var.value.dtype}; an optimizer "
+                                 "updates floating-point variables (float16, float32, float64) only")
             if kind == "dense":
-                checked.append((var, None, self._check_like(var, arrays[0], "grad")))
-                continue
-            rows = self._check_rows(var, arrays[0], "indices")
-            values = np.asarray(arrays[1])
-            expected = (rows.shape[0],) + var.value.shape[1:]
-            if values.shape != expected:
-                raise ValueError(
-                    f"sparse gradient for {name!r}: 'values' has shape {list(values.shape)}, expected "
-                    f"{list(expected)} (one row per index, rows shaped like the variable's {list(var.value.shape[1:])})"
-                )
-            checked.append((var, rows, values.astype(var.value.dtype, copy=False)))
-        steps = []
-        for var, idx, grad in checked:
-            with var.lock:
-                slots = self._slots(var, key, opt)
-                var.updates += 1
+                grad = self._check_like(var, arrays[0], "grad")
+                rows = None
+            else:
+                rows = self._check_rows(var, arrays[0], "indices")
+                values = np.asarray(arrays[1])
+                expected = (rows.shape[0],) + var.value.shape[1:]
+                if values.shape != expected:
+                    raise ValueError(
+                        f"sparse gradient for {name!r}: 'values' has shape {list(values.shape)}, expected "
+                        f"{list(expected)} (one row per index, rows shaped like the variable's "
+                        f"{list(var.value.shape[1:])})"
+                    )
+                grad = self._cast(var, values, "values")
+            if not self.allow_nonfinite and not _all_finite(grad):
+                raise ValueError(f"updates[{i}]: the gradient for {name!r} holds NaN or infinite values; allowed: "
+                                 f"finite values (set {NONFINITE_GRADIENTS_ENV}=allow on the ps to apply them)")
+            checked.append((var, rows, grad))
+        with _locked(var for var, _, _ in checked):
+            steps = {id(var): var.updates for var, _, _ in checked}
+            planned = []
+            for var, _, _ in checked:
+                steps[id(var)] += 1
+                self._check_learning_rate(opt, var, steps[id(var)])
+                planned.append(steps[id(var)])
+            new_slots = {}
+            for var, _, _ in checked:
+                if key not in var.slots and id(var) not in new_slots:
+                    if len(var.slots) >= self.max_slot_sets:
+                        raise LimitExceededError(
+                            "optimizer", config,
+                            f"variable {var.name!r} already holds slots for {len(var.slots)} optimizer "
+                            f"configurations, the most a variable may hold ({MAX_SLOT_SETS_ENV}="
+                            f"{self.max_slot_sets}); push with one of the optimizers it was trained with"
+                        )
+                    new_slots[id(var)] = (var, opt.init_slots(var.value))
+            # nothing below can be refused: apply every update
+            for var, slots in new_slots.values():
+                var.slots[key] = slots
+            for (var, idx, grad), step in zip(checked, planned):
+                slots = var.slots[key]
                 if idx is None:
-                    opt.apply_dense(var.value, grad, slots, var.updates)
+                    opt.apply_dense(var.value, grad, slots, step)
                 else:
-                    opt.apply_sparse(var.value, idx, grad, slots, var.updates)
-                steps.append(var.updates)
-        return steps
-
-    def check_reads(self, names: list[str], rows: list[str], indices: list) -> None:
-        """Refuse a read of unknown variables or rows before anything else of the call happens."""
-        for name in names:
-            self.get(name)
-        for name, idx in zip(rows, indices):
-            self._check_rows(self.get(name), idx, "indices")
+                    opt.apply_sparse(var.value, idx, grad, slots, step)
+                var.updates = step
+        return planned
 
     @staticmethod
-    def _slots(var: PSVariable, key: str, opt) -> dict[str, np.ndarray]:
-        slots = var.slots.get(key)
-        if slots is None:
-            slots = var.slots[key] = opt.init_slots(var.value)
-        return slots
+    def _check_learning_rate(opt: Any, var: PSVariable, step: int) -> None:
+        lr_at = getattr(opt, "lr_at", None)  # an optimizer factory's own optimizers may have no schedule
+        if lr_at is None:
+            return
+        try:
+            lr = float(lr_at(step))
+        except (OverflowError, ZeroDivisionError, ValueError) as err:
+            lr, why = float("nan"), f" ({type(err).__name__}: {err})"
+        else:
+            why = ""
+        if not np.isfinite(lr) or lr < 0:
+            raise ValueError(f"optimizer: the learning rate of update {step} of variable {var.name!r} is {lr}{why}; "
+                             "allowed: a finite number >= 0 (check the learning-rate schedule)")
+
+    def check_reads(self, names: list[str], rows: list[str], indices: list) -> None:
+        """Refuse a read of unknown variables or rows, or one whose answer would pass ``max_answer_bytes``, before
+        anything else of the call happens."""
+        total = 0
+        for name in names:
+            total += self.get(name).value.nbytes
+        for name, idx in zip(rows, indices):
+            var = self.get(name)
+            self._check_rows(var, idx, "indices")
+            total += len(idx) * (var.value.nbytes // max(1, var.value.shape[0]))
+        if total > self.max_answer_bytes:
+            raise LimitExceededError("names", names + rows, f"the answer would hold {total} bytes; a ps answers at "
+                                     f"most {self.max_answer_bytes} ({MAX_ANSWER_BYTES_ENV}): read fewer variables "
+                                     "or rows per call")
 
     # -- checkpoints: one variable with its optimizer state, copied out or loaded back under its lock ----------
     def describe(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
@@ -191,9 +313,32 @@ class ParameterServerState:
             slots = {okey: {s: np.array(a, copy=True) for s, a in group.items()} for okey, group in var.slots.items()}
             return var.value.copy(), slots, var.updates
 
+    def check_load(self, name: str, value: np.ndarray, slots: dict[str, dict[str, np.ndarray]] | None) -> None:
+        """Refuse (``ValueError``) what :meth:`load` would not take: another shape or dtype than the variable's
+        for the value or a slot, or more slot sets than a variable may hold."""
+        var = self.get(name)
+        if value.shape != var.value.shape or value.dtype != var.value.dtype:
+            raise ValueError(f"variable {name!r} is shape {list(var.value.shape)} dtype {var.value.dtype}; the "
+                             f"value to load is shape {list(value.shape)} dtype {value.dtype}")
+        if slots is None:
+            return
+        if len(slots) > self.max_slot_sets:
+            raise LimitExceededError("slots", sorted(slots), f"variable {name!r} may hold at most "
+                                     f"{self.max_slot_sets} slot sets ({MAX_SLOT_SETS_ENV})")
+        for okey, group in slots.items():
+            for sname, arr in group.items():
+                if arr.shape != var.value.shape or arr.dtype != var.value.dtype:
+                    raise ValueError(
+                        f"variable {name!r}: slot {sname!r} of optimizer {okey[:80]!r} is shape {list(arr.shape)} "
+                        f"dtype {arr.dtype}; slots must have the variable's shape {list(var.value.shape)} and "
+                        f"dtype {var.value.dtype}"
+                    )
+
     def load(self, name: str, value: np.ndarray, slots: dict[str, dict[str, np.ndarray]] | None,
              updates: int | None) -> None:
-        """Overwrite variable ``name``'s value in place and, when given, its slots and update count."""
+        """Overwrite variable ``name``'s value in place and, when given, its slots and update count (checked
+        first with :meth:`check_load`)."""
+        self.check_load(name, value, slots)
         var = self.get(name)
         with var.lock:
             var.value[...] = value
@@ -211,13 +356,25 @@ class ParameterServerState:
                 f"{what} for variable {var.name!r} has shape {list(value.shape)}; the variable's shape is "
                 f"{list(var.value.shape)}"
             )
-        if value.dtype != var.value.dtype:
-            if not np.can_cast(value.dtype, var.value.dtype, casting="same_kind"):
-                raise ValueError(
-                    f"{what} for variable {var.name!r} has dtype {value.dtype}; the variable is {var.value.dtype}"
-                )
-            value = value.astype(var.value.dtype)
-        return value
+        return ParameterServerState._cast(var, value, what)
+
+    @staticmethod
+    def _cast(var: PSVariable, value: np.ndarray, what: str) -> np.ndarray:
+        """``value`` in the variable's dtype, refused when the cast would change its meaning: another kind
+        (complex into real, float into int), or integers that do not fit (uint64 max into int64)."""
+        target = var.value.dtype
+        if value.dtype == target:
+            return value
+        if not np.can_cast(value.dtype, target, casting="same_kind"):
+            raise ValueError(f"{what} for variable {var.name!r} has dtype {value.dtype}; the variable is {target} "
+                             f"(allowed: {target} or a dtype that casts to it without losing its kind)")
+        if target.kind in "iu" and value.size and not np.can_cast(value.dtype, target, casting="safe"):
+            info = np.iinfo(target)
+            lo, hi = int(value.min()), int(value.max())
+            if lo < info.min or hi > info.max:
+                raise ValueError(f"{what} for variable {var.name!r} holds {lo if lo < info.min else hi}, which "
+                                 f"{target} cannot hold (allowed: {info.min}..{info.max})")
+        return value.astype(target)
 
     @staticmethod
     def _check_rows(var: PSVariable, indices: np.ndarray, what: str) -> np.ndarray:

@@ -15,6 +15,7 @@ Serializers are the identity, so no protoc and no pickle. Every call has a deadl
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any, Sequence
 
 import grpc
@@ -22,7 +23,8 @@ import numpy as np
 
 from kubeps.runtime.rpc import wire
 from kubeps.runtime.errors import RemoteError, UnauthenticatedError
-from kubeps.runtime.rpc.protocol import (ANSWER_ID_KEY, ANSWER_PARKED, COLLECT, ERROR_REASON_KEY, UNARY_PREFIX)
+from kubeps.runtime.rpc.protocol import (ANSWER_ID_KEY, ANSWER_PARKED, COLLECT, ERROR_REASON_KEY, TOO_MANY_CALLS,
+                                          UNARY_PREFIX)
 from kubeps.runtime.rpc.security import token_metadata
 
 __all__ = ["CHANNEL_OPTIONS", "DEFAULT_TIMEOUT_S", "Call", "Client"]
@@ -93,11 +95,9 @@ class Client:
         """
         timeout = self.timeout if timeout is None else timeout
         chunks = wire.encode_chunks(meta, arrays, self.chunk_bytes or wire.DEFAULT_CHUNK_BYTES)
-        if len(chunks) == 1:
-            future = self._method(name, unary=True).future(chunks[0], timeout=timeout, metadata=self._metadata)
-            return Call(self, name, timeout, future=future)
-        stream = self._method(name)(iter(chunks), timeout=timeout, metadata=self._metadata)
-        return Call(self, name, timeout, stream=stream)
+        call = Call(self, name, timeout, chunks)
+        call._launch(timeout)
+        return call
 
     def finish(self, call: "Call") -> tuple[dict[str, Any], list[np.ndarray]]:
         """Read a started call's response; gRPC failures become :class:`RemoteError` with the status code name."""
@@ -108,7 +108,7 @@ class Client:
         try:
             call = self.start(name, meta, arrays, timeout)
         except grpc.RpcError as err:
-            raise self.remote_error(err) from None
+            raise self.remote_error(err, name) from None
         return call.result()
 
     def _collect(self, answer_id: str, timeout: float, call: "Call | None" = None) -> tuple[dict[str, Any],
@@ -124,16 +124,19 @@ class Client:
             call._collecting = stream
             if call._cancelled:  # cancel() ran before the stream was attached: it did not see it
                 stream.cancel()
-        return _read_stream(self, stream)
+        return _read_stream(self, stream, COLLECT)
 
-    def remote_error(self, err: grpc.RpcError) -> RemoteError:
-        """The :class:`RemoteError` (or :class:`UnauthenticatedError`) for a failed gRPC call to this task."""
+    def remote_error(self, err: grpc.RpcError, method: str | None = None) -> RemoteError:
+        """The :class:`RemoteError` (or :class:`UnauthenticatedError`) for a failed gRPC call to this task; the
+        message names the method (the server's details name the field and the value of a refused request)."""
         code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
         details = err.details() if hasattr(err, "details") else str(err)
         name = code.name if code is not None else "UNKNOWN"
-        message = f"{self.service} at {self.address} failed with {name}: {details}"
+        where = f"{self.service}.{method}" if method else self.service
+        message = f"{where} at {self.address} failed with {name}: {details}"
         cls = UnauthenticatedError if code == grpc.StatusCode.UNAUTHENTICATED else RemoteError
         error = cls(message, code=name, address=self.address)
+        error.method = method
         reason = None
         try:
             trailing = err.trailing_metadata() if hasattr(err, "trailing_metadata") else None
@@ -151,26 +154,48 @@ class Client:
             self._methods.clear()
 
 
-def _read_stream(client: Client, stream) -> tuple[dict[str, Any], list[np.ndarray]]:
+def _read_stream(client: Client, stream, method: str) -> tuple[dict[str, Any], list[np.ndarray]]:
     try:
         decoder = wire.MessageDecoder()
         for chunk in stream:
             decoder.feed(chunk)
         return decoder.finish()
     except grpc.RpcError as err:
-        raise client.remote_error(err) from None
+        raise client.remote_error(err, method) from None
+
+
+#: first and longest pause before a call the server refused as one too many of this client's is sent again
+_BUSY_BACKOFF_S = (0.005, 0.25)
 
 
 class Call:
-    """A started call (unary future or chunk stream): ``result()`` waits for and decodes the answer."""
+    """A started call (unary future or chunk stream): ``result()`` waits for and decodes the answer.
 
-    __slots__ = ("_client", "_name", "_timeout", "_future", "_stream", "_collecting", "_cancelled")
+    A call the server refused before running it because this client had too many calls there (reason
+    ``too-many-calls``) is sent again, with backoff, until its deadline."""
 
-    def __init__(self, client: Client, name: str, timeout: float, *, future=None, stream=None):
+    __slots__ = ("_client", "_name", "_timeout", "_chunks", "_deadline", "_future", "_stream", "_collecting",
+                 "_cancelled")
+
+    def __init__(self, client: Client, name: str, timeout: float, chunks: list[bytes] | None = None, *,
+                 future: Any = None, stream: Any = None):
         self._client, self._name, self._timeout = client, name, timeout
-        self._future, self._stream = future, stream
-        self._collecting = None  # the Collect stream of a parked answer, once started
+        self._chunks = chunks  # what to send again when the server was busy (None: never sent again)
+        self._deadline = time.monotonic() + timeout
+        self._future: Any = future
+        self._stream: Any = stream
+        self._collecting: Any = None  # the Collect stream of a parked answer, once started
         self._cancelled = False
+
+    def _launch(self, timeout: float) -> None:
+        client = self._client
+        assert self._chunks is not None, "only a call started from its chunks is launched"
+        if len(self._chunks) == 1:
+            self._future = client._method(self._name, unary=True).future(self._chunks[0], timeout=timeout,
+                                                                         metadata=client._metadata)
+        else:
+            self._stream = client._method(self._name)(iter(self._chunks), timeout=timeout,
+                                                      metadata=client._metadata)
 
     @property
     def unary(self) -> bool:
@@ -195,14 +220,27 @@ class Call:
     def result(self) -> tuple[dict[str, Any], list[np.ndarray]]:
         """The decoded answer. Every failure is a :class:`RemoteError` (a cancelled call: code ``CANCELLED``), never
         a raw gRPC exception: callers' threads (the coordinator's dispatch threads) handle only that."""
+        pause = _BUSY_BACKOFF_S[0]
+        while True:
+            try:
+                return self._result()
+            except RemoteError as error:
+                left = self._deadline - time.monotonic()
+                if error.reason != TOO_MANY_CALLS or self._cancelled or left <= pause or self._chunks is None:
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 2, _BUSY_BACKOFF_S[1])
+            self._launch(max(0.001, self._deadline - time.monotonic()))
+
+    def _result(self) -> tuple[dict[str, Any], list[np.ndarray]]:
         if self._stream is not None:
-            return _read_stream(self._client, self._stream)
+            return _read_stream(self._client, self._stream, self._name)
         try:
             answer = self._future.result()
         except grpc.FutureCancelledError:
             raise self._cancelled_error() from None
         except grpc.RpcError as err:
-            error = self._client.remote_error(err)
+            error = self._client.remote_error(err, self._name)
             if error.code == "RESOURCE_EXHAUSTED" and error.reason == ANSWER_PARKED:
                 answer_id = _trailing(err, ANSWER_ID_KEY)
                 if answer_id:

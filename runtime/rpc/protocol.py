@@ -18,9 +18,11 @@ __all__ = [
     "ANSWER_PARKED",
     "COLLECT",
     "ERROR_REASON_KEY",
+    "LIMIT",
     "PING",
     "PS",
     "PS_SERVICE",
+    "TOO_MANY_CALLS",
     "UNARY_PREFIX",
     "UNKNOWN_VARIABLE",
     "WORKER",
@@ -90,6 +92,12 @@ UNKNOWN_VARIABLE = "unknown-variable"
 #: :data:`COLLECT` (so a non-idempotent method such as ``Push`` never runs twice)
 ANSWER_PARKED = "answer-parked"
 ANSWER_ID_KEY = "x-kubeps-answer-id"
+#: ``reason`` of the RESOURCE_EXHAUSTED a call gets when its client already has as many calls in the server as one
+#: client may: the method never ran, so kubeps clients retry it (until the call's deadline)
+TOO_MANY_CALLS = "too-many-calls"
+#: ``reason`` of the RESOURCE_EXHAUSTED for a request over one of the server's limits (answer size, slot sets):
+#: not retried; the message names the field, the value and the setting
+LIMIT = "limit"
 
 
 # -- request and answer metadata -------------------------------------------------------------------------------------

@@ -82,19 +82,16 @@ def token_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
 
 
 def _refusal(handler: grpc.RpcMethodHandler | None, message: str) -> grpc.RpcMethodHandler:
+    """A handler that refuses at once. It is always request-streaming: it never reads the request, where a
+    unary-request handler would first wait (in a server thread, without a deadline) for a message that a stalled
+    peer never completes."""
     def abort(request_or_iterator, context):  # noqa: ARG001 - never looked at
         context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
     identity: Callable[[bytes], bytes] = lambda b: b  # noqa: E731
-    streaming_in = bool(handler and handler.request_streaming)
-    streaming_out = bool(handler and handler.response_streaming)
-    if streaming_in and streaming_out:
+    if handler is not None and handler.response_streaming:
         return grpc.stream_stream_rpc_method_handler(abort, identity, identity)
-    if streaming_in:
-        return grpc.stream_unary_rpc_method_handler(abort, identity, identity)
-    if streaming_out:
-        return grpc.unary_stream_rpc_method_handler(abort, identity, identity)
-    return grpc.unary_unary_rpc_method_handler(abort, identity, identity)
+    return grpc.stream_unary_rpc_method_handler(abort, identity, identity)
 
 
 class TokenInterceptor(grpc.ServerInterceptor):

@@ -105,7 +105,7 @@ class PSTransport:
         try:
             return self._clients[ps_index].start(method, meta, arrays, timeout)
         except grpc.RpcError as err:  # a call refused before it left (channel closed...)
-            raise self._unavailable(ps_index, method, self._clients[ps_index].remote_error(err)) from None
+            raise self._unavailable(ps_index, method, self._clients[ps_index].remote_error(err, method)) from None
 
     def _finish(self, ps_index: int, method: str, call: Call) -> tuple[dict[str, Any], list[np.ndarray]]:
         try:

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import struct
 from typing import Any, Iterable, Iterator, NamedTuple, Sequence
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, ValidationError, field_validator
 
 from kubeps.runtime.errors import FieldError
 
@@ -48,6 +49,8 @@ _ALIGN = 8
 DEFAULT_CHUNK_BYTES = 4 << 20
 #: Upper bound on a header; a bigger one is refused before parsing.
 MAX_HEADER_BYTES = 16 << 20
+#: Deepest nesting of arrays and objects a header may have (kubeps sends 4 at most); deeper is refused unparsed.
+MAX_JSON_DEPTH = 64
 
 #: dtypes allowed on the wire (numpy names; always little-endian). No object dtype: that would be pickle.
 ALLOWED_DTYPES = (
@@ -101,10 +104,11 @@ class TensorHeader(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    dtype: str
-    shape: tuple[int, ...]
-    offset: int
-    nbytes: int
+    # strict: an int is an int ("2", 2.0 and true are refused, as the fast path refuses them)
+    dtype: StrictStr
+    shape: tuple[StrictInt, ...]
+    offset: StrictInt
+    nbytes: StrictInt
 
     @field_validator("dtype")
     @classmethod
@@ -135,7 +139,7 @@ class MessageHeader(BaseModel):
 
     meta: dict[str, Any] = {}
     tensors: list[TensorHeader] = []
-    data_bytes: int = 0
+    data_bytes: StrictInt = 0
 
     @field_validator("data_bytes")
     @classmethod
@@ -277,9 +281,12 @@ class MessageDecoder:
             )
         source: Any = self._single if self._single is not None else self._buffer
         arrays = []
-        for dtype, shape, offset, _ in header.tensors:
+        for i, (dtype, shape, offset, _) in enumerate(header.tensors):
             count = math.prod(shape)
-            arrays.append(np.frombuffer(source, dtype=_DTYPES[dtype], count=count, offset=offset).reshape(shape))
+            try:
+                arrays.append(np.frombuffer(source, dtype=_DTYPES[dtype], count=count, offset=offset).reshape(shape))
+            except (ValueError, MemoryError) as err:  # the header checks should have refused it already
+                raise WireError(f"tensors[{i}].shape", list(shape), f"cannot be read from the data section ({err})") from None
         return header.meta, arrays
 
 
@@ -353,13 +360,37 @@ def _parse_header(view: memoryview) -> tuple[_Header, int]:
     end = _PREFIX.size + length
     if len(view) < end:
         raise WireError("header_length", length, f"message truncated: only {len(view) - _PREFIX.size} header bytes")
+    text = bytes(view[_PREFIX.size : end])
+    depth = _json_depth(text)
+    if depth > MAX_JSON_DEPTH:
+        raise WireError("header", text[:60], f"nests arrays and objects {depth} deep; at most {MAX_JSON_DEPTH} allowed")
     try:
-        raw = json.loads(bytes(view[_PREFIX.size : end]))
-    except (ValueError, UnicodeDecodeError) as err:
-        raise WireError("header", bytes(view[_PREFIX.size : min(end, _PREFIX.size + 60)]), f"must be JSON ({err})") from None
+        raw = json.loads(text)
+    except (ValueError, UnicodeDecodeError, RecursionError) as err:
+        raise WireError("header", text[:60], f"must be JSON ({type(err).__name__}: {err})") from None
     header = _plain_header(raw) or _validated_header(raw)
     _check_tensor_table(header)
     return header, _align(end)
+
+
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_JSON_BRACKETS = re.compile(rb"[\[\]{}]")
+
+
+def _json_depth(text: bytes) -> int:
+    """How deep arrays and objects nest in a JSON text (strings skipped), without parsing it: deep nesting makes
+    the parser (and anything walking its result) recurse past Python's limit. Cheap for a normal header: the
+    exact count runs only when the text holds more brackets than the limit."""
+    if text.count(b"[") + text.count(b"{") <= MAX_JSON_DEPTH:
+        return 0
+    depth = deepest = 0
+    for match in _JSON_BRACKETS.finditer(_JSON_STRING.sub(b"", text)):
+        if match.group() in (b"[", b"{"):
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    return deepest
 
 
 def _check_tensor_table(header: _Header) -> None:
@@ -368,9 +399,11 @@ def _check_tensor_table(header: _Header) -> None:
         itemsize = _DTYPES[dtype].itemsize
         if len(shape) > MAX_RANK:
             raise WireError(f"tensors[{i}].shape", list(shape), f"at most {MAX_RANK} dimensions are allowed")
-        if any(d > _MAX_SIZE for d in shape) or math.prod(shape) * itemsize > _MAX_SIZE:
+        # numpy multiplies the non-zero dimensions (and the item size) and refuses a product past intp, even when
+        # another dimension is 0: [2**40, 2**40, 0] holds nothing but cannot be made
+        if math.prod(d for d in shape if d) * itemsize > _MAX_SIZE:
             raise WireError(f"tensors[{i}].shape", list(shape),
-                            f"dimensions and total size must each be at most {_MAX_SIZE}")
+                            f"the product of the non-zero dimensions times the item size must be at most {_MAX_SIZE}")
         expected = math.prod(shape) * itemsize
         if nbytes != expected:
             raise WireError(f"tensors[{i}].nbytes", nbytes, f"shape {list(shape)} of {dtype} needs exactly {expected} bytes")

@@ -17,6 +17,7 @@ of its task (ps or worker) until SIGTERM/SIGINT.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
@@ -25,20 +26,23 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Mapping, NoReturn, Protocol
+from typing import Any, Iterator, Mapping, NoReturn, Protocol
 
 import grpc
 
 from kubeps.runtime.rpc import wire
 from kubeps.runtime.cluster import ClusterSpec, TFConfig, TFConfigError, parse_address
-from kubeps.runtime.errors import RuntimeConfigError
-from kubeps.runtime.contract import BIND_HOST_ENV, CHUNK_BYTES_ENV, LOG_LEVEL_ENV
+from kubeps.runtime.checkpoint.format import CheckpointCorruptError, CheckpointError, CheckpointMismatchError
+from kubeps.runtime.errors import LimitExceededError, RuntimeConfigError
+from kubeps.runtime.contract import (BIND_HOST_ENV, CHUNK_BYTES_ENV, LOG_LEVEL_ENV, MAX_CALLS_PER_CLIENT_ENV,
+                                     MAX_PARKED_BYTES_ENV, MAX_REQUEST_BYTES_ENV, PARKED_ANSWER_TTL_ENV,
+                                     REQUEST_TIMEOUT_ENV, STREAM_IDLE_TIMEOUT_ENV)
 from kubeps.runtime.ps.state import ParameterServerState, UnknownVariableError
 from kubeps.runtime.server.methods import (PS_METHODS, WORKER_METHODS, Method, load_extensions, ps_methods,
                                            register_ps_method, register_worker_method, worker_methods)
 from kubeps.runtime.rpc.client import CHANNEL_OPTIONS
-from kubeps.runtime.rpc.protocol import (ANSWER_ID_KEY, ANSWER_PARKED, COLLECT, ERROR_REASON_KEY, PING, PS_SERVICE,
-                                          UNARY_PREFIX, UNKNOWN_VARIABLE, WORKER_SERVICE)
+from kubeps.runtime.rpc.protocol import (ANSWER_ID_KEY, ANSWER_PARKED, COLLECT, ERROR_REASON_KEY, LIMIT, PING, PS,
+                                          PS_SERVICE, TOO_MANY_CALLS, UNARY_PREFIX, UNKNOWN_VARIABLE, WORKER_SERVICE)
 from kubeps.runtime.rpc.security import TokenInterceptor, load_job_token, require_job_token
 from kubeps.runtime.util.threads import limit_math_threads
 from kubeps.runtime.models.xla import size_cpu_backend_if_loaded
@@ -56,37 +60,200 @@ __all__ = [
 log = logging.getLogger("kubeps.runtime.server")
 
 #: how long a parked unary answer (too big for one message) waits for its client's Collect (seconds)
-PARKED_TTL_S = 120.0
+PARKED_TTL_S = 30.0
+#: the most bytes of parked answers a server holds (the oldest are dropped beyond it)
+MAX_PARKED_BYTES = 2 << 30
+#: how long a server waits for the next chunk of a request (seconds) before it cancels the call
+STREAM_IDLE_TIMEOUT_S = 10.0
+#: how long a whole request may take to arrive (seconds), however steadily its chunks trickle in
+REQUEST_TIMEOUT_S = 120.0
+#: the largest request data section a server accepts (bytes)
+MAX_REQUEST_BYTES = 1 << 30
+#: methods whose requests carry no tensors: their data section must be empty
+_NO_TENSORS = frozenset({PING, COLLECT, PS.READ, PS.LIST_VARIABLES, PS.SAVE_SHARDS, PS.RESTORE_SHARDS})
 
 
 _IDENTITY = lambda b: b  # noqa: E731
 
 
-class _ParkedAnswers:
-    """Answers of unary calls too big for one message, held until the client streams them (``Collect``)."""
+def _env_number(environ: Mapping[str, str], name: str, default: float, integer: bool = False) -> float:
+    raw = environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw) if integer else float(raw)
+    except ValueError:
+        value = -1
+    if not value > 0 or value != value or value == float("inf"):
+        raise RuntimeConfigError(name, raw, f"must be a positive {'integer' if integer else 'number'}")
+    return value
 
-    def __init__(self, ttl_s: float = PARKED_TTL_S):
+
+def _client_of(context: Any) -> str:
+    """The client a call counts against: the peer's address without its port (``ipv4:10.0.0.7``)."""
+    try:
+        peer = context.peer() or "?"
+    except Exception:  # noqa: BLE001 - a context without a peer
+        return "?"
+    kind, _, rest = peer.partition(":")
+    if kind in ("ipv4", "ipv6"):
+        return f"{kind}:{rest.rsplit(':', 1)[0]}"
+    return peer
+
+
+#: how often the janitor hands memory freed inside the allocator back to the system (seconds)
+_TRIM_EVERY_S = 2.0
+
+
+def _malloc_trim() -> Any:
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        return None
+
+
+_TRIM = _malloc_trim()
+
+
+def _release_free_memory() -> None:
+    """Give the pages glibc keeps after big buffers were freed (refused requests, expired parked answers) back to
+    the system, so a ps's memory follows what it holds rather than its worst moment."""
+    if _TRIM is not None:
+        _TRIM(0)
+
+
+class _ParkedAnswers:
+    """Answers of unary calls too big for one message, held until the client streams them (``Collect``); dropped
+    after ``ttl_s`` by the server's janitor, and the oldest first once they hold more than ``max_bytes``."""
+
+    def __init__(self, ttl_s: float = PARKED_TTL_S, max_bytes: int = MAX_PARKED_BYTES):
         self._ttl = ttl_s
+        self._max_bytes = max_bytes
         self._lock = threading.Lock()
-        self._answers: dict[str, tuple[float, list[bytes]]] = {}
+        self._answers: dict[str, tuple[float, int, list[bytes]]] = {}
+        self._bytes = 0
 
     def park(self, chunks: list[bytes]) -> str:
         answer_id = uuid.uuid4().hex
-        now = time.monotonic()
+        size = sum(len(c) for c in chunks)
         with self._lock:
-            for key in [k for k, (t, _) in self._answers.items() if now - t > self._ttl]:
-                del self._answers[key]  # the client that would collect it went away
-            self._answers[answer_id] = (now, chunks)
+            self._answers[answer_id] = (time.monotonic(), size, chunks)
+            self._bytes += size
+            while self._bytes > self._max_bytes and len(self._answers) > 1:
+                oldest = next(iter(self._answers))
+                self._bytes -= self._answers.pop(oldest)[1]
+        self.expire()
         return answer_id
 
     def take(self, answer_id: str) -> list[bytes] | None:
         with self._lock:
             entry = self._answers.pop(answer_id, None)
-        return None if entry is None else entry[1]
+            if entry is not None:
+                self._bytes -= entry[1]
+        return None if entry is None else entry[2]
+
+    def expire(self) -> int:
+        """Drop the answers nobody collected within the TTL (the client went away); returns how many."""
+        now = time.monotonic()
+        with self._lock:
+            old = [k for k, (t, _, _) in self._answers.items() if now - t > self._ttl]
+            for key in old:
+                self._bytes -= self._answers.pop(key)[1]
+        return len(old)
+
+    @property
+    def nbytes(self) -> int:
+        with self._lock:
+            return self._bytes
 
     def __len__(self) -> int:
         with self._lock:
             return len(self._answers)
+
+
+class _Guard:
+    """What keeps one peer from holding a server: at most ``max_calls_per_client`` calls per client address at
+    once (more are refused before they wait for a byte), and a deadline on every chunk of a request (``idle_s``
+    after the previous one, ``request_s`` for the whole request): a janitor thread cancels a call that misses it,
+    which frees its handler thread. The janitor also expires parked answers."""
+
+    def __init__(self, idle_s: float, request_s: float, max_calls_per_client: int, parked: list[_ParkedAnswers]):
+        self.idle_s, self.request_s = idle_s, request_s
+        self.max_calls_per_client = max_calls_per_client
+        self._parked = parked
+        self._lock = threading.Lock()
+        self._calls: dict[str, int] = {}
+        self._waiting: dict[object, tuple[float, Any]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        #: calls the janitor cancelled (tests read it)
+        self.cancelled = 0
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._janitor, name="kubeps-guard", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def enter(self, context: Any) -> str | None:
+        client = _client_of(context)
+        with self._lock:
+            held = self._calls.get(client, 0)
+            if held >= self.max_calls_per_client:
+                return None
+            self._calls[client] = held + 1
+        return client
+
+    def leave(self, client: str) -> None:
+        with self._lock:
+            held = self._calls.get(client, 1) - 1
+            if held:
+                self._calls[client] = held
+            else:
+                self._calls.pop(client, None)
+
+    def receive(self, requests: Any, context: Any) -> Iterator[bytes]:
+        """The request's chunks, each awaited under the deadlines."""
+        it = iter(requests)
+        last = time.monotonic() + self.request_s
+        while True:
+            token = object()
+            with self._lock:
+                self._waiting[token] = (min(time.monotonic() + self.idle_s, last), context)
+            try:
+                chunk = next(it)
+            except StopIteration:
+                return
+            finally:
+                with self._lock:
+                    self._waiting.pop(token, None)
+            yield chunk
+
+    def _janitor(self) -> None:
+        period = max(0.05, min(1.0, self.idle_s / 4))
+        last_trim = time.monotonic()
+        while not self._stop.wait(period):
+            now = time.monotonic()
+            if now - last_trim >= _TRIM_EVERY_S:
+                last_trim = now
+                _release_free_memory()
+            with self._lock:
+                late = [(t, ctx) for t, (deadline, ctx) in self._waiting.items() if deadline < now]
+                for token, _ in late:
+                    del self._waiting[token]
+            for _, ctx in late:
+                self.cancelled += 1
+                log.warning("cancelled a call from %s: its request stalled (no chunk for %.1f s, or not complete "
+                            "after %.0f s; %s, %s)", _client_of(ctx), self.idle_s, self.request_s,
+                            STREAM_IDLE_TIMEOUT_ENV, REQUEST_TIMEOUT_ENV)
+                try:
+                    ctx.cancel()
+                except Exception:  # noqa: BLE001 - the call ended meanwhile
+                    pass
+            if sum(parked.expire() for parked in self._parked):
+                _release_free_memory()
 
 
 class _Context(Protocol):
@@ -96,17 +263,24 @@ class _Context(Protocol):
 
     def set_trailing_metadata(self, trailing_metadata: tuple[tuple[str, str], ...]) -> None: ...
 
+    def peer(self) -> str: ...
+
+    def cancel(self) -> None: ...
+
 
 class _ServiceHandler(grpc.GenericRpcHandler):
-    """Routes ``/<service>/<Method>`` (stream-stream) and ``/<service>/Unary.<Method>`` (unary-unary) to the
-    method table, looked up per call; ``/<service>/Collect`` streams a parked answer."""
+    """Routes ``/<service>/<Method>`` (stream-stream) and ``/<service>/Unary.<Method>`` (one message each way) to
+    the method table, looked up per call; ``/<service>/Collect`` streams a parked answer.
+
+    The unary twin is served as stream-unary: the server reads the one request message itself, under the
+    guard's deadline, instead of gRPC waiting for it in a handler thread with none (a unary-unary handler)."""
 
     def __init__(self, service: str, table: dict[str, Method], state: Any, server: "Server"):
         self._prefix = f"/{service}/"
         self._table = table
         self._state = state
         self._server = server
-        self.parked = _ParkedAnswers()
+        self.parked = _ParkedAnswers(server.parked_ttl_s, server.max_parked_bytes)
 
     def service(self, handler_call_details):
         method = handler_call_details.method
@@ -126,8 +300,8 @@ class _ServiceHandler(grpc.GenericRpcHandler):
                 return None  # gRPC answers UNIMPLEMENTED
             fn = found
         if unary:
-            return grpc.unary_unary_rpc_method_handler(
-                lambda request, context: self._invoke_unary(name, fn, request, context), _IDENTITY, _IDENTITY
+            return grpc.stream_unary_rpc_method_handler(
+                lambda requests, context: self._invoke_unary(name, fn, requests, context), _IDENTITY, _IDENTITY
             )
         return grpc.stream_stream_rpc_method_handler(
             lambda requests, context: self._invoke(name, fn, requests, context), _IDENTITY, _IDENTITY
@@ -137,30 +311,62 @@ class _ServiceHandler(grpc.GenericRpcHandler):
         return {"incarnation": self._server.incarnation, "job": self._server.job_name,
                 "task": self._server.task_index}, []
 
+    def _enter(self, name: str, context: _Context) -> str:
+        client = self._server.guard.enter(context)
+        if client is None:
+            context.set_trailing_metadata(((ERROR_REASON_KEY, TOO_MANY_CALLS),))
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"{name}: this client already has {self._server.guard.max_calls_per_client} calls in "
+                          f"the server, the most one client may have ({MAX_CALLS_PER_CLIENT_ENV}); retry later")
+        return client
+
     def _run(self, name: str, fn: Method, chunks, context: _Context) -> list[bytes]:
-        """Decode the request, run the method, encode the answer in chunks; failures abort with a status code."""
+        """Decode the request, run the method, encode the answer in chunks; failures abort with a status code
+        (never UNKNOWN: whatever a request holds, the answer says what was wrong with it)."""
+        limit = 0 if name in _NO_TENSORS else self._server.max_request_bytes
         try:
-            meta, arrays = wire.decode_chunks(chunks)
+            meta, arrays = wire.decode_chunks(self._server.guard.receive(chunks, context), limit)
         except wire.WireError as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: {err}")
+        except grpc.RpcError:  # the client went away, or the guard cancelled the stalled call: nobody hears this
+            context.abort(grpc.StatusCode.CANCELLED, f"{name}: the request did not arrive")
+        except Exception as err:  # noqa: BLE001 - a malformed request the decoder did not name (a bug in it)
+            log.warning("%s: request could not be decoded: %s: %s", name, type(err).__name__, err)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: malformed request ({type(err).__name__})")
         try:
             out_meta, out_arrays = fn(self._state, meta, arrays)
             return wire.encode_chunks(out_meta, out_arrays, self._server.chunk_bytes)
-        except (ValueError, TypeError) as err:
+        except LimitExceededError as err:
+            context.set_trailing_metadata(((ERROR_REASON_KEY, LIMIT),))
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{name}: {err}")
+        except (CheckpointMismatchError, CheckpointCorruptError) as err:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{name}: {err}")
+        except (ValueError, TypeError, CheckpointError, RecursionError) as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: {err}")
         except KeyError as err:
             if isinstance(err, UnknownVariableError):  # lets clients tell "lost variable" from other NOT_FOUNDs
                 context.set_trailing_metadata(((ERROR_REASON_KEY, UNKNOWN_VARIABLE),))
             context.abort(grpc.StatusCode.NOT_FOUND, f"{name}: {err}")
+        except MemoryError:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{name}: the server ran out of memory for this call")
         except Exception as err:  # noqa: BLE001 - never let a method take the server down
             log.exception("method %s failed", name)
             context.abort(grpc.StatusCode.INTERNAL, f"{name}: {type(err).__name__}: {err}")
 
     def _invoke(self, name: str, fn: Method, requests, context: _Context):
-        yield from self._run(name, fn, requests, context)
+        client = self._enter(name, context)
+        try:
+            chunks = self._run(name, fn, requests, context)
+        finally:
+            self._server.guard.leave(client)
+        yield from chunks
 
-    def _invoke_unary(self, name: str, fn: Method, request: bytes, context: _Context) -> bytes:
-        chunks = self._run(name, fn, (request,), context)
+    def _invoke_unary(self, name: str, fn: Method, requests, context: _Context) -> bytes:
+        client = self._enter(name, context)
+        try:
+            chunks = self._run(name, fn, requests, context)
+        finally:
+            self._server.guard.leave(client)
         if len(chunks) == 1:
             return chunks[0]
         # the method ran (it may not be idempotent: never ask the client to call it again); hand the answer
@@ -171,10 +377,13 @@ class _ServiceHandler(grpc.GenericRpcHandler):
                       f"{name}: the answer has {len(chunks)} chunks; collect it streamed with id {answer_id}")
 
     def _collect(self, requests, context: _Context):
+        client = self._enter(COLLECT, context)
         try:
-            meta, _ = wire.decode_chunks(requests)
+            meta, _ = wire.decode_chunks(self._server.guard.receive(requests, context), 0)
         except wire.WireError as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{COLLECT}: {err}")
+        finally:
+            self._server.guard.leave(client)
         answer_id = meta.get("id")
         if not isinstance(answer_id, str):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
@@ -183,7 +392,7 @@ class _ServiceHandler(grpc.GenericRpcHandler):
         chunks = self.parked.take(answer_id)
         if chunks is None:
             context.abort(grpc.StatusCode.NOT_FOUND, f"{COLLECT}: no parked answer {answer_id!r} (collected "
-                          f"already, or older than {PARKED_TTL_S:.0f} s)")
+                          f"already, or older than {self._server.parked_ttl_s:.0f} s, {PARKED_ANSWER_TTL_ENV})")
         yield from chunks
 
 
@@ -197,7 +406,7 @@ class Server:
     def __init__(self, cluster_spec: ClusterSpec | Mapping[str, Any], job_name: str, task_index: int = 0, *,
                  start: bool = True, token: str | None = None, allow_insecure: bool = False,
                  bind_host: str | None = None, max_workers: int | None = None, rpc_timeout: float = 30.0,
-                 chunk_bytes: int | None = None):
+                 chunk_bytes: int | None = None, environ: Mapping[str, str] | None = None):
         try:
             self.cluster_spec = ClusterSpec(cluster_spec)
         except TFConfigError as err:
@@ -217,6 +426,15 @@ class Server:
         self._token = require_job_token(token if token is not None else load_job_token(), allow_insecure)
         self.bind_host = bind_host or os.environ.get(BIND_HOST_ENV) or None
         self.chunk_bytes = chunk_bytes or int(os.environ.get(CHUNK_BYTES_ENV) or wire.DEFAULT_CHUNK_BYTES)
+        env = os.environ if environ is None else environ
+        self._max_workers = max_workers or (64 if job_name == "ps" else 16)
+        # the limits (docs/runtime.md, "Limits"); each is a setting of the task's environment
+        self.max_request_bytes = int(_env_number(env, MAX_REQUEST_BYTES_ENV, MAX_REQUEST_BYTES, integer=True))
+        self.parked_ttl_s = _env_number(env, PARKED_ANSWER_TTL_ENV, PARKED_TTL_S)
+        self.max_parked_bytes = int(_env_number(env, MAX_PARKED_BYTES_ENV, MAX_PARKED_BYTES, integer=True))
+        max_calls = int(_env_number(env, MAX_CALLS_PER_CLIENT_ENV, max(2, self._max_workers // 2), integer=True))
+        idle_s = _env_number(env, STREAM_IDLE_TIMEOUT_ENV, STREAM_IDLE_TIMEOUT_S)
+        request_s = _env_number(env, REQUEST_TIMEOUT_ENV, REQUEST_TIMEOUT_S)
         if job_name == "ps":
             self.state: Any = ParameterServerState()
             service, table = PS_SERVICE, PS_METHODS
@@ -227,7 +445,7 @@ class Server:
         #: random per process start (the state's): a restarted task answers Ping with a new one
         self.incarnation: str = self.state.incarnation
         self._handler = _ServiceHandler(service, table, self.state, self)
-        self._max_workers = max_workers or (32 if job_name == "ps" else 8)
+        self.guard = _Guard(idle_s, request_s, max_calls, [self._handler.parked])
         self._server: grpc.Server | None = None
         self._stopped = threading.Event()
         if start:
@@ -264,6 +482,7 @@ class Server:
             raise OSError(f"cannot listen on port {self.port} for /job:{self.job_name}/task:{self.task_index} "
                           f"(tried {', '.join(hosts)}): is the port in use? {'; '.join(errors)}")
         server.start()
+        self.guard.start()
         self._server = server
         log.info("kubeps %s task %d serving on port %d", self.job_name, self.task_index, self.port)
 
@@ -281,6 +500,7 @@ class Server:
     def stop(self, grace: float | None = 1.0) -> None:
         if self._server is not None:
             self._server.stop(grace).wait()
+        self.guard.stop()
         close = getattr(self.state, "close", None)
         if close:
             close()

@@ -25,7 +25,8 @@ import shutil
 import uuid
 from typing import IO, Iterator, Protocol
 
-__all__ = ["FsspecStorage", "LocalStorage", "Storage", "StorageError", "storage_for"]
+__all__ = ["FsspecStorage", "LocalStorage", "Storage", "StorageError", "checkpoint_roots", "confine", "normalize_path",
+           "storage_for"]
 
 _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.\-]*)://")
 
@@ -255,8 +256,66 @@ def storage_for(path: str) -> Storage:
 
 
 def normalize_path(path: str | os.PathLike) -> str:
-    """``file://`` URLs become plain paths; other paths and URLs are returned unchanged (without a trailing /)."""
+    """The one form of a checkpoint path, the same on the chief and on a parameter server.
+
+    ``file:///abs`` becomes ``/abs``; a local path becomes absolute with ``.`` and ``..`` resolved (against this
+    process's working directory); a URL keeps its scheme (lower case) and loses repeated and trailing slashes.
+    Refused (:class:`StorageError`): ``file:`` in any other form (``file:x``, ``file://host/x`` -- today's literal
+    ``file:`` folder), and ``..`` in a URL (object stores do not resolve it)."""
     path = os.fspath(path)
-    if path.startswith("file://"):
-        path = path[len("file://") :]
-    return path.rstrip("/") or path
+    if not isinstance(path, str) or not path:
+        raise StorageError(f"checkpoint path must be a non-empty string, got {path!r}")
+    if "\0" in path:
+        raise StorageError(f"checkpoint path {path!r} holds a NUL character")
+    if path.startswith("file:"):
+        if not path.startswith("file:///"):
+            raise StorageError(f"checkpoint path {path!r}: a file URL must be 'file:///<absolute path>'")
+        path = path[len("file://"):]
+    match = _SCHEME.match(path)
+    if match is None:
+        return os.path.abspath(path)
+    scheme, rest = match.group(1).lower(), path[match.end():]
+    parts = [p for p in rest.split("/") if p]
+    if any(p in (".", "..") for p in parts):
+        raise StorageError(f"checkpoint URL {path!r} holds a '.' or '..' component; give the URL without them")
+    if not parts:
+        raise StorageError(f"checkpoint URL {path!r} names no bucket or path")
+    return f"{scheme}://{'/'.join(parts)}"
+
+
+def checkpoint_roots(value: str | None) -> list[str]:
+    """The roots of ``KUBEPS_CHECKPOINT_ROOT`` (comma-separated directories or URLs), normalised; ``[]`` if unset."""
+    return [normalize_path(r.strip()) for r in (value or "").split(",") if r.strip()]
+
+
+def confine(path: str, roots: list[str], field: str = "directory") -> str:
+    """``path`` normalised, if it lies inside one of ``roots`` (a local path after resolving symlinks too);
+    else :class:`StorageError`. The message is the same whether or not anything exists at ``path``.
+
+    A ps confines the paths it is asked to write and read. Without roots (``KUBEPS_CHECKPOINT_ROOT`` unset) a path
+    is only normalised and must be absolute (a relative one would depend on the ps's working directory)."""
+    raw = path
+    if not isinstance(raw, str) or not raw:
+        raise StorageError(f"field '{field}' has value {raw!r}: a checkpoint directory path or URL is required")
+    if raw.startswith("file:") and not raw.startswith("file:///"):
+        raise StorageError(f"field '{field}' has value {raw!r}: a file URL must be 'file:///<absolute path>'")
+    local = _SCHEME.match(raw) is None or raw.startswith("file:")
+    bare = raw[len("file://"):] if raw.startswith("file:") else raw
+    if local and (not os.path.isabs(bare) or ".." in bare.split("/")):
+        raise StorageError(f"field '{field}' has value {raw!r}: a checkpoint path must be absolute and hold no "
+                           "'..' component (the chief sends normalised paths)")
+    normal = normalize_path(raw)
+    if not roots:
+        return normal
+    for root in roots:
+        if _SCHEME.match(root) is None:
+            if local and _inside(os.path.realpath(normal), os.path.realpath(root)):
+                return normal
+        elif not local and (normal == root or normal.startswith(root + "/")):
+            return normal
+    raise StorageError(f"field '{field}' has value {raw!r}: checkpoints of this job are confined to "
+                       f"{', '.join(roots)} (KUBEPS_CHECKPOINT_ROOT)")
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)

@@ -156,20 +156,26 @@ def test_absurd_sizes_and_ranks_are_wire_errors(header, data, field):
         assert info.value.field == field
 
 
-@pytest.mark.parametrize("mutate", [
-    lambda h: None,
-    lambda h: h["tensors"][0].update(shape=[4.0]),  # pydantic coerces a whole float: the fallback path decodes it
-    lambda h: h["tensors"][0].update(nbytes=16.0),
-    lambda h: h.pop("meta"),
-    lambda h: h["meta"].update(nested={"a": [1, 2.5, None, "x"]}),
+@pytest.mark.parametrize("mutate, strict_refusal", [
+    (lambda h: None, False),
+    (lambda h: h["tensors"][0].update(shape=[4.0]), True),  # an int is an int: no path coerces a float
+    (lambda h: h["tensors"][0].update(nbytes=16.0), True),
+    (lambda h: h["tensors"][0].update(offset=True), True),
+    (lambda h: h.pop("meta"), False),
+    (lambda h: h["meta"].update(nested={"a": [1, 2.5, None, "x"]}), False),
 ])
-def test_fast_header_path_agrees_with_the_model(mutate):
+def test_fast_header_path_agrees_with_the_model(mutate, strict_refusal):
     """Frames take a plain-checks fast path; whatever it does not plainly accept goes to the pydantic model. Both
     must decode a frame to the same header, and the fast path may never accept what the model refuses."""
     frame = _rewrite_header(_frame({"k": 1}, [np.arange(4, dtype=np.float32)]), mutate)
     length = struct.unpack_from("<4sI", frame)[1]
     raw = json.loads(frame[8 : 8 + length])
     fast = wire._plain_header(raw)
+    if strict_refusal:
+        assert fast is None
+        with pytest.raises(WireError, match="valid integer"):
+            decode_message(frame)
+        return
     assert fast is None or fast == wire._validated_header(raw)
     meta, (array,) = decode_message(frame)
     np.testing.assert_array_equal(array, np.arange(4, dtype=np.float32))
