@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 
 ACTIONLINT_VERSION := v1.7.12
 
-.PHONY: install example test lint controlplane tools e2e kind-down bench clean
+.PHONY: install example test lint controlplane s3server tools e2e kind-down bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,15 @@ controlplane:
 		echo "go not found: control-plane tests will be skipped (see docs/testing.md)"; \
 	fi
 
+# Build (cached under ~/.cache/kubeps/s3server) the S3-compatible server the object-storage tests start on loopback
+# (versitygw, from the Go module proxy) when Go is available.
+s3server:
+	@if command -v go >/dev/null 2>&1 || [ -x /usr/local/go/bin/go ]; then \
+		PATH="$$PATH:/usr/local/go/bin" hack/s3server.sh build; \
+	else \
+		echo "go not found: the object-storage tests will be skipped (see docs/testing.md)"; \
+	fi
+
 # Linters the packaging tests run, built from the Go module proxy into the venv (cached by Go).
 tools: $(STAMP)
 	@if [ -x $(BIN)/actionlint ]; then :; \
@@ -45,7 +54,7 @@ lint: $(STAMP)
 	$(BIN)/lint-imports --no-cache
 	MYPY=$(abspath $(BIN))/mypy hack/mypy.sh
 
-test: $(STAMP) controlplane tools
+test: $(STAMP) controlplane s3server tools
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # End-to-end tests with real pods on a kind cluster: hack/kind.sh builds (cached under ~/.cache/kubeps/kind) what

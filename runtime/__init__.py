@@ -38,7 +38,8 @@ for _module, _names in {
         "UnauthenticatedError WorkerUnavailableError"
     ),
     "variables.partitioners": "Partitioner FixedShardsPartitioner MinSizePartitioner MaxSizePartitioner",
-    "data": "AUTOTUNE AutoShardPolicy Dataset DistributeOptions DistributedDataset InputContext Options TextLineDataset auto_shard",
+    "data": "AUTOTUNE AutoShardPolicy Dataset DistributeOptions DistributedDataset InputContext Options TextLineDataset auto_shard"
+            " CsvDataset FixedLenFeature ParquetDataset TFRecordDataset TFRecordWriter VarLenFeature parse_example",
     "ops.optimizers": (
         "Optimizer SGD Momentum Adagrad Adam Ftrl optimizer_from_config LearningRateSchedule ExponentialDecay "
         "InverseTimeDecay PiecewiseConstantDecay PolynomialDecay CosineDecay schedule_from_config"
@@ -92,6 +93,9 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; kept equal to _EXPORTS by 
         auto_shard as auto_shard, AutoShardPolicy as AutoShardPolicy, AUTOTUNE as AUTOTUNE, Dataset as Dataset,
         DistributedDataset as DistributedDataset, DistributeOptions as DistributeOptions,
         InputContext as InputContext, Options as Options, TextLineDataset as TextLineDataset,
+        CsvDataset as CsvDataset, FixedLenFeature as FixedLenFeature, ParquetDataset as ParquetDataset,
+        TFRecordDataset as TFRecordDataset, TFRecordWriter as TFRecordWriter, VarLenFeature as VarLenFeature,
+        parse_example as parse_example,
     )
     from kubeps.runtime.errors import (
         CancelledError as CancelledError, ClosureError as ClosureError, InsecureServerError as InsecureServerError,

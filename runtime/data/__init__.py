@@ -13,31 +13,53 @@ Modules, bottom to top (none imports one above it):
 - ``sources`` -- arrays, ``range``, generators, iterables, file lists; ``transforms`` -- ``map``, ``filter``,
   ``interleave``, ``repeat``, ``batch``, ``shard``, ``take``, ``skip``; ``shuffle``; ``prefetch``;
 - ``readers`` -- ``read_lines``, ``read_csv``, ``read_npy``, ``read_npz`` for ``Dataset.from_files``;
+- ``filesystems`` -- local paths and fsspec URLs (``s3://``, ``gs://``, ``hdfs://``): listing and opening files;
+- ``columns`` -- typed columns: checked conversion to a column's dtype, variable-length columns;
+- ``file_blocks`` -- ``FileBlocksNode``: files read block by block, interleaved, with parallel reads;
+- ``parquet``, ``tfrecord`` + ``example`` (``tf.Example`` and its parse spec), ``csvfiles`` -- the file formats'
+  block readers;
 - ``dataset`` -- ``Dataset`` (wraps the last node of its pipeline and builds the next), ``DatasetIterator``,
   ``TextLineDataset``;
+- ``formats`` -- ``ParquetDataset``, ``TFRecordDataset``, ``CsvDataset`` (file formats as datasets);
 - ``distribute`` -- ``auto_shard``, ``as_dataset``, ``DistributedDataset`` and the strategy's two
   ``distribute_*`` functions.
 """
 
 from kubeps.runtime.data.dataset import AUTOTUNE, Dataset, DatasetIterator, TextLineDataset
+from kubeps.runtime.data.columns import ColumnValueError, to_ragged, to_sparse
 from kubeps.runtime.data.distribute import DistributedDataset, as_dataset, auto_shard
+from kubeps.runtime.data.example import FixedLenFeature, VarLenFeature, parse_example, serialize_example
+from kubeps.runtime.data.formats import CsvDataset, ParquetDataset, TFRecordDataset
 from kubeps.runtime.data.options import AutoShardPolicy, DistributeOptions, InputContext, Options
 from kubeps.runtime.data.readers import read_csv, read_lines, read_npy, read_npz
+from kubeps.runtime.data.tfrecord import CorruptRecordError, TFRecordWriter
 
 __all__ = [
     "AUTOTUNE",
     "AutoShardPolicy",
+    "ColumnValueError",
+    "CorruptRecordError",
+    "CsvDataset",
     "Dataset",
     "DatasetIterator",
     "DistributeOptions",
     "DistributedDataset",
+    "FixedLenFeature",
     "InputContext",
     "Options",
+    "ParquetDataset",
+    "TFRecordDataset",
+    "TFRecordWriter",
     "TextLineDataset",
+    "VarLenFeature",
     "as_dataset",
     "auto_shard",
+    "parse_example",
     "read_csv",
     "read_lines",
     "read_npy",
     "read_npz",
+    "serialize_example",
+    "to_ragged",
+    "to_sparse",
 ]

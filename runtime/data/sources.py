@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 
 from kubeps.runtime.data.arguments import int_arg
+from kubeps.runtime.data.filesystems import glob_url, is_url
 from kubeps.runtime.data.node import Node
 from kubeps.runtime.data.structure import BLOCK_ROWS, as_arrays, close, closing, map_leaves, slice_leaves
 from kubeps.runtime.util import nest
@@ -145,8 +146,11 @@ def _expand_patterns(file_pattern: Any) -> tuple[list[str], list[str]]:
     files: list[str] = []
     seen: set[str] = set()
     for pattern in patterns:
-        matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else ([pattern] if os.path.exists(pattern) else [])
-        matches = [m for m in matches if not os.path.isdir(m)]
+        if is_url(pattern):  # s3://, gs://, hdfs://...: listed by fsspec, sorted, files only
+            matches = glob_url(pattern)
+        else:
+            matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else ([pattern] if os.path.exists(pattern) else [])
+            matches = [m for m in matches if not os.path.isdir(m)]
         if not matches:
             raise ValueError(f"No files matched pattern: {pattern}")
         for m in matches:

@@ -1,0 +1,204 @@
+"""CSV files with a dtype and a default per column, as TensorFlow's ``CsvDataset`` ``record_defaults``, read in
+blocks of rows straight into numpy columns.
+
+``record_defaults`` has one entry per column read: a dtype (``np.int64``, ``np.float32``, ``str`` ...) for a
+column every row must fill, or a value (``0``, ``0.0``, ``np.float32(-1)``, ``""``) used where a field is empty
+(or equals ``na_value``) and whose dtype is the column's (a Python ``int`` is int64, a ``float`` float32, a
+``str`` a string column). Every value must fit its column: an integer column refuses ``1.5`` and values out of
+its range, a float32 column refuses an integer it cannot hold exactly (16777217: float32 has 24 bits of mantissa)
+instead of rounding it; read ids as ``np.int64``. Errors name the file, the line, the column, the value and what
+the column allows.
+
+A block of rows is parsed by numpy's C parser (``np.loadtxt``) when it is clean; a block with an empty field, a
+quoted field numpy cannot take, or a bad value is parsed again row by row with Python's ``csv`` module, which
+fills defaults and names the first bad value.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import itertools
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from kubeps.runtime.data.columns import ColumnValueError, as_dtype, cast
+from kubeps.runtime.data.filesystems import open_binary
+
+
+class _Column:
+    def __init__(self, entry: Any, position: int):
+        if isinstance(entry, (type, np.dtype)) and not isinstance(entry, np.generic):
+            self.dtype = as_dtype(object if entry is str else entry, f"record_defaults[{position}]")
+            self.default: Any = None
+        else:
+            if isinstance(entry, bool):
+                self.dtype = np.dtype(bool)
+            elif isinstance(entry, int):
+                self.dtype = np.dtype(np.int64)
+            elif isinstance(entry, float):
+                self.dtype = np.dtype(np.float32)
+            elif isinstance(entry, str):
+                self.dtype = np.dtype(object)
+            elif isinstance(entry, np.generic):
+                self.dtype = entry.dtype
+            else:
+                raise TypeError(
+                    f"record_defaults[{position}] must be a dtype (a required column) or a default value (int, float, "
+                    f"str or a numpy scalar), got {entry!r}"
+                )
+            self.default = entry if self.dtype.kind == "O" else np.asarray(entry, self.dtype)
+        if self.dtype.kind == "O":
+            self.parse_as: np.dtype | None = None  # text as is
+        elif self.dtype.kind in "iu":
+            self.parse_as = np.dtype(np.int64) if self.dtype != np.uint64 else self.dtype
+        elif self.dtype.kind == "b":
+            self.parse_as = np.dtype(np.int64)
+        else:
+            self.parse_as = np.dtype(np.float64)
+
+
+class CsvReader:
+    """``path -> blocks`` for :class:`~kubeps.runtime.data.file_blocks.FileBlocksNode`: one tuple (or dict, with
+    ``names``) of columns per ``block_rows`` rows."""
+
+    def __init__(
+        self,
+        record_defaults: Sequence[Any],
+        header: bool = False,
+        field_delim: str = ",",
+        na_value: str = "",
+        select_cols: Sequence[int] | None = None,
+        names: Sequence[str] | None = None,
+        block_rows: int = 8192,
+    ):
+        if isinstance(record_defaults, (str, bytes)) or not len(record_defaults):
+            raise ValueError(f"argument `record_defaults` must be a non-empty list (one entry per column), got "
+                             f"{record_defaults!r}")
+        self._columns = [_Column(entry, i) for i, entry in enumerate(record_defaults)]
+        if select_cols is not None:
+            select_cols = [int(c) for c in select_cols]
+            if len(select_cols) != len(self._columns) or sorted(set(select_cols)) != select_cols or select_cols[0] < 0:
+                raise ValueError(
+                    f"argument `select_cols` must be increasing column indices >= 0, one per record_defaults entry "
+                    f"({len(self._columns)}), got {select_cols!r}"
+                )
+        if names is not None and len(names) != len(self._columns):
+            raise ValueError(f"argument `names` must name every column read ({len(self._columns)}), got {names!r}")
+        if len(field_delim) != 1:
+            raise ValueError(f"argument `field_delim` must be one character, got {field_delim!r}")
+        self._select = select_cols
+        self._names = None if names is None else [str(n) for n in names]
+        self._header = bool(header)
+        self._delim = field_delim
+        self._na = na_value
+        self._block_rows = block_rows
+
+    def _label(self, j: int) -> str:
+        index = j if self._select is None else self._select[j]
+        return f"column {index}" + ("" if self._names is None else f" ({self._names[j]!r})")
+
+    def __call__(self, path: str) -> Iterator[Any]:
+        with open_binary(path) as raw, io.TextIOWrapper(raw, encoding="utf-8", newline="") as f:
+            lineno = 0
+            if self._header:
+                next(f, None)
+                lineno = 1
+            while True:
+                lines = list(itertools.islice(f, self._block_rows))
+                if not lines:
+                    return
+                columns = self._parse(lines, path, lineno)
+                lineno += len(lines)
+                if columns is not None:
+                    yield dict(zip(self._names, columns)) if self._names is not None else tuple(columns)
+
+    def _parse(self, lines: list[str], path: str, first: int) -> list[np.ndarray] | None:
+        fast = None
+        # numpy's parser skips blank lines, which would shift the line numbers errors name: those blocks go slow
+        if all(c.parse_as is not None for c in self._columns) and all(map(str.strip, lines)):
+            try:
+                fast = self._parse_fast(lines)
+            except ValueError:
+                fast = None  # an empty field, a quote, a bad value: the careful path says which
+        if fast is None:
+            rows, numbers = self._parse_rows(lines, path, first)
+            if not rows:
+                return None
+        else:
+            if len(fast) == 0:
+                return None
+            rows, numbers = None, None
+        out = []
+        for j, column in enumerate(self._columns):
+            if fast is not None:
+                values = fast[f"f{j}"]
+                line_of = None
+            else:
+                assert rows is not None and numbers is not None
+                values = rows[j]
+                line_of = numbers
+
+            def where(i: int, j: int = j, line_of: Any = line_of) -> str:
+                line = f"line {line_of[i] if line_of is not None else first + 1 + i}"
+                return f"{path}: {line}, {self._label(j)}"
+
+            if column.dtype.kind == "O":
+                out.append(values)
+            else:
+                out.append(np.ascontiguousarray(cast(values, column.dtype, where)))
+        return out
+
+    def _parse_fast(self, lines: list[str]) -> np.ndarray:
+        dtype = np.dtype([(f"f{j}", c.parse_as) for j, c in enumerate(self._columns)])
+        return np.loadtxt(lines, dtype=dtype, delimiter=self._delim, usecols=self._select, ndmin=1,
+                          quotechar='"', encoding=None)
+
+    def _parse_rows(self, lines: list[str], path: str, first: int) -> tuple[list[Any], list[int]]:
+        width = len(self._columns)
+        values: list[list[Any]] = [[] for _ in range(width)]
+        numbers: list[int] = []
+        select = self._select or list(range(width))
+        for k, fields in enumerate(csv.reader(lines, delimiter=self._delim)):
+            lineno = first + k + 1
+            if not fields:
+                continue
+            if (self._select is None and len(fields) != width) or len(fields) <= select[-1]:
+                raise ColumnValueError(
+                    f"{path}: line {lineno}: {len(fields)} fields, expected "
+                    f"{width if self._select is None else f'at least {select[-1] + 1}'} (one per record_defaults "
+                    f"entry{'' if self._select is None else ', select_cols ' + str(self._select)})"
+                )
+            numbers.append(lineno)
+            for j, column in enumerate(self._columns):
+                text = fields[select[j]]
+                values[j].append(self._value(text, column, path, lineno, j))
+        out: list[Any] = []
+        for j, column in enumerate(self._columns):
+            if column.dtype.kind == "O":
+                array = np.empty(len(values[j]), dtype=object)
+                array[:] = values[j]
+                out.append(array)
+            else:
+                out.append(np.array(values[j], dtype=object if column.parse_as == np.uint64 else None))
+        return out, numbers
+
+    def _value(self, text: str, column: _Column, path: str, lineno: int, j: int) -> Any:
+        if text == "" or text == self._na:
+            if column.default is None:
+                raise ColumnValueError(
+                    f"{path}: line {lineno}, {self._label(j)}: the field is empty and the column is required "
+                    f"(record_defaults gives a dtype, {column.dtype}); give a default value to fill empty fields"
+                )
+            return column.default
+        if column.dtype.kind == "O":
+            return text
+        try:
+            return int(text) if column.dtype.kind in "iub" else float(text)
+        except ValueError:
+            allowed = "an integer" if column.dtype.kind in "iub" else "a number"
+            raise ColumnValueError(
+                f"{path}: line {lineno}, {self._label(j)}: value {text!r} is not {allowed} (the column is "
+                f"{column.dtype})"
+            ) from None

@@ -1,0 +1,132 @@
+"""Reading files block by block: the source node of the file formats (Parquet, TFRecord, CSV), with
+``tf.data``'s parallel ``interleave`` semantics.
+
+:class:`FileBlocksNode` sits on a file list (``list_files``: the node ``AutoShardPolicy.FILE`` splits between
+workers) and hands out *blocks* -- a Parquet row group, a chunk of CSV lines or of TFRecord records, as a
+structure of arrays -- so ``batch``, ``shard`` and ``shuffle`` above it work with array slicing, never one Python
+step per record. ``cycle_length`` files are open at once and one block is taken from each in turn (``tf.data``'s
+``interleave`` with ``block_length`` = one block); with ``num_parallel_calls`` > 1 a thread pool reads the next
+block of every open file, and of the next files to open, while the consumer works. The order is deterministic:
+exactly the order of the single-threaded interleave, whatever the thread timing (as ``tf.data`` with
+``deterministic=True``, its default). Readers release the GIL in their bulk work (pyarrow's decoding, file reads,
+numpy's parsing), which is where the threads overlap. The thread pool lives for one pass: the node holds none, so a
+pipeline still pickles.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable, Iterator
+
+from kubeps.runtime.data.node import Node
+from kubeps.runtime.data.structure import close, unblock
+
+_END = object()  # a file's blocks are exhausted
+
+#: threads for ``num_parallel_calls=AUTOTUNE``: the CPUs this process may use, at most 8
+AUTOTUNE_READERS = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+
+
+def _advance(it: Iterator[Any]) -> Any:
+    try:
+        return next(it)
+    except StopIteration:
+        return _END
+
+
+class _Now:
+    """An executor that runs a call at once (``num_parallel_calls`` <= 1): one code path for both cases."""
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        future: Future = Future()
+        try:
+            future.set_result(fn(*args))
+        except BaseException as err:  # noqa: BLE001 - handed to the consumer, at the block where it happened
+            future.set_exception(err)
+        return future
+
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        pass
+
+
+class FileBlocksNode(Node):
+    """Blocks of ``read_blocks(path)`` for every path of the parent node, interleaved over ``cycle_length`` open
+    files, read ahead by ``num_parallel_calls`` threads (1: in the consumer's thread)."""
+
+    def __init__(
+        self,
+        parent: Node,
+        read_blocks: Callable[[str], Iterator[Any]],
+        cycle_length: int,
+        num_parallel_calls: int,
+        name: str,
+    ):
+        super().__init__(parent)
+        self._read_blocks = read_blocks
+        self._cycle_length = cycle_length
+        self._num_parallel_calls = num_parallel_calls
+        self._name = name
+
+    @property
+    def read_blocks(self) -> Callable[[str], Iterator[Any]]:
+        """The reader: one file's path -> its blocks."""
+        return self._read_blocks
+
+    def iterate(self) -> Iterator[Any]:
+        return unblock(self.blocks())
+
+    def blocks(self) -> Iterator[Any]:
+        cycle = self._cycle_length
+        threads = self._num_parallel_calls
+        pool: Any = ThreadPoolExecutor(threads, thread_name_prefix="kubeps-read") if threads > 1 else _Now()
+        outer = self.upstream.iterate()
+        ahead: collections.deque[list[Any]] = collections.deque()  # [blocks, future of the next block], opened early
+        slots: list[list[Any] | None] = [None] * cycle
+        end_of_input = False
+
+        def open_ahead() -> None:
+            # the next files are opened (and their first block read) before the cycle reaches them; they are
+            # handed to the slots in input order, so the order stays that of the sequential interleave
+            nonlocal end_of_input
+            while not end_of_input and len(ahead) < (cycle if threads > 1 else 1):
+                try:
+                    path = next(outer)
+                except StopIteration:
+                    end_of_input = True
+                    return
+                blocks = self._read_blocks(path)
+                ahead.append([blocks, pool.submit(_advance, blocks)])
+
+        num_open = 0
+        index = 0
+        try:
+            open_ahead()
+            while ahead or num_open:
+                slot = slots[index]
+                if slot is not None:
+                    block = slot[1].result()  # a reader's error is raised here, where its block would be
+                    if block is _END:
+                        slots[index] = None
+                        num_open -= 1
+                        close(slot[0])
+                    else:
+                        slot[1] = pool.submit(_advance, slot[0])
+                        yield block
+                    index = (index + 1) % cycle
+                elif ahead:
+                    slots[index] = ahead.popleft()
+                    num_open += 1
+                    open_ahead()
+                else:
+                    index = (index + 1) % cycle
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)  # no reader thread is inside a file after this
+            for entry in [*slots, *ahead]:
+                if entry is not None:
+                    close(entry[0])
+            close(outer)
+
+    def describe(self) -> str:
+        return f"{self._name}(cycle_length={self._cycle_length}, num_parallel_calls={self._num_parallel_calls})"
