@@ -48,6 +48,17 @@ class ParameterServerStrategy:
         if variable_partitioner is not None and not callable(variable_partitioner):
             raise RuntimeConfigError("variable_partitioner", variable_partitioner,
                                      "must be None or a callable partitioner(shape, dtype) -> [num_shards, 1, ...]")
+        task_type = getattr(cluster_resolver, "task_type", None)
+        if task_type in ("ps", "worker"):
+            # every task runs the same program: one that builds the strategy on a ps or worker would start no
+            # server, and every coordinator in the job would wait for servers that never come
+            raise RuntimeConfigError(
+                "TF_CONFIG.task.type", task_type,
+                "ParameterServerStrategy runs on the chief (the coordinator) only; a 'ps' or 'worker' task runs a "
+                "server instead: branch on the task type, e.g. `if resolver.task_type in ('ps', 'worker'): "
+                "kp.Server(resolver.cluster_spec(), job_name=resolver.task_type, task_index=resolver.task_id)"
+                ".join()` (as the README's example does)",
+            )
         spec = cluster_resolver.cluster_spec()
         spec = spec if isinstance(spec, ClusterSpec) else ClusterSpec(spec)
         jobs = spec.as_dict()

@@ -1,5 +1,9 @@
 """Tasks of a job start together: the coordinator's first variable waits for late parameter servers."""
 
+import json
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -59,6 +63,31 @@ def test_a_parameter_server_that_never_comes_is_named(free_port_list):
 def test_startup_timeout_must_be_positive(free_port_list):
     with pytest.raises(RuntimeConfigError, match="'ps_startup_timeout' has invalid value 0"):
         _strategy(_cluster(free_port_list(3)), ps_startup_timeout=0)
+
+
+@pytest.mark.parametrize("task_type", ["ps", "worker"])
+def test_a_ps_or_worker_that_builds_the_strategy_is_told_to_run_a_server(free_port_list, task_type):
+    resolver = TFConfigClusterResolver(tf_config={"cluster": _cluster(free_port_list(3)),
+                                                  "task": {"type": task_type, "index": 0}})
+    with pytest.raises(RuntimeConfigError, match=rf"'TF_CONFIG.task.type' has invalid value '{task_type}': "
+                                                 r"ParameterServerStrategy runs on the chief.*kp\.Server\("):
+        ParameterServerStrategy(resolver, job_token=TOKEN)
+
+
+def test_a_coordinator_only_program_fails_at_once_on_a_ps(free_port_list, tmp_path):
+    """docs/runtime.md's example once held only the coordinator's code: on a ps it waited 120 s for servers that the
+    ps itself should have been running. Now the ps task exits at once, saying what to run."""
+    script = tmp_path / "coordinator_only.py"
+    script.write_text("import kubeps.runtime as kp\n"
+                      "strategy = kp.ParameterServerStrategy(kp.TFConfigClusterResolver())\n"
+                      "coordinator = kp.ClusterCoordinator(strategy)\n")
+    env = {**os.environ, "KUBEPS_JOB_TOKEN": TOKEN,
+           "TF_CONFIG": json.dumps({"cluster": _cluster(free_port_list(3)), "task": {"type": "ps", "index": 0}})}
+    began = time.monotonic()
+    result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert time.monotonic() - began < 30
+    assert "runs on the chief (the coordinator) only" in result.stderr, result.stderr[-2000:]
 
 
 def strategy_variable(strategy):

@@ -154,9 +154,9 @@ def test_bad_arguments_name_field():
 
 
 def test_strategy_needs_ps_and_worker():
-    resolver = TFConfigClusterResolver(tf_config={"cluster": {"worker": ["127.0.0.1:1"]},
-                                                  "task": {"type": "worker", "index": 0}})
-    with pytest.raises(RuntimeConfigError, match=r"TF_CONFIG.cluster.*\{'worker': 1\}.*missing \['ps'\]"):
+    resolver = TFConfigClusterResolver(tf_config={"cluster": {"chief": ["127.0.0.1:2"], "worker": ["127.0.0.1:1"]},
+                                                  "task": {"type": "chief", "index": 0}})
+    with pytest.raises(RuntimeConfigError, match=r"TF_CONFIG.cluster.*\{'chief': 1, 'worker': 1\}.*missing \['ps'\]"):
         ParameterServerStrategy(resolver)
     with pytest.raises(RuntimeConfigError, match="cluster_resolver"):
         ParameterServerStrategy(None)
