@@ -12,19 +12,25 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 
 from kubeps.runtime.errors import RuntimeConfigError
-from kubeps.runtime.rpc.protocol import optimizer_key
+from kubeps.runtime.rpc.protocol import optimizer_key, slot_key
+from kubeps.runtime.variables.slots import slots_for
 
 __all__ = [
     "ParameterServerState",
     "PSVariable",
     "UnknownVariableError",
 ]
+
+
+#: how many optimizer configurations a ps keeps an optimizer object for (slots do not depend on it)
+MAX_OPTIMIZERS = 16
 
 
 class UnknownVariableError(KeyError):
@@ -41,7 +47,7 @@ class PSVariable:
     name: str
     value: np.ndarray
     lock: threading.Lock = field(default_factory=threading.Lock)
-    #: optimizer config key -> slot arrays (created on the first push with that optimizer)
+    #: optimizer class -> slot arrays (created on the first push with that class; see ``variables.slots``)
     slots: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
     #: number of optimizer updates applied so far (the ``step`` the next update sees is ``updates + 1``)
     updates: int = 0
@@ -60,7 +66,9 @@ class ParameterServerState:
         self.variables: dict[str, PSVariable] = {}
         self._lock = threading.Lock()  # guards the dict itself, never held during math
         self._optimizer_factory = optimizer_factory or _default_optimizer_factory
-        self._optimizers: dict[str, Any] = {}
+        #: optimizer config (canonical JSON) -> (slot key, optimizer): the most recent ones only, so a program that
+        #: pushes a new learning rate every step does not grow it
+        self._optimizers: OrderedDict[str, tuple[str, Any]] = OrderedDict()
         #: random id of this state, i.e. of this process start: a restarted parameter server comes back empty
         #: with a new one (``Ping`` and ``CreateVariables`` answer it; the coordinator compares)
         self.incarnation = uuid.uuid4().hex
@@ -114,14 +122,21 @@ class ParameterServerState:
             var.value += delta
 
     # -- optimizer updates -------------------------------------------------------------------------------------
-    def optimizer(self, config: dict[str, Any]):
+    def optimizer(self, config: dict[str, Any]) -> tuple[str, Any]:
+        """``(slot key, optimizer)`` for ``config``: the slot key is the optimizer's class (slots survive a
+        hyperparameter change); the optimizer object is cached per whole config, at most ``MAX_OPTIMIZERS``."""
         key = optimizer_key(config)
-        opt = self._optimizers.get(key)
-        if opt is None:
-            opt = self._optimizer_factory(config)
-            with self._lock:
-                opt = self._optimizers.setdefault(key, opt)
-        return key, opt
+        with self._lock:
+            entry = self._optimizers.get(key)
+            if entry is not None:
+                self._optimizers.move_to_end(key)
+                return entry
+        entry = (slot_key(config), self._optimizer_factory(config))
+        with self._lock:
+            entry = self._optimizers.setdefault(key, entry)
+            while len(self._optimizers) > MAX_OPTIMIZERS:
+                self._optimizers.popitem(last=False)
+        return entry
 
     def apply_dense(self, name: str, config: dict[str, Any], grad: np.ndarray) -> int:
         """Apply a dense gradient with the optimizer ``config`` describes; returns the variable's update count."""
@@ -173,10 +188,7 @@ class ParameterServerState:
 
     @staticmethod
     def _slots(var: PSVariable, key: str, opt) -> dict[str, np.ndarray]:
-        slots = var.slots.get(key)
-        if slots is None:
-            slots = var.slots[key] = opt.init_slots(var.value)
-        return slots
+        return slots_for(var.slots, key, opt, var.value, var.name)
 
     # -- checkpoints: one variable with its optimizer state, copied out or loaded back under its lock ----------
     def describe(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
@@ -185,7 +197,7 @@ class ParameterServerState:
         return var.value.shape, var.value.dtype
 
     def snapshot(self, name: str) -> tuple[np.ndarray, dict[str, dict[str, np.ndarray]], int]:
-        """A consistent copy of variable ``name``: ``(value, {optimizer key: {slot: array}}, updates)``."""
+        """A consistent copy of variable ``name``: ``(value, {optimizer class: {slot: array}}, updates)``."""
         var = self.get(name)
         with var.lock:
             slots = {okey: {s: np.array(a, copy=True) for s, a in group.items()} for okey, group in var.slots.items()}

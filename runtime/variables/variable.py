@@ -19,7 +19,8 @@ import numpy as np
 from kubeps.runtime.variables import context as _context
 from kubeps.runtime.errors import RuntimeConfigError
 from kubeps.runtime.variables.partitioners import div_split, owner_of
-from kubeps.runtime.rpc.protocol import PS
+from kubeps.runtime.rpc.protocol import PS, slot_key
+from kubeps.runtime.variables.slots import slots_for
 
 __all__ = ["ShardedVariable", "Variable", "embedding_lookup"]
 
@@ -145,7 +146,8 @@ class Variable(_ArrayLike):
         self._ps_index: int | None = None
         self._transport: Any = None
         self._prefetch = True
-        self._local_slots: dict[int, tuple[Any, dict[str, np.ndarray]]] = {}
+        #: optimizer class -> slot arrays, as a ps keeps them (``variables.slots``)
+        self._local_slots: dict[str, dict[str, np.ndarray]] = {}
         self._local_updates = 0
 
     # -- properties --------------------------------------------------------------------------------------------
@@ -198,21 +200,19 @@ class Variable(_ArrayLike):
     # -- a local variable's in-process state: the optimizer push updates it, checkpoints copy and load it --------
     def apply_local_update(self, optimizer: Any, grad: Any) -> None:
         """Apply a dense gradient, or a row-sparse ``(indices, values)`` pair, to this local variable with
-        ``optimizer``, whose slots it keeps (one set per optimizer object)."""
-        entry = self._local_slots.get(id(optimizer))
-        if entry is None:
-            entry = self._local_slots[id(optimizer)] = (optimizer, optimizer.init_slots(self._local))
+        ``optimizer``, whose slots it keeps by optimizer class, as a parameter server does."""
+        slots = slots_for(self._local_slots, slot_key(optimizer.get_config()), optimizer, self._local, self._name)
         self._local_updates += 1
         if isinstance(grad, tuple):
-            optimizer.apply_sparse(self._local, grad[0], grad[1], entry[1], self._local_updates)
+            optimizer.apply_sparse(self._local, grad[0], grad[1], slots, self._local_updates)
         else:
-            optimizer.apply_dense(self._local, grad, entry[1], self._local_updates)
+            optimizer.apply_dense(self._local, grad, slots, self._local_updates)
 
-    def local_state(self) -> tuple[np.ndarray, list[tuple[Any, dict[str, np.ndarray]]], int]:
-        """The live value array, ``(optimizer, slots)`` of every optimizer that updated it, and the update count."""
+    def local_state(self) -> tuple[np.ndarray, dict[str, dict[str, np.ndarray]], int]:
+        """The live value array, its slots (``{optimizer class: {slot: array}}``, live) and the update count."""
         if self._local is None:
             raise RuntimeError(f"variable {self._name!r} lives on a parameter server: it has no local state")
-        return self._local, list(self._local_slots.values()), self._local_updates
+        return self._local, self._local_slots, self._local_updates
 
     def set_local_updates(self, updates: int) -> None:
         """Set the update count of a local variable (a checkpoint restores it; the next update is ``updates + 1``)."""
