@@ -145,3 +145,39 @@ def test_variables_sgd_training_loop(coord):
     expected = np.arange(26, dtype=np.float32).reshape(13, 2)
     expected[[1, 12]] -= 4 * 0.5
     np.testing.assert_allclose(np.asarray(emb), expected)
+
+
+def test_worker_index_inside_a_prefetched_generator(coord):
+    """Issue 23.3: docs/data.md's pipeline ends in .prefetch(), whose producer thread runs the generator; the worker
+    index must still be known there (it failed saying the code ran on the coordinator)."""
+    from kubeps.runtime.data.dataset import Dataset
+
+    strategy, coordinator = coord
+
+    def dataset_fn():
+        def gen():
+            while True:
+                yield np.int64(get_current_worker_index())
+        return Dataset.from_generator(gen).batch(2).prefetch(2)
+
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+    results = [coordinator.schedule(lambda it: (int(next(it)[0]), get_current_worker_index()), args=(iterator,))
+               for _ in range(6)]
+    coordinator.join()
+    for rv in results:
+        from_generator, from_step = rv.fetch()
+        assert from_generator == from_step
+
+
+def test_worker_index_off_a_worker_says_where_it_ran(monkeypatch):
+    import threading
+
+    from kubeps.runtime.variables import context
+
+    monkeypatch.setattr(context, "_worker_processes", set())  # in-process servers of other tests do not count
+
+    errors = []
+    thread = threading.Thread(target=lambda: errors.append(pytest.raises(RuntimeError, get_current_worker_index)))
+    thread.start()
+    thread.join()
+    assert "this process serves no worker" in str(errors[0].value)
