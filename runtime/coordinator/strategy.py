@@ -9,6 +9,7 @@ too. Variables created outside any scope stay local to the coordinator.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from typing import Any, Callable, Iterator
@@ -28,6 +29,8 @@ from kubeps.runtime.variables.variable import ShardedVariable, Variable
 from kubeps.runtime.rpc.protocol import PING, PS
 
 __all__ = ["ParameterServerStrategy"]
+
+log = logging.getLogger("kubeps.runtime.coordinator.strategy")
 
 
 class ParameterServerStrategy:
@@ -130,24 +133,56 @@ class ParameterServerStrategy:
         finally:
             _context.pop_strategy(self)
 
+    @property
+    def ps_ready(self) -> bool:
+        """Whether every parameter server has answered once (:meth:`wait_for_parameter_servers`)."""
+        return self._ps_ready
+
+    @property
+    def ps_startup_timeout(self) -> float:
+        return self._ps_startup_timeout
+
     def wait_for_parameter_servers(self, timeout: float | None = None) -> None:
         """Block until every ps answers a ping; raise ``PSUnavailableError`` naming the first silent one.
 
         Called before the first variable is created; a wrong job token fails at once (it will not get better).
-        """
+        While it waits it says so, for how long and for which addresses (tasks of a job start together, so a
+        parameter server that does not listen yet is normal for a few seconds)."""
         if self._ps_ready:
             return
-        deadline = time.monotonic() + (self._ps_startup_timeout if timeout is None else timeout)
-        for ps in range(self.num_ps):
-            while True:
+        limit = self._ps_startup_timeout if timeout is None else timeout
+        began = time.monotonic()
+        silent = list(range(self.num_ps))
+        errors: dict[int, PSUnavailableError] = {}
+        announced = False
+        while silent:
+            for ps in list(silent):
                 try:
                     self._transport.call(ps, PING, timeout=1.0)
-                    break
-                except PSUnavailableError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.1)
+                    silent.remove(ps)
+                except PSUnavailableError as err:
+                    errors[ps] = err
+            if not silent:
+                break
+            waited = time.monotonic() - began
+            if waited > limit:
+                first = silent[0]
+                raise PSUnavailableError(
+                    first, self.ps_addresses[first],
+                    f"no answer within ps_startup_timeout={limit:g} s (the chief waits that long for every "
+                    f"parameter server to start; still silent: {self._describe_ps(silent)}); last error: "
+                    f"{errors[first]}", code=errors[first].code)
+            if not announced:
+                log.warning("waiting up to %g s (ps_startup_timeout) for %d parameter server(s) to answer: %s",
+                            limit, len(silent), self._describe_ps(silent))
+                announced = True
+            time.sleep(0.1)
+        if announced:
+            log.warning("every parameter server answered after %.1f s", time.monotonic() - began)
         self._ps_ready = True
+
+    def _describe_ps(self, indices: list[int]) -> str:
+        return ", ".join(f"/job:ps/task:{ps} at {self.ps_addresses[ps]}" for ps in indices)
 
     # -- variable creation -----------------------------------------------------------------------------------
     def _unique_name(self, name: str, shards: int = 1) -> str:

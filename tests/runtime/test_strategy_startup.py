@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -57,6 +58,48 @@ def test_a_parameter_server_that_never_comes_is_named(free_port_list):
                 strategy_variable(strategy)
         assert time.monotonic() - began < 10
     finally:
+        strategy.close()
+
+
+def test_the_chief_says_it_waits_for_how_long_and_for_which_ps(free_port_list, caplog):
+    """Issue 23.6: the only output while waiting was a heartbeat line that looked fatal."""
+    import logging
+
+    cluster = _cluster(free_port_list(3))
+    strategy = _strategy(cluster, ps_startup_timeout=1.5)
+    try:
+        with caplog.at_level(logging.WARNING, logger="kubeps.runtime.coordinator.strategy"):
+            with pytest.raises(PSUnavailableError, match=r"no answer within ps_startup_timeout=1.5 s .*still silent: "
+                                                         r"/job:ps/task:0 at 127\.0\.0\.1:\d+"):
+                with strategy.scope():
+                    strategy_variable(strategy)
+        assert re.search(r"waiting up to 1.5 s \(ps_startup_timeout\) for 1 parameter server\(s\) to answer: "
+                         r"/job:ps/task:0 at " + re.escape(cluster["ps"][0]), caplog.text), caplog.text
+    finally:
+        strategy.close()
+
+
+def test_a_coordinator_started_before_its_ps_does_not_declare_them_dead(free_port_list):
+    """The heartbeat declared a ps that was not listening yet dead after 3 s, failing the job once it came."""
+    from kubeps.runtime.coordinator.cluster_coordinator import ClusterCoordinator
+
+    cluster = _cluster(free_port_list(3))
+    strategy = _strategy(cluster, ps_startup_timeout=30)
+    servers = [Server(cluster, "worker", 0, token=TOKEN, bind_host="127.0.0.1")]
+    coordinator = ClusterCoordinator(strategy)
+    starter = threading.Timer(4.5, lambda: servers.append(Server(cluster, "ps", 0, token=TOKEN, bind_host="127.0.0.1")))
+    starter.start()
+    try:
+        with strategy.scope():
+            v = strategy_variable(strategy)
+        result = coordinator.schedule(lambda: v.read_value().sum())
+        coordinator.join()
+        assert result.fetch() == 6
+    finally:
+        starter.join()
+        coordinator.shutdown()
+        for s in servers:
+            s.stop()
         strategy.close()
 
 
