@@ -25,7 +25,7 @@ from kubeps.runtime.rpc.client import DEFAULT_TIMEOUT_S
 from kubeps.runtime.rpc.security import load_job_token
 from kubeps.runtime.util.threads import limit_math_threads
 from kubeps.runtime.rpc.transport import PSTransport
-from kubeps.runtime.variables.variable import ShardedVariable, Variable
+from kubeps.runtime.variables.variable import ShardedVariable, Variable, variable_array
 from kubeps.runtime.rpc.protocol import PING, PS
 
 __all__ = ["ParameterServerStrategy"]
@@ -224,12 +224,7 @@ class ParameterServerStrategy:
                         shape: Any = None) -> Variable | ShardedVariable:
         """What ``Variable(...)`` does inside ``scope()``: place (and maybe shard) it on the parameter servers."""
         value = initial_value() if callable(initial_value) else initial_value
-        try:
-            array = np.array(value, dtype=np.dtype(dtype) if dtype is not None else None, copy=True)
-        except TypeError as err:
-            raise RuntimeConfigError("initial_value", type(value).__name__, f"must be array-like ({err})") from None
-        if array.dtype == object:
-            raise RuntimeConfigError("initial_value", type(value).__name__, "must be a numeric array")
+        array = variable_array(value, dtype)
         if shape is not None and tuple(array.shape) != tuple(shape):
             raise RuntimeConfigError("shape", shape, f"the initial value has shape {list(array.shape)}")
         self.wait_for_parameter_servers()

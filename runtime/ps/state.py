@@ -166,7 +166,10 @@ class ParameterServerState:
                     f"sparse gradient for {name!r}: 'values' has shape {list(values.shape)}, expected "
                     f"{list(expected)} (one row per index, rows shaped like the variable's {list(var.value.shape[1:])})"
                 )
-            checked.append((var, idx, values.astype(var.value.dtype, copy=False)))
+            if values.dtype != var.value.dtype:
+                raise ValueError(f"sparse gradient for {name!r}: 'values' has dtype {values.dtype}; the variable is "
+                                 f"{var.value.dtype} (kubeps does not cast: send {var.value.dtype})")
+            checked.append((var, idx, values))
         steps = []
         for var, idx, grad in checked:
             with var.lock:
@@ -223,12 +226,11 @@ class ParameterServerState:
                 f"{what} for variable {var.name!r} has shape {list(value.shape)}; the variable's shape is "
                 f"{list(var.value.shape)}"
             )
-        if value.dtype != var.value.dtype:
-            if not np.can_cast(value.dtype, var.value.dtype, casting="same_kind"):
-                raise ValueError(
-                    f"{what} for variable {var.name!r} has dtype {value.dtype}; the variable is {var.value.dtype}"
-                )
-            value = value.astype(var.value.dtype)
+        if value.dtype != var.value.dtype:  # no silent cast, as in TensorFlow
+            raise ValueError(
+                f"{what} for variable {var.name!r} has dtype {value.dtype}; the variable is {var.value.dtype} "
+                f"(kubeps does not cast: send {var.value.dtype})"
+            )
         return value
 
     @staticmethod

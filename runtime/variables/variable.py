@@ -32,6 +32,52 @@ def _dtype(dtype: Any) -> np.dtype:
         raise RuntimeConfigError("dtype", dtype, "must be a numpy dtype such as 'float32'") from None
 
 
+#: the dtype kinds a variable may hold, what a parameter server stores and the wire carries: bool, signed and
+#: unsigned integers, floats, complex
+VALUE_KINDS = "biufc"
+_KIND_WORDS = {"U": "strings", "S": "byte strings", "O": "Python objects", "V": "structured records",
+               "M": "datetimes", "m": "timedeltas", "T": "strings"}
+
+
+def variable_array(value: Any, dtype: Any, field: str = "initial_value") -> np.ndarray:
+    """``value`` as a new array for a variable (of ``dtype`` when given); strings, objects and the like are refused
+    naming the field, the dtype and what a variable may hold."""
+    try:
+        array = np.array(value, dtype=_dtype(dtype) if dtype is not None else None, copy=True)
+    except (TypeError, ValueError) as err:
+        raise RuntimeConfigError(field, type(value).__name__, f"must be array-like ({err})") from None
+    if array.dtype.kind not in VALUE_KINDS:
+        what = _KIND_WORDS.get(array.dtype.kind, "values of that kind")
+        raise RuntimeConfigError(
+            field, f"array of dtype {array.dtype.str!r} ({what})",
+            "a variable holds bool, integer, float or complex numbers (bool, int8..int64, uint8..uint64, "
+            "float16/32/64, complex64/128): encode strings as ids, e.g. with a vocabulary lookup",
+        )
+    return array
+
+
+def value_for(value: Any, dtype: np.dtype, field: str, owner: str) -> np.ndarray:
+    """``value`` (a gradient, an assigned value) as an array of the variable's ``dtype``, without a silent cast.
+
+    An array or numpy scalar must already have that dtype, as in TensorFlow (a float64 gradient for a float32
+    variable is an error, not a rounding); Python numbers and lists are converted when the kind allows it (``1`` into
+    a float variable, never ``0.5`` into an integer one)."""
+    given = getattr(value, "dtype", None)
+    if given is not None:
+        if np.dtype(given) != dtype:
+            raise RuntimeConfigError(
+                field, f"array of dtype {np.dtype(given).name}",
+                f"must have variable {owner!r}'s dtype {dtype.name}; kubeps does not cast silently (TensorFlow "
+                f"refuses too): convert it yourself, e.g. value.astype(np.{dtype.name})",
+            )
+        return np.asarray(value)
+    array = np.asarray(value)
+    if array.dtype.kind not in VALUE_KINDS or not np.can_cast(array.dtype, dtype, casting="same_kind"):
+        raise RuntimeConfigError(field, value, f"must be convertible to variable {owner!r}'s dtype {dtype.name} "
+                                               f"without changing its kind")
+    return array.astype(dtype, copy=False)
+
+
 def _binary(op, reflected: bool = False):
     def method(self, other):
         a = self.read_value()
@@ -108,7 +154,7 @@ class Variable(_ArrayLike):
         if strategy is not None:
             return strategy.create_variable(initial_value, name=name, dtype=dtype, trainable=trainable, shape=shape)
         value = initial_value() if callable(initial_value) else initial_value
-        array = np.array(value, dtype=_dtype(dtype) if dtype is not None else None, copy=True)
+        array = variable_array(value, dtype)
         if shape is not None and tuple(array.shape) != tuple(shape):
             raise RuntimeConfigError("shape", shape, f"the initial value has shape {list(array.shape)}")
         return cls._local_variable(name or "Variable", array, trainable)
@@ -231,7 +277,7 @@ class Variable(_ArrayLike):
         return self.read_value()
 
     def _write(self, op: str, value: Any) -> "Variable":
-        array = np.asarray(value, dtype=self._dtype)
+        array = value_for(value, self._dtype, "value", self._name)
         if array.shape != self._shape:
             raise RuntimeConfigError("value", f"array of shape {list(array.shape)}",
                                      f"variable {self._name!r} has shape {list(self._shape)}")
@@ -254,7 +300,7 @@ class Variable(_ArrayLike):
         return self._write("add", delta)
 
     def assign_sub(self, delta: Any) -> "Variable":
-        return self._write("add", -np.asarray(delta, dtype=self._dtype))
+        return self._write("add", -value_for(delta, self._dtype, "delta", self._name))
 
     # -- pickling: remote variables travel as handles -----------------------------------------------------------
     def __reduce__(self):
@@ -332,7 +378,7 @@ class ShardedVariable(_ArrayLike):
         return self.read_value()
 
     def _write(self, op: str, value: Any) -> "ShardedVariable":
-        array = np.asarray(value, dtype=self._dtype)
+        array = value_for(value, self._dtype, "value", self._name)
         if array.shape != self._shape:
             raise RuntimeConfigError("value", f"array of shape {list(array.shape)}",
                                      f"variable {self._name!r} has shape {list(self._shape)}")
@@ -347,7 +393,7 @@ class ShardedVariable(_ArrayLike):
         return self._write("add", delta)
 
     def assign_sub(self, delta: Any) -> "ShardedVariable":
-        return self._write("add", -np.asarray(delta, dtype=self._dtype))
+        return self._write("add", -value_for(delta, self._dtype, "delta", self._name))
 
 
 def _calls(transport: Any, requests: dict[int, tuple[str, dict[str, Any], Sequence[Any]]]) -> dict[int, Any]:
