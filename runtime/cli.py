@@ -212,7 +212,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     own, script_args = _split_script_args(argv)
     try:
-        args = parser.parse_args(own)
+        args, unknown = parser.parse_known_args(own)
+        if unknown and args.command == "local":
+            # the usual slip: `kubeps local x.py --steps 5`, the script's own flags without '--' before them
+            args._local_parser.error(
+                f"unrecognized arguments: {' '.join(unknown)}; arguments for the script go after '--': "
+                f"kubeps local {args.script} [OPTIONS] -- {' '.join(unknown)}"
+            )
+        if unknown:
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
         if script_args and args.command != "local":
             parser.error(f"'--' arguments are only for 'kubeps local', got {script_args}")
         if args.command == "version":
