@@ -32,6 +32,9 @@ __all__ = ["ParameterServerStrategy"]
 
 log = logging.getLogger("kubeps.runtime.coordinator.strategy")
 
+#: a normal start (every ps answers within this many seconds) is not announced
+STARTUP_QUIET_S = 1.0
+
 
 class ParameterServerStrategy:
     """``ParameterServerStrategy(cluster_resolver, variable_partitioner=None)``.
@@ -172,7 +175,7 @@ class ParameterServerStrategy:
                     f"no answer within ps_startup_timeout={limit:g} s (the chief waits that long for every "
                     f"parameter server to start; still silent: {self._describe_ps(silent)}); last error: "
                     f"{errors[first]}", code=errors[first].code)
-            if not announced:
+            if not announced and waited >= STARTUP_QUIET_S:
                 log.warning("waiting up to %g s (ps_startup_timeout) for %d parameter server(s) to answer: %s",
                             limit, len(silent), self._describe_ps(silent))
                 announced = True
