@@ -38,10 +38,12 @@ tools: $(STAMP)
 		echo "go not found: the actionlint test will be skipped"; \
 	fi
 
-# ruff and the import contracts (.importlinter) alone; `make test` runs them too (tests/code_checks).
+# ruff, the import contracts (.importlinter) and mypy on the runtime (hack/mypy.sh) alone; `make test` runs them
+# too (tests/code_checks).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache
+	MYPY=$(abspath $(BIN))/mypy hack/mypy.sh
 
 test: $(STAMP) controlplane tools
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -17,7 +17,8 @@ Each round runs, with 1 chief + ``--ps`` (2) ps + ``--workers`` (2) workers as l
 * TensorFlow: ``bench/ctr/tf_ctr.py`` (``tf.distribute.experimental.ParameterServerStrategy`` + ``ClusterCoordinator``,
   the table sharded over the ps by ``FixedShardsPartitioner``, ``tf.data`` per worker), run by ``--tf-python``;
 
-alternating which side goes first. Both programs time from after ``--warmup-executions`` executions to the final
+and with ``--jax`` the same model written with ``jax.numpy`` (``bench/ctr/jax_ctr.py``, gradients from
+``kp.value_and_grad``; its baseline is the kubeps numpy side of the same run), rotating which side goes first. Both programs time from after ``--warmup-executions`` executions to the final
 ``join()``, and score their final weights with the same numpy scorer (``workload.evaluate``). The driver samples every
 task's peak RSS (``VmHWM``) and reads every task's CPU time (``/proc/PID/stat``) when the chief prints ``TIMED
 START`` and ``TIMED END``: CPU milliseconds per step, all tasks together, is the figure a busy shared machine moves
@@ -56,7 +57,7 @@ CTR = REPO / "bench" / "ctr"
 sys.path.insert(0, str(CTR))
 import workload as wl  # noqa: E402 - only numpy
 
-SIDES = {"kubeps": CTR / "kubeps_ctr.py", "tf": CTR / "tf_ctr.py"}
+SIDES = {"kubeps": CTR / "kubeps_ctr.py", "jax": CTR / "jax_ctr.py", "tf": CTR / "tf_ctr.py"}
 TASK_LINE = re.compile(r"\[kubeps\] (?P<name>(?P<type>[a-z]+)-\d+) pid (?P<pid>\d+)")
 RESULT_LINE = re.compile(r"^(?:\[chief-0\] )?RESULT (?P<json>\{.*\})\s*$")
 POLL_S = 0.3
@@ -265,10 +266,13 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=1800, help="seconds one run may take before it is stopped")
     p.add_argument("--verbose", action="store_true", help="stream the tasks' output")
     p.add_argument("--json", help="write the rounds and the summary to this file")
+    p.add_argument("--jax", action="store_true",
+                   help="also run the model written with jax.numpy (bench/ctr/jax_ctr.py), with its ratio to kubeps's "
+                        "numpy layers measured in the same run")
     args = p.parse_args(argv)
 
     tf_version, why = tensorflow_version(args.tf_python)
-    sides = ["kubeps", "tf"] if tf_version else ["kubeps"]
+    sides = ["kubeps"] + (["jax"] if args.jax else []) + (["tf"] if tf_version else [])
     if not tf_version:
         print(f"TensorFlow skipped: {why} (see this file's docstring to install it)", flush=True)
     data = data_folder(args)
@@ -288,11 +292,13 @@ def main(argv=None) -> int:
             f"{side} {describe(runs[side][-1])}" for side in sides)
         if tf_version:
             line += f" | ratio {runs['kubeps'][-1]['examples_per_s'] / runs['tf'][-1]['examples_per_s']:.2f}x"
+        if args.jax:
+            line += f" | jax/numpy {runs['jax'][-1]['examples_per_s'] / runs['kubeps'][-1]['examples_per_s']:.2f}x"
         print(line + f"  (first: {order[0]})", flush=True)
 
     summary = {side: summarize(runs[side]) for side in sides}
     mb = 1 << 20
-    names = {"kubeps": "kubeps", "tf": f"TensorFlow {tf_version}"}
+    names = {"kubeps": "kubeps", "jax": "kubeps + JAX", "tf": f"TensorFlow {tf_version}"}
     print(f"\nmedian of {args.rounds} round(s), {args.steps} steps, batch {args.batch_size}, "
           f"{args.ps} ps + {args.workers} workers:")
     print(f"{'':22}{'examples/s':>12}{'eval log-loss':>15}{'eval AUC':>10}"
@@ -306,6 +312,13 @@ def main(argv=None) -> int:
               f"{rss:>36}")
     print(f"{'teacher (best possible)':22}{'':12}{summary['kubeps']['teacher_logloss']:15.4f}")
     status = 0
+    if args.jax:
+        j, k = summary["jax"], summary["kubeps"]
+        summary["jax_ratio"] = j["examples_per_s"] / k["examples_per_s"]
+        print(f"ratio JAX/numpy layers: {summary['jax_ratio']:.2f}x examples/s; eval log-loss JAX/numpy "
+              f"{j['eval_logloss'] / k['eval_logloss']:.4f}")
+        if tf_version:
+            print(f"ratio JAX/TF: {j['examples_per_s'] / summary['tf']['examples_per_s']:.2f}x examples/s")
     if tf_version:
         k, t = summary["kubeps"], summary["tf"]
         ratio = k["examples_per_s"] / t["examples_per_s"]

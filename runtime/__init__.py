@@ -8,7 +8,8 @@ the same names.
 
 Where things live (each package's docstring states its rule): ``cluster`` and ``contract`` (TF_CONFIG and the pod
 contract, shared with the operator), ``errors``, ``util``, ``data`` (input), ``rpc`` (everything on the network),
-``variables`` (what a program holds and pushes), ``ops`` (kernels, optimizers, layers), ``ps`` and ``worker`` (what
+``variables`` (what a program holds and pushes), ``ops`` (kernels, optimizers, layers), ``models`` (gradients of
+models written with JAX; jax loads only when used), ``ps`` and ``worker`` (what
 runs on those tasks), ``checkpoint``, ``coordinator`` (the chief), ``server`` (a task's process), ``local``
 (``kubeps local``) and ``cli``.
 """
@@ -44,7 +45,8 @@ for _module, _names in {
         "InverseTimeDecay PiecewiseConstantDecay PolynomialDecay CosineDecay schedule_from_config"
     ),
     "ops.kernels": "DeviceUnavailableError",
-    "ops.nn": "Dense Embedding Flatten Sequential MLP SigmoidCrossEntropy SoftmaxCrossEntropy glorot_uniform",
+    "models.autodiff": "ValueAndGrad value_and_grad",
+    "ops.nn": "Add Concatenate Dense Embedding Flatten Sequential MLP SigmoidCrossEntropy SoftmaxCrossEntropy glorot_uniform",
     "checkpoint": (
         "Checkpoint CheckpointManager CheckpointReader StepCounter latest_checkpoint verify_checkpoint "
         "CheckpointError CheckpointCorruptError CheckpointMismatchError"
@@ -100,10 +102,11 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; kept equal to _EXPORTS by 
     from kubeps.runtime.local.launcher import LocalCluster as LocalCluster, run_local as run_local
     from kubeps.runtime.local.policy import RestartPolicy as RestartPolicy
     from kubeps.runtime.local.restarting import RestartingLocalCluster as RestartingLocalCluster
+    from kubeps.runtime.models.autodiff import ValueAndGrad as ValueAndGrad, value_and_grad as value_and_grad
     from kubeps.runtime.ops.kernels import DeviceUnavailableError as DeviceUnavailableError
     from kubeps.runtime.ops.nn import (
-        Dense as Dense, Embedding as Embedding, Flatten as Flatten, glorot_uniform as glorot_uniform, MLP as MLP,
-        Sequential as Sequential, SigmoidCrossEntropy as SigmoidCrossEntropy,
+        Add as Add, Concatenate as Concatenate, Dense as Dense, Embedding as Embedding, Flatten as Flatten,
+        glorot_uniform as glorot_uniform, MLP as MLP, Sequential as Sequential, SigmoidCrossEntropy as SigmoidCrossEntropy,
         SoftmaxCrossEntropy as SoftmaxCrossEntropy,
     )
     from kubeps.runtime.ops.optimizers import (

@@ -367,7 +367,7 @@ class TFConfigClusterResolver:
     def num_accelerators(self, *args: Any, **kwargs: Any) -> dict[str, int]:
         """Accelerators visible to this task: ``{"GPU": n}`` when CuPy sees GPUs, else ``{}``."""
         try:  # optional dependency: the ``gpu`` extra
-            import cupy  # type: ignore[import-not-found]  # noqa: PLC0415
+            import cupy  # noqa: PLC0415
 
             count = cupy.cuda.runtime.getDeviceCount()
         except Exception:  # noqa: BLE001 - no CuPy or no driver means no accelerators

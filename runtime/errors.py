@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "FieldError",
     "ClosureError",
@@ -36,7 +38,7 @@ class FieldError(ValueError):
         self.allowed = allowed
         super().__init__(self.template.format(field=field, value=short_repr(value, self.value_chars), allowed=allowed))
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         # the default (cls, self.args) would call __init__ with the formatted message alone
         return (type(self), (self.field, self.value, self.allowed))
 
@@ -52,6 +54,9 @@ class CancelledError(Exception):
 class RemoteError(RuntimeError):
     """An RPC to another task failed; carries the gRPC status code name and the peer's address."""
 
+    #: the peer's reason for a refusal (``kubeps.runtime.rpc.protocol``), set by the client that raised it
+    reason: str | None
+
     def __init__(self, message: str, code: str = "UNKNOWN", address: str | None = None):
         self.code = code
         self.address = address
@@ -65,6 +70,9 @@ class UnauthenticatedError(RemoteError):
 class PSUnavailableError(RemoteError):
     """A parameter server cannot be reached. Not recoverable in place: restart the job from a checkpoint."""
 
+    #: set (True) on the error for a parameter server that came back empty (``kubeps.runtime.rpc.transport``)
+    restarted: bool
+
     def __init__(self, ps_index: int, address: str, detail: str = "", code: str = "UNAVAILABLE"):
         self.ps_index = ps_index
         message = f"parameter server /job:ps/task:{ps_index} at {address} is unavailable"
@@ -72,7 +80,7 @@ class PSUnavailableError(RemoteError):
             message += f": {detail}"
         super().__init__(message, code=code, address=address)
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild_ps_unavailable, (self.ps_index, self.address, str(self), self.code))
 
 

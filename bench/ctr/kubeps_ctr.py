@@ -37,6 +37,8 @@ class FromArray:
 
 
 class Model:
+    side = "kubeps"
+
     def __init__(self, init: dict[str, np.ndarray]):
         self.embedding = nn.Embedding(wl.VOCAB, wl.DIM, embeddings=kp.Variable(np.asarray(init["embedding"]),
                                                                                 name="embedding"))
@@ -75,7 +77,8 @@ def make_dataset(folder: str, batch: int, ctx: kp.InputContext) -> kp.Dataset:
             .prefetch(2))
 
 
-def run_chief(args: argparse.Namespace) -> int:
+def run_chief(args: argparse.Namespace, build=Model) -> int:
+    """The chief with the model ``build(init)`` (``jax_ctr.py`` passes the JAX one)."""
     resolver = kp.TFConfigClusterResolver()
     num_ps = resolver.cluster_spec().num_tasks("ps")
     strategy = kp.ParameterServerStrategy(resolver, variable_partitioner=kp.FixedShardsPartitioner(num_ps))
@@ -83,7 +86,7 @@ def run_chief(args: argparse.Namespace) -> int:
     try:
         init = wl.load(args.data, "init")
         with strategy.scope():
-            model = Model(init)
+            model = build(init)
         optimizer = kp.Adagrad(learning_rate=wl.LEARNING_RATE, initial_accumulator_value=wl.INITIAL_ACCUMULATOR,
                                epsilon=wl.EPSILON)
         folder, batch = args.data, args.batch_size
@@ -101,20 +104,20 @@ def run_chief(args: argparse.Namespace) -> int:
                 total += model.train_step(ids, dense, labels, optimizer)
             return total / spe
 
-        wl.timed_training(coordinator, train_fn, iterator, args, model.weights, "kubeps")
+        wl.timed_training(coordinator, train_fn, iterator, args, model.weights, model.side)
         return 0
     finally:
         coordinator.shutdown()
         strategy.close()
 
 
-def main() -> int:
+def main(build=Model) -> int:
     args = wl.parse_args(__doc__.splitlines()[0])
     resolver = kp.TFConfigClusterResolver()
     if resolver.task_type in ("ps", "worker"):
         kp.Server(resolver.cluster_spec(), job_name=resolver.task_type, task_index=resolver.task_id).join()
         return 0
-    return run_chief(args)
+    return run_chief(args, build)
 
 
 if __name__ == "__main__":

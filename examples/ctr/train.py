@@ -151,6 +151,11 @@ class CTRModel:
         self.loss = nn.SigmoidCrossEntropy()
 
     @property
+    def table(self):
+        """The embedding table (a ``ShardedVariable`` under a partitioner)."""
+        return self.embedding.embeddings
+
+    @property
     def variables(self) -> list:
         """Every weight, by its name (what ``Checkpoint(model=model)`` saves and restores)."""
         return self.embedding.trainable_variables + self.head.trainable_variables
@@ -227,15 +232,15 @@ def log_closure(path: str, event: str, index: int) -> None:
         f.write(f"{event} {index} {get_current_worker_index()} {os.getpid()} {time.time():.3f}\n")
 
 
-def run_chief(args: argparse.Namespace, resolver: TFConfigClusterResolver) -> int:
+def run_chief(args: argparse.Namespace, resolver: TFConfigClusterResolver, build=build_model) -> int:
     num_ps = resolver.cluster_spec().num_tasks("ps")
     partitioner = MinSizePartitioner(min_shard_bytes=256 << 10, max_shards=num_ps)
     strategy = ParameterServerStrategy(resolver, variable_partitioner=partitioner)
     coordinator = ClusterCoordinator(strategy)
     try:
         with strategy.scope():
-            model = build_model(args)
-        table = model.embedding.embeddings
+            model = build(args)
+        table = model.table
         shards = getattr(table, "variables", [table])
         print(f"embedding table {table.shape[0]}x{table.shape[1]} float32 in {len(shards)} shard(s): "
               + ", ".join(f"{v.name} {v.shape[0]} rows on {v.device}" for v in shards))
@@ -310,14 +315,14 @@ def run_chief(args: argparse.Namespace, resolver: TFConfigClusterResolver) -> in
         strategy.close()
 
 
-def run_evaluator(args: argparse.Namespace) -> int:
+def run_evaluator(args: argparse.Namespace, build=build_model) -> int:
     """The sidecar evaluator: every checkpoint, restored into a local copy of the model and evaluated on the held-out
     set, gives one JSON line in the metrics file; it stops after the final checkpoint."""
     if not args.checkpoint_dir:
         print("this example evaluates on the chief at the end of training; without --checkpoint-dir the evaluator "
               "has nothing to do")
         return 0
-    model = build_model(args)  # outside a strategy scope: local variables
+    model = build(args)  # outside a strategy scope: local variables
     restore = Checkpoint(model=model)
 
     def eval_fn(values, batches):
@@ -380,7 +385,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, build=build_model) -> int:
+    """Every task's entry point; ``build(args)`` makes the model (``examples/ctr/train_jax.py`` passes its own)."""
     args = parse_args(argv)
     resolver = TFConfigClusterResolver()
     task_type = resolver.task_type
@@ -389,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
         server.join()  # serves until the launcher (or Kubernetes) stops this task
         return 0
     if task_type == "evaluator":
-        return run_evaluator(args)
+        return run_evaluator(args, build)
     if task_type not in (None, "chief"):
         print(f"unknown task type {task_type!r}", file=sys.stderr)
         return 2
@@ -398,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     # a lost parameter server ends the chief with status 133 (retryable): restarted, it resumes from a checkpoint
-    return run_coordinator(lambda: run_chief(args, resolver))
+    return run_coordinator(lambda: run_chief(args, resolver, build))
 
 
 if __name__ == "__main__":

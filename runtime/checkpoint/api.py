@@ -154,8 +154,9 @@ class Checkpoint:
             slot_keys = {(ok, sn) for p in parts for ok, g in p.slots.items() for sn in g}
             slots: dict[str, dict[str, TensorEntry]] = {}
             for okey, sname in sorted(slot_keys):
-                have = [p.slots.get(okey, {}).get(sname) for p in parts]
-                if any(h is None for h in have):
+                found = [p.slots.get(okey, {}).get(sname) for p in parts]
+                have = [h for h in found if h is not None]
+                if len(have) < len(found):
                     # some shards never received an update with this optimizer: their slots do not exist yet
                     log.warning("variable %r: slot %r exists on only some shards; not saved", sv.name, sname)
                     continue

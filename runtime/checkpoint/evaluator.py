@@ -127,8 +127,9 @@ class SidecarEvaluator:
         poll_interval: float = 1.0,
         timeout: float | None = None,
     ):
-        if callable(getattr(eval_fn, "evaluate", None)):
-            eval_fn = eval_fn.evaluate
+        evaluate = getattr(eval_fn, "evaluate", None)
+        if callable(evaluate):
+            eval_fn = evaluate
         if not callable(eval_fn):
             raise TypeError(f"eval_fn must be callable (or have an evaluate method), got {type(eval_fn).__name__}")
         if not callable(data) and (not isinstance(data, Iterable) or iter(data) is data):
@@ -139,9 +140,9 @@ class SidecarEvaluator:
         for field, value in (("steps", steps), ("max_evaluations", max_evaluations)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"SidecarEvaluator: {field}={value!r} is invalid; allowed are None or an int >= 1")
-        for field, value in (("poll_interval", poll_interval), ("timeout", timeout)):
-            if value is not None and (not isinstance(value, (int, float)) or value <= 0):
-                raise ValueError(f"SidecarEvaluator: {field}={value!r} is invalid; allowed is a number > 0")
+        for field, seconds in (("poll_interval", poll_interval), ("timeout", timeout)):
+            if seconds is not None and (not isinstance(seconds, (int, float)) or seconds <= 0):
+                raise ValueError(f"SidecarEvaluator: {field}={seconds!r} is invalid; allowed is a number > 0")
         self.eval_fn = eval_fn
         self.data = data
         self.checkpoint_dir = normalize_path(checkpoint_dir)
@@ -181,7 +182,7 @@ class SidecarEvaluator:
         metrics = self.eval_fn(values, self._batches())
         if not isinstance(metrics, Mapping):
             raise TypeError(f"eval_fn returned {type(metrics).__name__}; it must return a dict of metric -> number")
-        number = int(re.search(r"(\d+)$", reader.path).group(1))
+        number = int(re.search(r"(\d+)$", reader.path).group(1))  # type: ignore[union-attr]  # ckpt-N always matches
         record = {
             "checkpoint": reader.path,
             "checkpoint_number": number,

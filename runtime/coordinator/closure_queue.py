@@ -74,7 +74,7 @@ class RemoteValue:
     def get(self, timeout: float | None = None) -> Any:
         return self.fetch(timeout)
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         # Passed to schedule(): a finished one travels as its value, as TensorFlow resolves it on the worker.
         status = self._status
         if status is RemoteValueStatus.READY:
@@ -155,7 +155,7 @@ class ClosureQueue:
             closure.worker = worker
             self._enqueue(closure, self._per_worker[worker])
 
-    def _enqueue(self, closure: Closure, queue: collections.deque) -> None:
+    def _enqueue(self, closure: Closure, queue: collections.deque[Closure]) -> None:
         if self._stopped:
             raise RuntimeError("the coordinator was shut down; no more functions can be scheduled")
         closure.state = ClosureState.QUEUED

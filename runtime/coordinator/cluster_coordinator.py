@@ -78,7 +78,8 @@ def _as_remote_error(err: BaseException, address: str) -> RemoteError:
     elif isinstance(err, grpc.FutureTimeoutError):
         code = "DEADLINE_EXCEEDED"
     else:
-        status = err.code() if callable(getattr(err, "code", None)) else None
+        code_of = getattr(err, "code", None)
+        status = code_of() if callable(code_of) else None
         code = getattr(status, "name", None) or "UNKNOWN"
     error = RemoteError(f"{WORKER_SERVICE} at {address} failed with {code}: {type(err).__name__}: {err}",
                         code=code, address=address)

@@ -24,6 +24,7 @@ from kubeps.runtime.variables.partitioners import div_split
 from kubeps.runtime.rpc.client import DEFAULT_TIMEOUT_S
 from kubeps.runtime.rpc.security import load_job_token
 from kubeps.runtime.util.threads import limit_math_threads
+from kubeps.runtime.models.xla import size_cpu_backend_if_loaded
 from kubeps.runtime.rpc.transport import PSTransport
 from kubeps.runtime.variables.variable import ShardedVariable, Variable, variable_array
 from kubeps.runtime.rpc.protocol import PING, PS
@@ -76,6 +77,7 @@ class ParameterServerStrategy:
                 f"ParameterServerStrategy needs at least one 'ps' and one 'worker' task; missing {missing}",
             )
         limit_math_threads()  # the chief's own numpy work (evaluation, checkpoints) sized to its CPUs
+        size_cpu_backend_if_loaded()  # and its jax work, where the program imported jax
         self.cluster_resolver = cluster_resolver
         self._cluster_spec = spec
         self._variable_partitioner = variable_partitioner

@@ -25,6 +25,7 @@ import logging
 import os
 import sys
 import traceback
+from types import TracebackType
 from typing import Any, Callable
 
 from kubeps.runtime.contract import EXIT_PS_UNAVAILABLE
@@ -77,14 +78,16 @@ def run_coordinator(main_fn: Callable[[], Any], *, hard_exit: bool = True) -> An
         if err is None:
             raise
         traceback.print_exc()
-        return _exit_for_ps_loss(err, os._exit if hard_exit else sys.exit)
+        if hard_exit:
+            return _exit_for_ps_loss(err, os._exit)
+        return _exit_for_ps_loss(err, sys.exit)
 
 
 def install_excepthook() -> None:
     """Make an uncaught :class:`PSUnavailableError` (in the main thread) exit with :data:`EXIT_PS_UNAVAILABLE`."""
     previous = sys.excepthook
 
-    def hook(exc_type, exc, tb):
+    def hook(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
         previous(exc_type, exc, tb)
         err = ps_unavailable_cause(exc)
         if err is not None:

@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from kubeps.runtime.data.arguments import callable_arg, index_arg, int_arg
 from kubeps.runtime.data.node import Node
+from kubeps.runtime.data.structure import close
 from kubeps.runtime.data.options import Options
 from kubeps.runtime.data.prefetch import PrefetchNode
 from kubeps.runtime.data.readers import READERS, read_lines
@@ -260,7 +261,7 @@ class DatasetIterator:
 
     def close(self) -> None:
         with self._lock:
-            self._gen.close()
+            close(self._gen)
 
     def __enter__(self) -> "DatasetIterator":
         return self

@@ -21,6 +21,13 @@ class Node:
     def __init__(self, parent: Node | None = None):
         self.parent = parent  #: the node whose elements this one transforms; None for a source
 
+    @property
+    def upstream(self) -> Node:
+        """The parent of a transformation (a source has none: asking is a bug)."""
+        if self.parent is None:
+            raise TypeError(f"{type(self).__name__} is a source: it has no parent node")
+        return self.parent
+
     def iterate(self) -> Iterator[Any]:  # pragma: no cover - every concrete node overrides it
         raise NotImplementedError
 
@@ -74,7 +81,7 @@ class RowwiseNode(Node):
     element. Subclasses give both forms (``_on_blocks``, ``_on_elements``) of the same sequence."""
 
     def blocks(self) -> Iterator[Any] | None:
-        parent = self.parent.blocks()
+        parent = self.upstream.blocks()
         return None if parent is None else self._on_blocks(parent)
 
     def iterate(self) -> Iterator[Any]:

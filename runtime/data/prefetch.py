@@ -51,16 +51,16 @@ class PrefetchNode(Node):
 
     def iterate(self) -> Iterator[Any]:
         if self._buffer_size == 0:
-            it = self.parent.iterate()
+            it = self.upstream.iterate()
             try:
                 yield from it
             finally:
-                it.close()
+                close(it)
             return
         q: queue.Queue = queue.Queue(maxsize=self._buffer_size)
         stop = threading.Event()
         thread = threading.Thread(
-            target=_produce, args=(self.parent.iterate(), q, stop), name="kubeps-prefetch", daemon=True
+            target=_produce, args=(self.upstream.iterate(), q, stop), name="kubeps-prefetch", daemon=True
         )
         thread.start()
         try:

@@ -49,7 +49,7 @@ class ShuffleNode(RowwiseNode):
         rng = self._rng()
         size = self._buffer_size
         buf: list[Any] = []
-        with closing(self.parent.iterate()) as it:
+        with closing(self.upstream.iterate()) as it:
             for element in it:
                 if len(buf) < size:
                     buf.append(element)

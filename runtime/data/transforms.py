@@ -20,7 +20,7 @@ class MapNode(Node):
         self._fn = fn
 
     def iterate(self) -> Iterator[Any]:
-        with closing(self.parent.iterate()) as it:
+        with closing(self.upstream.iterate()) as it:
             for element in it:
                 yield call(self._fn, element)
 
@@ -31,7 +31,7 @@ class FilterNode(Node):
         self._fn = fn
 
     def iterate(self) -> Iterator[Any]:
-        with closing(self.parent.iterate()) as it:
+        with closing(self.upstream.iterate()) as it:
             for element in it:
                 if call(self._fn, element):
                     yield element
@@ -59,7 +59,7 @@ class InterleaveNode(Node):
         # tf.data's InterleaveDataset: a cycle of ``cycle_length`` slots visited in turn, ``block_length``
         # elements from each; an exhausted iterator frees its slot and the cycle moves on to the next one; an
         # empty slot is filled from the input when the cycle reaches it
-        outer = self.parent.iterate()
+        outer = self.upstream.iterate()
         slots: list[Iterator[Any] | None] = [None] * self._cycle_length
         num_open = 0
         index = 0
@@ -92,7 +92,7 @@ class InterleaveNode(Node):
             for it in slots:
                 if it is not None:
                     close(it)
-            outer.close()
+            close(outer)
 
     def describe(self) -> str:
         return f"interleave(cycle_length={self._cycle_length})"
@@ -115,10 +115,16 @@ class RepeatNode(RowwiseNode):
                 return
 
     def _on_blocks(self, parent: Iterator[Any]) -> Iterator[Any]:
-        return self._passes_of(parent, self.parent.blocks)
+        return self._passes_of(parent, self._next_blocks)
 
     def _on_elements(self) -> Iterator[Any]:
-        return self._passes_of(None, self.parent.iterate)
+        return self._passes_of(None, self.upstream.iterate)
+
+    def _next_blocks(self) -> Iterator[Any]:
+        blocks = self.upstream.blocks()
+        if blocks is None:  # a pipeline that gave blocks once gives them on every pass
+            raise TypeError("repeat: the input stopped giving blocks between passes")
+        return blocks
 
     def describe(self) -> str:
         return f"repeat({'' if self._count is None else self._count})"
@@ -131,7 +137,7 @@ class BatchNode(Node):
         self._drop_remainder = drop_remainder
 
     def iterate(self) -> Iterator[Any]:
-        blocks = self.parent.blocks()
+        blocks = self.upstream.blocks()
         return self._from_elements() if blocks is None else self._from_blocks(blocks)
 
     def _from_blocks(self, blocks: Iterator[Any]) -> Iterator[Any]:
@@ -158,7 +164,7 @@ class BatchNode(Node):
             yield concat(pending)
 
     def _from_elements(self) -> Iterator[Any]:
-        with closing(self.parent.iterate()) as it:
+        with closing(self.upstream.iterate()) as it:
             buf: list[Any] = []
             for element in it:
                 buf.append(element)
@@ -189,7 +195,7 @@ class ShardNode(RowwiseNode):
                 seen += n
 
     def _on_elements(self) -> Iterator[Any]:
-        with closing(self.parent.iterate()) as it:
+        with closing(self.upstream.iterate()) as it:
             for i, element in enumerate(it):
                 if i % self._num_shards == self._index:
                     yield element
@@ -220,7 +226,7 @@ class TakeNode(RowwiseNode):
     def _on_elements(self) -> Iterator[Any]:
         if self._count == 0:
             return
-        with closing(self.parent.iterate()) as it:
+        with closing(self.upstream.iterate()) as it:
             for i, element in enumerate(it, 1):
                 yield element
                 if self._count is not None and i >= self._count:
@@ -244,7 +250,7 @@ class SkipNode(RowwiseNode):
                 left = 0
 
     def _on_elements(self) -> Iterator[Any]:
-        with closing(self.parent.iterate()) as it:
+        with closing(self.upstream.iterate()) as it:
             for i, element in enumerate(it):
                 if i >= self._count:
                     yield element

@@ -31,7 +31,8 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import IO, Callable, Mapping, Sequence
+from types import FrameType
+from typing import IO, Any, Callable, Mapping, Sequence
 
 from kubeps.runtime.cluster import TFConfig
 from kubeps.runtime.contract import BIND_HOST_ENV, CPUS_ENV, JOB_TOKEN_ENV, JOB_TOKEN_FILE_ENV, TF_CONFIG_ENV
@@ -508,7 +509,7 @@ def run_local(
     129 on SIGHUP); every task is stopped before this returns. Raises :class:`LauncherError` on bad options."""
     cluster = cluster_factory(script, script_args, **options)
     atexit.register(cluster.stop)
-    previous: dict[int, object] = {}
+    previous: dict[signal.Signals, Callable[[int, FrameType | None], Any] | int | None] = {}
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             previous[sig] = signal.signal(sig, _signal_handler(cluster))
@@ -516,7 +517,7 @@ def run_local(
         cluster.start()
         return cluster.wait()
     except (_Signalled, KeyboardInterrupt) as err:
-        signum = err.signum if isinstance(err, _Signalled) else signal.SIGINT
+        signum: int = err.signum if isinstance(err, _Signalled) else signal.SIGINT
         cluster.report(f"received {signal.Signals(signum).name}")
         return 128 + signum
     finally:
@@ -528,5 +529,5 @@ def run_local(
             cluster.stop()
         finally:
             for sig, handler in previous.items():
-                signal.signal(sig, handler)  # type: ignore[arg-type]
+                signal.signal(sig, handler)
             atexit.unregister(cluster.stop)

@@ -54,12 +54,13 @@ class RestartingLocalCluster(LocalCluster):
         for action in actions:
             name = f"{action.task[0]}-{action.task[1]}" if action.task else "job"
             if action.kind == "restart":
+                assert action.task is not None, "the policy names the task of every restart"
                 self.restarts[action.task] = self.restarts.get(action.task, 0) + 1
                 self.report(f"restarting {name} in {action.delay:.1f} s ({action.reason}; restart "
                             f"{self.restarts[action.task]})")
                 self._schedule_restart(action.task, action.delay)
             elif action.kind == "kill":
-                task = self.tasks.get(action.task)
+                task = self.tasks.get(action.task) if action.task is not None else None
                 if task is not None and task.running:
                     self.report(f"stopping {name}: {action.reason}")
                     self._record("kill", name, reason=action.reason)

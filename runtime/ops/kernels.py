@@ -63,7 +63,7 @@ class DeviceUnavailableError(RuntimeError):
 
 def _import_cupy() -> ModuleType | None:
     try:
-        import cupy  # type: ignore[import-not-found]  # noqa: PLC0415 - optional: the `gpu` extra
+        import cupy  # noqa: PLC0415 - optional: the `gpu` extra
     except Exception:  # noqa: BLE001 - ImportError, or a CUDA library error raised at import time
         return None
     return cupy

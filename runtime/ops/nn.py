@@ -31,6 +31,8 @@ __all__ = [
     "Dense",
     "Embedding",
     "Flatten",
+    "Concatenate",
+    "Add",
     "Sequential",
     "MLP",
     "SigmoidCrossEntropy",
@@ -336,7 +338,7 @@ class Flatten(Layer):
 
     def __init__(self, name: str | None = None) -> None:
         super().__init__(name)
-        self._cache_shape = None
+        self._cache_shape: tuple[int, ...] | None = None
 
     def forward(self, x: Any) -> Any:
         self._cache_shape = tuple(x.shape)
@@ -346,6 +348,79 @@ class Flatten(Layer):
         if self._cache_shape is None:
             raise RuntimeError(f"Flatten {self.name!r}: backward called before forward")
         return dy.reshape(self._cache_shape)
+
+
+class _Merge(Layer):
+    """Base of the layers that merge several inputs: ``forward(inputs)`` takes a list of arrays and ``backward(dy)``
+    returns a list with one gradient per input. They own no variables."""
+
+    def _check_inputs(self, inputs: Sequence[Any]) -> list[Any]:
+        if isinstance(inputs, np.ndarray) or not isinstance(inputs, (list, tuple)) or len(inputs) < 2:
+            got = f"a {type(inputs).__name__}" if not isinstance(inputs, (list, tuple)) else f"{len(inputs)} input(s)"
+            raise ValueError(f"{type(self).__name__} {self.name!r}: inputs is {got}; allowed: a list of at least 2 "
+                             f"arrays")
+        return list(inputs)
+
+
+class Concatenate(_Merge):
+    """``concatenate(inputs, axis)``, as Keras' ``Concatenate``: the inputs agree on every axis but ``axis``.
+
+    ``backward(dy)`` splits ``dy`` back into one slice per input (wide-and-deep: the wide and the deep parts)."""
+
+    def __init__(self, axis: int = -1, name: str | None = None) -> None:
+        super().__init__(name)
+        if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+            raise ValueError(f"Concatenate: axis={axis!r} is not allowed; allowed: an integer")
+        self.axis = int(axis)
+        self._cache_sizes: list[int] | None = None
+
+    def forward(self, inputs: Sequence[Any]) -> Any:
+        arrays = self._check_inputs(inputs)
+        ndim = arrays[0].ndim
+        if not -ndim <= self.axis < ndim:
+            raise ValueError(f"Concatenate {self.name!r}: axis={self.axis} is out of range for inputs of rank {ndim}; "
+                             f"allowed: {-ndim} <= axis < {ndim}")
+        axis = self.axis % ndim
+        for i, a in enumerate(arrays):
+            same = a.ndim == ndim and all(a.shape[k] == arrays[0].shape[k] for k in range(ndim) if k != axis)
+            if not same:
+                raise ValueError(f"Concatenate {self.name!r}: inputs[{i}] has shape {tuple(a.shape)}; allowed: the "
+                                 f"shape of inputs[0] {tuple(arrays[0].shape)} on every axis but {self.axis}")
+        self._cache_sizes = [int(a.shape[axis]) for a in arrays]
+        return kernels.array_module(arrays[0]).concatenate(arrays, axis=axis)
+
+    def backward(self, dy: Any) -> list[Any]:
+        if self._cache_sizes is None:
+            raise RuntimeError(f"Concatenate {self.name!r}: backward called before forward")
+        axis = self.axis % dy.ndim
+        bounds = np.cumsum(self._cache_sizes)[:-1].tolist()
+        return kernels.array_module(dy).split(dy, bounds, axis=axis)
+
+
+class Add(_Merge):
+    """The element-wise sum of inputs of one shape, as Keras' ``Add`` (a residual or a wide + deep logit);
+    ``backward(dy)`` hands ``dy`` to every input."""
+
+    def __init__(self, name: str | None = None) -> None:
+        super().__init__(name)
+        self._cache_count: int | None = None
+
+    def forward(self, inputs: Sequence[Any]) -> Any:
+        arrays = self._check_inputs(inputs)
+        for i, a in enumerate(arrays):
+            if tuple(a.shape) != tuple(arrays[0].shape):
+                raise ValueError(f"Add {self.name!r}: inputs[{i}] has shape {tuple(a.shape)}; allowed: the shape of "
+                                 f"inputs[0] {tuple(arrays[0].shape)} (no broadcasting)")
+        out = arrays[0] + arrays[1]
+        for a in arrays[2:]:
+            out = out + a
+        self._cache_count = len(arrays)
+        return out
+
+    def backward(self, dy: Any) -> list[Any]:
+        if self._cache_count is None:
+            raise RuntimeError(f"Add {self.name!r}: backward called before forward")
+        return [dy] * self._cache_count
 
 
 class Sequential(Layer):
@@ -430,7 +505,7 @@ class Loss:
     """``forward(logits, labels) -> mean loss``; ``backward() -> d mean loss / d logits``."""
 
     def __init__(self) -> None:
-        self._cache = None
+        self._cache: tuple[Any, Any] | None = None
 
     def __call__(self, logits: Any, labels: Any) -> float:
         return self.forward(logits, labels)

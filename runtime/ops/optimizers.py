@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Any, ClassVar, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -100,7 +100,7 @@ def _build(kind: str, registry: Mapping[str, type], config: Any) -> Any:
     args = config.get("config", {}) or {}
     if not isinstance(args, Mapping):
         raise ValueError(f"{kind} {name}: 'config' must be a mapping of arguments, got {args!r}")
-    params = inspect.signature(cls.__init__).parameters
+    params = inspect.signature(cls.__init__).parameters  # type: ignore[misc]  # cls is a class: its own __init__
     accepted = [p for p in params if p != "self"]
     unknown = sorted(set(args) - set(accepted))
     if unknown:
@@ -140,7 +140,7 @@ class LearningRateSchedule:
         return f"{type(self).__name__}({args})"
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and other.get_config() == self.get_config()  # type: ignore[union-attr]
+        return type(other) is type(self) and other.get_config() == self.get_config()
 
 
 def schedule_from_config(config: Mapping[str, Any]) -> LearningRateSchedule:
@@ -294,7 +294,7 @@ class Optimizer:
     from it directly and the sparse (lazy) update by running it on the touched rows only.
     """
 
-    _slot_init: ClassVar[Mapping[str, float]] = {}
+    _slot_init: Mapping[str, float] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -337,7 +337,7 @@ class Optimizer:
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in cfg.items())})"
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and other.get_config() == self.get_config()  # type: ignore[union-attr]
+        return type(other) is type(self) and other.get_config() == self.get_config()
 
     def lr_at(self, step: int) -> float:
         """The learning rate used by update number ``step`` (1-based): ``schedule(step - 1)`` or the constant."""

@@ -152,15 +152,15 @@ class ParameterServerState:
         Every update is checked (variable, shapes, rows, the optimizer config) before the first is applied, so a
         malformed push changes nothing. Returns each variable's update count after its update."""
         key, opt = self.optimizer(config)
-        checked = []
+        checked: list[tuple[PSVariable, np.ndarray | None, np.ndarray]] = []
         for kind, name, *arrays in updates:
             var = self.get(name)
             if kind == "dense":
                 checked.append((var, None, self._check_like(var, arrays[0], "grad")))
                 continue
-            idx = self._check_rows(var, arrays[0], "indices")
+            rows = self._check_rows(var, arrays[0], "indices")
             values = np.asarray(arrays[1])
-            expected = (idx.shape[0],) + var.value.shape[1:]
+            expected = (rows.shape[0],) + var.value.shape[1:]
             if values.shape != expected:
                 raise ValueError(
                     f"sparse gradient for {name!r}: 'values' has shape {list(values.shape)}, expected "
@@ -169,7 +169,7 @@ class ParameterServerState:
             if values.dtype != var.value.dtype:
                 raise ValueError(f"sparse gradient for {name!r}: 'values' has dtype {values.dtype}; the variable is "
                                  f"{var.value.dtype} (kubeps does not cast: send {var.value.dtype})")
-            checked.append((var, idx, values))
+            checked.append((var, rows, values))
         steps = []
         for var, idx, grad in checked:
             with var.lock:

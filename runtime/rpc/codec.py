@@ -28,7 +28,7 @@ class TensorRef:
     def __init__(self, index: int):
         self.index = index
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[TensorRef], tuple[int]]:
         return (TensorRef, (self.index,))
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence, TypeGuard
 
 import grpc
 import numpy as np
@@ -37,8 +37,9 @@ def ps_restarted_error(ps_index: int, address: str, how: str) -> PSUnavailableEr
     return error
 
 
-def ps_restarted(error: BaseException) -> bool:
-    """Whether ``error`` says a parameter server restarted (and so lost its variables), not just that it is silent."""
+def ps_restarted(error: BaseException) -> TypeGuard[PSUnavailableError]:
+    """Whether ``error`` says a parameter server restarted (and so lost its variables), not just that it is silent.
+    (Only a :class:`PSUnavailableError` carries ``restarted``, hence the TypeGuard.)"""
     return bool(getattr(error, "restarted", False))
 
 
@@ -120,7 +121,7 @@ class PSTransport:
              timeout: float | None = None) -> tuple[dict[str, Any], list[np.ndarray]]:
         return self._finish(ps_index, method, self._start(ps_index, method, meta, arrays, timeout))
 
-    def call_many(self, requests: dict[int, tuple[str, dict[str, Any], Sequence[Any]]],
+    def call_many(self, requests: Mapping[int, tuple[str, dict[str, Any], Sequence[Any]]],
                   timeout: float | None = None) -> dict[int, tuple[dict[str, Any], list[np.ndarray]]]:
         """One call per parameter server, in parallel; the first failure is raised after all have finished.
 

@@ -261,6 +261,7 @@ class MessageDecoder:
                 f"the header declares {self._header.data_bytes} data bytes but at least {end} arrived",
             )
         if len(view):
+            assert self._buffer is not None, "allocated above, or for an earlier chunk"
             self._buffer[self._filled : end] = np.frombuffer(view, dtype=np.uint8)
         self._filled = end
 

@@ -25,7 +25,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Mapping
+from typing import Any, Mapping, NoReturn, Protocol
 
 import grpc
 
@@ -41,6 +41,7 @@ from kubeps.runtime.rpc.protocol import (ANSWER_ID_KEY, ANSWER_PARKED, COLLECT, 
                                           UNARY_PREFIX, UNKNOWN_VARIABLE, WORKER_SERVICE)
 from kubeps.runtime.rpc.security import TokenInterceptor, load_job_token, require_job_token
 from kubeps.runtime.util.threads import limit_math_threads
+from kubeps.runtime.models.xla import size_cpu_backend_if_loaded
 from kubeps.runtime.worker.state import WorkerState
 
 __all__ = [
@@ -88,6 +89,14 @@ class _ParkedAnswers:
             return len(self._answers)
 
 
+class _Context(Protocol):
+    """The part of ``grpc.ServicerContext`` the handler uses (grpc ships no type information): ``abort`` raises."""
+
+    def abort(self, code: Any, details: str) -> NoReturn: ...
+
+    def set_trailing_metadata(self, trailing_metadata: tuple[tuple[str, str], ...]) -> None: ...
+
+
 class _ServiceHandler(grpc.GenericRpcHandler):
     """Routes ``/<service>/<Method>`` (stream-stream) and ``/<service>/Unary.<Method>`` (unary-unary) to the
     method table, looked up per call; ``/<service>/Collect`` streams a parked answer."""
@@ -112,9 +121,10 @@ class _ServiceHandler(grpc.GenericRpcHandler):
         if name == PING:
             fn: Method = self._ping
         else:
-            fn = self._table.get(name)
-            if fn is None:
+            found = self._table.get(name)
+            if found is None:
                 return None  # gRPC answers UNIMPLEMENTED
+            fn = found
         if unary:
             return grpc.unary_unary_rpc_method_handler(
                 lambda request, context: self._invoke_unary(name, fn, request, context), _IDENTITY, _IDENTITY
@@ -127,7 +137,7 @@ class _ServiceHandler(grpc.GenericRpcHandler):
         return {"incarnation": self._server.incarnation, "job": self._server.job_name,
                 "task": self._server.task_index}, []
 
-    def _run(self, name: str, fn: Method, chunks, context) -> list[bytes]:
+    def _run(self, name: str, fn: Method, chunks, context: _Context) -> list[bytes]:
         """Decode the request, run the method, encode the answer in chunks; failures abort with a status code."""
         try:
             meta, arrays = wire.decode_chunks(chunks)
@@ -146,10 +156,10 @@ class _ServiceHandler(grpc.GenericRpcHandler):
             log.exception("method %s failed", name)
             context.abort(grpc.StatusCode.INTERNAL, f"{name}: {type(err).__name__}: {err}")
 
-    def _invoke(self, name: str, fn: Method, requests, context):
+    def _invoke(self, name: str, fn: Method, requests, context: _Context):
         yield from self._run(name, fn, requests, context)
 
-    def _invoke_unary(self, name: str, fn: Method, request: bytes, context) -> bytes:
+    def _invoke_unary(self, name: str, fn: Method, request: bytes, context: _Context) -> bytes:
         chunks = self._run(name, fn, (request,), context)
         if len(chunks) == 1:
             return chunks[0]
@@ -160,7 +170,7 @@ class _ServiceHandler(grpc.GenericRpcHandler):
         context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                       f"{name}: the answer has {len(chunks)} chunks; collect it streamed with id {answer_id}")
 
-    def _collect(self, requests, context):
+    def _collect(self, requests, context: _Context):
         try:
             meta, _ = wire.decode_chunks(requests)
         except wire.WireError as err:
@@ -232,6 +242,7 @@ class Server:
         if self._server is not None:
             return
         limit_math_threads()  # size BLAS/OpenMP pools to this task's CPUs before the first update runs
+        size_cpu_backend_if_loaded()  # and XLA's, where the program imported jax
         load_extensions()  # KUBEPS_SERVER_EXTENSIONS: a plain Server(...).join() serves the user's methods too
         server = grpc.server(
             ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix=f"kubeps-{self.job_name}"),
@@ -291,7 +302,7 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
             raise TFConfigError("task.type", config.task_type,
                                 "python -m kubeps.runtime.server runs 'ps' and 'worker' tasks; the chief and the "
                                 "evaluator run the user's program")
-        server = Server(ClusterSpec(config.cluster), config.task_type, config.task_index, start=False)
+        server = Server(ClusterSpec(config.cluster), config.task_type, config.task.index, start=False)
         server.start()
     except (TFConfigError, RuntimeConfigError, OSError) as err:
         print(f"kubeps server: {err}", file=sys.stderr)

@@ -9,7 +9,7 @@ parse in kubeps goes through this one process-wide lock. A header is a few hundr
 from __future__ import annotations
 
 import threading
-from typing import IO, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -18,7 +18,13 @@ __all__ = ["load", "load_npz", "read_header"]
 _HEADER_LOCK = threading.Lock()
 
 
-def read_header(reader: IO[bytes]) -> tuple[tuple[int, ...], bool, np.dtype]:
+class Readable(Protocol):
+    """What :func:`read_header` needs of a stream: a file, or a wrapper that hashes what it reads."""
+
+    def read(self, n: int = -1, /) -> bytes: ...
+
+
+def read_header(reader: Readable) -> tuple[tuple[int, ...], bool, np.dtype]:
     """``(shape, fortran_order, dtype)`` of the ``.npy`` stream at its start; ValueError if it is not one."""
     version = np.lib.format.read_magic(reader)
     with _HEADER_LOCK:

@@ -23,6 +23,7 @@ import logging
 import math
 import os
 import threading
+from typing import Mapping
 
 from threadpoolctl import threadpool_limits
 
@@ -70,12 +71,12 @@ def cgroup_cpu_limit(root: str = _CGROUP_ROOT) -> float | None:
                 pass
         return None
     for folder in ("cpu,cpuacct", "cpu", "cpuacct,cpu"):
-        quota = _read(os.path.join(root, folder, "cpu.cfs_quota_us"))
-        period = _read(os.path.join(root, folder, "cpu.cfs_period_us"))
-        if quota is None or period is None:
+        quota_us = _read(os.path.join(root, folder, "cpu.cfs_quota_us"))
+        period_us = _read(os.path.join(root, folder, "cpu.cfs_period_us"))
+        if quota_us is None or period_us is None:
             continue
         try:
-            q, p = int(quota), int(period)
+            q, p = int(quota_us), int(period_us)
         except ValueError:
             return None
         return q / p if q > 0 and p > 0 else None
@@ -89,7 +90,7 @@ def _affinity() -> int:
         return os.cpu_count() or 1
 
 
-def cpu_budget(env: dict[str, str] | None = None, cgroup_root: str = _CGROUP_ROOT) -> CpuBudget:
+def cpu_budget(env: Mapping[str, str] | None = None, cgroup_root: str = _CGROUP_ROOT) -> CpuBudget:
     """The number of CPUs this task may use (see the module docstring); at least 1.
 
     Raises ``ValueError`` naming the variable, its value and what is allowed when ``KUBEPS_CPUS`` is malformed.

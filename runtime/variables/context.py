@@ -16,7 +16,7 @@ The parameter servers are reached through :class:`~kubeps.runtime.rpc.transport.
 from __future__ import annotations
 
 import threading
-from typing import Any, Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -129,6 +129,7 @@ class ClosureContext:
     def _pull(self, variables: list[RemoteHandle]) -> None:
         by_ps: dict[int, list[str]] = {}
         for var in variables:
+            assert var.ps_index is not None, "the closure context registers remote variables only"
             by_ps.setdefault(var.ps_index, []).append(var.key)
         results = self.call_many({ps: (PS.READ, {"names": names}, ()) for ps, names in by_ps.items()})
         self.pulls += len(results)
@@ -153,7 +154,7 @@ class ClosureContext:
         self._deferred.update(requests)
         self.invalidate()
 
-    def call_many(self, requests: dict[int, tuple[str, dict[str, Any], Sequence[Any]]],
+    def call_many(self, requests: Mapping[int, tuple[str, dict[str, Any], Sequence[Any]]],
                   timeout: float | None = None) -> dict[int, tuple[dict[str, Any], list[np.ndarray]]]:
         """``PSTransport.call_many`` for calls made inside the closure: a read to a PS with a deferred push
         becomes one ``PushRead`` (same answer layout as the read); before any other method the push is sent."""

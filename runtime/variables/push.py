@@ -66,6 +66,7 @@ def apply_gradients(optimizer: Any, grads_and_vars: Iterable[tuple[Any, Any]]) -
         if config is None:
             config = optimizer.get_config()
         transport = var.transport
+        assert var.ps_index is not None, "a remote variable has a ps index"
         per_ps = batches.setdefault(id(transport), (transport, {}))[1]
         updates, arrays = per_ps.setdefault(var.ps_index, ([], []))
         if isinstance(grad, tuple):

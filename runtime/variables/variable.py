@@ -12,7 +12,7 @@ dense variables a step reads come from each PS in one RPC (see :class:`kubeps.ru
 from __future__ import annotations
 
 import operator
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
@@ -22,7 +22,7 @@ from kubeps.runtime.variables.partitioners import div_split, owner_of
 from kubeps.runtime.rpc.protocol import PS, slot_key
 from kubeps.runtime.variables.slots import slots_for
 
-__all__ = ["ShardedVariable", "Variable", "embedding_lookup"]
+__all__ = ["ShardedVariable", "Variable", "embedding_lookup", "gather_unique_rows"]
 
 
 def _dtype(dtype: Any) -> np.dtype:
@@ -117,7 +117,13 @@ class _ArrayLike:
     def numpy(self) -> np.ndarray:
         return np.asarray(self.read_value())
 
-    # subclasses set _name, _shape and _dtype
+    # subclasses set _name, _shape and _dtype, and define read_value
+    _name: str
+    _shape: tuple[int, ...]
+    _dtype: np.dtype
+    if TYPE_CHECKING:
+        def read_value(self) -> Any: ...
+
     @property
     def name(self) -> str:
         return self._name
@@ -287,6 +293,7 @@ class Variable(_ArrayLike):
             else:
                 self._local += array
             return self
+        assert self._ps_index is not None, "a variable is local or on a parameter server"
         _calls(self._require_transport(), {self._ps_index: (PS.ASSIGN, {"names": [self._key], "ops": [op]}, [array])})
         ctx = _context.current_closure_context()
         if ctx is not None:
@@ -396,7 +403,7 @@ class ShardedVariable(_ArrayLike):
         return self._write("add", -value_for(delta, self._dtype, "delta", self._name))
 
 
-def _calls(transport: Any, requests: dict[int, tuple[str, dict[str, Any], Sequence[Any]]]) -> dict[int, Any]:
+def _calls(transport: Any, requests: Mapping[int, tuple[str, dict[str, Any], Sequence[Any]]]) -> dict[int, Any]:
     """Calls to parameter servers: inside a scheduled function through its closure context, which lets a read
     carry the closure's deferred push and keeps every other call behind it; elsewhere straight to the transport."""
     ctx = _context.current_closure_context()
@@ -407,10 +414,12 @@ def _calls(transport: Any, requests: dict[int, tuple[str, dict[str, Any], Sequen
 
 def _group_remote(variables: Sequence[Variable]) -> tuple[Any, dict[int, list[int]]]:
     """Positions of remote variables per parameter server (they must share one transport)."""
-    transport, by_ps = None, {}
+    transport = None
+    by_ps: dict[int, list[int]] = {}
     for i, v in enumerate(variables):
         if v._local is not None:
             continue
+        assert v._ps_index is not None, "a variable is local or on a parameter server"
         transport = transport or v._require_transport()
         by_ps.setdefault(v._ps_index, []).append(i)
     return transport, by_ps
@@ -469,6 +478,15 @@ def embedding_lookup(params: Variable | ShardedVariable, ids: Any) -> np.ndarray
     ``ids.shape + params.shape[1:]``. Inside a scheduled function, when the batched pull of the registered dense
     variables is still due, it rides on these calls (``ReadMany``, one per PS) instead of costing calls of its own.
     """
+    ids_arr, unique, inverse, rows = gather_unique_rows(params, ids)
+    return rows[inverse].reshape(ids_arr.shape + tuple(params.shape[1:]))
+
+
+def gather_unique_rows(params: Variable | ShardedVariable,
+                       ids: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """What :func:`embedding_lookup` reads, before it expands duplicates: ``(ids, unique, inverse, rows)`` with
+    ``rows[i] = params[unique[i]]`` and ``params[ids] = rows[inverse].reshape(...)``. A gradient with respect to
+    ``rows`` is the row-sparse gradient of ``params`` over ``unique`` (what autodiff on the workers pushes)."""
     if not isinstance(params, (Variable, ShardedVariable)):
         raise RuntimeConfigError("params", type(params).__name__, "must be a Variable or ShardedVariable")
     if len(params.shape) == 0:
@@ -495,14 +513,16 @@ def embedding_lookup(params: Variable | ShardedVariable, ids: Any) -> np.ndarray
             rows[positions] = ctx.cache[var._key][local[positions]]
             continue
         transport = transport or var._require_transport()
+        assert var._ps_index is not None, "a variable is local or on a parameter server"
         requests.setdefault(var._ps_index, []).append((s, positions))
     if requests:
         ctx = _context.current_closure_context()
         dense: dict[int, list[str]] = {}  # a batched pull still due rides on these calls (ReadMany)
         if ctx is not None and ctx.transport is transport:
-            for var in ctx.take_prefetch():
-                dense.setdefault(var._ps_index, []).append(var._key)
-        calls = {}
+            for handle in ctx.take_prefetch():
+                assert handle.ps_index is not None, "the closure context registers remote variables only"
+                dense.setdefault(handle.ps_index, []).append(handle.key)
+        calls: dict[int, tuple[str, dict[str, Any], Sequence[Any]]] = {}
         for ps in sorted(set(requests) | set(dense)):
             items = requests.get(ps, [])
             rows_names = [shards[s]._key for s, _ in items]
@@ -515,8 +535,9 @@ def embedding_lookup(params: Variable | ShardedVariable, ids: Any) -> np.ndarray
         for ps, (_, arrays) in results.items():
             values = dense.get(ps, [])
             if values:
+                assert ctx is not None, "dense is only filled from the closure context"
                 ctx.store(values, arrays[: len(values)])
                 ctx.pulls += 1
             for (_, positions), block in zip(requests.get(ps, []), arrays[len(values):]):
                 rows[positions] = block
-    return rows[inverse].reshape(ids_arr.shape + tuple(params.shape[1:]))
+    return ids_arr, unique, inverse, rows

@@ -239,3 +239,83 @@ def test_embedding_trains_sparse_rows_only():
     np.testing.assert_allclose(after[1], before[1] - 0.2, rtol=1e-6)
     np.testing.assert_allclose(after[4], before[4] - 0.1, rtol=1e-6)
     np.testing.assert_array_equal(after[[0, 2, 3, 5]], before[[0, 2, 3, 5]])
+
+
+# -- merging layers ------------------------------------------------------------------------------------------------
+def check_merge(layer, inputs, rng):
+    """Finite differences of ``sum(forward(inputs) * r)`` w.r.t. every entry of every input."""
+    r = rng.normal(size=layer.forward(inputs).shape)
+
+    def objective():
+        return float((layer.forward(inputs) * r).sum())
+
+    objective()
+    grads = layer.backward(r)
+    assert len(grads) == len(inputs)
+    for i, (x, dx) in enumerate(zip(inputs, grads)):
+        assert dx.shape == x.shape
+        np.testing.assert_allclose(dx, numeric_grad(objective, x), rtol=1e-6, atol=1e-7, err_msg=f"d/dinputs[{i}]")
+
+
+@pytest.mark.parametrize("axis", [-1, 1, 0])
+def test_concatenate_gradients(axis):
+    rng = np.random.default_rng(3)
+    shapes = {-1: [(4, 2), (4, 3), (4, 1)], 1: [(4, 2), (4, 3), (4, 1)], 0: [(2, 3), (5, 3)]}[axis]
+    inputs = [rng.normal(size=s) for s in shapes]
+    layer = nn.Concatenate(axis=axis)
+    np.testing.assert_array_equal(layer.forward(inputs), np.concatenate(inputs, axis=axis))
+    check_merge(layer, inputs, rng)
+
+
+def test_add_gradients():
+    rng = np.random.default_rng(4)
+    inputs = [rng.normal(size=(5, 3)) for _ in range(3)]
+    layer = nn.Add()
+    np.testing.assert_allclose(layer.forward(inputs), inputs[0] + inputs[1] + inputs[2])
+    check_merge(layer, inputs, rng)
+
+
+def test_wide_and_deep_with_concatenate_and_add_gradients():
+    """A wide (linear) and a deep (MLP over concat(embedding rows, dense)) logit added: every gradient checks."""
+    rng = np.random.default_rng(5)
+    ids = np.array([[1, 3], [0, 3], [2, 2]])
+    dense = rng.normal(size=(3, 2))
+    labels = np.array([1.0, 0.0, 1.0])
+    emb = nn.Embedding(4, 3, seed=1, dtype="float64")
+    deep = nn.MLP([4], 1, input_dim=2 * 3 + 2, seed=2, dtype="float64")
+    wide = nn.Dense(1, input_dim=2, seed=3, dtype="float64")
+    concat, add, loss = nn.Concatenate(), nn.Add(), nn.SigmoidCrossEntropy()
+
+    def forward():
+        rows = emb.forward(ids)
+        x = concat.forward([rows.reshape(3, -1), dense])
+        return loss.forward(add.forward([deep.forward(x), wide.forward(dense)])[:, 0], labels)
+
+    forward()
+    d_deep, d_wide = add.backward(loss.backward()[:, None])
+    wide.backward(d_wide)
+    d_rows, _ = concat.backward(deep.backward(d_deep))
+    emb.backward(d_rows.reshape(3, 2, 3))
+    grads = {id(v): g for g, v in nn.all_grads_and_vars([emb, deep, wide])}
+    for layer in (emb, deep, wide):
+        for v in layer.trainable_variables:
+            arr = var_array(v)
+            np.testing.assert_allclose(dense_of(grads[id(v)], arr.shape), numeric_grad(forward, arr),
+                                       rtol=1e-6, atol=1e-8, err_msg=v.name)
+
+
+def test_merge_layers_reject_bad_inputs():
+    with pytest.raises(ValueError, match=r"Concatenate 'concatenate': inputs\[1\] has shape \(3, 2\); allowed"):
+        nn.Concatenate().forward([np.zeros((4, 2)), np.zeros((3, 2))])
+    with pytest.raises(ValueError, match=r"axis=2 is out of range for inputs of rank 2; allowed: -2 <= axis < 2"):
+        nn.Concatenate(axis=2).forward([np.zeros((4, 2)), np.zeros((4, 2))])
+    with pytest.raises(ValueError, match=r"Concatenate: axis='x' is not allowed"):
+        nn.Concatenate(axis="x")
+    with pytest.raises(ValueError, match=r"Add 'add': inputs\[1\] has shape \(4, 1\); allowed: .*no broadcasting"):
+        nn.Add().forward([np.zeros((4, 2)), np.zeros((4, 1))])
+    with pytest.raises(ValueError, match=r"inputs is 1 input\(s\); allowed: a list of at least 2 arrays"):
+        nn.Add().forward([np.zeros(2)])
+    with pytest.raises(ValueError, match=r"inputs is a ndarray"):
+        nn.Concatenate().forward(np.zeros((2, 2)))
+    with pytest.raises(RuntimeError, match="backward called before forward"):
+        nn.Add().backward(np.zeros(2))

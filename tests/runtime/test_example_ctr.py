@@ -22,10 +22,11 @@ def load_example():
     return module
 
 
-def run_example(*script_args: str, evaluator: bool = False) -> tuple[subprocess.CompletedProcess, dict]:
+def run_example(*script_args: str, evaluator: bool = False,
+                script: Path = EXAMPLE) -> tuple[subprocess.CompletedProcess, dict]:
     result = subprocess.run(
         [sys.executable, "-m", "kubeps.runtime.cli", "local", "--ps", "2", "--workers", "2",
-         *(["--evaluator"] if evaluator else []), str(EXAMPLE), "--", *script_args],
+         *(["--evaluator"] if evaluator else []), str(script), "--", *script_args],
         capture_output=True, text=True, timeout=170,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

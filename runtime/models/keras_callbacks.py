@@ -1,0 +1,183 @@
+"""Callbacks of :func:`kubeps.runtime.models.keras_fit.fit`, as Keras's: the protocol (:class:`Callback`), the
+:class:`History` that ``fit`` returns, and checkpoints into kubeps checkpoints -- :class:`ModelCheckpoint` (save
+every epoch or every N steps) and :class:`BackupAndRestore` (the same, and restore the latest checkpoint when
+training starts, so a chief restarted after a lost parameter server continues from its step and epoch).
+
+The hooks are called on the chief. ``fit`` schedules ``steps_per_execution`` steps per function and waits for them
+(``coordinator.join()``) at the end of every epoch and every ``sync_every`` steps a callback asks for;
+``on_train_batch_end(step, logs)`` is called at each of those points, with ``logs``: ``loss`` (mean over the steps
+since the last call), ``step``, ``examples``, ``examples_per_s``. ``on_epoch_end(epoch, logs)`` gets the epoch's
+mean loss. That is the hook a TensorBoard writer uses.
+
+Rule: no keras or jax import (callbacks see the trainer through its attributes: ``variables``, ``step``,
+``steps_per_epoch``, ``total_steps``, ``model``, ``stop_training``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Sequence
+
+from kubeps.runtime.checkpoint.api import Checkpoint
+from kubeps.runtime.checkpoint.manager import CheckpointManager
+from kubeps.runtime.errors import RuntimeConfigError
+
+__all__ = ["BackupAndRestore", "Callback", "CallbackList", "History", "ModelCheckpoint"]
+
+
+class Callback:
+    """Override any of the hooks. ``self.trainer`` is the :class:`~kubeps.runtime.models.keras_fit.KerasTrainer`
+    (``self.model`` its Keras model); set ``self.trainer.stop_training = True`` to stop after the epoch. A
+    callback that needs to see a step (a checkpoint every N steps) sets ``sync_every = N``."""
+
+    sync_every: int | None = None
+
+    def __init__(self) -> None:
+        self.trainer: Any = None
+
+    def set_trainer(self, trainer: Any) -> None:
+        self.trainer = trainer
+
+    @property
+    def model(self) -> Any:
+        return self.trainer.model if self.trainer is not None else None
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        pass
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        pass
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        pass
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        pass
+
+    def on_train_batch_end(self, step: int, logs: dict[str, Any] | None = None) -> None:
+        pass
+
+
+class History(Callback):
+    """``history``: every ``on_epoch_end`` log by key (``loss``, ``examples_per_s``, ...); ``epoch``: the epochs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.history: dict[str, list[Any]] = {}
+        self.epoch: list[int] = []
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self.epoch.append(epoch)
+        for key, value in (logs or {}).items():
+            self.history.setdefault(key, []).append(value)
+
+
+class CallbackList:
+    """The callbacks of one ``fit``, called in order."""
+
+    def __init__(self, callbacks: Sequence[Callback], trainer: Any):
+        for i, cb in enumerate(callbacks):
+            if not isinstance(cb, Callback):
+                raise RuntimeConfigError(f"callbacks[{i}]", type(cb).__name__,
+                                         "must be a kubeps.runtime.models.keras_callbacks.Callback (Keras's own "
+                                         "callbacks need model.fit's machinery)")
+            cb.set_trainer(trainer)
+        self.callbacks = list(callbacks)
+
+    def __iter__(self) -> Iterator[Callback]:
+        return iter(self.callbacks)
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        for cb in self.callbacks:
+            cb.on_train_begin(logs)
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        for cb in self.callbacks:
+            cb.on_train_end(logs)
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        for cb in self.callbacks:
+            cb.on_epoch_begin(epoch, logs)
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        for cb in self.callbacks:
+            cb.on_epoch_end(epoch, logs)
+
+    def on_train_batch_end(self, step: int, logs: dict[str, Any] | None = None) -> None:
+        for cb in self.callbacks:
+            cb.on_train_batch_end(step, logs)
+
+
+class ModelCheckpoint(Callback):
+    """``ModelCheckpoint(directory, save_freq="epoch", max_to_keep=5)``: a kubeps checkpoint of every weight (on
+    the parameter servers, with the optimizer's slots) and the step, at the end of every epoch or every
+    ``save_freq`` steps (a multiple of ``steps_per_execution``); the checkpoint at the last step is saved ``final``
+    (the sidecar evaluator stops after it). Objects: ``model`` (the weights by Keras path, the tables by name) and
+    ``step``; :func:`kubeps.runtime.models.keras_fit.restore_weights` loads them into a Keras model."""
+
+    restore = False
+
+    def __init__(self, directory: str, save_freq: str | int = "epoch", max_to_keep: int | None = 5,
+                 verbose: int = 1):
+        super().__init__()
+        if save_freq != "epoch" and (isinstance(save_freq, bool) or not isinstance(save_freq, int) or save_freq < 1):
+            raise RuntimeConfigError(f"{type(self).__name__} save_freq", save_freq,
+                                     "allowed: 'epoch' or a number of steps >= 1")
+        if not isinstance(directory, str) or not directory:
+            raise RuntimeConfigError(f"{type(self).__name__} directory", directory,
+                                     "must be a path (or an fsspec URL) every task sees")
+        self.directory = directory
+        self.save_freq = save_freq
+        self.sync_every = save_freq if isinstance(save_freq, int) else None
+        self.max_to_keep = max_to_keep
+        self.verbose = verbose
+        self.manager: CheckpointManager | None = None
+        self.last_saved: int | None = None
+        self.saved: list[str] = []
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        checkpoint = Checkpoint(model=self.trainer.variables, step=self.trainer.step)
+        self.manager = CheckpointManager(checkpoint, self.directory, max_to_keep=self.max_to_keep)
+        if self.restore:
+            path = self.manager.latest_checkpoint
+            if path is None:
+                self._say(f"no checkpoint in {self.directory}: starting from step {self.trainer.step.value}")
+            else:
+                step = self.manager.restore(path)
+                self.last_saved = step
+                self._say(f"resumed from step {step} ({path})")
+
+    def _say(self, text: str) -> None:
+        if self.verbose:
+            print(text, flush=True)
+
+    def _save(self) -> None:
+        step = self.trainer.step.value
+        if self.manager is None or step == self.last_saved:
+            return
+        final = step == self.trainer.total_steps
+        path = self.manager.save(step=step, final=final)
+        self.last_saved = step
+        self.saved.append(path)
+        self._say(f"step {step}: saved {path}" + (" (final)" if final else ""))
+
+    def on_train_batch_end(self, step: int, logs: dict[str, Any] | None = None) -> None:
+        if self.sync_every and step % self.sync_every == 0:
+            self._save()
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if self.save_freq == "epoch":
+            self._save()
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        if self.trainer.step.value == self.trainer.total_steps:
+            self._save()  # the final checkpoint, when the last interval ended between save points
+
+
+class BackupAndRestore(ModelCheckpoint):
+    """``BackupAndRestore(directory, save_freq="epoch", max_to_keep=5)``: :class:`ModelCheckpoint` that also
+    restores the latest checkpoint of ``directory`` when training begins -- the weights, the optimizer's slots and
+    the step -- and ``fit`` continues from that step (and its epoch). With the chief under ``run_coordinator``, a
+    lost parameter server ends it with status 133; restarted (``kubeps local --restart``, the operator), it goes on
+    from the last checkpoint."""
+
+    restore = True

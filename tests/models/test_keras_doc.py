@@ -1,0 +1,53 @@
+"""Every code block of docs/keras.md runs: the install line names the extra pyproject declares, the command is the
+one this test runs, and the program trains, checkpoints and is evaluated under it."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("KERAS_BACKEND", "jax")
+pytest.importorskip("jax")
+pytest.importorskip("keras")
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC = ROOT / "docs" / "keras.md"
+
+
+def blocks() -> list[tuple[str, str]]:
+    return re.findall(r"^```(\w*)\n(.*?)^```$", DOC.read_text(), re.M | re.S)
+
+
+def test_the_doc_has_an_install_line_a_command_and_a_program():
+    kinds = [(lang, code.splitlines()[0]) for lang, code in blocks()]
+    assert kinds == [("", "pip install 'kubeps[keras]'        # keras>=3.15, jax>=0.10.2 (the versions tested); "
+                          "KERAS_BACKEND=jax"),
+                     ("", "kubeps local --ps 2 --workers 2 --evaluator --restart train.py"),
+                     ("python", "import os")]
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["keras"]
+    assert extra == ["keras>=3.15", "jax>=0.10.2"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_doc_program_trains_checkpoints_and_is_evaluated_under_kubeps_local(tmp_path):
+    (_, _), (_, command), (_, program) = blocks()
+    (tmp_path / "train.py").write_text(program)
+    args = command.split()
+    assert args[:1] == ["kubeps"] and args[-1] == "train.py"
+    env = {**os.environ, "KUBEPS_CHECKPOINT_DIR": str(tmp_path / "ckpt")}
+    done = subprocess.run([sys.executable, "-m", "kubeps.runtime.cli", *args[1:]], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=280)
+    out = done.stdout
+    assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]
+    assert f"[chief-0] no checkpoint in {tmp_path / 'ckpt'}: starting from step 0" in out
+    losses = [float(x) for x in re.findall(r"^\[chief-0\] epoch \d: loss ([\d.]+)", out, re.M)]
+    assert len(losses) == 3 and losses[-1] < losses[0] < 0.7, out[-3000:]
+    evaluated = re.search(r"^\[evaluator-0\] evaluated (\[.*\])$", out, re.M)
+    assert evaluated and "(120, " in evaluated.group(1), out[-3000:]

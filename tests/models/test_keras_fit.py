@@ -1,0 +1,169 @@
+"""keras_fit without a cluster: one training step of the worker's replica (local variables) against Keras's own
+gradients, the optimizer mapping, and the errors (each names the field, the value and what is allowed)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("KERAS_BACKEND", "jax")  # as kubeps sets it: keras picks its backend on import
+pytest.importorskip("jax")
+pytest.importorskip("keras")
+
+from kubeps.runtime.errors import RuntimeConfigError  # noqa: E402
+from kubeps.runtime.models import keras_fit  # noqa: E402
+from kubeps.runtime.models.keras_callbacks import ModelCheckpoint  # noqa: E402
+from kubeps.runtime.models.keras_layers import KubepsEmbedding, keras  # noqa: E402
+from kubeps.runtime.ops.optimizers import SGD, Adagrad, Adam, Ftrl, Momentum  # noqa: E402
+from kubeps.runtime.variables.variable import Variable  # noqa: E402
+
+VOCAB, DIM, FIELDS = 50, 4, 3
+
+
+def functional_model(embedding: keras.layers.Layer) -> keras.Model:
+    ids, dense = keras.Input((FIELDS,), dtype="int32"), keras.Input((2,))
+    x = keras.layers.Concatenate()([keras.layers.Flatten()(embedding(ids)), dense])
+    x = keras.layers.Dense(5, activation="relu")(x)
+    return keras.Model([ids, dense], keras.layers.Dense(1)(x)[:, 0])
+
+
+def batch(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, VOCAB, size=(8, FIELDS))
+    ids[0, :] = 7  # a repeated id: its row gradient is summed
+    return (ids, rng.normal(size=(8, 2)).astype(np.float32)), rng.integers(0, 2, size=8).astype(np.float32)
+
+
+def test_a_replica_step_applies_keras_gradients_with_the_table_row_sparse():
+    """The worker's step (ids pass, unique rows, value_and_grad of stateless_call) gives the same update as
+    Keras's own Embedding differentiated whole; only the batch's rows of the table change."""
+    import jax
+
+    model = functional_model(KubepsEmbedding(VOCAB, DIM))  # outside a scope: the table is a local Variable
+    table = model.layers[1].table if isinstance(model.layers[1], KubepsEmbedding) else \
+        keras_fit.table_layers(model)[0].table
+    reference = functional_model(keras.layers.Embedding(VOCAB, DIM))
+    reference.set_weights([table.numpy()] + [v.numpy() for v in model.trainable_variables])
+    loss = keras.losses.BinaryCrossentropy(from_logits=True)
+    x, y = batch()
+
+    def ref_loss(weights):
+        y_pred, _ = reference.stateless_call(weights, [], x, training=True)
+        return loss(y, y_pred)
+
+    ref_grads = jax.grad(ref_loss)([v.value for v in reference.trainable_variables])
+    expected = [np.asarray(v.value) - np.asarray(g) for v, g in zip(reference.trainable_variables, ref_grads)]
+
+    weights = [Variable(np.asarray(v.value), name=v.path) for v in model.trainable_variables]  # local
+    replica = keras_fit._Replica(type(model), keras_fit._plain(model.get_config()), {}, loss,
+                                 [tuple(v.shape) for v in model.trainable_variables], 1)
+    before = table.numpy()
+    total, examples = replica.run(iter([(x, y)]), weights, [table], SGD(1.0), 1)
+    assert examples == 8 and total == pytest.approx(float(ref_loss([v.value for v in reference.trainable_variables])),
+                                                      rel=1e-5)
+    np.testing.assert_allclose(table.numpy(), expected[0], rtol=1e-5, atol=1e-6)
+    untouched = np.setdiff1d(np.arange(VOCAB), x[0])
+    np.testing.assert_array_equal(table.numpy()[untouched], before[untouched])
+    for weight, want in zip(weights, expected[1:]):
+        np.testing.assert_allclose(weight.numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_kubeps_embedding_looks_up_eagerly_and_restore_weights_loads_a_checkpoint_mapping():
+    model = functional_model(KubepsEmbedding(VOCAB, DIM))
+    layer = keras_fit.table_layers(model)[0]
+    x, _ = batch()
+    np.testing.assert_allclose(np.asarray(layer(x[0])), layer.table.numpy()[x[0]])
+    values = {"model/" + v.path: np.full(v.shape, 0.5, np.float32) for v in model.trainable_variables}
+    values["model/" + layer.table.name] = np.ones((VOCAB, DIM), np.float32)
+    keras_fit.restore_weights(model, values)
+    assert layer.table.numpy().sum() == VOCAB * DIM
+    assert all(np.all(np.asarray(v.value) == 0.5) for v in model.trainable_variables)
+    del values["model/" + layer.table.name]
+    with pytest.raises(RuntimeConfigError, match="embeddings' has invalid value|is not in the checkpoint"):
+        keras_fit.restore_weights(model, values)
+
+
+@pytest.mark.parametrize("keras_optimizer, expected", [
+    (lambda: keras.optimizers.SGD(0.5), SGD(0.5)),
+    (lambda: keras.optimizers.SGD(0.5, momentum=0.8, nesterov=True), Momentum(0.5, 0.8, True)),
+    (lambda: keras.optimizers.Adagrad(0.1), Adagrad(0.1, 0.1, 1e-7)),
+    (lambda: keras.optimizers.Adam(0.01, beta_1=0.8), Adam(0.01, 0.8, 0.999, 1e-7)),
+    (lambda: keras.optimizers.Ftrl(0.2, l1_regularization_strength=0.01), Ftrl(0.2, l1_regularization_strength=0.01)),
+    (lambda: "adagrad", Adagrad(0.001, 0.1, 1e-7)),
+])
+def test_keras_optimizers_map_to_the_kubeps_optimizer_with_the_same_update(keras_optimizer, expected):
+    assert keras_fit.kubeps_optimizer(keras_optimizer()).get_config() == expected.get_config()
+
+
+def test_optimizer_settings_kubeps_cannot_apply_are_refused_by_name():
+    with pytest.raises(RuntimeConfigError, match="weight_decay"):
+        keras_fit.kubeps_optimizer(keras.optimizers.Adam(0.1, weight_decay=0.01))
+    with pytest.raises(RuntimeConfigError, match="clipnorm"):
+        keras_fit.kubeps_optimizer(keras.optimizers.SGD(0.1, clipnorm=1.0))
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.1, 100, 0.9)
+    with pytest.raises(RuntimeConfigError, match="learning_rate.*kubeps schedule"):
+        keras_fit.kubeps_optimizer(keras.optimizers.SGD(schedule))
+    with pytest.raises(RuntimeConfigError, match="RMSprop.*allowed Keras optimizers"):
+        keras_fit.kubeps_optimizer(keras.optimizers.RMSprop(0.1))
+
+
+class FakeCoordinator(SimpleNamespace):
+    """Has the attributes the trainer checks for; the errors under test come before any of them is used."""
+
+    def __init__(self):
+        super().__init__(schedule=None, join=None, create_per_worker_dataset=None, create_per_worker_resource=None,
+                         strategy=None)
+
+
+def test_fit_refuses_batch_norm_statistics_an_unbuilt_model_and_a_local_table():
+    bn = keras.Sequential([keras.Input((3,)), keras.layers.BatchNormalization(), keras.layers.Dense(1)])
+    with pytest.raises(RuntimeConfigError, match="moving_mean.*BatchNormalization statistics"):
+        keras_fit.KerasTrainer(bn, FakeCoordinator(), optimizer=SGD(0.1), loss="mse")
+    with pytest.raises(RuntimeConfigError, match="build the model before fit"):
+        keras_fit.KerasTrainer(keras.Sequential([keras.layers.Dense(1)]), FakeCoordinator(), optimizer=SGD(0.1),
+                               loss="mse")
+    local = functional_model(KubepsEmbedding(VOCAB, DIM))
+    with pytest.raises(RuntimeConfigError, match="table.*local to this process.*strategy.scope"):
+        keras_fit.KerasTrainer(local, FakeCoordinator(), optimizer=SGD(0.1), loss="mse")
+    with pytest.raises(RuntimeConfigError, match="steps_per_execution"):
+        keras_fit.KerasTrainer(local, FakeCoordinator(), optimizer=SGD(0.1), loss="mse", steps_per_execution=0)
+    with pytest.raises(RuntimeConfigError, match="coordinator.*ClusterCoordinator"):
+        keras_fit.KerasTrainer(local, object(), optimizer=SGD(0.1), loss="mse")
+    with pytest.raises(RuntimeConfigError, match="save_freq"):
+        ModelCheckpoint("/tmp/x", save_freq=0)
+
+
+def test_another_keras_backend_is_refused_with_the_variable_named():
+    env = {**os.environ, "KERAS_BACKEND": "torch"}
+    result = subprocess.run([sys.executable, "-c", "import kubeps.runtime.models.keras_fit"], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert "'KERAS_BACKEND' has invalid value 'torch'" in result.stderr
+    assert "JAX backend only" in result.stderr
+
+
+def test_import_kubeps_runtime_loads_neither_keras_nor_jax():
+    code = "import sys, kubeps.runtime as kp, kubeps.runtime.models; kp.Variable; print(sorted(" \
+           "m for m in sys.modules if m.split('.')[0] in ('keras', 'jax')))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.stdout.strip() == "[]", result.stderr
+
+
+def test_dropout_seed_state_stays_on_the_worker_and_advances():
+    """Keras's random-seed state is the one non-trainable variable fit supports: each worker keeps its own."""
+    ids, dense = keras.Input((FIELDS,), dtype="int32"), keras.Input((2,))
+    x = keras.layers.Concatenate()([keras.layers.Flatten()(KubepsEmbedding(VOCAB, DIM)(ids)), dense])
+    model = keras.Model([ids, dense], keras.layers.Dense(1)(keras.layers.Dropout(0.5)(x))[:, 0])
+    table = keras_fit.table_layers(model)[0].table
+    weights = [Variable(np.asarray(v.value), name=v.path) for v in model.trainable_variables]
+    replica = keras_fit._Replica(type(model), keras_fit._plain(model.get_config()), {}, "binary_crossentropy",
+                                 [tuple(v.shape) for v in model.trainable_variables], 1)
+    replica.run(iter([batch(0)]), weights, [table], SGD(0.1), 1)
+    first = np.asarray(replica.non_trainable[0]).copy()
+    replica.run(iter([batch(1)]), weights, [table], SGD(0.1), 1)
+    assert not np.array_equal(first, np.asarray(replica.non_trainable[0]))
