@@ -54,6 +54,10 @@ NOT_RUN = {
         "the CTR example: tests/runtime/test_example_ctr.py runs it",
     ("docs/benchmarks.md", ".venv/bin/python bench/side_by_side.py             # --jobs 50 --reps 2; private loopback control plane, ~10 min"):
         "a 10-minute benchmark (make bench)",
+    ("docs/benchmarks.md", ".venv/bin/python bench/ctr_keras.py --rounds 3        # kubeps local --ps 2 --workers 2, both examples, alternating"):
+        "a benchmark of minutes (make bench); tests/models runs the Keras example",
+    ("docs/benchmarks.md", ".venv/bin/python bench/ctr_vs_tf.py --jax --rounds 3 --steps 1000"):
+        "a benchmark of minutes (make bench)",
     ("docs/fault-tolerance.md", "$ kubeps local --ps 2 --workers 2 --evaluator --restart examples/ctr/train.py -- --checkpoint-dir /tmp/ctr-ckpt"):
         "a transcript with a ps killed by hand; tests/chaos runs the scenario",
     ("docs/fault-tolerance.md", "KUBEPS_CHAOS_REPORT=/tmp/chaos.jsonl .venv/bin/python -m pytest tests/chaos -s      # 110 s in all on 2 shared cores"):
