@@ -153,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_help=False,
     )
     sub.add_parser("version", help="print the kubeps version")
+    sub.add_parser("validate", help="check PSTrainingJob manifests before applying them (kubeps validate FILE...)")
     return parser
 
 
@@ -174,6 +175,16 @@ def _run_operator(argv: list[str]) -> int:
         return 1
     result = operator_main(argv)
     return int(result or 0)
+
+
+def _run_validate(argv: list[str]) -> int:
+    try:
+        from kubeps.operator.validate import main as validate_main  # noqa: PLC0415 - loads the CRD models, only here
+    except ImportError as err:
+        sys.stderr.write(f"kubeps validate: not available ({err}); install kubeps[operator] "
+                         f"(pip install 'kubeps[operator]')\n")
+        return USAGE_ERROR
+    return validate_main(argv)
 
 
 def _run_local(args: argparse.Namespace, script_args: list[str]) -> int:
@@ -209,6 +220,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "operator":  # everything after it belongs to the operator, options included
         return _run_operator(argv[1:])
+    if argv and argv[0] == "validate":
+        return _run_validate(argv[1:])
     parser = build_parser()
     own, script_args = _split_script_args(argv)
     try:

@@ -5,7 +5,8 @@ One parametrized test over every block, ids ``file:line``. What happens to a blo
 * ``python``: a whole program (it branches on the task type and starts a ``Server``) runs under ``kubeps local``
   (``--ps 2 --workers 2``, or the arguments of a ``local`` marker); any other block runs with ``python``. Each in a
   fresh directory, with a timeout: a doc example that hangs is a bug.
-* ``sh``, ``bash``, ``console``: shell commands. Those that need a cluster, a registry, TensorFlow or minutes of
+* ``sh``, ``bash``, ``console``: shell commands. Those that are cheap and local (``RUN_SHELL``) run with bash in
+  the repository; those that need a cluster, a registry, TensorFlow or minutes of
   benchmark are listed in ``NOT_RUN`` below with the reason (a stale entry fails too, so the list stays true).
 * ``text``: output, listings, synopses; not code.
 * an unlabelled block fails: say what it is.
@@ -39,6 +40,12 @@ SHELL_LANGUAGES = {"sh", "bash", "console"}
 TEXT_LANGUAGES = {"text"}
 PYTHON_TIMEOUT_S = 60
 LOCAL_TIMEOUT_S = 150
+
+#: shell blocks that are cheap and local: run with bash in the repository, the venv's commands first on PATH
+RUN_SHELL = {
+    ("README.md", "kubeps validate examples/ctr/job.yaml examples/jobs/*.yaml"),
+}
+SHELL_TIMEOUT_S = 60
 
 #: shell blocks that are not run here, by (file, first line of the block): why
 NOT_RUN = {
@@ -154,6 +161,12 @@ def test_doc_block(block: Block, tmp_path: Path) -> None:
             pytest.skip(f"run by {argument}")
     if block.language in TEXT_LANGUAGES:
         pytest.skip("output or a listing, not code")
+    if block.language in SHELL_LANGUAGES and (block.file, block.first_line) in RUN_SHELL:
+        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+        result = subprocess.run(["bash", "-euo", "pipefail", "-c", block.code], cwd=REPO, env=env,
+                                capture_output=True, text=True, timeout=SHELL_TIMEOUT_S)
+        assert result.returncode == 0, f"{block.file}:{block.line} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        return
     if block.language in SHELL_LANGUAGES:
         reason = NOT_RUN.get((block.file, block.first_line))
         assert reason, (f"{block.file}:{block.line}: a shell block neither run nor listed in NOT_RUN with a reason "
@@ -176,6 +189,7 @@ def test_doc_block(block: Block, tmp_path: Path) -> None:
 
 def test_the_allow_list_has_no_stale_entry() -> None:
     shell = {(b.file, b.first_line) for b in BLOCKS if b.language in SHELL_LANGUAGES}
+    assert not RUN_SHELL - shell, f"RUN_SHELL lists blocks that no longer exist: {sorted(RUN_SHELL - shell)}"
     assert not set(NOT_RUN) - shell, f"NOT_RUN lists blocks that no longer exist: {sorted(set(NOT_RUN) - shell)}"
 
 
