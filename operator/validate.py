@@ -200,6 +200,14 @@ def main(argv: Sequence[str]) -> int:
                   "unknown fields, the CRD's CEL rules) and print every error.\nExit status: 0 valid, 1 invalid, "
                   "2 usage error.\n")
         return EXIT_OK if files else EXIT_USAGE
+    try:
+        import celpy  # noqa: F401, PLC0415 - the CRD's CEL rules
+        import jsonschema  # noqa: F401, PLC0415 - the CRD's schema
+        import yaml  # noqa: F401, PLC0415
+    except ImportError as err:
+        sys.stderr.write(f"kubeps validate: not available ({err}); install kubeps[validate] "
+                         f"(pip install 'kubeps[validate]')\n")
+        return EXIT_USAGE
     texts = []
     for name in files:
         try:

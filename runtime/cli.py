@@ -181,10 +181,10 @@ def _run_validate(argv: list[str]) -> int:
     try:
         from kubeps.operator.validate import main as validate_main  # noqa: PLC0415 - loads the CRD models, only here
     except ImportError as err:
-        sys.stderr.write(f"kubeps validate: not available ({err}); install kubeps[operator] "
-                         f"(pip install 'kubeps[operator]')\n")
+        sys.stderr.write(f"kubeps validate: not available ({err}); install kubeps[validate] "
+                         f"(pip install 'kubeps[validate]')\n")
         return USAGE_ERROR
-    return validate_main(argv)
+    return validate_main(argv)  # it says what to install when jsonschema or cel-python is missing
 
 
 def _run_local(args: argparse.Namespace, script_args: list[str]) -> int:
