@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # kubeps images. Targets:
-#   runtime       CPU runtime for chief/ps/worker/evaluator pods (numpy, grpcio, kubeps.runtime)
-#   runtime-gpu   CUDA 12 runtime + CuPy (pip install kubeps[gpu])
+#   runtime       CPU runtime for chief/ps/worker/evaluator pods (numpy, grpcio, kubeps.runtime, tensorboardX)
+#   runtime-gpu   CUDA 12 runtime + CuPy (pip install kubeps[gpu,tensorboard])
 #   operator      the kopf operator (pip install kubeps[operator]); ENTRYPOINT `kubeps operator`
 # Build: docker build --target runtime -t kubeps-runtime .   (same for runtime-gpu, operator)
 # runtime-gpu is the last stage, so the classic builder (DOCKER_BUILDKIT=0, no registry for BuildKit's frontend:
@@ -27,9 +27,10 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
 COPY --from=builder /wheels /wheels
 # kubeps_pid1: a pod's main process (PID 1) exits on SIGTERM instead of ignoring it (see the file).
 COPY images/runtime/ /tmp/pid1/
+# The tensorboard extra (tensorboardX, ~1 MB with protobuf): a job that sets KUBEPS_LOGDIR writes event files.
 RUN python -m venv /opt/venv \
  && WHEEL="$(ls /wheels/kubeps-*.whl)" \
- && /opt/venv/bin/pip install "kubeps @ file://${WHEEL}" \
+ && /opt/venv/bin/pip install "kubeps[tensorboard] @ file://${WHEEL}" \
  && mv /tmp/pid1/kubeps_pid1.py /tmp/pid1/kubeps_pid1.pth "$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"
 
 FROM ${PYTHON_IMAGE} AS operator-venv
@@ -80,7 +81,7 @@ COPY images/runtime/ /tmp/pid1/
 # The venv is made with this image's Python (Ubuntu's 3.10), not the builder's; the wheel is pure Python.
 RUN python3 -m venv /opt/venv \
  && WHEEL="$(ls /wheels/kubeps-*.whl)" \
- && /opt/venv/bin/pip install "kubeps[gpu] @ file://${WHEEL}" \
+ && /opt/venv/bin/pip install "kubeps[gpu,tensorboard] @ file://${WHEEL}" \
  && mv /tmp/pid1/kubeps_pid1.py /tmp/pid1/kubeps_pid1.pth "$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/" \
  && rm -rf /wheels /tmp/pid1
 COPY examples/ /opt/kubeps/examples/

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# mypy on kubeps.runtime, with the configuration of pyproject.toml ([tool.mypy]); `make lint` and
+# mypy on kubeps.runtime and kubeps.operator, with the configuration of pyproject.toml ([tool.mypy]); `make lint` and
 # tests/code_checks/test_mypy.py run this. Extra arguments go to mypy.
 #
 # setuptools maps the source roots (`package-dir`: kubeps.runtime -> runtime/, kubeps.operator -> operator/) and the
@@ -26,4 +26,4 @@ mkdir -p "$root/kubeps" "$cache"
 ln -sfn "$repo/runtime" "$root/kubeps/runtime"
 ln -sfn "$repo/operator" "$root/kubeps/operator"
 cd "$root"
-"$mypy" --config-file "$repo/pyproject.toml" --cache-dir "$cache" -p kubeps.runtime "$@"
+"$mypy" --config-file "$repo/pyproject.toml" --cache-dir "$cache" -p kubeps.runtime -p kubeps.operator "$@"

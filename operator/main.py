@@ -5,16 +5,17 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import Any, Mapping
 
-from . import settings as settings_module
-from .settings import Settings
+from .controller import settings as settings_module
+from .controller.settings import Settings
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kubeps operator",
         description="Run the kubeps operator: reconcile PSTrainingJobs into pods, Services and TF_CONFIG. "
-        "Flags override the KUBEPS_* environment variables (see kubeps.operator.settings).",
+        "Flags override the KUBEPS_* environment variables (see kubeps.operator.controller.settings).",
     )
     scope = parser.add_mutually_exclusive_group()
     scope.add_argument("--namespace", "-n", action="append", dest="namespaces", metavar="NS",
@@ -40,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def settings_from_args(argv: list[str] | None, env=None) -> Settings:
+def settings_from_args(argv: list[str] | None, env: Mapping[str, str] | None = None) -> Settings:
     args = build_parser().parse_args(argv)
     base = Settings.from_env(env)
     settings = base.with_overrides(
@@ -71,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     _skip_kubernetes_package()
     import kopf  # noqa: PLC0415 - arguments are checked, and the kubernetes package hidden, before kopf loads
 
-    from . import handlers, metrics  # noqa: PLC0415
+    from .controller import handlers, metrics  # noqa: PLC0415, F401 - importing handlers registers them with kopf
+    from .controller.reconciler import Reconciler  # noqa: PLC0415
 
     logging.basicConfig(level=settings.log_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
@@ -79,21 +81,24 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(settings.log_level)))
     if settings.metrics_port:
         metrics.serve(settings.metrics_port, settings.bind_address)
-    kopf.run(**kopf_run_options(settings), memo=kopf.Memo(reconciler=handlers.Reconciler(settings)))
+    kopf.run(**kopf_run_options(settings), memo=kopf.Memo(reconciler=Reconciler(settings)))
     return 0
 
 
 def _skip_kubernetes_package() -> None:
-    """The operator never uses the ``kubernetes`` package (see :mod:`kubeps.operator.client`), but kopf imports it
+    """The operator never uses the ``kubernetes`` package (see :mod:`kubeps.operator.kube.client`), but kopf imports it
     when it is installed, for type checks only: about 20 MB and 0.5 s. Make it look absent to kopf."""
     for name in ("kubernetes", "kubernetes_asyncio", "pykube"):
-        sys.modules.setdefault(name, None)
+        # None in sys.modules makes `import name` raise ImportError (importlib's documented way to block a module);
+        # typeshed types the values as modules only
+        sys.modules.setdefault(name, None)  # type: ignore[arg-type]
 
 
-def kopf_run_options(settings: Settings) -> dict:
+def kopf_run_options(settings: Settings) -> dict[str, Any]:
     """The keyword arguments of ``kopf.run`` for these settings (without ``memo``).
 
-    ``settings`` is kopf's ``OperatorSettings`` built by :func:`kubeps.operator.settings.kopf_settings`. Without a
+    ``settings`` is kopf's ``OperatorSettings`` built by
+    :func:`kubeps.operator.controller.settings.kopf_settings`. Without a
     peering name the operator runs standalone (one replica); with one, kopf keeps a (Cluster)KopfPeering object
     and only the replica with the highest priority acts, the others pause until it stops renewing its record.
     """

@@ -8,10 +8,10 @@ the same names.
 
 Where things live (each package's docstring states its rule): ``cluster`` and ``contract`` (TF_CONFIG and the pod
 contract, shared with the operator), ``errors``, ``util``, ``data`` (input), ``rpc`` (everything on the network),
-``variables`` (what a program holds and pushes), ``ops`` (kernels, optimizers, layers), ``models`` (gradients of
-models written with JAX; jax loads only when used), ``ps`` and ``worker`` (what
-runs on those tasks), ``checkpoint``, ``coordinator`` (the chief), ``server`` (a task's process), ``local``
-(``kubeps local``) and ``cli``.
+``variables`` (what a program holds and pushes), ``observe`` (TensorBoard event files: ``kp.summary``; tensorboardX
+loads only when a writer is created), ``ops`` (kernels, optimizers, layers), ``models`` (gradients of models written
+with JAX; jax loads only when used), ``ps`` and ``worker`` (what runs on those tasks), ``checkpoint``, ``coordinator``
+(the chief), ``server`` (a task's process), ``local`` (``kubeps local``) and ``cli``.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ for _module, _names in {
         "CheckpointError CheckpointCorruptError CheckpointMismatchError"
     ),
     "checkpoint.evaluator": "SidecarEvaluator",
+    "observe.train_metrics": "TrainMetricsLogger",
     "coordinator.watchdog": "Watchdog",
     "contract": "EXIT_PS_UNAVAILABLE",
     "coordinator.supervisor": "install_excepthook run_coordinator",
@@ -63,7 +64,7 @@ for _module, _names in {
         _EXPORTS[_name] = _module
 
 #: submodules users import by their old short names (``from kubeps.runtime import nn, kernels``)
-_SUBMODULES: dict[str, str] = {"nn": "ops.nn", "kernels": "ops.kernels"}
+_SUBMODULES: dict[str, str] = {"nn": "ops.nn", "kernels": "ops.kernels", "summary": "observe.summary"}
 
 __all__ = sorted(_EXPORTS)
 
@@ -129,7 +130,9 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; kept equal to _EXPORTS by 
     from kubeps.runtime.variables.variable import (
         embedding_lookup as embedding_lookup, ShardedVariable as ShardedVariable, Variable as Variable,
     )
+    from kubeps.runtime.observe.train_metrics import TrainMetricsLogger as TrainMetricsLogger
     from kubeps.runtime.ops import kernels as kernels, nn as nn
+    from kubeps.runtime.observe import summary as summary
 
 
 def __getattr__(name: str) -> Any:

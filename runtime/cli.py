@@ -32,7 +32,7 @@ def _version() -> str:
 class _Parser(argparse.ArgumentParser):
     """argparse, but ``error()`` raises instead of exiting so :func:`main` can return the status."""
 
-    def exit(self, status: int = 0, message: str | None = None) -> None:  # type: ignore[override]
+    def exit(self, status: int = 0, message: str | None = None) -> None:  # type: ignore[override]  # raises instead (NoReturn)
         if message:
             sys.stderr.write(message)
         raise _Exit(status)
@@ -177,14 +177,40 @@ def _run_operator(argv: list[str]) -> int:
     return int(result or 0)
 
 
+VALIDATE_USAGE = (
+    "usage: kubeps validate FILE...\n\nCheck PSTrainingJob manifests as the API server would (schema, unknown "
+    "fields, the CRD's CEL rules) and print every error.\nExit status: 0 valid, 1 invalid, 2 usage error.\n"
+)
+
+
 def _run_validate(argv: list[str]) -> int:
-    try:
-        from kubeps.operator.validate import main as validate_main  # noqa: PLC0415 - loads the CRD models, only here
-    except ImportError as err:
-        sys.stderr.write(f"kubeps validate: not available ({err}); install kubeps[validate] "
-                         f"(pip install 'kubeps[validate]')\n")
+    """``kubeps validate FILE...``: the checks are :mod:`kubeps.operator.api.validate`'s; this reads and prints."""
+    if any(arg in ("-h", "--help") for arg in argv):
+        sys.stdout.write(VALIDATE_USAGE)
+        return 0
+    if not argv:
+        sys.stderr.write(VALIDATE_USAGE)
         return USAGE_ERROR
-    return validate_main(argv)  # it says what to install when jsonschema or cel-python is missing
+    try:
+        from kubeps.operator.api import validate  # noqa: PLC0415 - loads the CRD models, only here
+    except ImportError as err:
+        sys.stderr.write(f"kubeps validate: not available ({err}); install kubeps[validate]\n")
+        return USAGE_ERROR
+    missing = validate.missing_dependency()
+    if missing:
+        sys.stderr.write(f"kubeps validate: not available ({missing})\n")
+        return USAGE_ERROR
+    texts = []
+    for name in argv:
+        try:
+            with open(name, encoding="utf-8") as f:
+                texts.append((name, f.read()))
+        except (OSError, UnicodeDecodeError) as err:
+            sys.stderr.write(f"kubeps validate: cannot read {name}: {getattr(err, 'strerror', None) or err}\n")
+            return USAGE_ERROR
+    status, lines = validate.check_files(texts)
+    sys.stdout.write("".join(f"{line}\n" for line in lines))
+    return status
 
 
 def _run_local(args: argparse.Namespace, script_args: list[str]) -> int:

@@ -27,6 +27,7 @@ __all__ = [
     "FIRST_RETRYABLE_EXIT",
     "JOB_TOKEN_ENV",
     "JOB_TOKEN_FILE_ENV",
+    "LOGDIR_ENV",
     "LOG_LEVEL_ENV",
     "TF_CONFIG_ENV",
     "is_retryable_exit",
@@ -55,6 +56,10 @@ CHUNK_BYTES_ENV = "KUBEPS_CHUNK_BYTES"
 
 #: the log level of a ps or worker server (``INFO`` by default)
 LOG_LEVEL_ENV = "KUBEPS_LOG_LEVEL"
+
+#: where TensorBoard event files go: the job's log dir; the chief writes ``train/``, the evaluator ``eval/`` under it
+#: (a mounted volume's path, or an ``s3://``/``gs://`` URL; :mod:`kubeps.runtime.observe.summary`)
+LOGDIR_ENV = "KUBEPS_LOGDIR"
 
 #: Exit status of a chief that lost a parameter server: retryable (>= 128), and not a status the kernel gives a
 #: crash kubeps can cause by itself (134 abort, 137 kill/OOM, 139 segfault, 143 term).

@@ -38,6 +38,15 @@ checkpoint directory, evaluates every checkpoint with ``SidecarEvaluator`` and s
 
     kubeps local --ps 2 --workers 2 --evaluator --restart examples/ctr/train.py -- --checkpoint-dir /tmp/ctr-ckpt
     cat /tmp/ctr-ckpt/eval/metrics.jsonl
+
+TensorBoard (``docs/tensorboard.md``). With ``--logdir`` (default: ``$KUBEPS_LOGDIR``; unset = no event files) the
+chief writes the train log-loss, ``global_step/sec`` and ``examples/sec`` to ``LOGDIR/train`` every
+``--checkpoint-every`` steps, and the evaluator writes each checkpoint's eval metrics to ``LOGDIR/eval`` at the
+checkpoint's step (needs ``pip install 'kubeps[tensorboard]'``)::
+
+    kubeps local --ps 2 --workers 2 --evaluator examples/ctr/train.py -- --checkpoint-dir /tmp/ctr-ckpt \
+        --logdir /tmp/ctr-logs
+    tensorboard --logdir /tmp/ctr-logs
 """
 
 from __future__ import annotations
@@ -63,6 +72,7 @@ from kubeps.runtime.variables.partitioners import MinSizePartitioner
 from kubeps.runtime.server import Server
 from kubeps.runtime.coordinator.strategy import ParameterServerStrategy
 from kubeps.runtime.coordinator.supervisor import run_coordinator
+from kubeps.runtime import TrainMetricsLogger, summary
 
 FIELDS = 6
 VALUES_PER_FIELD = 200
@@ -237,6 +247,7 @@ def run_chief(args: argparse.Namespace, resolver: TFConfigClusterResolver, build
     partitioner = MinSizePartitioner(min_shard_bytes=256 << 10, max_shards=num_ps)
     strategy = ParameterServerStrategy(resolver, variable_partitioner=partitioner)
     coordinator = ClusterCoordinator(strategy)
+    writer = metrics = None  # TensorBoard: the train scalars, with --logdir
     try:
         with strategy.scope():
             model = build(args)
@@ -280,6 +291,10 @@ def run_chief(args: argparse.Namespace, resolver: TFConfigClusterResolver, build
         chunk = args.checkpoint_every // steps_per_execution
         done = start // steps_per_execution  # executions, numbered from the start of training
         started = time.perf_counter()
+        train_logdir = summary.resolve_logdir(args.logdir, "train")
+        if train_logdir:  # a resumed run hides the crashed run's events after its checkpoint (purge_step)
+            writer = summary.create_file_writer(train_logdir, purge_step=start + 1 if start else None)
+            metrics = TrainMetricsLogger(writer, batch_size=args.batch_size, start_step=start)
         while done < executions:
             n = min(chunk, executions - done)
             losses = [coordinator.schedule(train_fn, args=(iterator, done + i)) for i in range(n)]
@@ -287,6 +302,8 @@ def run_chief(args: argparse.Namespace, resolver: TFConfigClusterResolver, build
             done += n
             step.assign(done * steps_per_execution)
             mean = float(np.mean([rv.fetch() for rv in losses]))
+            if metrics:
+                metrics.log(step.value, loss=mean)
             saved = ""
             if manager:
                 path = manager.save(final=done == executions)
@@ -311,6 +328,8 @@ def run_chief(args: argparse.Namespace, resolver: TFConfigClusterResolver, build
             return 1
         return 0
     finally:
+        if writer:
+            writer.close()
         coordinator.shutdown()
         strategy.close()
 
@@ -333,7 +352,7 @@ def run_evaluator(args: argparse.Namespace, build=build_model) -> int:
         return {"logloss": result["logloss"], "auc": result["auc"], "gap_pct": result["gap_pct"]}
 
     evaluator = SidecarEvaluator(eval_fn, [held_out_set(args)], args.checkpoint_dir, metrics_path=args.metrics,
-                                 poll_interval=0.5, timeout=args.evaluator_timeout)
+                                 poll_interval=0.5, timeout=args.evaluator_timeout, logdir=args.logdir)
     records = evaluator.start()
     print(f"evaluated {len(records)} checkpoint(s); metrics in {evaluator.metrics_path}")
     return 0
@@ -359,6 +378,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "the last checkpoint is final (default: a fifth of --steps, 480)")
     p.add_argument("--metrics", default=None,
                    help="the evaluator's JSON-lines output (default: CHECKPOINT_DIR/eval/metrics.jsonl)")
+    p.add_argument("--logdir", default=os.environ.get("KUBEPS_LOGDIR") or None,
+                   help="TensorBoard log dir: the chief writes LOGDIR/train, the evaluator LOGDIR/eval; a path or an "
+                        "s3:// or gs:// URL (default: $KUBEPS_LOGDIR; unset: no event files)")
     p.add_argument("--evaluator-timeout", type=float, default=600.0,
                    help="the evaluator stops after this many seconds without a new checkpoint")
     p.add_argument("--closure-log", default=None, metavar="PATH",

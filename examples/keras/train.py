@@ -38,7 +38,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 import kubeps.runtime as kp  # noqa: E402
-from kubeps.runtime.models.keras_callbacks import BackupAndRestore  # noqa: E402
+from kubeps.runtime.models.keras_callbacks import BackupAndRestore, TensorBoard  # noqa: E402
 from kubeps.runtime.models.keras_fit import fit, restore_weights  # noqa: E402
 from kubeps.runtime.models.keras_layers import KubepsEmbedding  # noqa: E402
 
@@ -121,6 +121,8 @@ def run_chief(args: argparse.Namespace, resolver: kp.TFConfigClusterResolver) ->
         if args.checkpoint_dir:
             callbacks.append(BackupAndRestore(args.checkpoint_dir, save_freq=args.checkpoint_every or "epoch",
                                               max_to_keep=3))
+        if args.logdir:
+            callbacks.append(TensorBoard(args.logdir, update_freq=args.steps_per_execution * 4))
         started = time.perf_counter()
         history = fit(model, coordinator, lambda ctx: make_dataset(args, ctx),
                       optimizer=keras.optimizers.Adagrad(learning_rate=args.learning_rate),
@@ -170,6 +172,8 @@ def run_evaluator(args: argparse.Namespace) -> int:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="kubeps Keras example: the CTR model trained with fit")
     p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--logdir", default=os.environ.get("KUBEPS_LOGDIR") or None,
+                   help="TensorBoard log dir: train scalars go to <logdir>/train (default: $KUBEPS_LOGDIR)")
     p.add_argument("--steps-per-epoch", type=int, default=480, help="steps per epoch, over all workers")
     p.add_argument("--steps-per-execution", type=int, default=20, help="steps per scheduled function")
     p.add_argument("--batch-size", type=int, default=512)

@@ -8,6 +8,11 @@ appends one JSON line per checkpoint to the metrics file::
     {"checkpoint": ".../ckpt-7", "checkpoint_number": 7, "step": 700, "metrics": {"log_loss": 0.43},
      "time": 1718000000.0, "eval_seconds": 0.8}
 
+With a log dir (the ``logdir`` argument, else ``$KUBEPS_LOGDIR``) every numeric metric is also written as a
+TensorBoard scalar to ``<logdir>/eval`` -- beside the chief's ``<logdir>/train`` -- at the checkpoint's step (its
+number when it was saved without a step), so ``tensorboard --logdir <logdir>`` shows the eval curve with the train
+curve. Needs the ``tensorboard`` extra (tensorboardX); without a log dir nothing of it is loaded.
+
 It stops after the final checkpoint (the one saved with ``CheckpointManager.save(final=True)``), after
 ``max_evaluations`` evaluations, or when no new checkpoint appeared for ``timeout`` seconds. A restarted evaluator
 reads its metrics file and carries on after the last checkpoint it evaluated. When it falls behind it evaluates
@@ -34,6 +39,7 @@ from kubeps.runtime.checkpoint import (
     CheckpointReader,
     list_checkpoints,
 )
+from kubeps.runtime.observe.summary import SummaryWriter, resolve_logdir
 from kubeps.runtime.util.storage import normalize_path, storage_for
 
 __all__ = ["CheckpointValues", "SidecarEvaluator", "read_metrics"]
@@ -112,7 +118,8 @@ class SidecarEvaluator:
     ``eval_fn(values, batches) -> {metric: number}`` gets a :class:`CheckpointValues` (variables by name, plus
     ``.step``) and an iterable of ``steps`` batches of ``data`` (all of it when ``steps`` is None). ``eval_fn`` may
     also be an object with an ``evaluate(values, batches)`` method. ``data`` is re-iterable (a list, a kubeps
-    ``Dataset``) or a function returning a fresh iterable.
+    ``Dataset``) or a function returning a fresh iterable. ``logdir``: the job's TensorBoard log dir (default
+    ``$KUBEPS_LOGDIR``; unset: no event files); the metrics go to its ``eval`` subdirectory.
     """
 
     def __init__(
@@ -126,6 +133,7 @@ class SidecarEvaluator:
         metrics_path: str | None = None,
         poll_interval: float = 1.0,
         timeout: float | None = None,
+        logdir: str | None = None,
     ):
         evaluate = getattr(eval_fn, "evaluate", None)
         if callable(evaluate):
@@ -153,6 +161,9 @@ class SidecarEvaluator:
         self.poll_interval = float(poll_interval)
         self.timeout = timeout
         self.records: list[dict[str, Any]] = []
+        #: where the eval scalars go (``<logdir>/eval``), None when no log dir is set
+        self.event_dir = resolve_logdir(logdir, "eval")
+        self._events = SummaryWriter(self.event_dir) if self.event_dir else None
 
     def _batches(self) -> Iterable[Any]:
         source = self.data() if callable(self.data) else self.data
@@ -174,6 +185,21 @@ class SidecarEvaluator:
                 old = b""
             storage.write_bytes_atomic(self.metrics_path, old + line)
 
+    def _write_events(self, record: dict[str, Any], metrics: Mapping[str, Any]) -> None:
+        if self._events is None:
+            return
+        step = record["step"] if record["step"] is not None else record["checkpoint_number"]
+        for name, value in metrics.items():
+            if isinstance(value, (bool, str)) or value is None:
+                continue  # kept in the metrics file; TensorBoard scalars are numbers
+            self._events.scalar(str(name), value, step)
+        self._events.flush()  # evaluations are rare: each one is on disk before the next checkpoint
+
+    def close(self) -> None:
+        """Flush and close the event file (``start`` does it when it returns)."""
+        if self._events is not None:
+            self._events.close()
+
     def evaluate(self, path: str) -> dict[str, Any]:
         """Evaluate one checkpoint and record the result; returns the record."""
         reader = CheckpointReader(path)
@@ -193,12 +219,19 @@ class SidecarEvaluator:
             "eval_seconds": round(time.monotonic() - start, 4),
         }
         self._append(record)
+        self._write_events(record, metrics)
         self.records.append(record)
         log.info("evaluated %s (step %s): %s", reader.path, reader.step, record["metrics"])
         return record
 
     def start(self) -> list[dict[str, Any]]:
         """Poll and evaluate until the final checkpoint, ``max_evaluations`` or ``timeout``; returns the records."""
+        try:
+            return self._poll()
+        finally:
+            self.close()
+
+    def _poll(self) -> list[dict[str, Any]]:
         done = read_metrics(self.metrics_path)
         last = max((r.get("checkpoint_number", -1) for r in done), default=-1)
         if any(r.get("final") for r in done):

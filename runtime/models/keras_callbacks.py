@@ -1,7 +1,8 @@
 """Callbacks of :func:`kubeps.runtime.models.keras_fit.fit`, as Keras's: the protocol (:class:`Callback`), the
 :class:`History` that ``fit`` returns, and checkpoints into kubeps checkpoints -- :class:`ModelCheckpoint` (save
 every epoch or every N steps) and :class:`BackupAndRestore` (the same, and restore the latest checkpoint when
-training starts, so a chief restarted after a lost parameter server continues from its step and epoch).
+training starts, so a chief restarted after a lost parameter server continues from its step and epoch), and
+:class:`TensorBoard` (train scalars as event files, through :mod:`kubeps.runtime.observe.summary`).
 
 The hooks are called on the chief. ``fit`` schedules ``steps_per_execution`` steps per function and waits for them
 (``coordinator.join()``) at the end of every epoch and every ``sync_every`` steps a callback asks for;
@@ -15,13 +16,15 @@ Rule: no keras or jax import (callbacks see the trainer through its attributes: 
 
 from __future__ import annotations
 
+import time
 from typing import Any, Iterator, Sequence
 
 from kubeps.runtime.checkpoint.api import Checkpoint
 from kubeps.runtime.checkpoint.manager import CheckpointManager
 from kubeps.runtime.errors import RuntimeConfigError
+from kubeps.runtime.observe.summary import SummaryWriter, create_file_writer, resolve_logdir
 
-__all__ = ["BackupAndRestore", "Callback", "CallbackList", "History", "ModelCheckpoint"]
+__all__ = ["BackupAndRestore", "Callback", "CallbackList", "History", "ModelCheckpoint", "TensorBoard"]
 
 
 class Callback:
@@ -181,3 +184,55 @@ class BackupAndRestore(ModelCheckpoint):
     from the last checkpoint."""
 
     restore = True
+
+
+class TensorBoard(Callback):
+    """``TensorBoard(log_dir=None, update_freq="epoch")``, as Keras's: writes ``loss``, ``examples/sec`` and
+    ``global_step/sec`` to ``<log_dir>/train`` (``log_dir`` defaults to ``$KUBEPS_LOGDIR``; unset: nothing is
+    written) at every epoch's end, or every ``update_freq`` steps (a multiple of ``steps_per_execution``), plus
+    ``epoch_loss`` at each epoch's end. A chief resumed from a checkpoint at step S purges the events the lost run
+    wrote after S, so the curves do not overlap (TensorBoard's ``purge_step``)."""
+
+    def __init__(self, log_dir: str | None = None, update_freq: str | int = "epoch"):
+        super().__init__()
+        if update_freq != "epoch" and (isinstance(update_freq, bool) or not isinstance(update_freq, int)
+                                       or update_freq < 1):
+            raise RuntimeConfigError("update_freq", update_freq, "'epoch' or a number of steps >= 1")
+        self.logdir = resolve_logdir(log_dir, "train")
+        self.update_freq = update_freq
+        self.sync_every = update_freq if isinstance(update_freq, int) else None
+        self.writer: SummaryWriter | None = None
+        self._last: tuple[int, float] | None = None  # (step, perf_counter) of the previous write
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        if self.logdir is None:
+            return
+        start = int(self.trainer.step.value)
+        self.writer = create_file_writer(self.logdir, purge_step=start + 1 if start else None)
+
+    def _write(self, step: int, logs: dict[str, Any], prefix: str = "") -> None:
+        if self.writer is None:
+            return
+        now = time.perf_counter()
+        values = {f"{prefix}loss": logs["loss"], f"{prefix}examples/sec": logs["examples_per_s"]}
+        if not prefix and self._last is not None and now > self._last[1] and step > self._last[0]:
+            values["global_step/sec"] = (step - self._last[0]) / (now - self._last[1])
+        self.writer.scalars({k: v for k, v in values.items() if v == v and abs(v) != float("inf")}, step)
+        self._last = (step, now) if not prefix else self._last
+
+    def on_train_batch_end(self, step: int, logs: dict[str, Any] | None = None) -> None:
+        if self.sync_every is not None and logs:
+            self._write(step, logs)
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if logs:
+            if self.sync_every is None:
+                self._write(int(logs["step"]), logs)
+            self._write(int(logs["step"]), logs, prefix="epoch_")
+            if self.writer is not None:
+                self.writer.flush()
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None

@@ -24,9 +24,9 @@ def test_no_init_in_the_operator_source_root():
 
 def test_kubeps_operator_still_imports():
     import kubeps.operator.main  # noqa: F401
-    import kubeps.operator.planner as planner
+    import kubeps.operator.core.planner as planner
 
-    assert Path(planner.__file__).parent == REPO / "operator"
+    assert Path(planner.__file__).parent == REPO / "operator" / "core"
 
 
 def test_every_runtime_package_is_in_the_distribution():

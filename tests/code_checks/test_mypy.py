@@ -1,5 +1,6 @@
-"""mypy on ``kubeps.runtime`` at the levels pyproject.toml's ``[tool.mypy]`` documents (``check_untyped_defs``
-everywhere, strict on the pod contract, the RPC protocol and wire format, the errors and the cluster spec).
+"""mypy on ``kubeps.runtime`` and ``kubeps.operator`` at the levels pyproject.toml's ``[tool.mypy]`` documents
+(``check_untyped_defs`` everywhere; strict on the pod contract, the RPC protocol and wire format, the errors, the
+cluster spec, and the operator's API and pure core).
 hack/mypy.sh builds the import tree mypy needs (setuptools maps the source roots) and runs it: one definition,
 shared with ``make lint``. mypy comes with the test extra, so this never skips; its cache (under
 ``~/.cache/kubeps/mypy``) makes a rerun take a few seconds."""

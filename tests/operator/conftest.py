@@ -34,7 +34,7 @@ class OperatorProcess:
         self.namespaces = namespaces
         self.log_path = log_path
         self.extra_args = extra_args or []
-        self.kopf_cli = kopf_cli  # `kopf run -m kubeps.operator.handlers` instead of `kubeps operator`
+        self.kopf_cli = kopf_cli  # `kopf run -m kubeps.operator.controller.handlers` instead of `kubeps operator`
         self.proc: subprocess.Popen | None = None
         self.metrics_port, self.liveness_port = free_ports(2)  # held together: never the same port twice
 
@@ -42,7 +42,7 @@ class OperatorProcess:
         env = dict(self.kube.env, PYTHONUNBUFFERED="1")
         if self.kopf_cli:  # our settings from the environment, kopf's from its own flags
             env["KUBEPS_DEFAULT_IMAGE"] = "registry.test/kubeps-runtime:test"
-            args = [sys.executable, "-m", "kopf", "run", "-m", "kubeps.operator.handlers",
+            args = [sys.executable, "-m", "kopf", "run", "-m", "kubeps.operator.controller.handlers",
                     f"--liveness=http://127.0.0.1:{self.liveness_port}/healthz", *self.extra_args]
         else:
             args = [sys.executable, "-m", "kubeps.operator.main", "--bind-address", "127.0.0.1",

@@ -8,7 +8,7 @@ import json
 import kopf
 from aiohttp import web
 
-from kubeps.operator.client import ApiError, KubeClient
+from kubeps.operator.kube.client import ApiError, KubeClient
 
 
 async def _serve(handler):

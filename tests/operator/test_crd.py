@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from kubeps.operator import crd, models
+from kubeps.operator.api import crd, models
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -24,8 +24,8 @@ def _walk(node, path=""):
 def test_deploy_crd_yaml_matches_the_models():
     committed = (REPO / "deploy" / "crd.yaml").read_text()
     assert committed == crd.crd_yaml(), (
-        "deploy/crd.yaml drifted from operator/models.py: run "
-        "`python -m kubeps.operator.crd > deploy/crd.yaml` and commit it")
+        "deploy/crd.yaml drifted from operator/api/models.py: run "
+        "`python -m kubeps.operator.api.crd > deploy/crd.yaml` and commit it")
 
 
 def test_crd_is_structural():

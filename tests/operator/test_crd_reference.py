@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from kubeps.operator import reference
+from kubeps.operator.api import reference
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -10,7 +10,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_reference_page_is_current():
     committed = (REPO / "docs" / "crd-reference.md").read_text()
     assert committed == reference.render(), (
-        "docs/crd-reference.md is stale: run  python -m kubeps.operator.reference > docs/crd-reference.md")
+        "docs/crd-reference.md is stale: run  python -m kubeps.operator.api.reference > docs/crd-reference.md")
 
 
 def test_reference_names_every_run_policy_field_and_rule():

@@ -10,11 +10,14 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from kubeps.operator import models, planner as P
+from kubeps.operator.api import models
+from kubeps.operator.core import actions as A, children, observed
+from kubeps.operator.core import planner as P
+from kubeps.operator.core.status import HANDLED_LIMIT
 from kubeps.runtime.cluster import TFConfig
 
 NOW = datetime(2025, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
-CONFIG = P.PlanConfig(default_image="example.com/runtime:1", cluster_domain=None)
+CONFIG = children.PlanConfig(default_image="example.com/runtime:1", cluster_domain=None)
 
 
 def template(image: str | None = "img:1", port: int | None = None, name: str = "kubeps") -> dict:
@@ -58,15 +61,15 @@ class World:
         self.uids = itertools.count(1)
         self.created: list[str] = []
         self.deleted_job = False
-        self.events: list[P.Event] = []
+        self.events: list[A.Event] = []
 
-    def plan(self) -> P.Plan:
+    def plan(self) -> A.Plan:
         return P.plan(self.job, self.pods.values(), self.services.values(), self.secret, self.now, CONFIG)
 
-    def apply(self, plan: P.Plan, limit: int | None = None) -> None:
+    def apply(self, plan: A.Plan, limit: int | None = None) -> None:
         self.job["status"] = plan.status
         for action in plan.actions[:limit]:
-            if isinstance(action, P.CreatePod):
+            if isinstance(action, A.CreatePod):
                 if action.name in self.pods:
                     continue  # 409: already exists
                 body = copy.deepcopy(action.body)
@@ -74,33 +77,33 @@ class World:
                 body["status"] = {"phase": "Pending"}
                 self.pods[action.name] = body
                 self.created.append(action.name)
-            elif isinstance(action, P.CreateService):
+            elif isinstance(action, A.CreateService):
                 self.services.setdefault(action.name, copy.deepcopy(action.body))
-            elif isinstance(action, P.CreateSecret):
+            elif isinstance(action, A.CreateSecret):
                 self.secret = self.secret or {**action.body, "data": {"token": "c2VjcmV0"}}
-            elif isinstance(action, P.DeletePod):
+            elif isinstance(action, A.DeletePod):
                 pod = self.pods.get(action.name)
                 if pod is not None and pod["metadata"]["uid"] == action.uid:
                     del self.pods[action.name]
-            elif isinstance(action, P.DeleteService):
+            elif isinstance(action, A.DeleteService):
                 self.services.pop(action.name, None)
-            elif isinstance(action, P.DeleteJob):
+            elif isinstance(action, A.DeleteJob):
                 self.deleted_job = True
-            elif isinstance(action, P.Event):
+            elif isinstance(action, A.Event):
                 self.events.append(action)
 
-    def step(self, times: int = 1) -> P.Plan:
+    def step(self, times: int = 1) -> A.Plan:
         plan = None
         for _ in range(times):
             plan = self.plan()
             self.apply(plan)
         return plan
 
-    def converge(self, limit: int = 20) -> P.Plan:
+    def converge(self, limit: int = 20) -> A.Plan:
         for _ in range(limit):
             plan = self.plan()
             self.apply(plan)
-            if not [a for a in plan.actions if not isinstance(a, P.Event)]:
+            if not [a for a in plan.actions if not isinstance(a, A.Event)]:
                 return plan
         raise AssertionError("did not converge")
 
@@ -147,12 +150,12 @@ def running(**kw) -> World:
 def test_first_plan_creates_secret_services_and_pods_with_deterministic_names():
     world = World(make_job(ps=2, workers=3, evaluator=1))
     plan = world.plan()
-    pods = sorted(a.name for a in plan.of(P.CreatePod))
-    svcs = sorted(a.name for a in plan.of(P.CreateService))
+    pods = sorted(a.name for a in plan.of(A.CreatePod))
+    svcs = sorted(a.name for a in plan.of(A.CreateService))
     expected = sorted(["ctr-chief-0", "ctr-ps-0", "ctr-ps-1", "ctr-worker-0", "ctr-worker-1", "ctr-worker-2",
                        "ctr-evaluator-0"])
     assert pods == expected and svcs == expected
-    assert [a.name for a in plan.of(P.CreateSecret)] == ["ctr-kubeps-token"]
+    assert [a.name for a in plan.of(A.CreateSecret)] == ["ctr-kubeps-token"]
     assert world.job["status"] == {} and plan.status["conditions"][0]["type"] == "Created"
     assert plan.status["state"] == "Created"
     assert not plan.all_children_present
@@ -162,7 +165,7 @@ def test_first_plan_creates_secret_services_and_pods_with_deterministic_names():
 
 def test_pod_body_labels_owner_env_port_and_restart_policy():
     world = World(make_job(ps=2, workers=2, evaluator=1))
-    bodies = {a.name: a.body for a in world.plan().of(P.CreatePod)}
+    bodies = {a.name: a.body for a in world.plan().of(A.CreatePod)}
     ps1 = bodies["ctr-ps-1"]
     assert ps1["metadata"]["labels"] == {"team": "ads", "kubeps.dev/job-name": "ctr", "kubeps.dev/replica-type": "ps",
                                          "kubeps.dev/replica-index": "1", "kubeps.dev/job-role": "ps"}
@@ -187,9 +190,24 @@ def test_pod_body_labels_owner_env_port_and_restart_policy():
     assert ev.cluster == {"evaluator": ["ctr-evaluator-0.ns.svc:2222"]}
 
 
+def test_tf_config_lists_exactly_the_pods_the_planner_makes_with_replicas_left_to_their_default():
+    """The children's TF_CONFIG takes each role's count from the parsed spec (its defaults), as the planner does:
+    a count read from the raw manifest with a default of its own could list tasks no pod serves."""
+    job = make_job(ps=2, workers=2)
+    for role in ("Chief", "PS"):
+        del job["spec"]["replicaSpecs"][role]["replicas"]
+    made = sorted(a.name for a in World(job).plan().of(A.CreatePod))
+    default = models.PSSpec.model_fields["replicas"].default
+    assert made == sorted(["ctr-chief-0", *(f"ctr-ps-{i}" for i in range(default)), "ctr-worker-0", "ctr-worker-1"])
+    body = next(a.body for a in World(job).plan().of(A.CreatePod) if a.name == "ctr-worker-1")
+    tf = TFConfig.parse(next(e["value"] for e in body["spec"]["containers"][0]["env"] if e["name"] == "TF_CONFIG"))
+    listed = sorted(f"ctr-{task_type}-{i}" for task_type, hosts in tf.cluster.items() for i in range(len(hosts)))
+    assert listed == made
+
+
 def test_service_body_is_headless_and_selects_exactly_its_pod():
     plan = World(make_job()).plan()
-    svc = next(a.body for a in plan.of(P.CreateService) if a.name == "ctr-worker-2")
+    svc = next(a.body for a in plan.of(A.CreateService) if a.name == "ctr-worker-2")
     assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
     assert svc["spec"]["selector"] == {"kubeps.dev/job-name": "ctr", "kubeps.dev/replica-type": "worker",
                                        "kubeps.dev/replica-index": "2"}
@@ -202,9 +220,9 @@ def test_default_image_custom_port_cluster_domain_and_user_tf_config_replaced():
     worker_container = job["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
     worker_container["env"] = [{"name": "TF_CONFIG", "value": "{}"}, {"name": "KEEP", "value": "1"}]
     job["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]["containers"].insert(0, {"name": "sidecar"})
-    config = P.PlanConfig(default_image="reg/rt:2", cluster_domain="cluster.local")
+    config = children.PlanConfig(default_image="reg/rt:2", cluster_domain="cluster.local")
     plan = P.plan(job, [], [], None, NOW, config)
-    bodies = {a.name: a.body for a in plan.of(P.CreatePod)}
+    bodies = {a.name: a.body for a in plan.of(A.CreatePod)}
     ps = bodies["ctr-ps-0"]["spec"]["containers"][0]
     assert ps["image"] == "reg/rt:2" and ps["ports"] == [{"name": "kubeps-port", "containerPort": 5000}]
     worker = bodies["ctr-worker-0"]["spec"]["containers"]
@@ -213,7 +231,7 @@ def test_default_image_custom_port_cluster_domain_and_user_tf_config_replaced():
     assert [e["name"] for e in env] == ["KEEP", "TF_CONFIG", "KUBEPS_JOB_TOKEN", "GRPC_FAIL_FAST"]
     tf = json.loads(env[1]["value"])
     assert tf["cluster"]["ps"] == ["ctr-ps-0.ns.svc.cluster.local:5000", "ctr-ps-1.ns.svc.cluster.local:5000"]
-    svc = next(a.body for a in plan.of(P.CreateService) if a.name == "ctr-ps-1")
+    svc = next(a.body for a in plan.of(A.CreateService) if a.name == "ctr-ps-1")
     assert svc["spec"]["ports"][0]["port"] == 5000
 
 
@@ -241,11 +259,11 @@ def test_running_needs_chief_all_ps_and_all_workers():
 
 def test_pods_and_services_of_other_owners_are_ignored():
     world = World(make_job())
-    foreign = {"metadata": {"name": "ctr-chief-0", "uid": "x", "labels": {P.LABEL_JOB: "ctr"},
+    foreign = {"metadata": {"name": "ctr-chief-0", "uid": "x", "labels": {children.LABEL_JOB: "ctr"},
                             "ownerReferences": [{"uid": "old-job", "controller": True}]},
                "status": {"phase": "Succeeded"}}
     plan = P.plan(world.job, [foreign], [], None, NOW, CONFIG)
-    assert "ctr-chief-0" in [a.name for a in plan.of(P.CreatePod)]
+    assert "ctr-chief-0" in [a.name for a in plan.of(A.CreatePod)]
     assert not plan.terminal
 
 
@@ -263,8 +281,8 @@ def test_chief_exit_0_succeeds_and_clean_pod_policy_removes(policy, deleted):
     world.exit("ctr-chief-0", 0)
     plan = world.plan()
     assert plan.terminal
-    assert sorted(a.name for a in plan.of(P.DeletePod)) == deleted
-    assert sorted(a.name for a in plan.of(P.DeleteService)) == deleted
+    assert sorted(a.name for a in plan.of(A.DeletePod)) == deleted
+    assert sorted(a.name for a in plan.of(A.DeleteService)) == deleted
     world.apply(plan)
     status = world.job["status"]
     assert world.is_true("Succeeded") and status["state"] == "Succeeded"
@@ -294,14 +312,14 @@ def test_worker_failure_replaces_the_pod_and_keeps_running_without_backoff():
     old_uid = world.pods["ctr-worker-1"]["metadata"]["uid"]
     world.exit("ctr-worker-1", 1)
     plan = world.plan()
-    assert [(a.name, a.uid) for a in plan.of(P.DeletePod)] == [("ctr-worker-1", old_uid)]
+    assert [(a.name, a.uid) for a in plan.of(A.DeletePod)] == [("ctr-worker-1", old_uid)]
     assert plan.status["replicaStatuses"]["Worker"]["restarts"] == 1
     assert plan.status["replicaStatuses"]["Worker"]["failed"] == 1
     assert plan.status["backoffCount"] == 0
     world.apply(plan)
     assert world.is_true("Running") and not world.is_true("Failed")
     plan = world.step()
-    assert [a.name for a in plan.of(P.CreatePod)] == ["ctr-worker-1"]
+    assert [a.name for a in plan.of(A.CreatePod)] == ["ctr-worker-1"]
     assert world.pods["ctr-worker-1"]["metadata"]["uid"] != old_uid
     world.run_all()
     world.converge()
@@ -317,7 +335,7 @@ def test_worker_restart_policy_table(policy, code, replaced):
     world = running(policies={"Worker": policy})
     world.exit("ctr-worker-0", code)
     plan = world.plan()
-    assert bool(plan.of(P.DeletePod)) is replaced
+    assert bool(plan.of(A.DeletePod)) is replaced
     assert not plan.terminal
 
 
@@ -336,7 +354,7 @@ def test_retryable_exit_codes_override_the_default():
     world.exit("ctr-worker-0", 3)
     world.exit("ctr-worker-1", 137)
     plan = world.plan()
-    assert [a.name for a in plan.of(P.DeletePod)] == ["ctr-worker-0"]
+    assert [a.name for a in plan.of(A.DeletePod)] == ["ctr-worker-0"]
 
 
 def test_worker_scale_up_and_down_highest_index_first_and_new_tf_config():
@@ -344,7 +362,7 @@ def test_worker_scale_up_and_down_highest_index_first_and_new_tf_config():
     world.job["spec"]["replicaSpecs"]["Worker"]["replicas"] = 5
     world.job["metadata"]["generation"] = 2
     plan = world.plan()
-    created = {a.name: a.body for a in plan.of(P.CreatePod)}
+    created = {a.name: a.body for a in plan.of(A.CreatePod)}
     assert sorted(created) == ["ctr-worker-3", "ctr-worker-4"]
     env = {e["name"]: e.get("value") for e in created["ctr-worker-4"]["spec"]["containers"][0]["env"]}
     assert len(json.loads(env["TF_CONFIG"])["cluster"]["worker"]) == 5
@@ -354,8 +372,8 @@ def test_worker_scale_up_and_down_highest_index_first_and_new_tf_config():
     world.converge()
     world.job["spec"]["replicaSpecs"]["Worker"]["replicas"] = 2
     plan = world.plan()
-    assert [a.name for a in plan.of(P.DeletePod)] == ["ctr-worker-4", "ctr-worker-3", "ctr-worker-2"]
-    assert [a.name for a in plan.of(P.DeleteService)] == ["ctr-worker-4", "ctr-worker-3", "ctr-worker-2"]
+    assert [a.name for a in plan.of(A.DeletePod)] == ["ctr-worker-4", "ctr-worker-3", "ctr-worker-2"]
+    assert [a.name for a in plan.of(A.DeleteService)] == ["ctr-worker-4", "ctr-worker-3", "ctr-worker-2"]
     world.apply(plan)
     world.converge()
     assert sorted(n for n in world.pods if "worker" in n) == ["ctr-worker-0", "ctr-worker-1"]
@@ -368,7 +386,7 @@ def test_ps_failure_restarts_ps_and_chief_with_restarting_condition():
     chief_uid = world.pods["ctr-chief-0"]["metadata"]["uid"]
     world.exit("ctr-ps-1", 137)
     plan = world.plan()
-    assert [a.name for a in plan.of(P.DeletePod)] == ["ctr-ps-1", "ctr-chief-0"]
+    assert [a.name for a in plan.of(A.DeletePod)] == ["ctr-ps-1", "ctr-chief-0"]
     world.apply(plan)
     status = world.job["status"]
     assert world.is_true("Restarting") and not world.is_true("Running")
@@ -378,7 +396,7 @@ def test_ps_failure_restarts_ps_and_chief_with_restarting_condition():
     assert status["replicaStatuses"]["PS"]["restarts"] == 1 and status["replicaStatuses"]["Chief"]["restarts"] == 1
     world.converge()
     assert world.pods["ctr-chief-0"]["metadata"]["uid"] != chief_uid
-    assert world.pods["ctr-chief-0"]["metadata"]["annotations"][P.ANNOTATION_EPOCH] == "1"
+    assert world.pods["ctr-chief-0"]["metadata"]["annotations"][children.ANNOTATION_EPOCH] == "1"
     world.run_all()
     world.converge()
     assert world.is_true("Running") and not world.is_true("Restarting")
@@ -392,11 +410,11 @@ def test_ps_restart_is_counted_once_even_if_the_operator_dies_before_deleting():
     world.apply(plan, limit=0)  # status written, then the operator died: no delete happened
     plan = world.plan()  # a restarted operator sees the same failed pod
     assert plan.status["backoffCount"] == 1 and plan.status["chiefEpoch"] == 1
-    assert [a.name for a in plan.of(P.DeletePod)] == ["ctr-ps-0", "ctr-chief-0"]
+    assert [a.name for a in plan.of(A.DeletePod)] == ["ctr-ps-0", "ctr-chief-0"]
     # ... and if it died after deleting the PS but before the chief, the chief is still restarted.
     world.apply(plan, limit=1)
     plan = world.plan()
-    assert [a.name for a in plan.of(P.DeletePod)] == ["ctr-chief-0"] and plan.status["backoffCount"] == 1
+    assert [a.name for a in plan.of(A.DeletePod)] == ["ctr-chief-0"] and plan.status["backoffCount"] == 1
 
 
 @pytest.mark.parametrize("policy,code,outcome", [
@@ -483,7 +501,7 @@ def test_active_deadline_fails_and_requeues_before():
     plan = world.step()
     assert world.cond("Failed")["reason"] == "DeadlineExceeded"
     assert "activeDeadlineSeconds=60" in world.cond("Failed")["message"]
-    assert {a.name for a in plan.of(P.DeletePod)} == set(world.created)
+    assert {a.name for a in plan.of(A.DeletePod)} == set(world.created)
 
 
 @pytest.mark.parametrize("finished_after,state", [(50, "Succeeded"), (59, "Succeeded"), (61, "Failed"),
@@ -496,7 +514,7 @@ def test_chief_success_seen_after_the_deadline_counts_when_it_finished(finished_
     world.exit("ctr-chief-0", 0)
     if finished_after is not None:
         term = world.pods["ctr-chief-0"]["status"]["containerStatuses"][0]["state"]["terminated"]
-        term["finishedAt"] = P.fmt_time(NOW + timedelta(seconds=finished_after))
+        term["finishedAt"] = observed.fmt_time(NOW + timedelta(seconds=finished_after))
     world.now += timedelta(seconds=90)
     world.step()
     assert world.job["status"]["state"] == state
@@ -509,8 +527,8 @@ def test_lost_token_secret_restarts_every_pod_with_a_new_one_without_using_backo
     before = {name: pod["metadata"]["uid"] for name, pod in world.pods.items()}
     world.secret = None  # someone ran kubectl delete secret ctr-kubeps-token
     plan = world.step()
-    assert plan.of(P.CreateSecret) and not plan.of(P.CreatePod)
-    assert {a.name for a in plan.of(P.DeletePod)} == set(before)
+    assert plan.of(A.CreateSecret) and not plan.of(A.CreatePod)
+    assert {a.name for a in plan.of(A.DeletePod)} == set(before)
     assert world.is_true("Restarting") and world.cond("Restarting")["reason"] == "TokenSecretLost"
     assert "ctr-kubeps-token" in world.cond("Restarting")["message"]
     assert world.job["status"].get("backoffCount", 0) == 0
@@ -527,30 +545,30 @@ def test_lost_token_secret_restarts_every_pod_with_a_new_one_without_using_backo
 def test_no_secret_and_no_pods_is_just_a_new_job():
     world = World(make_job())
     plan = world.plan()
-    assert plan.of(P.CreateSecret) and not plan.of(P.DeletePod) and not world.is_true("Restarting")
+    assert plan.of(A.CreateSecret) and not plan.of(A.DeletePod) and not world.is_true("Restarting")
 
 
 def test_ttl_deletes_the_finished_job_when_due():
     world = running(run_policy={"ttlSecondsAfterFinished": 30})
     world.exit("ctr-chief-0", 0)
     plan = world.step()
-    assert plan.requeue_after == pytest.approx(30) and not plan.of(P.DeleteJob)
+    assert plan.requeue_after == pytest.approx(30) and not plan.of(A.DeleteJob)
     world.now += timedelta(seconds=30)
     plan = world.step()
-    assert plan.of(P.DeleteJob) and world.deleted_job
+    assert plan.of(A.DeleteJob) and world.deleted_job
 
 
 def test_suspend_deletes_children_and_resume_recreates_and_resets_start_time():
     world = running()
     world.job["spec"]["runPolicy"]["suspend"] = True
     plan = world.step()
-    assert len(plan.of(P.DeletePod)) == 6 and len(plan.of(P.DeleteService)) == 6
+    assert len(plan.of(A.DeletePod)) == 6 and len(plan.of(A.DeleteService)) == 6
     assert world.is_true("Suspended") and not world.is_true("Running") and world.job["status"]["state"] == "Suspended"
     assert world.plan().actions == [] and not world.pods
     world.now += timedelta(minutes=5)
     world.job["spec"]["runPolicy"]["suspend"] = False
     plan = world.step()
-    assert len(plan.of(P.CreatePod)) == 6 and len(plan.of(P.CreateService)) == 6
+    assert len(plan.of(A.CreatePod)) == 6 and len(plan.of(A.CreateService)) == 6
     assert world.cond("Suspended")["status"] == "False" and world.cond("Suspended")["reason"] == "Resumed"
     assert world.job["status"]["startTime"] == "2025-01-01T12:05:00Z"
 
@@ -558,7 +576,7 @@ def test_suspend_deletes_children_and_resume_recreates_and_resets_start_time():
 def test_suspended_at_creation_creates_no_pods():
     world = World(make_job(run_policy={"suspend": True}))
     plan = world.step()
-    assert not plan.of(P.CreatePod) and world.is_true("Suspended") and plan.of(P.CreateSecret)
+    assert not plan.of(A.CreatePod) and world.is_true("Suspended") and plan.of(A.CreateSecret)
 
 
 def test_deadline_does_not_count_suspended_time():
@@ -584,7 +602,7 @@ def test_invalid_spec_fails_the_job_with_the_field_named(mutate, field):
     mutate(job["spec"])
     world = World(job)
     plan = world.step()
-    assert plan.terminal and not plan.of(P.CreatePod)
+    assert plan.terminal and not plan.of(A.CreatePod)
     cond = world.cond("Failed")
     assert cond["reason"] == "InvalidSpec" and f"spec.{field}" in cond["message"]
     assert world.plan().actions == []  # no retry loop
@@ -615,7 +633,7 @@ def test_operator_killed_mid_reconcile_converges_without_duplicates_or_orphans(s
     def crashy_converge():
         for _ in range(60):
             plan = world.plan()
-            work = [a for a in plan.actions if not isinstance(a, P.Event)]
+            work = [a for a in plan.actions if not isinstance(a, A.Event)]
             if not work and plan.status == world.job["status"]:
                 return
             world.apply(plan, limit=rng.randint(0, len(plan.actions)))
@@ -649,7 +667,7 @@ def test_ps_deleted_by_someone_else_restarts_the_chief_too():
     chief_uid = world.pods["ctr-chief-0"]["metadata"]["uid"]
     mark_deleted(world, "ctr-ps-1")
     plan = world.step()
-    assert [a.name for a in plan.of(P.DeletePod)] == ["ctr-chief-0"]
+    assert [a.name for a in plan.of(A.DeletePod)] == ["ctr-chief-0"]
     assert world.is_true("Restarting") and world.cond("Restarting")["reason"] == "PSFailed"
     assert "ctr-ps-1" in world.cond("Restarting")["message"] and "deleted" in world.cond("Restarting")["message"]
     assert world.job["status"]["backoffCount"] == 1 and world.job["status"]["chiefEpoch"] == 1
@@ -750,7 +768,7 @@ def test_template_the_planner_cannot_build_a_pod_from_fails_the_job_instead_of_r
     mutate(job["spec"]["replicaSpecs"]["Worker"]["template"])
     world = World(job)
     plan = world.step()
-    assert plan.terminal and not plan.of(P.CreatePod)
+    assert plan.terminal and not plan.of(A.CreatePod)
     cond = world.cond("Failed")
     assert cond["reason"] == "InvalidPodTemplate" and "spec.replicaSpecs.Worker.template" in cond["message"]
     assert world.plan().actions == []
@@ -781,7 +799,7 @@ def test_job_being_deleted_in_the_foreground_recreates_nothing():
     mark_deleted(world, "ctr-chief-0")
     del world.pods["ctr-worker-0"]
     plan = world.plan()
-    assert not plan.of(P.CreatePod) and not plan.of(P.CreateService) and not plan.of(P.DeletePod)
+    assert not plan.of(A.CreatePod) and not plan.of(A.CreateService) and not plan.of(A.DeletePod)
     assert plan.status["backoffCount"] == status["backoffCount"] and plan.status["conditions"] == status["conditions"]
 
 
@@ -794,13 +812,13 @@ def test_many_workers_failed_for_good_are_counted_once():
     world.step()
     plan = world.converge()
     assert world.job["status"]["replicaStatuses"]["Worker"]["failed"] == 280
-    assert plan.status == world.job["status"] and not plan.of(P.Event)
+    assert plan.status == world.job["status"] and not plan.of(A.Event)
 
 
 def test_handled_pods_limit_covers_every_pod_a_job_can_have():
     most = 1 + models.MAX_PS + models.MAX_WORKERS + 1
-    assert P.HANDLED_LIMIT >= 2 * most  # each name may have a terminating pod and its replacement
-    assert models.PSTrainingJobStatus.model_fields["handledPods"].metadata[0].max_length >= P.HANDLED_LIMIT
+    assert HANDLED_LIMIT >= 2 * most  # each name may have a terminating pod and its replacement
+    assert models.PSTrainingJobStatus.model_fields["handledPods"].metadata[0].max_length >= HANDLED_LIMIT
 
 
 def _waiting(world: World, name: str, reason: str, message: str | None = None) -> None:
@@ -849,3 +867,13 @@ def test_a_stuck_pod_does_not_hide_why_a_job_restarts():
     _waiting(world, "ctr-ps-0", "ErrImagePull")
     world.step()
     assert world.cond("Running")["reason"] == reason
+
+
+def test_the_default_retry_rule_is_the_pod_contracts():
+    """ExitCode without retryableExitCodes retries what the runtime's own supervisor retries (one rule, in
+    kubeps.runtime.contract); an unknown code (an evicted or lost pod) is retried."""
+    from kubeps.runtime.contract import is_retryable_exit
+
+    policy = models.RunPolicy()
+    assert [c for c in range(1, 256) if policy.retryable(c)] == [c for c in range(1, 256) if is_retryable_exit(c)]
+    assert policy.retryable(None)

@@ -5,7 +5,7 @@
   as its status line: the reconcile failed and was retried 5 s later, which hid it from every other test.
 * Two operators with kopf peering: exactly one acts; SIGKILLed, the other takes over within the peering lifetime;
   a replica paused by a higher-priority one leaves the children alone.
-* ``kopf run -m kubeps.operator.handlers`` runs a job too.
+* ``kopf run -m kubeps.operator.controller.handlers`` runs a job too.
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def test_a_replica_paused_by_a_higher_priority_one_leaves_the_job_alone(crd, kub
 
 
 def test_kopf_run_module_runs_a_job(crd, kube, tmp_path):
-    """`kopf run -m kubeps.operator.handlers` (kopf's CLI, our handlers): the children are watched by the
+    """`kopf run -m kubeps.operator.controller.handlers` (kopf's CLI, our handlers): the children are watched by the
     operator's own watches under kopf's options too, and a job runs."""
     ns = make_namespace(kube, prefix="kcl-")
     proc = OperatorProcess(kube, [ns], tmp_path / "kopf-run.log", ["--standalone"], kopf_cli=True)

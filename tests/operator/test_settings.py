@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from kubeps.operator.client import TokenBucket
+from kubeps.operator.kube.client import TokenBucket
 from kubeps.operator.main import settings_from_args
-from kubeps.operator.settings import DEFAULT_IMAGE, Settings
+from kubeps.operator.controller.settings import DEFAULT_IMAGE, Settings
 
 
 def test_defaults_are_cluster_wide():
@@ -84,7 +84,7 @@ def test_peering_from_kopf_env_or_flag():
 def test_kopf_settings_carry_peering_and_watching():
     """One place maps our settings to kopf's: main passes them to kopf.run, nothing overrides them later."""
     from kubeps.operator.main import kopf_run_options
-    from kubeps.operator.settings import kopf_settings
+    from kubeps.operator.controller.settings import kopf_settings
 
     options = kopf_run_options(settings_from_args(["--peering", "peers", "-n", "a", "--peering-lifetime", "7"], env={}))
     peering = options["settings"].peering
@@ -106,7 +106,7 @@ def test_kopf_run_module_keeps_kopf_peering_choice():
     """Under `kopf run -m`, kopf's CLI decides the peering; the rest of our settings still apply."""
     import kopf
 
-    from kubeps.operator.settings import kopf_settings
+    from kubeps.operator.controller.settings import kopf_settings
 
     theirs = kopf.OperatorSettings()
     theirs.peering.name, theirs.peering.mandatory = "from-cli", True

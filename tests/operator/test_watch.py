@@ -1,4 +1,4 @@
-"""The operator's own list-then-watch (operator/watch.py) and its peering gate (operator/peering.py).
+"""The operator's own list-then-watch (operator/kube/watch.py) and its peering gate (operator/kube/peering.py).
 
 On the real control plane: the first list, every change after it, and a restart that lists again and so learns
 of a deletion made while it was away. On a loopback HTTP server, what the API server does too rarely to provoke:
@@ -15,10 +15,10 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from aiohttp import web
 
-from kubeps.operator import client as client_module
-from kubeps.operator.client import KubeClient
-from kubeps.operator.peering import is_open
-from kubeps.operator.watch import Watcher
+from kubeps.operator.kube import client as client_module
+from kubeps.operator.kube.client import KubeClient
+from kubeps.operator.kube.peering import is_open
+from kubeps.operator.kube.watch import Watcher
 
 from .test_client import _client, _serve
 
@@ -174,33 +174,34 @@ def test_peering_gate_is_closed_without_the_peering_object():
 def test_a_namespace_scope_starts_with_its_first_job_and_retires_after_its_last(kube, namespace, monkeypatch):
     """The reconciler watches a namespace's children from its first job on (lists in before any plan) and stops
     those watches RETIRE_AFTER seconds after its last job is gone."""
-    from kubeps.operator import handlers
-    from kubeps.operator.settings import Settings
+    from kubeps.operator.controller import scope as scope_module
+    from kubeps.operator.controller.reconciler import Reconciler
+    from kubeps.operator.controller.settings import Settings
 
     monkeypatch.setenv("KUBECONFIG", kube.kubeconfig)
-    monkeypatch.setattr(handlers, "RETIRE_AFTER", 0.5)
+    monkeypatch.setattr(scope_module, "RETIRE_AFTER", 0.5)
     ns = namespace
     kube.apply({"apiVersion": "v1", "kind": "Service",
                 "metadata": {"name": "j-worker-0", "labels": {"kubeps.dev/job-name": "j"}},
                 "spec": {"clusterIP": "None", "ports": [{"port": 2222}]}}, namespace=ns)
 
     async def main():
-        reconciler = handlers.Reconciler(Settings(namespaces=(ns,)))
+        reconciler = Reconciler(Settings(namespaces=(ns,)))
         reconciler.configure(clusterwide=False, peering=None)
         reconciler.reconcile = lambda key: asyncio.sleep(0)  # observe only: no plans, no writes
         job = {"metadata": {"namespace": ns, "name": "j", "uid": "u1", "resourceVersion": "1"}}
         try:
             reconciler.observe_job("ADDED", job)
-            scope = reconciler.scopes[ns]
+            scope = reconciler.scopes.active[ns]
             await asyncio.wait_for(scope.ready(), 20)
-            assert list(reconciler.services[(ns, "j")].values())[0]["metadata"]["name"] == "j-worker-0"
+            assert list(reconciler.cache.services[(ns, "j")].values())[0]["metadata"]["name"] == "j-worker-0"
             reconciler.observe_job("DELETED", job)
-            await _until(lambda: ns not in reconciler.scopes, timeout=5)
+            await _until(lambda: ns not in reconciler.scopes.active, timeout=5)
             await _until(lambda: scope.pods.task is None and scope.services.task is None, timeout=5)
-            assert (ns, "j") not in reconciler.services
+            assert (ns, "j") not in reconciler.cache.services
             reconciler.observe_job("ADDED", job)  # a job again: watched again, listed again
-            await asyncio.wait_for(reconciler.scopes[ns].ready(), 20)
-            assert (ns, "j") in reconciler.services
+            await asyncio.wait_for(reconciler.scopes.active[ns].ready(), 20)
+            assert (ns, "j") in reconciler.cache.services
         finally:
             await reconciler.close()
 
@@ -212,13 +213,14 @@ def test_the_slim_copy_keeps_everything_the_planner_reads_of_a_pod():
     chief's finishedAt was dropped once, so a chief seen after the deadline never counted by when it exited)."""
     from dataclasses import asdict
 
-    from kubeps.operator import planner
-    from kubeps.operator.handlers import _slim
+    from kubeps.operator.controller.cache import _slim
+    from kubeps.operator.core.children import ANNOTATION_EPOCH
+    from kubeps.operator.core.observed import observe_pod
 
     meta = {"name": "j-chief-0", "namespace": "n", "uid": "u", "resourceVersion": "7",
             "labels": {"kubeps.dev/job-name": "j", "kubeps.dev/replica-type": "chief",
                        "kubeps.dev/replica-index": "0"},
-            "annotations": {planner.ANNOTATION_EPOCH: "2", "other": "x"},
+            "annotations": {ANNOTATION_EPOCH: "2", "other": "x"},
             "ownerReferences": [{"uid": "job", "controller": True}], "managedFields": [{"manager": "kubelet"}]}
     statuses = [
         {"phase": "Failed", "reason": "Evicted", "conditions": [{"type": "Ready", "status": "False"}],
@@ -235,4 +237,4 @@ def test_the_slim_copy_keeps_everything_the_planner_reads_of_a_pod():
     ]
     for status in statuses:
         pod = {"metadata": meta, "spec": {"containers": [{"name": "kubeps"}]}, "status": status}
-        assert asdict(planner.observe_pod(_slim(pod, with_status=True))) == asdict(planner.observe_pod(pod))
+        assert asdict(observe_pod(_slim(pod, with_status=True))) == asdict(observe_pod(pod))

@@ -247,8 +247,8 @@ def test_peering_objects_and_crds_only_when_enabled(render):
 
 
 def test_crd_is_the_operators_crd(render):
-    """The chart's CRD is `python -m kubeps.operator.crd` plus Helm's labels and the keep policy."""
-    generated = subprocess.run([sys.executable, "-m", "kubeps.operator.crd"], capture_output=True, text=True,
+    """The chart's CRD is `python -m kubeps.operator.api.crd` plus Helm's labels and the keep policy."""
+    generated = subprocess.run([sys.executable, "-m", "kubeps.operator.api.crd"], capture_output=True, text=True,
                                cwd=REPO, check=True).stdout
     expected = yaml.safe_load(generated)
     rendered = render.one(render.template(), "CustomResourceDefinition")

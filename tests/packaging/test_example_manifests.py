@@ -41,3 +41,37 @@ def test_manifest_commands_resolve(path):
                                 text=True, timeout=60)
         assert "usage:" not in result.stderr, f"{path.name}: {role}'s arguments are rejected:\n{result.stderr}"
         assert result.returncode == 0 or "TF_CONFIG" in result.stderr, result.stdout + result.stderr
+
+
+def test_tensorboard_example_is_valid_and_the_viewer_reads_what_the_job_writes():
+    """examples/jobs/tensorboard.yaml (claim + viewer) and the job's pod templates pass kubernetes-validate --strict;
+    the chief and the evaluator write KUBEPS_LOGDIR on the claim, below the directory TensorBoard reads."""
+    import kubernetes_validate
+
+    from kubeps.runtime.contract import LOGDIR_ENV
+
+    version = kubernetes_validate.latest_version()
+    claim, viewer = yaml.safe_load_all((REPO / "examples" / "jobs" / "tensorboard.yaml").read_text())
+    for obj in (claim, viewer):
+        kubernetes_validate.validate(obj, version, strict=True)
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    pod = viewer["spec"]["template"]["spec"]
+    command = pod["containers"][0]["command"]
+    read = command[command.index("--logdir") + 1]
+    [mount] = pod["containers"][0]["volumeMounts"]
+    assert {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"]} == {mount["name"]: "ctr-shared"}
+
+    job = yaml.safe_load((REPO / "examples" / "jobs" / "ctr-tensorboard-job.yaml").read_text())
+    for role, spec in job["spec"]["replicaSpecs"].items():
+        template = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": role.lower()},
+                    "template": spec["template"]}
+        kubernetes_validate.validate(template, version, strict=True)
+        container = spec["template"]["spec"]["containers"][0]
+        logdir = {e["name"]: e["value"] for e in container.get("env", [])}.get(LOGDIR_ENV)
+        assert (logdir is not None) == (role in ("Chief", "Evaluator")), role
+        if logdir:
+            claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in spec["template"]["spec"]["volumes"]}
+            mounted = [m for m in container["volumeMounts"] if logdir.startswith(m["mountPath"] + "/")]
+            assert [claims[m["name"]] for m in mounted] == ["ctr-shared"], role
+            # the same claim, mounted at the same path here and in the viewer: TensorBoard reads below `read`
+            assert mounted[0]["mountPath"] == mount["mountPath"] and logdir.startswith(read + "/"), (logdir, read)

@@ -201,6 +201,6 @@ def test_runtime_server_without_tf_config_fails_cleanly(installed):
 
 @pytest.mark.slow
 def test_crd_generator_runs_from_the_wheel(installed):
-    proc = run_in(installed, str(installed["bin"] / "python"), "-m", "kubeps.operator.crd")
+    proc = run_in(installed, str(installed["bin"] / "python"), "-m", "kubeps.operator.api.crd")
     assert proc.returncode == 0, proc.stderr
     assert yaml.safe_load(proc.stdout)["kind"] == "CustomResourceDefinition"

@@ -1,6 +1,6 @@
 """The chart grants exactly the API access the operator's code uses: nothing missing, nothing extra.
 
-The operator's calls are read from its source: the REST requests of operator/client.py
+The operator's calls are read from its source: the REST requests of operator/kube/client.py
 (``self.request("POST", f"/api/v1/namespaces/{namespace}/pods", ...)`` -> create pods), the resources of its kopf watch handlers and of its own
 watches (``kopf.on.event(models.GROUP, ...)``, ``self._watch("pods", ...)`` -> list, watch) and ``kopf.event(...)`` (create events).
 """
@@ -17,10 +17,16 @@ OPERATOR = REPO / "operator"
 CRD = yaml.safe_load((REPO / "charts" / "kubeps" / "files" / "crd.yaml").read_text())
 GROUP, PLURAL = CRD["spec"]["group"], CRD["spec"]["names"]["plural"]
 
+
+def operator_sources() -> list[Path]:
+    """Every module of the operator, in every sub-package: a module left out would be a call nobody checks."""
+    return sorted(OPERATOR.rglob("*.py"))
+
+
 def required_permissions() -> set[tuple[str, str, str]]:
-    source = "\n".join(p.read_text() for p in sorted(OPERATOR.glob("*.py")))
+    source = "\n".join(p.read_text() for p in operator_sources())
     needed: set[tuple[str, str, str]] = set()
-    # operator/client.py: self.request("POST", f"/api/v1/namespaces/{namespace}/pods", ...) and the jobs' paths
+    # operator/kube/client.py: self.request("POST", f"/api/v1/namespaces/{namespace}/pods", ...) and the jobs' paths
     for method, root, resource, name, sub in re.findall(
             r'self\.request\("(GET|POST|PUT|PATCH|DELETE)", f"(/api/v1/namespaces|\{JOBS\})/\{namespace\}/'
             r'(\w+|\{models\.PLURAL\})(/\{name\})?(/status)?"', source):
@@ -34,12 +40,29 @@ def required_permissions() -> set[tuple[str, str, str]]:
         group = GROUP if group == "models.GROUP" else group.strip('"')
         resource = PLURAL if resource == "models.PLURAL" else resource.strip('"')
         needed |= {(group, resource, "list"), (group, resource, "watch")}
-    # operator/handlers.py: the scopes' own watches, self._watch("pods", ...) -> list, watch pods
+    # operator/controller/scope.py: the scopes' own watches, self._watch("pods", ...) -> list, watch pods
     for resource in re.findall(r'self\._watch\("(\w+)"', source):
         needed |= {("", resource, "list"), ("", resource, "watch")}
     if re.search(r"kopf\.(event|info|warn|exception)\(", source):
         needed.add(("", "events", "create"))
     return needed
+
+
+def test_the_scan_reads_every_operator_module():
+    """The scan must see each module that kubeps.operator is made of (the API calls live in kube/, the kopf
+    handlers and the watches in controller/): compare it with what Python would import, found independently."""
+    import pkgutil
+
+    import kubeps.operator
+
+    scanned = {p.relative_to(OPERATOR).with_suffix("").as_posix().replace("/", ".") for p in operator_sources()}
+    scanned = {name.removesuffix(".__init__") for name in scanned}
+    importable = {info.name.removeprefix("kubeps.operator.")
+                  for info in pkgutil.walk_packages(kubeps.operator.__path__, "kubeps.operator.")}
+    assert importable, "found no operator module to compare with"
+    assert not importable - scanned, f"operator modules the RBAC scan skips: {sorted(importable - scanned)}"
+    for module in ("kube.client", "controller.handlers", "controller.scope", "controller.recorder"):
+        assert module in scanned, module
 
 
 def granted(render) -> set[tuple[str, str, str]]:

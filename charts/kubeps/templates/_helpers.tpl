@@ -46,7 +46,7 @@ app.kubernetes.io/part-of: kubeps
 {{- end -}}
 
 {{/* Rules the operator needs in the namespaces it watches (ClusterRole or Role); exactly the calls of
-operator/client.py and the resources of its kopf handlers (tests/packaging/test_rbac.py keeps them in sync). */}}
+operator/kube/client.py and the resources of its kopf handlers (tests/packaging/test_rbac.py keeps them in sync). */}}
 {{- define "kubeps.namespacedRules" -}}
 # PSTrainingJobs: kopf lists and watches them; the operator reads one, deletes finished ones (TTL) and writes status.
 - apiGroups: [{{ include "kubeps.crdGroup" . | quote }}]

@@ -1,7 +1,7 @@
 """The PSTrainingJob API (``kubeps.dev/v1alpha1``) as pydantic models.
 
 These models are the source of truth: the CRD's OpenAPI schema, defaults and CEL rules are generated from them
-(:mod:`kubeps.operator.crd`), and the planner parses every observed job with them. Field names are the API's
+(:mod:`kubeps.operator.api.crd`), and the planner parses every observed job with them. Field names are the API's
 (camelCase, role keys ``Chief``/``PS``/``Worker``/``Evaluator`` as in TFJob's ``tfReplicaSpecs``).
 
 ``json_schema_extra`` carries what only the CRD needs: ``x-kubernetes-*`` markers and CEL rules
@@ -14,7 +14,10 @@ from __future__ import annotations
 from enum import Enum
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
+from pydantic.json_schema import JsonDict
+
+from kubeps.runtime.contract import FIRST_RETRYABLE_EXIT
 
 GROUP = "kubeps.dev"
 VERSION = "v1alpha1"
@@ -61,7 +64,9 @@ REPLICA_TYPES = tuple(ReplicaType)
 BY_TASK_TYPE = {rt.task_type: rt for rt in ReplicaType}
 
 
-class RestartPolicy(str, Enum):
+# A replica's ``restartPolicy`` (the CRD field keeps its name). Not the runtime's local restart policy
+# (kubeps.runtime.supervisor.RestartPolicy). No docstring: it would become the schema's description, and move it.
+class ReplicaRestartPolicy(str, Enum):
     NEVER = "Never"
     ON_FAILURE = "OnFailure"
     ALWAYS = "Always"
@@ -75,7 +80,7 @@ class CleanPodPolicy(str, Enum):
 
 
 # ---------------------------------------------------------------------------------------------- pod template
-_PRESERVE = {"x-kubernetes-preserve-unknown-fields": True}
+_PRESERVE: JsonDict = {"x-kubernetes-preserve-unknown-fields": True}
 
 
 class ContainerPort(BaseModel):
@@ -126,26 +131,38 @@ _RESTART_POLICY_DOC = (
 )
 
 
-def _replica_spec(doc: str, default_replicas: int, lo: int, hi: int, default_policy: RestartPolicy):
-    class _Spec(BaseModel):
-        model_config = ConfigDict(extra="ignore")
+class ReplicaSpec(BaseModel):
+    """What every role's spec has; each role's class below sets its own count, bounds and documentation."""
 
-        replicas: int = Field(default_replicas, ge=lo, le=hi, description=f"Number of replicas ({lo}..{hi}).")
-        restartPolicy: RestartPolicy = Field(default_policy, description=_RESTART_POLICY_DOC)
-        template: PodTemplateSpec
+    model_config = ConfigDict(extra="ignore")
 
-    _Spec.__doc__ = doc
-    return _Spec
+    replicas: int
+    restartPolicy: ReplicaRestartPolicy = Field(ReplicaRestartPolicy.ON_FAILURE, description=_RESTART_POLICY_DOC)
+    template: PodTemplateSpec
 
 
-ChiefSpec = _replica_spec("The chief (coordinator): exactly one.", 1, 1, 1, RestartPolicy.ON_FAILURE)
-ChiefSpec.__name__ = ChiefSpec.__qualname__ = "ChiefSpec"
-PSSpec = _replica_spec("Parameter servers: at least one.", 1, 1, MAX_PS, RestartPolicy.ON_FAILURE)
-PSSpec.__name__ = PSSpec.__qualname__ = "PSSpec"
-WorkerSpec = _replica_spec("Workers: at least one.", 1, 1, MAX_WORKERS, RestartPolicy.ON_FAILURE)
-WorkerSpec.__name__ = WorkerSpec.__qualname__ = "WorkerSpec"
-EvaluatorSpec = _replica_spec("A sidecar evaluator: none or one.", 1, 0, 1, RestartPolicy.ON_FAILURE)
-EvaluatorSpec.__name__ = EvaluatorSpec.__qualname__ = "EvaluatorSpec"
+class ChiefSpec(ReplicaSpec):
+    """The chief (coordinator): exactly one."""
+
+    replicas: int = Field(1, ge=1, le=1, description="Number of replicas (1..1).")
+
+
+class PSSpec(ReplicaSpec):
+    """Parameter servers: at least one."""
+
+    replicas: int = Field(1, ge=1, le=MAX_PS, description=f"Number of replicas (1..{MAX_PS}).")
+
+
+class WorkerSpec(ReplicaSpec):
+    """Workers: at least one."""
+
+    replicas: int = Field(1, ge=1, le=MAX_WORKERS, description=f"Number of replicas (1..{MAX_WORKERS}).")
+
+
+class EvaluatorSpec(ReplicaSpec):
+    """A sidecar evaluator: none or one."""
+
+    replicas: int = Field(1, ge=0, le=1, description="Number of replicas (0..1).")
 
 
 class ReplicaSpecs(BaseModel):
@@ -154,13 +171,14 @@ class ReplicaSpecs(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    Chief: ChiefSpec  # type: ignore[valid-type]
-    PS: PSSpec  # type: ignore[valid-type]
-    Worker: WorkerSpec  # type: ignore[valid-type]
-    Evaluator: EvaluatorSpec | None = None  # type: ignore[valid-type]
+    Chief: ChiefSpec
+    PS: PSSpec
+    Worker: WorkerSpec
+    Evaluator: EvaluatorSpec | None = None
 
-    def get(self, replica_type: ReplicaType):
-        return getattr(self, replica_type.value)
+    def get(self, replica_type: ReplicaType) -> ReplicaSpec | None:
+        spec: ReplicaSpec | None = getattr(self, replica_type.value)
+        return spec
 
 
 ExitCode = Annotated[int, Field(ge=1, le=255)]
@@ -192,7 +210,8 @@ class RunPolicy(BaseModel):
     retryableExitCodes: list[ExitCode] | None = Field(
         None,
         max_length=255,
-        description="Exit codes that the ExitCode restart policy retries; default: 128 and above (signals).",
+        description=f"Exit codes that the ExitCode restart policy retries; default: {FIRST_RETRYABLE_EXIT} and above "
+        "(signals).",
         json_schema_extra={"x-kubernetes-list-type": "set"},
     )
 
@@ -201,11 +220,13 @@ class RunPolicy(BaseModel):
         if exit_code is None:
             return True
         if self.retryableExitCodes is None:
-            return exit_code >= 128
+            # the pod contract's rule (kubeps.runtime.contract.is_retryable_exit); a status above 255, which no
+            # Linux container reports, is retried too
+            return exit_code >= FIRST_RETRYABLE_EXIT
         return exit_code in self.retryableExitCodes
 
 
-def _suspended_or_same(path: str, optional: bool = False) -> dict[str, str]:
+def _suspended_or_same(path: str, optional: bool = False) -> JsonDict:
     new, old = f"self.replicaSpecs{path}", f"oldSelf.replicaSpecs{path}"
     same = f"{new} == {old}"
     if optional:
@@ -225,13 +246,17 @@ def _suspended_or_same(path: str, optional: bool = False) -> dict[str, str]:
 
 #: Immutable fields of a job that is not suspended: everything in replicaSpecs but Worker.replicas. runPolicy
 #: stays mutable (suspend, TTL, deadline, backoffLimit, cleanPodPolicy, retryableExitCodes).
-IMMUTABILITY_RULES = [
+IMMUTABILITY_RULES: list[JsonValue] = [
     _suspended_or_same(".Chief"),
     _suspended_or_same(".PS"),
     _suspended_or_same(".Evaluator", optional=True),
     _suspended_or_same(".Worker.template"),
     _suspended_or_same(".Worker.restartPolicy"),
 ]
+
+
+#: ``runPolicy`` may be left out: the CRD defaults it to ``{}`` (so its own fields get their defaults).
+_EMPTY_DEFAULT: JsonDict = {"default": {}}
 
 
 class PSTrainingJobSpec(BaseModel):
@@ -241,11 +266,11 @@ class PSTrainingJobSpec(BaseModel):
     model_config = ConfigDict(extra="ignore", json_schema_extra={"x-kubernetes-validations": IMMUTABILITY_RULES})
 
     replicaSpecs: ReplicaSpecs
-    runPolicy: RunPolicy = Field(default_factory=RunPolicy, json_schema_extra={"default": {}})
+    runPolicy: RunPolicy = Field(default_factory=RunPolicy, json_schema_extra=_EMPTY_DEFAULT)
 
 
 #: CEL rules on the whole object (the only place where metadata.name is visible).
-NAME_RULES = [
+NAME_RULES: list[JsonValue] = [
     {
         "rule": f"size(self.metadata.name) <= {MAX_JOB_NAME}",
         "message": f"metadata.name must be at most {MAX_JOB_NAME} characters, so that <job>-evaluator-0 and "

@@ -1,7 +1,7 @@
 """The children of a ``PSTrainingJob``: their names, labels, ``TF_CONFIG`` and the pod, Service and Secret bodies.
 
 Pure functions of the job (a dict as the API server returns it) and a :class:`PlanConfig`: no I/O, no clock. The
-state machine that decides *when* to create or delete them is :mod:`kubeps.operator.planner`; this module says
+state machine that decides *when* to create or delete them is :mod:`kubeps.operator.core.planner`; this module says
 *what* they are (as training-operator keeps TF_CONFIG in ``tensorflow.go`` beside its reconcile engine).
 
 * Per replica one pod and one headless Service named ``<job>-<type>-<index>``; one Secret per job holding the
@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from kubeps.runtime.cluster import TaskSpec, TFConfig
+from kubeps.runtime.contract import JOB_TOKEN_ENV, TF_CONFIG_ENV
 
-from . import models
-from .models import ReplicaType
+from kubeps.operator.api import models
+from kubeps.operator.api.models import PSTrainingJobSpec, ReplicaType
 
 #: The runtime image of containers that name none (``--default-image`` / ``KUBEPS_DEFAULT_IMAGE`` override it).
 DEFAULT_IMAGE = "ghcr.io/kubeps/kubeps-runtime:0.1.0"
@@ -73,7 +74,7 @@ def owner_reference(job: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def main_container(containers: list[dict]) -> dict:
+def main_container(containers: list[dict[str, Any]]) -> dict[str, Any]:
     """The container that gets TF_CONFIG: named ``kubeps``, else ``tensorflow`` (TFJob's), else the first."""
     for wanted in MAIN_CONTAINER_NAMES:
         for container in containers:
@@ -94,25 +95,29 @@ def task_port(template: Mapping[str, Any]) -> int:
 
 
 # -- bodies ---------------------------------------------------------------------------------------------------
-def cluster_addresses(job: Mapping[str, Any], config: PlanConfig) -> dict[str, list[str]]:
+def cluster_addresses(job: Mapping[str, Any], spec: PSTrainingJobSpec, config: PlanConfig) -> dict[str, list[str]]:
+    """Every task's address by task type. The counts are the parsed spec's (its defaults, as the planner's); the
+    ports are read from the templates as written."""
     name = job["metadata"]["name"]
     namespace = job["metadata"]["namespace"]
     suffix = f".{namespace}.svc" + (f".{config.cluster_domain}" if config.cluster_domain else "")
     replica_specs = job["spec"]["replicaSpecs"]
     cluster: dict[str, list[str]] = {}
     for rt in models.REPLICA_TYPES:
-        raw = replica_specs.get(rt.value)
-        if not raw:
+        replica_spec = spec.replicaSpecs.get(rt)
+        if replica_spec is None:
             continue
-        count = int(raw.get("replicas", 1))
-        port = task_port(raw.get("template") or {})
+        count = replica_spec.replicas
+        port = task_port(replica_specs[rt.value].get("template") or {})
         if count:
             cluster[rt.task_type] = [f"{child_name(name, rt, i)}{suffix}:{port}" for i in range(count)]
     return cluster
 
 
-def tf_config_json(job: Mapping[str, Any], replica_type: ReplicaType, index: int, config: PlanConfig) -> str:
-    cluster = tuple((task_type, tuple(addresses)) for task_type, addresses in cluster_addresses(job, config).items())
+def tf_config_json(job: Mapping[str, Any], spec: PSTrainingJobSpec, replica_type: ReplicaType, index: int,
+                   config: PlanConfig) -> str:
+    addresses = cluster_addresses(job, spec, config)
+    cluster = tuple((task_type, tuple(task_addresses)) for task_type, task_addresses in addresses.items())
     task = TaskSpec(type=replica_type.task_type, index=index)
     return _validated(cluster, replica_type.task_type).model_copy(update={"task": task}).to_json()
 
@@ -124,8 +129,10 @@ def _validated(cluster: tuple[tuple[str, tuple[str, ...]], ...], task_type: str)
     return TFConfig.for_task({t: list(a) for t, a in cluster}, task_type, 0)
 
 
-def pod_body(job: Mapping[str, Any], replica_type: ReplicaType, index: int, epoch: int, config: PlanConfig) -> dict:
-    """The pod of one replica, from its template plus everything the operator owns."""
+def pod_body(job: Mapping[str, Any], job_spec: PSTrainingJobSpec, replica_type: ReplicaType, index: int, epoch: int,
+             config: PlanConfig) -> dict[str, Any]:
+    """The pod of one replica, from its template plus everything the operator owns (``job_spec`` is the job's
+    ``spec`` parsed, :func:`kubeps.operator.api.models.parse_spec`)."""
     name = job["metadata"]["name"]
     namespace = job["metadata"]["namespace"]
     template = copy.deepcopy(job["spec"]["replicaSpecs"][replica_type.value]["template"])
@@ -154,9 +161,9 @@ def pod_body(job: Mapping[str, Any], replica_type: ReplicaType, index: int, epoc
     if not any(p.get("name") in (models.PORT_NAME, models.TFJOB_PORT_NAME) for p in ports):
         ports.append({"name": models.PORT_NAME, "containerPort": models.DEFAULT_PORT, "protocol": "TCP"})
     injected = {
-        "TF_CONFIG": {"name": "TF_CONFIG", "value": tf_config_json(job, replica_type, index, config)},
-        "KUBEPS_JOB_TOKEN": {
-            "name": "KUBEPS_JOB_TOKEN",
+        TF_CONFIG_ENV: {"name": TF_CONFIG_ENV, "value": tf_config_json(job, job_spec, replica_type, index, config)},
+        JOB_TOKEN_ENV: {
+            "name": JOB_TOKEN_ENV,
             "valueFrom": {"secretKeyRef": {"name": secret_name(name), "key": TOKEN_KEY}},
         },
         "GRPC_FAIL_FAST": {"name": "GRPC_FAIL_FAST", "value": "use_caller"},
@@ -166,7 +173,7 @@ def pod_body(job: Mapping[str, Any], replica_type: ReplicaType, index: int, epoc
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
 
 
-def service_body(job: Mapping[str, Any], replica_type: ReplicaType, index: int) -> dict:
+def service_body(job: Mapping[str, Any], replica_type: ReplicaType, index: int) -> dict[str, Any]:
     name = job["metadata"]["name"]
     port = task_port(job["spec"]["replicaSpecs"][replica_type.value].get("template") or {})
     return {
@@ -187,7 +194,7 @@ def service_body(job: Mapping[str, Any], replica_type: ReplicaType, index: int) 
     }
 
 
-def secret_body(job: Mapping[str, Any]) -> dict:
+def secret_body(job: Mapping[str, Any]) -> dict[str, Any]:
     name = job["metadata"]["name"]
     return {
         "apiVersion": "v1",

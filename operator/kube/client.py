@@ -20,13 +20,13 @@ import os
 import subprocess
 import threading
 import time
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import aiohttp
 import kopf
 import yaml
 
-from . import models
+from kubeps.operator.api import models
 
 MERGE_PATCH = "application/merge-patch+json"
 JOBS = f"/apis/{models.GROUP}/{models.VERSION}/namespaces"
@@ -41,7 +41,8 @@ class ApiError(Exception):
 
 
 class TokenBucket:
-    def __init__(self, qps: float, burst: int, clock=time.monotonic, sleep=time.sleep):
+    def __init__(self, qps: float, burst: int, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep):
         self.qps = float(qps)
         self.burst = max(1, int(burst))
         self._tokens = float(self.burst)
@@ -67,7 +68,7 @@ class TokenBucket:
         return wait
 
 
-def login(settings=None, **_: Any):
+def login(settings: kopf.OperatorSettings | None = None, **_: Any) -> kopf.ConnectionInfo:
     """Credentials as a ``kopf.ConnectionInfo``: the pod's service account, else the kubeconfig (whose ``exec``
     plugin, e.g. a cloud provider's token helper, is run when the user has one)."""
     settings = settings or kopf.OperatorSettings()
@@ -81,7 +82,7 @@ def login(settings=None, **_: Any):
     return info
 
 
-def _fields(info) -> dict:
+def _fields(info: kopf.ConnectionInfo) -> dict[str, Any]:
     return {f.name: getattr(info, f.name) for f in dataclasses.fields(info)}
 
 
@@ -105,18 +106,19 @@ def _exec_token() -> str | None:
 class KubeClient:
     """The API calls of the operator, on the running event loop (one aiohttp session, ``pool_size`` connections)."""
 
-    def __init__(self, qps: float = 100.0, burst: int = 200, pool_size: int = 16, login=login):
+    def __init__(self, qps: float = 100.0, burst: int = 200, pool_size: int = 16,
+                 login: Callable[[], kopf.ConnectionInfo] = login):
         self.limiter = TokenBucket(qps, burst)
         self.pool_size = max(4, pool_size)
         self.requests = 0
         self._login = login
-        self._session = None
+        self._session: aiohttp.ClientSession | None = None
         self._server = ""
         self._connecting = asyncio.Lock()
         self._slots = asyncio.Semaphore(self.pool_size)
-        self._retired: list = []  # sessions replaced after a 401, closed a little later
+        self._retired: list[aiohttp.ClientSession] = []  # sessions replaced after a 401, closed a little later
 
-    async def _connect(self, stale=None):
+    async def _connect(self, stale: aiohttp.ClientSession | None = None) -> aiohttp.ClientSession:
         """The session, opened on first use or when ``stale`` (refused with 401) is still the current one."""
         async with self._connecting:
             if self._session is not None and self._session is not stale:
@@ -141,7 +143,7 @@ class KubeClient:
                 asyncio.get_running_loop().call_later(61, self._close_retired, old)
             return self._session
 
-    def _close_retired(self, session) -> None:
+    def _close_retired(self, session: aiohttp.ClientSession) -> None:
         if session in self._retired:
             self._retired.remove(session)
             asyncio.ensure_future(session.close())

@@ -17,15 +17,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import urllib.parse
-from typing import Any, Callable
+from typing import Any, Callable, TypedDict
 
 import aiohttp
 
 from .client import ApiError, KubeClient
 
-log = logging.getLogger("kubeps.operator.watch")
+log = logging.getLogger("kubeps.operator.kube.watch")
 
 PAGE = 500  # objects per list request
+
+
+class Timeouts(TypedDict, total=False):
+    """The timeouts of a :class:`Watcher` (seconds), as its keyword arguments."""
+
+    server_timeout: float
+    client_timeout: float
+    connect_timeout: float
+    inactivity_timeout: float
 
 
 class Gone(Exception):
@@ -103,6 +112,7 @@ class Watcher:
     async def watch(self) -> None:
         """Report changes after :attr:`version` until the stream ends; a stream that breaks resumes from the
         last version it delivered."""
+        assert self.version is not None, "a watch starts from the version a list or an earlier watch gave"
         params = dict(self.selectors, watch="1", resourceVersion=self.version, allowWatchBookmarks="true",
                       timeoutSeconds=str(self.server_timeout))
         try:

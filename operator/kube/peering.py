@@ -1,7 +1,7 @@
 """Whether this operator replica may act in a scope, read from kopf's peering object.
 
 kopf pauses its own watches (the jobs) while a live peer has a higher priority; the pods and Services are watched
-by :mod:`kubeps.operator.watch`, outside kopf, so their events would still reach a paused replica. A :class:`Gate`
+by :mod:`kubeps.operator.kube.watch`, outside kopf, so their events would still reach a paused replica. A :class:`Gate`
 reads the same peering object (``KopfPeering`` NAME in a namespace, ``ClusterKopfPeering`` NAME cluster-wide) by
 the same rule, and the reconciler plans nothing in the scope while it is closed:
 
@@ -18,12 +18,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from datetime import datetime, timedelta, timezone
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from .client import KubeClient
-from .watch import Watcher
+from .watch import Timeouts, Watcher
 
-log = logging.getLogger("kubeps.operator.peering")
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing.Unpack from Python 3.11
+
+log = logging.getLogger("kubeps.operator.kube.peering")
 GROUP_VERSION = "/apis/kopf.dev/v1"
 
 
@@ -61,7 +64,7 @@ class Gate:
     """The peering object of one scope, watched; :attr:`open` is set while this replica may act there."""
 
     def __init__(self, kube: KubeClient, namespace: str | None, name: str, priority: int,
-                 on_change: Callable[[bool], None], **timeouts: float):
+                 on_change: Callable[[bool], None], **timeouts: Unpack[Timeouts]):
         self.name, self.priority, self.on_change = name, priority, on_change
         self.open = asyncio.Event()
         self.body: dict | None = None

@@ -2,7 +2,7 @@
 
 What the API server would refuse, without one:
 
-* the schema the CRD carries (:func:`kubeps.operator.crd.json_schema`, generated from :mod:`.models`): types,
+* the schema the CRD carries (:func:`kubeps.operator.api.crd.json_schema`, generated from :mod:`.models`): types,
   required fields, enums, bounds, patterns, ``x-kubernetes-list-type`` sets and maps;
 * unknown fields, as the API server's strict field validation refuses them (``kubectl apply`` with
   ``--validate=strict``, the default): ``unknown field "spec.runPolicy.backoffLimt"``, with the closest known
@@ -12,23 +12,24 @@ What the API server would refuse, without one:
   ``cel-python``; transition rules (those reading ``oldSelf``: immutable fields) need the stored object and are
   left to the API server. A rule on ``metadata.name`` also says what is wrong with the name (``'_' at index 3``).
 
-Pure: it reads the text it is given and returns the problems; :func:`main` (``kubeps validate``) reads files and
-sets the exit status: 0 every manifest is valid, 1 a manifest is invalid, 2 a usage error (no file, unreadable).
+Pure: it takes the texts and returns the problems, the lines to print and the exit status (0 every manifest is
+valid, 1 a manifest is invalid); the ``kubeps`` command (:mod:`kubeps.runtime.cli`) reads the files, prints, and
+answers a usage error (no file, an unreadable one) with 2. jsonschema, cel-python and pyyaml are imported only
+when it runs (``kubeps[validate]``).
 """
 
 from __future__ import annotations
 
 import difflib
-import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Iterator, Sequence
 
 from . import crd, models
 
-__all__ = ["Problem", "main", "validate_manifest", "validate_text"]
+__all__ = ["Problem", "check_files", "missing_dependency", "validate_manifest", "validate_text"]
 
-EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_INVALID = 0, 1
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ def _list_map_problems(node: Any, schema: dict[str, Any], where: list[Any]) -> I
                 yield from _list_map_problems(node[name], sub, [*where, name])
     elif isinstance(node, list):
         keys = schema.get("x-kubernetes-list-map-keys")
-        seen: dict[tuple, int] = {}
+        seen: dict[tuple[Any, ...], int] = {}
         for i, item in enumerate(node):
             if keys and isinstance(item, dict) and all(k in item for k in keys):
                 key = tuple(item[k] for k in keys)
@@ -191,42 +192,30 @@ def validate_text(text: str, filename: str) -> tuple[int, list[Problem]]:
     return checked, problems
 
 
-def main(argv: Sequence[str]) -> int:
-    """``kubeps validate FILE...``: print every problem, one a line; the exit status is for CI."""
-    files = list(argv)
-    if not files or any(f in ("-h", "--help") for f in files):
-        out = sys.stdout if files else sys.stderr
-        out.write("usage: kubeps validate FILE...\n\nCheck PSTrainingJob manifests as the API server would (schema, "
-                  "unknown fields, the CRD's CEL rules) and print every error.\nExit status: 0 valid, 1 invalid, "
-                  "2 usage error.\n")
-        return EXIT_OK if files else EXIT_USAGE
+def missing_dependency() -> str | None:
+    """Why ``kubeps validate`` cannot run here (jsonschema or cel-python missing: ``kubeps[validate]``), or None."""
     try:
         import celpy  # noqa: F401, PLC0415 - the CRD's CEL rules
         import jsonschema  # noqa: F401, PLC0415 - the CRD's schema
         import yaml  # noqa: F401, PLC0415
     except ImportError as err:
-        sys.stderr.write(f"kubeps validate: not available ({err}); install kubeps[validate] "
-                         f"(pip install 'kubeps[validate]')\n")
-        return EXIT_USAGE
-    texts = []
-    for name in files:
-        try:
-            with open(name, encoding="utf-8") as f:
-                texts.append((name, f.read()))
-        except OSError as err:
-            sys.stderr.write(f"kubeps validate: cannot read {name}: {err.strerror or err}\n")
-            return EXIT_USAGE
+        return f"{err}; install kubeps[validate] (pip install 'kubeps[validate]')"
+    return None
+
+
+def check_files(texts: Sequence[tuple[str, str]]) -> tuple[int, list[str]]:
+    """``kubeps validate`` on ``(file name, text)`` pairs: ``(exit status, lines to print)``, every problem a line,
+    then a summary. Documents of other kinds are skipped (a glob may take in a PVC), but files holding no
+    PSTrainingJob at all are a problem (a CI check that checks nothing must not pass)."""
     total, problems = 0, []
     for name, text in texts:
         checked, found = validate_text(text, name)
         total += checked
         problems.extend(found)
-        if checked == 0 and not found:
-            problems.append(Problem(name, "", f"holds no {models.KIND} (apiVersion {models.API_VERSION})"))
-    for problem in problems:
-        sys.stdout.write(f"{problem}\n")
+    if total == 0 and not problems:
+        names = ", ".join(name for name, _ in texts)
+        problems.append(Problem(names, "", f"no {models.KIND} (apiVersion {models.API_VERSION}) to check"))
     if problems:
-        sys.stdout.write(f"{len(problems)} error(s) in {len({p.source.split(' (')[0] for p in problems})} file(s)\n")
-        return EXIT_INVALID
-    sys.stdout.write(f"{total} {models.KIND}(s) in {len(files)} file(s): valid\n")
-    return EXIT_OK
+        files = len({p.source.split(" (")[0].split("#")[0] for p in problems})
+        return EXIT_INVALID, [*(str(p) for p in problems), f"{len(problems)} error(s) in {files} file(s)"]
+    return EXIT_OK, [f"{total} {models.KIND}(s) in {len(texts)} file(s): valid"]

@@ -38,9 +38,12 @@ import os
 import random
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-from .children import DEFAULT_IMAGE  # written once, where the pod bodies use it
+from kubeps.operator.core.children import DEFAULT_IMAGE
+
+if TYPE_CHECKING:  # kopf itself is imported late (see kopf_settings)
+    import kopf  # written once, where the pod bodies use it
 
 
 def _bool(text: str | None) -> bool:
@@ -60,10 +63,15 @@ def _float(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
-def _int(env: Mapping[str, str], name: str, default: int | None, minimum: int | None = 0) -> int | None:
+def _int(env: Mapping[str, str], name: str, default: int, minimum: int | None = 0) -> int:
+    value = _optional_int(env, name, minimum)
+    return default if value is None else value
+
+
+def _optional_int(env: Mapping[str, str], name: str, minimum: int | None = 0) -> int | None:
     raw = env.get(name)
     if raw is None or raw == "":
-        return default
+        return None
     try:
         value = int(raw)
     except ValueError:
@@ -116,7 +124,7 @@ class Settings:
             bind_address=env.get("KUBEPS_BIND_ADDRESS") or "0.0.0.0",
             log_level=(env.get("KUBEPS_LOG_LEVEL") or "INFO").upper(),
             peering=env.get("KOPF_RUN_PEERING") or None,
-            peering_priority=_int(env, "KOPF_RUN_PRIORITY", None, minimum=None),
+            peering_priority=_optional_int(env, "KOPF_RUN_PRIORITY", minimum=None),
             peering_lifetime=_int(env, "KUBEPS_PEERING_LIFETIME", 10, 2),
             watch_server_timeout=_float(env, "KUBEPS_WATCH_SERVER_TIMEOUT", 120.0),
             watch_client_timeout=_float(env, "KUBEPS_WATCH_CLIENT_TIMEOUT", 150.0),
@@ -124,14 +132,16 @@ class Settings:
             watch_inactivity_timeout=_float(env, "KUBEPS_WATCH_INACTIVITY", 180.0),
         )
 
-    def with_overrides(self, **overrides) -> "Settings":
+    def with_overrides(self, **overrides: Any) -> "Settings":
         return replace(self, **{k: v for k, v in overrides.items() if v is not None})
 
 
-def kopf_settings(ours: Settings, target: Any = None, peering: bool = True):
+def kopf_settings(ours: Settings, target: kopf.OperatorSettings | None = None,
+                  peering: bool = True) -> kopf.OperatorSettings:
     """kopf's ``OperatorSettings`` for our settings: the one place that maps them (``main`` passes the result to
-    ``kopf.run(settings=...)``; under ``kopf run -m kubeps.operator.handlers`` the start-up handler applies it to
-    kopf's own object with ``peering=False``, leaving the peering to kopf's ``--peering``/``--standalone``)."""
+    ``kopf.run(settings=...)``; under ``kopf run -m kubeps.operator.controller.handlers`` the start-up handler
+    applies it to kopf's own object with ``peering=False``, leaving the peering to kopf's
+    ``--peering``/``--standalone``)."""
     import kopf  # noqa: PLC0415 - main reads the settings before it hides the kubernetes package from kopf
 
     target = kopf.OperatorSettings() if target is None else target

@@ -1,0 +1,178 @@
+"""The actuator: carries out a plan's actions against the API server (Kubeflow's PodControl and ServiceControl,
+plus the job's token Secret and the job itself).
+
+* The Events the planner decided are posted first; then the Secret is created (with a fresh random token: the
+  only randomness of the operator, kept out of the pure core); then every pod and Service create and delete runs
+  at once; then the job is deleted if its TTL passed.
+* Without the job's own Secret no pod is made: one started with another owner's token would disagree with the
+  pods started after it.
+* A repeated action is a no-op: a create answered 409 (already there), a delete answered 404 or 409 (gone, or
+  replaced: pod deletes carry the UID as a precondition).
+* What no retry can fix (the API server refuses a pod built from the template: 400, 422) fails the job; what a
+  retry may fix (403, 404, 429, 500, 503) posts a Warning and tries again in 5 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import copy
+import json
+import logging
+import secrets
+from typing import Awaitable, Callable
+
+from kubeps.operator.core.actions import (
+    CreatePod,
+    CreateSecret,
+    CreateService,
+    DeleteJob,
+    DeletePod,
+    DeleteService,
+    Event,
+    Plan,
+)
+from kubeps.operator.core.children import LABEL_ROLE, TOKEN_KEY, secret_name
+from kubeps.operator.core.observed import controlled_by
+from kubeps.operator.kube.client import ApiError, KubeClient
+
+from .cache import Body, Cache, Key
+from .recorder import Recorder
+
+log = logging.getLogger("kubeps.operator")
+
+#: Seconds before a create the API server refused for a reason that may pass (or a foreign Secret) is retried.
+RETRY_CREATE_AFTER = 5.0
+RETRY_SECRET_AFTER = 2.0
+
+
+class Control:
+    """Creates and deletes a job's children and the job, through ``kube``; ``retry(key, delay)`` reconciles the
+    job again later, ``fail(key, reason, message)`` fails it (the reconciler's)."""
+
+    def __init__(self, kube: KubeClient, cache: Cache, recorder: Recorder, retry: Callable[[Key, float], None],
+                 fail: Callable[[Key, str, str], Awaitable[None]]):
+        self.kube, self.cache, self.recorder = kube, cache, recorder
+        self.retry, self.fail = retry, fail
+
+    async def apply(self, key: Key, job: Body, plan: Plan) -> None:
+        """Carry out the plan's actions (its status is already written)."""
+        for event in plan.of(Event):
+            self.recorder.event(job, event.type, event.reason, event.message)
+        secret_ready = True
+        for secret in plan.of(CreateSecret):
+            secret_ready = await self.create_secret(key, job, secret)
+        # Without the job's own Secret no pod is made: one started with another owner's token would disagree with
+        # the pods started after it.
+        creates = [self.create_child(key, job, a) for a in plan.actions
+                   if isinstance(a, CreateService) or (secret_ready and isinstance(a, CreatePod))]
+        deletes = [self.delete_child(key, job, a) for a in plan.actions if isinstance(a, (DeletePod, DeleteService))]
+        results = await asyncio.gather(*creates, *deletes, return_exceptions=True)
+        self.recorder.summaries(job, [r for r in results if isinstance(r, tuple)])
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        for delete_job in plan.of(DeleteJob):
+            await self.delete_job(key, job, delete_job)
+
+    async def read_own_secret(self, key: Key, uid: str | None) -> Body | None:
+        """The job's token Secret if it exists and belongs to this job (remembered), else None (forgotten)."""
+        secret = await self.kube.read_secret(key[0], secret_name(key[1]))
+        if secret is not None and controlled_by(secret, uid):
+            self.cache.secrets[key] = uid
+            return secret
+        # None, or a leftover of an older job of the same name that garbage collection removes
+        self.cache.secrets.pop(key, None)
+        return None
+
+    async def create_secret(self, key: Key, job: Body, action: CreateSecret) -> bool:
+        """Create the job's Secret; returns whether the job's own Secret exists now."""
+        uid = job["metadata"]["uid"]
+        body = copy.deepcopy(action.body)
+        token = secrets.token_urlsafe(32)
+        body["data"] = {TOKEN_KEY: base64.b64encode(token.encode()).decode()}
+        try:
+            await self.kube.create_secret(key[0], body)
+        except ApiError as err:
+            if err.status != 409:
+                self.recorder.api_error("create-secret", err.status)
+                raise
+            existing = await self.kube.read_secret(key[0], action.name)
+            if existing is None or not controlled_by(existing, uid):
+                # Someone else's, e.g. the Secret of a deleted job of the same name that the garbage collector has
+                # not removed yet: not ours to use. Retry until it is gone (Secrets are not watched).
+                log.info("Secret %s/%s exists but is not controlled by job %s; retrying", key[0], action.name, uid)
+                self.recorder.event(job, "Warning", "SecretConflict",
+                                    f"Secret {action.name} exists but belongs to another owner; waiting for it to "
+                                    f"be removed before creating pods")
+                self.retry(key, RETRY_SECRET_AFTER)
+                return False
+        else:
+            self.recorder.event(job, "Normal", "SecretCreated", f"Created Secret {action.name}")
+        self.cache.secrets[key] = uid
+        return True
+
+    async def create_child(self, key: Key, job: Body, action: CreatePod | CreateService) -> tuple[str, str] | None:
+        """Create a pod or Service; returns ``(reason, name)`` for the reconcile's Event when it was made."""
+        is_pod = isinstance(action, CreatePod)
+        kind = "Pod" if is_pod else "Service"
+        try:
+            if is_pod:
+                await self.kube.create_pod(key[0], action.body)
+            else:
+                await self.kube.create_service(key[0], action.body)
+        except ApiError as err:
+            if err.status == 409:
+                return None  # already there: a repeated create is a no-op
+            self.recorder.api_error(f"create-{kind.lower()}", err.status)
+            if err.status in (400, 422):
+                # The API server refused what the template makes: no retry can fix it.
+                message = f"The API server rejected {kind} {action.name} built from the template: {_api_message(err)}"
+                await self.fail(key, "InvalidPodTemplate" if is_pod else "InvalidService", message)
+                return None
+            if err.status in (403, 404, 429, 500, 503):
+                self.recorder.event(job, "Warning", f"{kind}CreateFailed",
+                                    f"Could not create {kind} {action.name}: {_api_message(err)}; retrying")
+                self.retry(key, RETRY_CREATE_AFTER)
+                return None
+            raise
+        if is_pod:
+            self.recorder.pod_created(action.body["metadata"]["labels"][LABEL_ROLE])
+        else:
+            self.recorder.service_created()
+        return f"{kind}Created", action.name
+
+    async def delete_child(self, key: Key, job: Body, action: DeletePod | DeleteService) -> tuple[str, str] | None:
+        """Delete a pod or Service; returns ``(reason, what)`` for the reconcile's Event when it was deleted."""
+        kind = "Pod" if isinstance(action, DeletePod) else "Service"
+        try:
+            if isinstance(action, DeletePod):
+                await self.kube.delete_pod(key[0], action.name, action.uid)
+            else:
+                await self.kube.delete_service(key[0], action.name)
+        except ApiError as err:
+            if err.status in (404, 409):
+                return None  # already gone, or replaced (UID precondition)
+            self.recorder.api_error(f"delete-{kind.lower()}", err.status)
+            raise
+        if isinstance(action, DeletePod):
+            self.recorder.pod_deleted(action.reason)
+        return f"{kind}Deleted", f"{action.name} ({action.reason})"
+
+    async def delete_job(self, key: Key, job: Body, action: DeleteJob) -> None:
+        try:
+            await self.kube.delete_job(key[0], key[1], job["metadata"].get("uid"))
+        except ApiError as err:
+            if err.status not in (404, 409):
+                raise
+            return
+        self.recorder.job_deleted()
+        log.info("deleted %s/%s: %s", key[0], key[1], action.reason)
+
+
+def _api_message(err: ApiError) -> str:
+    try:
+        return str(json.loads(err.body)["message"])
+    except Exception:  # noqa: BLE001 - any answer that is not a Status object: say what the error says
+        return str(err)
+

@@ -1,0 +1,179 @@
+"""The reconciler: observe, plan, write the status, apply. kopf's ``memo.reconciler``.
+
+Level-based and finalizer-free (see :mod:`.handlers` for what kopf does): every reconcile of a job recomputes its
+plan from what is observed (:func:`kubeps.operator.core.planner.plan`), so a restarted operator converges to the
+same state. The status is written (with the observed resourceVersion as precondition) before any action runs, so a
+restart counted once is never counted again, and a stale cache only costs a re-read.
+
+:class:`Reconciler` is the sum of its collaborators, named as fields as Kubeflow's ``JobController`` names its
+own: :attr:`~Reconciler.cache` (what is known), :attr:`~Reconciler.queue` (when to reconcile),
+:attr:`~Reconciler.scopes` (the watches that feed the cache), :attr:`~Reconciler.control` (the actuator) and
+:attr:`~Reconciler.recorder` (Events and metrics). What it keeps for itself is one reconcile and the status write.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+
+from kubeps.operator.core import planner
+from kubeps.operator.core.actions import CreatePod
+from kubeps.operator.core.children import PlanConfig, secret_name
+from kubeps.operator.kube.client import ApiError, KubeClient
+
+from .cache import Body, Cache, Key, job_key
+from .control import Control
+from .queue import WorkQueue
+from .recorder import Recorder
+from .scope import Scopes
+from .settings import Settings
+
+
+class Reconciler:
+    """The operator's state and its parts: the cache of jobs and children, the work queue, the scopes' watches,
+    the actuator and the recorder."""
+
+    def __init__(self, settings: Settings, kube: KubeClient | None = None):
+        self.settings = settings
+        self.kube = kube or KubeClient(qps=settings.api_qps, burst=settings.api_burst, pool_size=settings.workers)
+        self.config = PlanConfig(default_image=settings.default_image, cluster_domain=settings.cluster_domain)
+        self.cache = Cache()
+        self.recorder = Recorder()
+        # `self.reconcile` is looked up at each call (not bound here), so a test may replace it on the instance.
+        self.queue = WorkQueue(settings.workers, reconcile=lambda key: self.reconcile(key), ready=self._ready,
+                               wanted=self.cache.has_job)
+        self.scopes = Scopes(self.kube, settings, self.cache, on_list=self.children_listed,
+                             on_event=self.child_event, on_gate=self.gate_changed)
+        self.control = Control(self.kube, self.cache, self.recorder, retry=self.queue.schedule, fail=self.fail)
+        self.reconciles = 0
+
+    def configure(self, clusterwide: bool, peering: tuple[str, int] | None) -> None:
+        """kopf's scope and peering, read at start-up (they hold kopf's CLI options under ``kopf run`` too)."""
+        self.scopes.configure(clusterwide, peering)
+
+    # -- observing -----------------------------------------------------------------------------------------------
+    def observe_job(self, event_type: str | None, body: Body) -> None:
+        key = job_key(body)
+        if event_type == "DELETED":
+            self.forget(key)
+            return
+        self.scopes.enter(key[0])
+        if self.cache.store_job(key, body):
+            self.queue.trigger(key)
+
+    def child_event(self, is_pod: bool, kind: str, obj: Body) -> None:
+        """A watch event of a labelled pod or Service: reconcile its job if the planner would see something new
+        (the scheduler's binding of a pod, say, changes nothing it reads)."""
+        key = self.cache.child_event(is_pod, kind, obj)
+        if key is not None and key in self.cache.jobs:
+            self.queue.trigger(key)
+
+    def children_listed(self, where: str | None, is_pod: bool, items: list[Body]) -> None:
+        """A scope's full list of labelled pods or Services: reconcile the jobs whose children changed."""
+        for key in self.cache.children_listed(where, is_pod, items):
+            if key in self.cache.jobs:
+                self.queue.trigger(key)
+
+    def gate_changed(self, where: str | None, now_open: bool) -> None:
+        """A scope's peering gate opened or closed. Closed: forget its jobs (kopf lists them again on resuming,
+        and until then they belong to the replica in charge)."""
+        if not now_open:
+            for key in self.cache.jobs_within(where):
+                self.forget(key)
+
+    def forget(self, key: Key) -> None:
+        self.cache.forget_job(key)
+        self.queue.cancel(key)
+        if key[0] in self.scopes.active and not any(k[0] == key[0] for k in self.cache.jobs):
+            self.scopes.retire_idle()
+
+    async def _ready(self, key: Key) -> None:
+        """Wait until the job's scope may be planned (both lists in, the peering gate open)."""
+        scope = self.scopes.get(key[0])
+        if scope is not None:
+            await scope.ready()
+
+    # -- one reconcile -------------------------------------------------------------------------------------------
+    async def reconcile(self, key: Key) -> None:
+        job = self.cache.jobs.get(key)
+        if job is None:
+            return
+        started = time.perf_counter()
+        uid = job["metadata"].get("uid")
+        pods, services = self.cache.children(key)
+        cached = self.cache.secrets.get(key) == uid
+        secret: Body | None
+        if cached:
+            secret = {"metadata": {"name": secret_name(key[1])}}
+        elif not pods and not job.get("status"):
+            # A job never reconciled: plan to create its Secret without reading first (creating one that exists
+            # answers 409, and create_secret then checks whose it is); one GET fewer per new job.
+            secret = None
+        else:
+            secret = await self.control.read_own_secret(key, uid)
+        now = datetime.now(timezone.utc)
+        plan = planner.plan(job, pods, services, secret, now, self.config)
+        if cached and plan.of(CreatePod) and await self.control.read_own_secret(key, uid) is None:
+            # A new pod reads its token from the Secret, which someone may have deleted since it was made (Secrets
+            # are not watched: that would need rights to read every Secret). Without it the planner restarts the
+            # pods that hold the old token, with a new Secret.
+            plan = planner.plan(job, pods, services, None, now, self.config)
+        self.reconciles += 1
+
+        old_status = job.get("status") or {}
+        if plan.status != old_status:
+            written = await self.write_status(key, job, plan.status)
+            if written is None:
+                return  # conflict or gone: re-read and re-planned by the next pass
+            self.recorder.transitions(old_status, plan.status)
+            job = written
+        await self.control.apply(key, job, plan)
+        if plan.all_children_present:
+            self.recorder.all_children_present(job)
+        if plan.requeue_after is not None:
+            self.queue.schedule(key, plan.requeue_after + 0.5)
+        self.recorder.reconciled(time.perf_counter() - started)
+
+    async def write_status(self, key: Key, job: Body, status: Body) -> Body | None:
+        """Write the job's new status over the one observed (its resourceVersion a precondition); None when the
+        job is gone (forgotten) or changed since (re-read, and planned again by one more pass)."""
+        old = job.get("status") or {}
+        body_status = dict(status)
+        for gone in set(old) - set(status):
+            body_status[gone] = None
+        body = {"metadata": {"resourceVersion": job["metadata"]["resourceVersion"]}, "status": body_status}
+        try:
+            written = await self.kube.patch_job_status(key[0], key[1], body)
+        except ApiError as err:
+            self.recorder.api_error("patch-status", err.status)
+            if err.status == 404:
+                self.forget(key)
+                return None
+            if err.status == 409:
+                fresh = await self.kube.get_job(key[0], key[1])
+                self.cache.jobs[key] = fresh
+                self.queue.again(key)
+                return None
+            raise
+        known = self.cache.jobs.get(key)
+        if known is not None and (known.get("metadata") or {}).get("uid") == written["metadata"].get("uid"):
+            self.cache.jobs[key] = written
+        return written
+
+    async def fail(self, key: Key, reason: str, message: str) -> None:
+        """Fail the job for a reason found while applying its plan (the API server refused a child)."""
+        job = self.cache.jobs.get(key)
+        if job is None:
+            return
+        status = planner.fail_status(job, reason, message, datetime.now(timezone.utc))
+        if status != (job.get("status") or {}):
+            written = await self.write_status(key, job, status)
+            if written is not None:
+                self.recorder.transitions(job.get("status") or {}, status)
+                self.recorder.event(written, "Warning", reason, message)
+        self.queue.trigger(key)  # clean up per cleanPodPolicy
+
+    async def close(self) -> None:
+        self.queue.close()
+        await self.scopes.close()
+        await self.kube.close()

@@ -1,0 +1,16 @@
+"""The operator's functional core: what a job's children are, and the state machine that decides what to do.
+
+``plan(job, pods, services, secret, now, config) -> Plan(actions, status)``:
+
+* :mod:`.children`: the children's names, labels, ``TF_CONFIG`` and pod, Service and Secret bodies;
+* :mod:`.observed`: the projection of an observed pod that the planner reads (:class:`~.observed.ObservedPod`);
+* :mod:`.actions`: what a plan asks of the shell (create or delete a child, post an Event) and the plan itself;
+* :mod:`.status`: the job's status as a reconcile rewrites it (conditions and their reasons, counts);
+* :mod:`.planner`: the state machine, one method per lifecycle rule.
+
+Rule: purely data-manipulative. No I/O, no clock (``now`` is an argument), no randomness (the shell adds the
+token); no kopf, no Kubernetes client, no aiohttp, nothing of the shell (:mod:`kubeps.operator.kube`,
+:mod:`kubeps.operator.controller`). It may import :mod:`kubeps.operator.api` and, of the runtime, the TF_CONFIG
+model (:mod:`kubeps.runtime.cluster`) and the pod contract (:mod:`kubeps.runtime.contract`). Table-tested in
+``tests/operator/test_planner.py`` without an API server.
+"""

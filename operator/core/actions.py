@@ -1,0 +1,79 @@
+"""What a plan asks of the shell: the actions (create or delete a child, delete the job, post an Event) and
+:class:`Plan`, which carries them with the job's new status.
+
+Plain frozen data: the planner makes them, the shell (:mod:`kubeps.operator.controller`) carries them out in the
+order it chooses (the status first, then the Secret, then pods and Services at once). Repeating one is harmless:
+children have deterministic names, and a pod's delete carries its UID as a precondition.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, Union
+
+
+@dataclass(frozen=True)
+class CreateSecret:
+    name: str
+    body: dict[str, Any]  # without the token: the shell adds a random one under data[TOKEN_KEY]
+
+
+@dataclass(frozen=True)
+class CreateService:
+    name: str
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class CreatePod:
+    name: str
+    body: dict[str, Any]
+    replica_type: str
+    index: int
+
+
+@dataclass(frozen=True)
+class DeletePod:
+    name: str
+    uid: str | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class DeleteService:
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class DeleteJob:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+Action = Union[CreateSecret, CreateService, CreatePod, DeletePod, DeleteService, DeleteJob, Event]
+_A = TypeVar("_A")
+
+
+@dataclass
+class Plan:
+    """What one reconcile of one job decided."""
+
+    actions: list[Action] = field(default_factory=list)
+    #: The whole new ``status`` (JSON-ready); compare with the old one to decide whether to write it.
+    status: dict[str, Any] = field(default_factory=dict)
+    #: Reconcile again after this many seconds (deadline, TTL), or None.
+    requeue_after: float | None = None
+    #: Every desired pod, Service and the Secret are observed.
+    all_children_present: bool = False
+    terminal: bool = False
+
+    def of(self, kind: type[_A]) -> list[_A]:
+        """The actions of one kind, in the order decided."""
+        return [a for a in self.actions if isinstance(a, kind)]
