@@ -34,7 +34,8 @@ for _module, _names in {
     "server.service": "Server register_ps_method register_worker_method",
     "variables.context": "get_current_worker_index",
     "errors": (
-        "CancelledError ClosureError InsecureServerError PSUnavailableError RemoteError RuntimeConfigError "
+        "CancelledError ClosureError InsecureServerError OutOfRangeError PSUnavailableError RemoteError "
+        "RuntimeConfigError "
         "UnauthenticatedError WorkerUnavailableError"
     ),
     "variables.partitioners": "Partitioner FixedShardsPartitioner MinSizePartitioner MaxSizePartitioner",
@@ -99,7 +100,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; kept equal to _EXPORTS by 
     )
     from kubeps.runtime.errors import (
         CancelledError as CancelledError, ClosureError as ClosureError, InsecureServerError as InsecureServerError,
-        PSUnavailableError as PSUnavailableError, RemoteError as RemoteError,
+        OutOfRangeError as OutOfRangeError, PSUnavailableError as PSUnavailableError, RemoteError as RemoteError,
         RuntimeConfigError as RuntimeConfigError, UnauthenticatedError as UnauthenticatedError,
         WorkerUnavailableError as WorkerUnavailableError,
     )

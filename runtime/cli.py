@@ -153,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_help=False,
     )
     sub.add_parser("version", help="print the kubeps version")
+    sub.add_parser("validate", help="check PSTrainingJob manifests before applying them (kubeps validate FILE...)")
     return parser
 
 
@@ -174,6 +175,42 @@ def _run_operator(argv: list[str]) -> int:
         return 1
     result = operator_main(argv)
     return int(result or 0)
+
+
+VALIDATE_USAGE = (
+    "usage: kubeps validate FILE...\n\nCheck PSTrainingJob manifests as the API server would (schema, unknown "
+    "fields, the CRD's CEL rules) and print every error.\nExit status: 0 valid, 1 invalid, 2 usage error.\n"
+)
+
+
+def _run_validate(argv: list[str]) -> int:
+    """``kubeps validate FILE...``: the checks are :mod:`kubeps.operator.api.validate`'s; this reads and prints."""
+    if any(arg in ("-h", "--help") for arg in argv):
+        sys.stdout.write(VALIDATE_USAGE)
+        return 0
+    if not argv:
+        sys.stderr.write(VALIDATE_USAGE)
+        return USAGE_ERROR
+    try:
+        from kubeps.operator.api import validate  # noqa: PLC0415 - loads the CRD models, only here
+    except ImportError as err:
+        sys.stderr.write(f"kubeps validate: not available ({err}); install kubeps[validate]\n")
+        return USAGE_ERROR
+    missing = validate.missing_dependency()
+    if missing:
+        sys.stderr.write(f"kubeps validate: not available ({missing})\n")
+        return USAGE_ERROR
+    texts = []
+    for name in argv:
+        try:
+            with open(name, encoding="utf-8") as f:
+                texts.append((name, f.read()))
+        except (OSError, UnicodeDecodeError) as err:
+            sys.stderr.write(f"kubeps validate: cannot read {name}: {getattr(err, 'strerror', None) or err}\n")
+            return USAGE_ERROR
+    status, lines = validate.check_files(texts)
+    sys.stdout.write("".join(f"{line}\n" for line in lines))
+    return status
 
 
 def _run_local(args: argparse.Namespace, script_args: list[str]) -> int:
@@ -209,10 +246,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "operator":  # everything after it belongs to the operator, options included
         return _run_operator(argv[1:])
+    if argv and argv[0] == "validate":
+        return _run_validate(argv[1:])
     parser = build_parser()
     own, script_args = _split_script_args(argv)
     try:
-        args = parser.parse_args(own)
+        args, unknown = parser.parse_known_args(own)
+        if unknown and args.command == "local":
+            # the usual slip: `kubeps local x.py --steps 5`, the script's own flags without '--' before them
+            args._local_parser.error(
+                f"unrecognized arguments: {' '.join(unknown)}; arguments for the script go after '--': "
+                f"kubeps local {args.script} [OPTIONS] -- {' '.join(unknown)}"
+            )
+        if unknown:
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
         if script_args and args.command != "local":
             parser.error(f"'--' arguments are only for 'kubeps local', got {script_args}")
         if args.command == "version":

@@ -10,6 +10,7 @@ __all__ = [
     "CancelledError",
     "InsecureServerError",
     "LimitExceededError",
+    "OutOfRangeError",
     "PSUnavailableError",
     "RemoteError",
     "ResourceMissingError",
@@ -103,6 +104,12 @@ def _rebuild_ps_unavailable(ps_index: int, address: str, message: str, code: str
 
 class WorkerUnavailableError(RemoteError):
     """A worker cannot be reached (its closure is re-queued; the coordinator waits for it to come back)."""
+
+
+class OutOfRangeError(Exception):
+    """A scheduled function read past the end of its input: a per-worker dataset's iterator ran out (TensorFlow's
+    ``tf.errors.OutOfRangeError``). The message names the worker; make the dataset ``.repeat()`` or schedule fewer
+    steps."""
 
 
 class ResourceMissingError(RuntimeError):

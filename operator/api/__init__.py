@@ -3,7 +3,9 @@
 * :mod:`.models`: ``kubeps.dev/v1alpha1`` as pydantic models, the source of truth;
 * :mod:`.crd`: the CustomResourceDefinition (``python -m kubeps.operator.api.crd``, committed under ``deploy/``
   and the chart);
-* :mod:`.reference`: ``docs/crd-reference.md`` (``python -m kubeps.operator.api.reference``).
+* :mod:`.reference`: ``docs/crd-reference.md`` (``python -m kubeps.operator.api.reference``);
+* :mod:`.validate`: ``kubeps validate``'s checks of manifests (the CRD's schema, unknown fields, its CEL rules), on
+  texts given to it (jsonschema and cel-python loaded only there).
 
 Rule: the bottom of the operator. Purely declarative: no I/O (the generators only print), no clock, and no import
 of the rest of the operator, of kopf, of a Kubernetes client or of aiohttp; of the runtime, only the pod contract

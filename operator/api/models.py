@@ -11,7 +11,6 @@ whose errors name the field, so the planner can fail the job with a clear messag
 
 from __future__ import annotations
 
-import re
 from enum import Enum
 from typing import Annotated, Any
 
@@ -85,6 +84,8 @@ _PRESERVE: JsonDict = {"x-kubernetes-preserve-unknown-fields": True}
 
 
 class ContainerPort(BaseModel):
+    """A container port; the operator looks for the one named kubeps-port (or tfjob-port), default 2222."""
+
     model_config = ConfigDict(extra="allow", json_schema_extra=_PRESERVE)
 
     name: str | None = Field(None, max_length=15, pattern=_PORT_NAME)
@@ -102,6 +103,8 @@ class Container(BaseModel):
 
 
 class PodSpec(BaseModel):
+    """A pod spec; the operator reads its containers, every other field is kept as written."""
+
     model_config = ConfigDict(extra="allow", json_schema_extra=_PRESERVE)
 
     containers: list[Container] = Field(
@@ -163,6 +166,9 @@ class EvaluatorSpec(ReplicaSpec):
 
 
 class ReplicaSpecs(BaseModel):
+    """The job's roles, as TFJob's tfReplicaSpecs: Chief (exactly 1), PS (1 or more), Worker (1 or more) and an
+    optional Evaluator (0 or 1), each with its replicas, restartPolicy and pod template."""
+
     model_config = ConfigDict(extra="ignore")
 
     Chief: ChiefSpec
@@ -179,6 +185,9 @@ ExitCode = Annotated[int, Field(ge=1, le=255)]
 
 
 class RunPolicy(BaseModel):
+    """How the job runs as a whole: cleanup, restarts allowed, deadlines, TTL, suspension and retryable exit
+    codes."""
+
     model_config = ConfigDict(extra="ignore")
 
     cleanPodPolicy: CleanPodPolicy = Field(
@@ -251,6 +260,9 @@ _EMPTY_DEFAULT: JsonDict = {"default": {}}
 
 
 class PSTrainingJobSpec(BaseModel):
+    """The desired job: its roles (replicaSpecs) and how it runs (runPolicy). Only Worker replicas and runPolicy
+    may change while the job is not suspended."""
+
     model_config = ConfigDict(extra="ignore", json_schema_extra={"x-kubernetes-validations": IMMUTABILITY_RULES})
 
     replicaSpecs: ReplicaSpecs
@@ -285,6 +297,8 @@ class ConditionType(str, Enum):
 
 
 class Condition(BaseModel):
+    """One condition of the job (Created, Running, Restarting, Succeeded, Failed, Suspended), as in TFJob."""
+
     model_config = ConfigDict(extra="ignore")
 
     type: ConditionType
@@ -296,6 +310,8 @@ class Condition(BaseModel):
 
 
 class ReplicaStatus(BaseModel):
+    """Pod counts of one role."""
+
     model_config = ConfigDict(extra="ignore")
 
     active: int = 0
@@ -306,6 +322,9 @@ class ReplicaStatus(BaseModel):
 
 
 class PSTrainingJobStatus(BaseModel):
+    """What the operator observed: conditions, per-role counts, times and restart counters (written by the
+    operator only)."""
+
     model_config = ConfigDict(extra="ignore")
 
     conditions: list[Condition] = Field(
@@ -354,9 +373,28 @@ def parse_spec(spec: Any) -> PSTrainingJobSpec:
         raise SpecError(field, f"{first['msg']} (got {text})") from None
 
 
+def name_problem(name: str) -> str | None:
+    """What makes ``name`` an invalid job name (a DNS-1035 label of at most :data:`MAX_JOB_NAME` characters), in
+    words that point at the culprit (``'_' at index 3``), or None when it is valid."""
+    if not name:
+        return "it is empty; a name starts with a lower-case letter"
+    problems = []
+    if len(name) > MAX_JOB_NAME:
+        problems.append(f"it has {len(name)} characters, at most {MAX_JOB_NAME} are allowed (so that "
+                        "<job>-evaluator-0 and <job>-worker-<index> are DNS labels of at most 63)")
+    bad = [(i, c) for i, c in enumerate(name) if not (c.islower() and c.isascii() or c.isdigit() or c == "-")]
+    if bad:
+        shown = ", ".join(f"{c!r} at index {i}" for i, c in bad[:5]) + (", ..." if len(bad) > 5 else "")
+        problems.append(f"{shown}: only lower-case letters a-z, digits and '-' are allowed")
+    if not ("a" <= name[0] <= "z"):
+        problems.append(f"it starts with {name[0]!r}: a name starts with a lower-case letter")
+    if name[-1] == "-":
+        problems.append("it ends with '-': a name ends with a letter or digit")
+    return "; ".join(problems) or None
+
+
 def check_name(name: str) -> None:
     """The job-name rules of :data:`NAME_RULES`, for API servers that did not enforce them."""
-    if len(name) > MAX_JOB_NAME:
-        raise SpecError("", f"metadata.name {name!r} is longer than {MAX_JOB_NAME} characters")
-    if not re.match(JOB_NAME_PATTERN, name):
-        raise SpecError("", f"metadata.name {name!r} is not a DNS-1035 label (must start with a letter)")
+    problem = name_problem(name)
+    if problem is not None:
+        raise SpecError("", f"metadata.name {name!r} is not a valid job name (a DNS-1035 label): {problem}")

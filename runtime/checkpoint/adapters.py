@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import numpy as np
-from kubeps.runtime.rpc.protocol import optimizer_key
 from kubeps.runtime.variables.variable import ShardedVariable, Variable
 from kubeps.runtime.checkpoint.format import tensor_rows
 from kubeps.runtime.checkpoint.saveables import LocalExecutor, PSExecutor, Saveable, ShardRef, register_saveable
@@ -14,10 +13,6 @@ from kubeps.runtime.checkpoint.saveables import LocalExecutor, PSExecutor, Savea
 
 
 # -- kubeps variables ------------------------------------------------------------------------------------------
-def _config_key_of(optimizer: Any) -> str:
-    return optimizer_key(optimizer.get_config())  # the PS keys slots by this: local variables must match
-
-
 class _LocalVariableAccess:
     """:class:`ShardAccess` over local :class:`~kubeps.runtime.variables.variable.Variable` objects (coordinator-side)."""
 
@@ -27,7 +22,7 @@ class _LocalVariableAccess:
     def snapshot(self, key):
         var = self.variables[key]
         value, optimizer_slots, updates = var.local_state()
-        slots = {_config_key_of(opt): {n: a.copy() for n, a in group.items()} for opt, group in optimizer_slots}
+        slots = {okey: {n: a.copy() for n, a in group.items()} for okey, group in optimizer_slots.items()}
         return value.copy(), slots, updates
 
     def describe(self, key):
@@ -41,12 +36,10 @@ class _LocalVariableAccess:
         array[...] = value
         if updates is not None:
             var.set_local_updates(updates)
-        for opt, group in optimizer_slots:  # slots of optimizers this process already has
-            saved = (slots or {}).get(_config_key_of(opt))
-            if saved:
-                for name, arr in saved.items():
-                    if name in group:
-                        group[name][...] = arr
+        if slots is not None:  # as a ps loads them: the next update with that optimizer class goes on from them
+            optimizer_slots.clear()
+            optimizer_slots.update({okey: {n: np.array(a, copy=True) for n, a in group.items()}
+                                    for okey, group in slots.items()})
 
 
 def _variable_shards(variables: Sequence[Any], rows: Sequence[tuple[int, int]]) -> list[ShardRef]:

@@ -203,6 +203,13 @@ class Checkpoint:
                     f"variable {sv.name!r}: expected shape {list(sv.shape)} dtype {dtype}, checkpoint {path} has "
                     f"shape {entry.shape} dtype {entry.dtype}"
                 )
+            for okey, group in entry.slots.items():
+                for sname, t in group.items():
+                    if t.shape != entry.shape:
+                        raise CheckpointMismatchError(
+                            f"variable {sv.name!r}: {okey} slot {sname!r} in checkpoint {path} has shape {t.shape}; "
+                            f"expected the variable's shape {entry.shape} (slots are shaped like their variable)"
+                        )
             for shard in sv.shards:
                 value = TensorEntry(shape=entry.shape, dtype=entry.dtype,
                                     slices=[s for s, _, _ in overlapping(entry.slices, shard.start, shard.stop)]

@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 from typing import Iterable, Any, Sequence
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, StrictInt, ValidationError, field_validator, model_validator
 
+from kubeps.runtime.rpc.protocol import legacy_slot_key
 from kubeps.runtime.util import npyfiles
 from kubeps.runtime.util.storage import Storage, normalize_path, storage_for
+
+log = logging.getLogger("kubeps.runtime.checkpoint.format")
 
 
 #: Version of the manifest format this module writes and reads.
@@ -139,9 +143,30 @@ class TensorEntry(BaseModel):
 
 
 class VariableEntry(TensorEntry):
-    """A logical variable, with its optimizer slots: ``{optimizer config key: {slot name: tensor}}``."""
+    """A logical variable, with its optimizer slots: ``{optimizer class: {slot name: tensor}}``.
+
+    Checkpoints written before issue 23 keyed slots by the optimizer's whole config (JSON); they are read with their
+    keys mapped to the class. Where such a checkpoint holds two slot sets of one class (a resume with another
+    learning rate started a second set), the first in the manifest is kept and a warning names the other."""
 
     slots: dict[str, dict[str, TensorEntry]] = {}
+
+    @field_validator("slots", mode="before")
+    @classmethod
+    def _slot_keys(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        merged: dict[str, Any] = {}
+        for key, group in value.items():
+            if not isinstance(key, str):
+                return value  # the type check says what is wrong
+            new = legacy_slot_key(key)
+            if new in merged:
+                log.warning("checkpoint holds two %s slot sets for one variable (written before slots were keyed "
+                            "by optimizer class); restoring the first, ignoring the one saved under %s", new, key)
+                continue
+            merged[new] = group
+        return merged
 
     @model_validator(mode="after")
     def _complete(self) -> "VariableEntry":

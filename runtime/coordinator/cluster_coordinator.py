@@ -45,6 +45,7 @@ from kubeps.runtime.data.distribute import DistributedDataset
 from kubeps.runtime.variables.context import current_input_context
 from kubeps.runtime.errors import (
     ClosureError,
+    OutOfRangeError,
     PSUnavailableError,
     RemoteError,
     ResourceMissingError,
@@ -346,7 +347,7 @@ class ClusterCoordinator:
                 log.warning("rebuilding %s on worker %d failed: %s", resource_id, worker.index, err)
                 return False
             if meta.get("status") != "ok":
-                error = self._closure_error(meta, arrays)
+                error = self._closure_error(meta, arrays, worker)
                 log.error("rebuilding %s on worker %d raised %r", resource_id, worker.index, error)
                 if meta.get("status") == "error":
                     self._queue.set_error(error)
@@ -444,7 +445,7 @@ class ClusterCoordinator:
             self.failures.handle_ps_error(closure, int(meta.get("ps_index", -1)), meta.get("message", ""),
                                  restarted=bool(meta.get("restarted")))
         else:
-            self._queue.mark_failed(closure, self._closure_error(meta, arrays))
+            self._queue.mark_failed(closure, self._closure_error(meta, arrays, worker))
             self._closure_done()
 
     # -- watchdog ----------------------------------------------------------------------------------------------
@@ -470,19 +471,29 @@ class ClusterCoordinator:
         return join_structure(skeleton, arrays[1:])
 
     @staticmethod
-    def _closure_error(meta: dict[str, Any], arrays: list[np.ndarray]) -> BaseException:
+    def _closure_error(meta: dict[str, Any], arrays: list[np.ndarray], worker: _WorkerHandle) -> BaseException:
+        """The exception a function raised on ``worker``, rebuilt, with a note naming the worker and holding its
+        traceback (``ClosureError`` when it cannot be rebuilt). A ``StopIteration`` -- a per-worker iterator that ran
+        out -- becomes ``OutOfRangeError``, as in TensorFlow."""
         blob = arrays[0].tobytes() if arrays else b""
         remote_tb = meta.get("traceback", "")
+        where = f"worker {worker.index} (/job:worker/task:{worker.index} at {worker.address})"
+        error: Any = None
         if blob:
             try:
                 error = pickle.loads(blob)
             except Exception:  # noqa: BLE001 - fall back to the text
                 error = None
-            if isinstance(error, BaseException):
-                if remote_tb and hasattr(error, "add_note"):
-                    error.add_note(f"raised on the worker:\n{remote_tb.rstrip()}")
-                return error
-        return ClosureError(meta.get("type", "Error"), meta.get("message", ""), remote_tb)
+        if isinstance(error, StopIteration) or (error is None and meta.get("type") == "StopIteration"):
+            error = OutOfRangeError(
+                f"End of sequence on {where}: a scheduled function called next() on an iterator that ran out (a "
+                f"per-worker dataset without .repeat()); make the dataset repeat, or schedule no more steps than "
+                f"it has batches")
+        if not isinstance(error, BaseException):
+            error = ClosureError(meta.get("type", "Error"), f"{meta.get('message', '')} (raised on {where})", remote_tb)
+        if hasattr(error, "add_note"):
+            error.add_note(f"raised on {where}" + (f":\n{remote_tb.rstrip()}" if remote_tb else ""))
+        return error
 
     # -- worker failures ---------------------------------------------------------------------------------------
     def handle_worker_failure(self, worker: _WorkerHandle, closure: Closure | None, error: BaseException) -> None:

@@ -36,6 +36,7 @@ class Heartbeat:
         self.sent_at = float("-inf")     # send time of the newest ping
         self.future: Future | None = None
         self.last_error: BaseException | None = None
+        self.answered = False  # whether the peer ever answered: one that never listened is starting, not dead
 
     def collect(self) -> BaseException | None:
         """Take the result of a finished ping: None if it was answered (or none finished), else its error."""
@@ -47,6 +48,7 @@ class Heartbeat:
         if error is None:
             self.last_ok = max(self.last_ok, self.sent_at)
             self.last_error = None
+            self.answered = True
             return None
         self.last_error = error
         return error
@@ -206,6 +208,11 @@ class FailureDetector:
         if beat.due(now, self.heartbeat_interval):
             beat.sent_at = now
             beat.future = self._ping_submit(self.strategy.transport.call, ps, PING, timeout=self.ping_timeout)
+        if not beat.answered and not getattr(self.strategy, "ps_ready", True):
+            # a ps that never answered while the strategy has not seen every ps yet is starting, not dead: the
+            # strategy waits for it (ps_startup_timeout) and says so itself
+            beat.last_ok = now
+            return
         silent = now - beat.last_ok
         if silent >= self._dead_after and ps not in self.ps_failed:
             last = beat.last_error

@@ -9,6 +9,7 @@ too. Variables created outside any scope stay local to the coordinator.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from typing import Any, Callable, Iterator
@@ -25,10 +26,15 @@ from kubeps.runtime.rpc.security import load_job_token
 from kubeps.runtime.util.threads import limit_math_threads
 from kubeps.runtime.models.xla import size_cpu_backend_if_loaded
 from kubeps.runtime.rpc.transport import PSTransport
-from kubeps.runtime.variables.variable import ShardedVariable, Variable
+from kubeps.runtime.variables.variable import ShardedVariable, Variable, variable_array
 from kubeps.runtime.rpc.protocol import PING, PS
 
 __all__ = ["ParameterServerStrategy"]
+
+log = logging.getLogger("kubeps.runtime.coordinator.strategy")
+
+#: a normal start (every ps answers within this many seconds) is not announced
+STARTUP_QUIET_S = 1.0
 
 
 class ParameterServerStrategy:
@@ -49,6 +55,17 @@ class ParameterServerStrategy:
         if variable_partitioner is not None and not callable(variable_partitioner):
             raise RuntimeConfigError("variable_partitioner", variable_partitioner,
                                      "must be None or a callable partitioner(shape, dtype) -> [num_shards, 1, ...]")
+        task_type = getattr(cluster_resolver, "task_type", None)
+        if task_type in ("ps", "worker"):
+            # every task runs the same program: one that builds the strategy on a ps or worker would start no
+            # server, and every coordinator in the job would wait for servers that never come
+            raise RuntimeConfigError(
+                "TF_CONFIG.task.type", task_type,
+                "ParameterServerStrategy runs on the chief (the coordinator) only; a 'ps' or 'worker' task runs a "
+                "server instead: branch on the task type, e.g. `if resolver.task_type in ('ps', 'worker'): "
+                "kp.Server(resolver.cluster_spec(), job_name=resolver.task_type, task_index=resolver.task_id)"
+                ".join()` (as the README's example does)",
+            )
         spec = cluster_resolver.cluster_spec()
         spec = spec if isinstance(spec, ClusterSpec) else ClusterSpec(spec)
         jobs = spec.as_dict()
@@ -121,24 +138,56 @@ class ParameterServerStrategy:
         finally:
             _context.pop_strategy(self)
 
+    @property
+    def ps_ready(self) -> bool:
+        """Whether every parameter server has answered once (:meth:`wait_for_parameter_servers`)."""
+        return self._ps_ready
+
+    @property
+    def ps_startup_timeout(self) -> float:
+        return self._ps_startup_timeout
+
     def wait_for_parameter_servers(self, timeout: float | None = None) -> None:
         """Block until every ps answers a ping; raise ``PSUnavailableError`` naming the first silent one.
 
         Called before the first variable is created; a wrong job token fails at once (it will not get better).
-        """
+        While it waits it says so, for how long and for which addresses (tasks of a job start together, so a
+        parameter server that does not listen yet is normal for a few seconds)."""
         if self._ps_ready:
             return
-        deadline = time.monotonic() + (self._ps_startup_timeout if timeout is None else timeout)
-        for ps in range(self.num_ps):
-            while True:
+        limit = self._ps_startup_timeout if timeout is None else timeout
+        began = time.monotonic()
+        silent = list(range(self.num_ps))
+        errors: dict[int, PSUnavailableError] = {}
+        announced = False
+        while silent:
+            for ps in list(silent):
                 try:
                     self._transport.call(ps, PING, timeout=1.0)
-                    break
-                except PSUnavailableError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.1)
+                    silent.remove(ps)
+                except PSUnavailableError as err:
+                    errors[ps] = err
+            if not silent:
+                break
+            waited = time.monotonic() - began
+            if waited > limit:
+                first = silent[0]
+                raise PSUnavailableError(
+                    first, self.ps_addresses[first],
+                    f"no answer within ps_startup_timeout={limit:g} s (the chief waits that long for every "
+                    f"parameter server to start; still silent: {self._describe_ps(silent)}); last error: "
+                    f"{errors[first]}", code=errors[first].code)
+            if not announced and waited >= STARTUP_QUIET_S:
+                log.warning("waiting up to %g s (ps_startup_timeout) for %d parameter server(s) to answer: %s",
+                            limit, len(silent), self._describe_ps(silent))
+                announced = True
+            time.sleep(0.1)
+        if announced:
+            log.warning("every parameter server answered after %.1f s", time.monotonic() - began)
         self._ps_ready = True
+
+    def _describe_ps(self, indices: list[int]) -> str:
+        return ", ".join(f"/job:ps/task:{ps} at {self.ps_addresses[ps]}" for ps in indices)
 
     # -- variable creation -----------------------------------------------------------------------------------
     def _unique_name(self, name: str, shards: int = 1) -> str:
@@ -180,12 +229,7 @@ class ParameterServerStrategy:
                         shape: Any = None) -> Variable | ShardedVariable:
         """What ``Variable(...)`` does inside ``scope()``: place (and maybe shard) it on the parameter servers."""
         value = initial_value() if callable(initial_value) else initial_value
-        try:
-            array = np.array(value, dtype=np.dtype(dtype) if dtype is not None else None, copy=True)
-        except TypeError as err:
-            raise RuntimeConfigError("initial_value", type(value).__name__, f"must be array-like ({err})") from None
-        if array.dtype == object:
-            raise RuntimeConfigError("initial_value", type(value).__name__, "must be a numeric array")
+        array = variable_array(value, dtype)
         if shape is not None and tuple(array.shape) != tuple(shape):
             raise RuntimeConfigError("shape", shape, f"the initial value has shape {list(array.shape)}")
         self.wait_for_parameter_servers()

@@ -14,6 +14,7 @@ import contextlib
 import os
 import threading
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
@@ -21,7 +22,8 @@ import numpy as np
 
 from kubeps.runtime.contract import MAX_ANSWER_BYTES_ENV, MAX_SLOT_SETS_ENV, NONFINITE_GRADIENTS_ENV
 from kubeps.runtime.errors import LimitExceededError, RuntimeConfigError
-from kubeps.runtime.rpc.protocol import optimizer_key
+from kubeps.runtime.rpc.protocol import optimizer_key, slot_key
+from kubeps.runtime.variables.slots import slots_for
 
 __all__ = [
     "DEFAULT_MAX_SLOT_SETS",
@@ -29,6 +31,10 @@ __all__ = [
     "PSVariable",
     "UnknownVariableError",
 ]
+
+
+#: how many optimizer configurations a ps keeps an optimizer object for (slots do not depend on it)
+MAX_OPTIMIZERS = 16
 
 
 class UnknownVariableError(KeyError):
@@ -45,7 +51,7 @@ class PSVariable:
     name: str
     value: np.ndarray
     lock: threading.Lock = field(default_factory=threading.Lock)
-    #: optimizer config key -> slot arrays (created on the first push with that optimizer)
+    #: optimizer class -> slot arrays (created on the first push with that class; see ``variables.slots``)
     slots: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
     #: number of optimizer updates applied so far (the ``step`` the next update sees is ``updates + 1``)
     updates: int = 0
@@ -56,7 +62,6 @@ DEFAULT_MAX_SLOT_SETS = 8
 #: the largest answer a read builds (``KUBEPS_MAX_ANSWER_BYTES``)
 DEFAULT_MAX_ANSWER_BYTES = 1 << 30
 #: how many built optimizers a parameter server caches (they are rebuilt from their config when evicted)
-_MAX_CACHED_OPTIMIZERS = 64
 
 
 def _env_int(name: str, default: int, lo: int) -> int:
@@ -111,7 +116,9 @@ class ParameterServerState:
         self.variables: dict[str, PSVariable] = {}
         self._lock = threading.Lock()  # guards the dict itself, never held during math
         self._optimizer_factory = optimizer_factory or _default_optimizer_factory
-        self._optimizers: dict[str, Any] = {}
+        #: optimizer config (canonical JSON) -> (slot key, optimizer): the most recent ones only, so a program that
+        #: pushes a new learning rate every step does not grow it
+        self._optimizers: OrderedDict[str, tuple[str, Any]] = OrderedDict()
         #: the most slot sets one variable may hold (``KUBEPS_MAX_SLOT_SETS``): a push that would add one more is
         #: refused, so a client cycling through optimizer configs cannot grow a ps's memory without bound
         self.max_slot_sets = (_env_int(MAX_SLOT_SETS_ENV, DEFAULT_MAX_SLOT_SETS, 1) if max_slot_sets is None
@@ -189,16 +196,21 @@ class ParameterServerState:
                     var.value += value
 
     # -- optimizer updates -------------------------------------------------------------------------------------
-    def optimizer(self, config: dict[str, Any]):
+    def optimizer(self, config: dict[str, Any]) -> tuple[str, Any]:
+        """``(slot key, optimizer)`` for ``config``: the slot key is the optimizer's class (slots survive a
+        hyperparameter change); the optimizer object is cached per whole config, at most ``MAX_OPTIMIZERS``."""
         key = optimizer_key(config)
-        opt = self._optimizers.get(key)
-        if opt is None:
-            opt = self._optimizer_factory(config)
-            with self._lock:
-                if len(self._optimizers) >= _MAX_CACHED_OPTIMIZERS:  # a cache: bounded, the oldest goes first
-                    del self._optimizers[next(iter(self._optimizers))]
-                opt = self._optimizers.setdefault(key, opt)
-        return key, opt
+        with self._lock:
+            entry = self._optimizers.get(key)
+            if entry is not None:
+                self._optimizers.move_to_end(key)
+                return entry
+        entry = (slot_key(config), self._optimizer_factory(config))
+        with self._lock:
+            entry = self._optimizers.setdefault(key, entry)
+            while len(self._optimizers) > MAX_OPTIMIZERS:
+                self._optimizers.popitem(last=False)
+        return entry
 
     def apply_dense(self, name: str, config: dict[str, Any], grad: np.ndarray) -> int:
         """Apply a dense gradient with the optimizer ``config`` describes; returns the variable's update count."""
@@ -235,7 +247,10 @@ class ParameterServerState:
                         f"{list(expected)} (one row per index, rows shaped like the variable's "
                         f"{list(var.value.shape[1:])})"
                     )
-                grad = self._cast(var, values, "values")
+                if values.dtype != var.value.dtype:  # no silent cast, as in TensorFlow
+                    raise ValueError(f"sparse gradient for {name!r}: 'values' has dtype {values.dtype}; the variable "
+                                     f"is {var.value.dtype} (kubeps does not cast: send {var.value.dtype})")
+                grad = values
             if not self.allow_nonfinite and not _all_finite(grad):
                 raise ValueError(f"updates[{i}]: the gradient for {name!r} holds NaN or infinite values; allowed: "
                                  f"finite values (set {NONFINITE_GRADIENTS_ENV}=allow on the ps to apply them)")
@@ -253,16 +268,14 @@ class ParameterServerState:
                     if len(var.slots) >= self.max_slot_sets:
                         raise LimitExceededError(
                             "optimizer", config,
-                            f"variable {var.name!r} already holds slots for {len(var.slots)} optimizer "
-                            f"configurations, the most a variable may hold ({MAX_SLOT_SETS_ENV}="
+                            f"variable {var.name!r} already holds slots for {len(var.slots)} optimizer classes "
+                            f"({sorted(var.slots)}), the most a variable may hold ({MAX_SLOT_SETS_ENV}="
                             f"{self.max_slot_sets}); push with one of the optimizers it was trained with"
                         )
-                    new_slots[id(var)] = (var, opt.init_slots(var.value))
-            # nothing below can be refused: apply every update
-            for var, slots in new_slots.values():
-                var.slots[key] = slots
+                    new_slots[id(var)] = var
+            # nothing below can be refused: apply every update (slots_for creates the new slot sets)
             for (var, idx, grad), step in zip(checked, planned):
-                slots = var.slots[key]
+                slots = slots_for(var.slots, key, opt, var.value, var.name)
                 if idx is None:
                     opt.apply_dense(var.value, grad, slots, step)
                 else:
@@ -307,7 +320,7 @@ class ParameterServerState:
         return var.value.shape, var.value.dtype
 
     def snapshot(self, name: str) -> tuple[np.ndarray, dict[str, dict[str, np.ndarray]], int]:
-        """A consistent copy of variable ``name``: ``(value, {optimizer key: {slot: array}}, updates)``."""
+        """A consistent copy of variable ``name``: ``(value, {optimizer class: {slot: array}}, updates)``."""
         var = self.get(name)
         with var.lock:
             slots = {okey: {s: np.array(a, copy=True) for s, a in group.items()} for okey, group in var.slots.items()}
@@ -360,21 +373,14 @@ class ParameterServerState:
 
     @staticmethod
     def _cast(var: PSVariable, value: np.ndarray, what: str) -> np.ndarray:
-        """``value`` in the variable's dtype, refused when the cast would change its meaning: another kind
-        (complex into real, float into int), or integers that do not fit (uint64 max into int64)."""
-        target = var.value.dtype
-        if value.dtype == target:
-            return value
-        if not np.can_cast(value.dtype, target, casting="same_kind"):
-            raise ValueError(f"{what} for variable {var.name!r} has dtype {value.dtype}; the variable is {target} "
-                             f"(allowed: {target} or a dtype that casts to it without losing its kind)")
-        if target.kind in "iu" and value.size and not np.can_cast(value.dtype, target, casting="safe"):
-            info = np.iinfo(target)
-            lo, hi = int(value.min()), int(value.max())
-            if lo < info.min or hi > info.max:
-                raise ValueError(f"{what} for variable {var.name!r} holds {lo if lo < info.min else hi}, which "
-                                 f"{target} cannot hold (allowed: {info.min}..{info.max})")
-        return value.astype(target)
+        """``value`` unchanged when it has the variable's dtype; any other dtype is refused, as TensorFlow refuses
+        it (no silent cast: a float64 gradient into a float32 variable, uint64 into int64, complex into real)."""
+        if value.dtype != var.value.dtype:
+            raise ValueError(
+                f"{what} for variable {var.name!r} has dtype {value.dtype}; the variable is {var.value.dtype} "
+                f"(kubeps does not cast: send {var.value.dtype})"
+            )
+        return value
 
     @staticmethod
     def _check_rows(var: PSVariable, indices: np.ndarray, what: str) -> np.ndarray:

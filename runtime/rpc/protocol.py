@@ -42,6 +42,8 @@ __all__ = [
     "SaveShardsRequest",
     "UpdateSpec",
     "optimizer_key",
+    "legacy_slot_key",
+    "slot_key",
 ]
 
 #: the gRPC service of a parameter server; of a worker
@@ -174,6 +176,31 @@ class ClosureAnswer(TypedDict, total=False):
 
 
 def optimizer_key(config: dict[str, Any]) -> str:
-    """The key a variable's slots are kept under on a ps: the optimizer's config as canonical JSON (checkpoints of
-    local variables key their slots the same way)."""
+    """The identity of one optimizer configuration, as canonical JSON: a ps keeps one optimizer object per key (its
+    learning rate, schedule and other hyperparameters). Slots are *not* keyed by this: see :func:`slot_key`."""
     return json.dumps(config, sort_keys=True, separators=(",", ":"))
+
+
+def slot_key(config: dict[str, Any]) -> str:
+    """The key a variable's slots are kept under, on a ps, in a local variable and in checkpoints: the optimizer's
+    class name (``"Adagrad"``), as TensorFlow keys a slot by its optimizer and slot name. So a learning-rate or
+    other hyperparameter change keeps the slots (an Adagrad accumulator survives a resume with another rate), and a
+    different optimizer (Ftrl after Adagrad) gets slots of its own."""
+    name = config.get("class_name") if isinstance(config, dict) else None
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"optimizer config field 'class_name' has invalid value {name!r}: must be the optimizer's "
+                         f"class name, as in {{'class_name': 'Adagrad', 'config': {{...}}}}")
+    return name
+
+
+def legacy_slot_key(key: str) -> str:
+    """A slot key as checkpoints before issue 23 wrote it (the optimizer's whole config as JSON) mapped to
+    :func:`slot_key`; a current key is returned as it is."""
+    if not key.startswith("{"):
+        return key
+    try:
+        config = json.loads(key)
+    except ValueError:
+        raise ValueError(f"slot group key {key[:80]!r} is neither an optimizer class name nor an optimizer config "
+                         f"(JSON)") from None
+    return slot_key(config)

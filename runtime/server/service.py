@@ -105,11 +105,22 @@ def _client_of(context: Any) -> str:
 _TRIM_EVERY_S = 2.0
 
 
+#: glibc's ``mallopt`` parameter for the size from which a block gets its own mapping (returned to the system on
+#: free). glibc raises it dynamically after each big free (up to 32 MiB), after which a ps's multi-MB tensors are
+#: carved out of the per-thread arenas and kept there: with 64 handler threads, tens of MB held after a burst.
+_M_MMAP_THRESHOLD = -3
+#: tensors from 1 MiB up are mapped on their own: freed, they leave the process
+_MMAP_THRESHOLD_BYTES = 1 << 20
+
+
 def _malloc_trim() -> Any:
     try:
-        return ctypes.CDLL("libc.so.6").malloc_trim
+        libc = ctypes.CDLL("libc.so.6")
+        trim = libc.malloc_trim
+        libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)  # a fixed threshold also stops the dynamic one
     except (OSError, AttributeError):  # not glibc: nothing to trim
         return None
+    return trim
 
 
 _TRIM = _malloc_trim()

@@ -68,6 +68,7 @@ _READS = PS.READS
 _local = threading.local()
 _scope_lock = threading.Lock()
 _scope_stack: list[Any] = []  # strategies, innermost last (scopes are process-wide, as in TF's default graph)
+_worker_processes: set[int] = set()  # the worker index(es) this process serves (one, except in tests)
 
 
 class ClosureContext:
@@ -196,15 +197,30 @@ def set_closure_context(ctx: ClosureContext | None) -> ClosureContext | None:
     return previous
 
 
+def register_worker_process(worker_index: int) -> None:
+    """This process serves worker ``worker_index`` (``WorkerState`` calls it): threads that run no closure, such
+    as a dataset's ``prefetch`` thread, still know which worker they are on."""
+    with _scope_lock:
+        _worker_processes.add(int(worker_index))
+
+
 def get_current_worker_index() -> int:
-    """The index of the worker running the current scheduled function or dataset function (TF's name)."""
+    """The index of the worker running the current scheduled function or dataset function (TF's name).
+
+    Any thread of a worker process knows it (a generator behind ``.prefetch()`` runs in a thread of its own)."""
     ctx = current_closure_context()
-    if ctx is None:
-        raise RuntimeError(
-            "get_current_worker_index() must be called inside a function running on a worker (a function passed "
-            "to ClusterCoordinator.schedule or create_per_worker_dataset); this code runs on the coordinator"
-        )
-    return ctx.worker_index
+    if ctx is not None:
+        return ctx.worker_index
+    with _scope_lock:
+        workers = sorted(_worker_processes)
+    if len(workers) == 1:
+        return workers[0]
+    where = ("this process serves no worker: it is the coordinator or another task" if not workers else
+             f"this process serves workers {workers} and this thread runs no function of theirs")
+    raise RuntimeError(
+        "get_current_worker_index() must be called inside a function running on a worker (a function passed "
+        f"to ClusterCoordinator.schedule or create_per_worker_dataset, or a dataset it builds); {where}"
+    )
 
 
 def current_input_context(num_workers: int) -> Any:

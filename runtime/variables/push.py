@@ -19,18 +19,18 @@ from kubeps.runtime.variables import context as _context
 from kubeps.runtime.errors import RuntimeConfigError
 from kubeps.runtime.variables.indexed_slices import IndexedSlices
 from kubeps.runtime.variables.partitioners import owner_of
-from kubeps.runtime.variables.variable import ShardedVariable, Variable
+from kubeps.runtime.variables.variable import ShardedVariable, Variable, value_for
 from kubeps.runtime.rpc.protocol import PS
 
 __all__ = ["IndexedSlices", "apply_gradients"]  # IndexedSlices is defined in indexed_slices.py
 
 
 def _check_dense(grad: Any, var: Variable | ShardedVariable) -> np.ndarray:
-    g = np.asarray(grad)
+    g = value_for(grad, np.dtype(var.dtype), f"gradient of {var.name!r}", var.name)
     if g.shape != tuple(var.shape):
         raise RuntimeConfigError(f"gradient of {var.name!r}", f"array of shape {list(g.shape)}",
                                  f"must match the variable's shape {list(var.shape)}")
-    return g.astype(var.dtype, copy=False)
+    return g
 
 
 def _check_sparse(grad: IndexedSlices, var: Variable | ShardedVariable) -> tuple[np.ndarray, np.ndarray]:
@@ -43,7 +43,8 @@ def _check_sparse(grad: IndexedSlices, var: Variable | ShardedVariable) -> tuple
     if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= var.shape[0]):
         bad = int(idx.min()) if int(idx.min()) < 0 else int(idx.max())
         raise RuntimeConfigError(f"gradient of {var.name!r}", f"index {bad}", f"must be in [0, {var.shape[0]})")
-    return idx, grad.values.astype(var.dtype, copy=False)
+    return idx, value_for(grad.values, np.dtype(var.dtype), f"gradient of {var.name!r} (IndexedSlices values)",
+                          var.name)
 
 
 def apply_gradients(optimizer: Any, grads_and_vars: Iterable[tuple[Any, Any]]) -> None:

@@ -19,7 +19,8 @@ import numpy as np
 from kubeps.runtime.variables import context as _context
 from kubeps.runtime.errors import RuntimeConfigError
 from kubeps.runtime.variables.partitioners import div_split, owner_of
-from kubeps.runtime.rpc.protocol import PS
+from kubeps.runtime.rpc.protocol import PS, slot_key
+from kubeps.runtime.variables.slots import slots_for
 
 __all__ = ["ShardedVariable", "Variable", "embedding_lookup", "gather_unique_rows"]
 
@@ -29,6 +30,52 @@ def _dtype(dtype: Any) -> np.dtype:
         return np.dtype(dtype)
     except TypeError:
         raise RuntimeConfigError("dtype", dtype, "must be a numpy dtype such as 'float32'") from None
+
+
+#: the dtype kinds a variable may hold, what a parameter server stores and the wire carries: bool, signed and
+#: unsigned integers, floats, complex
+VALUE_KINDS = "biufc"
+_KIND_WORDS = {"U": "strings", "S": "byte strings", "O": "Python objects", "V": "structured records",
+               "M": "datetimes", "m": "timedeltas", "T": "strings"}
+
+
+def variable_array(value: Any, dtype: Any, field: str = "initial_value") -> np.ndarray:
+    """``value`` as a new array for a variable (of ``dtype`` when given); strings, objects and the like are refused
+    naming the field, the dtype and what a variable may hold."""
+    try:
+        array = np.array(value, dtype=_dtype(dtype) if dtype is not None else None, copy=True)
+    except (TypeError, ValueError) as err:
+        raise RuntimeConfigError(field, type(value).__name__, f"must be array-like ({err})") from None
+    if array.dtype.kind not in VALUE_KINDS:
+        what = _KIND_WORDS.get(array.dtype.kind, "values of that kind")
+        raise RuntimeConfigError(
+            field, f"array of dtype {array.dtype.str!r} ({what})",
+            "a variable holds bool, integer, float or complex numbers (bool, int8..int64, uint8..uint64, "
+            "float16/32/64, complex64/128): encode strings as ids, e.g. with a vocabulary lookup",
+        )
+    return array
+
+
+def value_for(value: Any, dtype: np.dtype, field: str, owner: str) -> np.ndarray:
+    """``value`` (a gradient, an assigned value) as an array of the variable's ``dtype``, without a silent cast.
+
+    An array or numpy scalar must already have that dtype, as in TensorFlow (a float64 gradient for a float32
+    variable is an error, not a rounding); Python numbers and lists are converted when the kind allows it (``1`` into
+    a float variable, never ``0.5`` into an integer one)."""
+    given = getattr(value, "dtype", None)
+    if given is not None:
+        if np.dtype(given) != dtype:
+            raise RuntimeConfigError(
+                field, f"array of dtype {np.dtype(given).name}",
+                f"must have variable {owner!r}'s dtype {dtype.name}; kubeps does not cast silently (TensorFlow "
+                f"refuses too): convert it yourself, e.g. value.astype(np.{dtype.name})",
+            )
+        return np.asarray(value)
+    array = np.asarray(value)
+    if array.dtype.kind not in VALUE_KINDS or not np.can_cast(array.dtype, dtype, casting="same_kind"):
+        raise RuntimeConfigError(field, value, f"must be convertible to variable {owner!r}'s dtype {dtype.name} "
+                                               f"without changing its kind")
+    return array.astype(dtype, copy=False)
 
 
 def _binary(op, reflected: bool = False):
@@ -113,7 +160,7 @@ class Variable(_ArrayLike):
         if strategy is not None:
             return strategy.create_variable(initial_value, name=name, dtype=dtype, trainable=trainable, shape=shape)
         value = initial_value() if callable(initial_value) else initial_value
-        array = np.array(value, dtype=_dtype(dtype) if dtype is not None else None, copy=True)
+        array = variable_array(value, dtype)
         if shape is not None and tuple(array.shape) != tuple(shape):
             raise RuntimeConfigError("shape", shape, f"the initial value has shape {list(array.shape)}")
         return cls._local_variable(name or "Variable", array, trainable)
@@ -151,7 +198,8 @@ class Variable(_ArrayLike):
         self._ps_index: int | None = None
         self._transport: Any = None
         self._prefetch = True
-        self._local_slots: dict[int, tuple[Any, dict[str, np.ndarray]]] = {}
+        #: optimizer class -> slot arrays, as a ps keeps them (``variables.slots``)
+        self._local_slots: dict[str, dict[str, np.ndarray]] = {}
         self._local_updates = 0
 
     # -- properties --------------------------------------------------------------------------------------------
@@ -204,21 +252,19 @@ class Variable(_ArrayLike):
     # -- a local variable's in-process state: the optimizer push updates it, checkpoints copy and load it --------
     def apply_local_update(self, optimizer: Any, grad: Any) -> None:
         """Apply a dense gradient, or a row-sparse ``(indices, values)`` pair, to this local variable with
-        ``optimizer``, whose slots it keeps (one set per optimizer object)."""
-        entry = self._local_slots.get(id(optimizer))
-        if entry is None:
-            entry = self._local_slots[id(optimizer)] = (optimizer, optimizer.init_slots(self._local))
+        ``optimizer``, whose slots it keeps by optimizer class, as a parameter server does."""
+        slots = slots_for(self._local_slots, slot_key(optimizer.get_config()), optimizer, self._local, self._name)
         self._local_updates += 1
         if isinstance(grad, tuple):
-            optimizer.apply_sparse(self._local, grad[0], grad[1], entry[1], self._local_updates)
+            optimizer.apply_sparse(self._local, grad[0], grad[1], slots, self._local_updates)
         else:
-            optimizer.apply_dense(self._local, grad, entry[1], self._local_updates)
+            optimizer.apply_dense(self._local, grad, slots, self._local_updates)
 
-    def local_state(self) -> tuple[np.ndarray, list[tuple[Any, dict[str, np.ndarray]]], int]:
-        """The live value array, ``(optimizer, slots)`` of every optimizer that updated it, and the update count."""
+    def local_state(self) -> tuple[np.ndarray, dict[str, dict[str, np.ndarray]], int]:
+        """The live value array, its slots (``{optimizer class: {slot: array}}``, live) and the update count."""
         if self._local is None:
             raise RuntimeError(f"variable {self._name!r} lives on a parameter server: it has no local state")
-        return self._local, list(self._local_slots.values()), self._local_updates
+        return self._local, self._local_slots, self._local_updates
 
     def set_local_updates(self, updates: int) -> None:
         """Set the update count of a local variable (a checkpoint restores it; the next update is ``updates + 1``)."""
@@ -237,7 +283,7 @@ class Variable(_ArrayLike):
         return self.read_value()
 
     def _write(self, op: str, value: Any) -> "Variable":
-        array = np.asarray(value, dtype=self._dtype)
+        array = value_for(value, self._dtype, "value", self._name)
         if array.shape != self._shape:
             raise RuntimeConfigError("value", f"array of shape {list(array.shape)}",
                                      f"variable {self._name!r} has shape {list(self._shape)}")
@@ -261,7 +307,7 @@ class Variable(_ArrayLike):
         return self._write("add", delta)
 
     def assign_sub(self, delta: Any) -> "Variable":
-        return self._write("add", -np.asarray(delta, dtype=self._dtype))
+        return self._write("add", -value_for(delta, self._dtype, "delta", self._name))
 
     # -- pickling: remote variables travel as handles -----------------------------------------------------------
     def __reduce__(self):
@@ -339,7 +385,7 @@ class ShardedVariable(_ArrayLike):
         return self.read_value()
 
     def _write(self, op: str, value: Any) -> "ShardedVariable":
-        array = np.asarray(value, dtype=self._dtype)
+        array = value_for(value, self._dtype, "value", self._name)
         if array.shape != self._shape:
             raise RuntimeConfigError("value", f"array of shape {list(array.shape)}",
                                      f"variable {self._name!r} has shape {list(self._shape)}")
@@ -354,7 +400,7 @@ class ShardedVariable(_ArrayLike):
         return self._write("add", delta)
 
     def assign_sub(self, delta: Any) -> "ShardedVariable":
-        return self._write("add", -np.asarray(delta, dtype=self._dtype))
+        return self._write("add", -value_for(delta, self._dtype, "delta", self._name))
 
 
 def _calls(transport: Any, requests: Mapping[int, tuple[str, dict[str, Any], Sequence[Any]]]) -> dict[int, Any]:

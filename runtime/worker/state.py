@@ -39,6 +39,7 @@ class WorkerState:
 
     def __init__(self, worker_index: int, ps_addresses: list[str], token: str | None, rpc_timeout: float = 30.0):
         self.worker_index = worker_index
+        _context.register_worker_process(worker_index)
         self.transport = PSTransport(ps_addresses, token, rpc_timeout)
         self.resources: dict[str, Any] = {}
         self.incarnation = uuid.uuid4().hex

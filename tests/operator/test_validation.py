@@ -1,10 +1,15 @@
-"""Invalid PSTrainingJobs are rejected by the real API server (generated schema + CEL), naming the field."""
+"""Invalid PSTrainingJobs are rejected by the real API server (generated schema + CEL), naming the field; and
+``kubeps validate`` agrees with it: what it refuses the API server's strict field validation and CEL rules refuse,
+naming the same fields, and what it accepts is accepted; ``kubectl explain`` shows the CRD's descriptions."""
 
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
+
+from kubeps.operator.api.validate import validate_manifest
 
 from .conftest import GROUP, PLURAL, REPO, VERSION, container, delete_namespace, job_manifest, make_namespace
 
@@ -138,7 +143,12 @@ def test_running_job_fields_are_immutable_but_workers_and_run_policy_change(crd,
     assert patched["spec"]["replicaSpecs"]["PS"]["replicas"] == 3
 
 
-@pytest.mark.parametrize("path", sorted((REPO / "examples" / "jobs").glob("*.yaml")), ids=lambda p: p.name)
+def _job_files() -> list:
+    """examples/jobs/*.yaml that hold a PSTrainingJob (tensorboard.yaml holds the PVC and Deployment beside one)."""
+    return sorted(p for p in (REPO / "examples" / "jobs").glob("*.yaml") if "\nkind: PSTrainingJob" in p.read_text())
+
+
+@pytest.mark.parametrize("path", _job_files(), ids=lambda p: p.name)
 def test_sample_manifests_are_accepted(crd, kube, namespace, path):
     import yaml
 
@@ -148,3 +158,52 @@ def test_sample_manifests_are_accepted(crd, kube, namespace, path):
     created = kube.custom().create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest,
                                                             dry_run="All")
     models.parse_spec(created["spec"])  # and the operator reads them as the API server stored them
+
+
+# -- kubeps validate agrees with this API server (issue 23.5) ------------------------------------------------------
+def _mutated(path: str, value):
+    manifest = copy.deepcopy(job_manifest("agree"))
+    _set(path, value)(manifest)
+    return manifest
+
+
+CASES = [
+    ("valid", job_manifest("agree"), []),
+    ("underscore-name", _mutated("metadata.name", "job_x"), ["metadata.name"]),
+    ("digit-first-name", _mutated("metadata.name", "1job"), ["metadata.name"]),
+    ("long-name", _mutated("metadata.name", "a" * 52), ["metadata.name"]),
+    ("backoffLimt", _mutated("spec.runPolicy.backoffLimt", 3), ["spec.runPolicy.backoffLimt"]),
+    ("replica", _mutated("spec.replicaSpecs.PS.replica", 2), ["spec.replicaSpecs.PS.replica"]),
+    ("two-chiefs", _mutated("spec.replicaSpecs.Chief.replicas", 2), ["spec.replicaSpecs.Chief.replicas"]),
+    ("exit-codes", _mutated("spec.runPolicy.retryableExitCodes", [137, 137]), ["spec.runPolicy.retryableExitCodes"]),
+    ("unknown-in-template-is-kept", _mutated("spec.replicaSpecs.PS.template.spec.nodeSelectr", {"a": "b"}), []),
+]
+
+
+@pytest.mark.parametrize("manifest, fields", [pytest.param(m, f, id=i) for i, m, f in CASES])
+def test_kubeps_validate_and_the_api_server_agree(crd, kube, namespace, manifest, fields):
+    from kubernetes.client.exceptions import ApiException
+
+    ours = validate_manifest(manifest, "case")
+    assert sorted({p.field for p in ours}) == sorted(fields), [str(p) for p in ours]
+    api = kube.custom()
+    try:
+        api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest, dry_run="All",
+                                            field_validation="Strict")
+        refused = None
+    except ApiException as err:
+        refused = err
+    if not fields:
+        assert refused is None, refused.body
+        return
+    assert refused is not None and refused.status in (400, 422), "the API server accepted what kubeps refuses"
+    body = json.loads(refused.body)
+    for field in fields:
+        assert field.split("[")[0] in body["message"], (field, body["message"])
+
+
+def test_kubectl_explain_shows_the_descriptions(crd, kube):
+    out = kube.kubectl("explain", "pstrainingjobs.spec.runPolicy").stdout
+    assert "How the job runs as a whole" in out and "backoffLimit" in out
+    out = kube.kubectl("explain", "pstrainingjobs.spec.replicaSpecs").stdout
+    assert "The job's roles" in out

@@ -287,3 +287,15 @@ def test_chart_version_follows_the_distribution():
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     assert chart["appVersion"] == project["version"]
     assert chart["version"] == project["version"]
+
+
+def test_chart_ports_are_the_operators_defaults():
+    """Issue 23.9: docs/operator.md said metrics on 8080 (the operator's default) while the chart served them on 9090
+    and probed liveness on 8080. The chart's defaults are the operator's own."""
+    from kubeps.operator.settings import Settings
+
+    values = yaml.safe_load((REPO / "charts" / "kubeps" / "values.yaml").read_text())
+    defaults = Settings()
+    assert values["metrics"]["port"] == defaults.metrics_port
+    assert values["liveness"]["port"] == defaults.liveness_port
+    assert defaults.metrics_port != defaults.liveness_port

@@ -73,7 +73,7 @@ def test_error_propagation_and_cancellation(coord, tmp_path):
         coordinator.join()
     with pytest.raises(ValueError, match="boom from worker") as info:
         bad.fetch()
-    assert any("raised on the worker" in note and "in fail" in note for note in info.value.__notes__)
+    assert any(note.startswith("raised on worker ") and "in fail" in note for note in info.value.__notes__)
     outcomes = collections.Counter()
     for rv in queued:
         try:
@@ -145,3 +145,74 @@ def test_variables_sgd_training_loop(coord):
     expected = np.arange(26, dtype=np.float32).reshape(13, 2)
     expected[[1, 12]] -= 4 * 0.5
     np.testing.assert_allclose(np.asarray(emb), expected)
+
+
+def test_worker_index_inside_a_prefetched_generator(coord):
+    """Issue 23.3: docs/data.md's pipeline ends in .prefetch(), whose producer thread runs the generator; the worker
+    index must still be known there (it failed saying the code ran on the coordinator)."""
+    from kubeps.runtime.data.dataset import Dataset
+
+    strategy, coordinator = coord
+
+    def dataset_fn():
+        def gen():
+            while True:
+                yield np.int64(get_current_worker_index())
+        return Dataset.from_generator(gen).batch(2).prefetch(2)
+
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+    results = [coordinator.schedule(lambda it: (int(next(it)[0]), get_current_worker_index()), args=(iterator,))
+               for _ in range(6)]
+    coordinator.join()
+    for rv in results:
+        from_generator, from_step = rv.fetch()
+        assert from_generator == from_step
+
+
+def test_worker_index_off_a_worker_says_where_it_ran(monkeypatch):
+    import threading
+
+    from kubeps.runtime.variables import context
+
+    monkeypatch.setattr(context, "_worker_processes", set())  # in-process servers of other tests do not count
+
+    errors = []
+    thread = threading.Thread(target=lambda: errors.append(pytest.raises(RuntimeError, get_current_worker_index)))
+    thread.start()
+    thread.join()
+    assert "this process serves no worker" in str(errors[0].value)
+
+
+def test_a_dataset_that_runs_out_raises_out_of_range_naming_the_worker(coord):
+    """Issue 23.4: TF raises OutOfRangeError; kubeps surfaced a bare StopIteration that named no worker."""
+    import re
+
+    import kubeps.runtime as kp
+    from kubeps.runtime.data.dataset import Dataset
+
+    strategy, coordinator = coord
+    iterator = iter(coordinator.create_per_worker_dataset(lambda: Dataset.range(4).batch(2)))  # 2 batches, no repeat
+    results = [coordinator.schedule(lambda it: next(it), args=(iterator,)) for _ in range(12)]
+    with pytest.raises(kp.OutOfRangeError, match=r"End of sequence on worker (\d) \(/job:worker/task:\1 at "
+                                                 r"127\.0\.0\.1:\d+\).*\.repeat\(\)") as caught:
+        coordinator.join()
+    assert any(re.match(r"raised on worker \d \(/job:worker/task:\d at 127\.0\.0\.1:\d+\):\n.*StopIteration", note,
+                        flags=re.S) for note in caught.value.__notes__)
+    with pytest.raises((kp.OutOfRangeError, kp.CancelledError)):
+        results[-1].fetch()  # it ran out too, or was cancelled by the first error
+    coordinator.join()  # the error was raised once and cleared
+
+
+def test_every_forwarded_error_names_its_worker(coord):
+    strategy, coordinator = coord
+
+    def fail():
+        raise KeyError("no such feature")
+
+    rv = coordinator.schedule(fail)
+    with pytest.raises(KeyError) as caught:
+        coordinator.join()
+    assert any(note.startswith("raised on worker ") and "/job:worker/task:" in note and "127.0.0.1:" in note
+               for note in caught.value.__notes__)
+    with pytest.raises(KeyError):
+        rv.fetch()

@@ -118,9 +118,9 @@ def test_nonfinite_complex_and_out_of_range_values_are_refused(ps):
                   [np.array([1]), np.array([[1 + 2j, 3j]], np.complex64)])
     assert "complex64" in str(err)
     err = refused(client, PS.ASSIGN, {"names": ["i64"]}, [np.array([2**64 - 1, 0], np.uint64)])
-    assert "18446744073709551615" in str(err)
+    assert "uint64" in str(err) and "int64" in str(err)  # no cast at all, as TensorFlow: uint64 max never becomes -1
     assert everything(server) == before
-    client.call(PS.ASSIGN, {"names": ["i64"]}, [np.array([5, 0], np.uint64)])  # a value that fits is fine
+    client.call(PS.ASSIGN, {"names": ["i64"]}, [np.array([5, 0], np.int64)])  # the variable's own dtype is fine
     np.testing.assert_array_equal(server.state.read("i64"), [5, 0])
 
 

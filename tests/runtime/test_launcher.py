@@ -374,12 +374,15 @@ def test_free_ports_are_distinct_and_bindable():
         (["--grace-period", "-1"], "--grace-period must be a number of seconds >= 0"),
         (["--bogus"], "unrecognized arguments: --bogus"),
         (["extra"], "unrecognized arguments: extra"),
+        # issue 23.8: the script's own flags without '--' before them
+        (["--steps", "5"], "unrecognized arguments: --steps 5; arguments for the script go after '--': "
+                           "kubeps local {script} [OPTIONS] -- --steps 5"),
     ],
 )
 def test_bad_local_arguments_exit_2_with_a_clear_message(script, capsys, args, message):
     code, _, err = run_main(["local", str(script), *args], capsys)
     assert code == 2
-    assert message in err
+    assert message.format(script=script) in err
 
 
 def test_missing_or_directory_script(tmp_path, capsys):

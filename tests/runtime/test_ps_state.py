@@ -142,3 +142,14 @@ def test_read_rows_and_assign():
     state.assign_add("v", np.ones((3, 2), np.float32))
     state.assign("v", state.read("v") * 2)
     np.testing.assert_array_equal(state.read("v"), (np.arange(6).reshape(3, 2) + 1) * 2)
+
+
+def test_the_ps_refuses_a_gradient_of_another_dtype():
+    state = ParameterServerState()
+    state.create("v", np.zeros((3, 2), np.float32))
+    with pytest.raises(ValueError, match="grad for variable 'v' has dtype float64; the variable is float32"):
+        state.apply_dense("v", SGD_CONFIG, np.zeros((3, 2), np.float64))
+    with pytest.raises(ValueError, match="'values' has dtype int64; the variable is float32"):
+        state.apply_sparse("v", SGD_CONFIG, np.array([1]), np.zeros((1, 2), np.int64))
+    with pytest.raises(ValueError, match="value for variable 'v' has dtype int64"):
+        state.assign("v", np.zeros((3, 2), np.int64))

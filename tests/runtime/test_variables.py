@@ -154,9 +154,9 @@ def test_bad_arguments_name_field():
 
 
 def test_strategy_needs_ps_and_worker():
-    resolver = TFConfigClusterResolver(tf_config={"cluster": {"worker": ["127.0.0.1:1"]},
-                                                  "task": {"type": "worker", "index": 0}})
-    with pytest.raises(RuntimeConfigError, match=r"TF_CONFIG.cluster.*\{'worker': 1\}.*missing \['ps'\]"):
+    resolver = TFConfigClusterResolver(tf_config={"cluster": {"chief": ["127.0.0.1:2"], "worker": ["127.0.0.1:1"]},
+                                                  "task": {"type": "chief", "index": 0}})
+    with pytest.raises(RuntimeConfigError, match=r"TF_CONFIG.cluster.*\{'chief': 1, 'worker': 1\}.*missing \['ps'\]"):
         ParameterServerStrategy(resolver)
     with pytest.raises(RuntimeConfigError, match="cluster_resolver"):
         ParameterServerStrategy(None)
@@ -179,3 +179,49 @@ def test_scope_nesting_is_checked(servers):
     finally:
         context.pop_strategy(a)
     assert context.current_strategy() is None
+
+
+@pytest.mark.parametrize("value, what", [(np.array(["a", "b"]), r"'<U1' \(strings\)"),
+                                         (np.array([{"x": 1}], dtype=object), r"'\|O' \(Python objects\)"),
+                                         (["a", "b"], r"'<U1' \(strings\)")])
+def test_string_and_object_values_are_refused_naming_the_dtype(value, what):
+    """Issue 23.7: a string variable failed deep in the transport (WireError ... '<U1'), an object array with
+    "invalid value 'ndarray'"."""
+    resolver = TFConfigClusterResolver(tf_config={"cluster": {"chief": ["127.0.0.1:3"], "ps": ["127.0.0.1:1"],
+                                                              "worker": ["127.0.0.1:2"]},
+                                                  "task": {"type": "chief", "index": 0}})
+    strategy = ParameterServerStrategy(resolver, job_token="t" * 32, ps_startup_timeout=0.1)
+    allowed = r"a variable holds bool, integer, float or complex numbers"
+    with pytest.raises(RuntimeConfigError, match=rf"'initial_value' has invalid value \"array of dtype {what}\": {allowed}"):
+        with strategy.scope():
+            Variable(value)
+    with pytest.raises(RuntimeConfigError, match=allowed):
+        Variable(value)  # a local variable too
+    strategy.close()
+
+
+def test_no_silent_casts_into_a_variable():
+    from kubeps.runtime.ops.optimizers import SGD
+    from kubeps.runtime.variables.push import IndexedSlices
+
+    v = Variable(np.zeros(3, np.float32), name="w")
+    opt = SGD(0.1)
+    for grad in (np.ones(3, np.float64), np.ones(3, np.int64)):
+        with pytest.raises(RuntimeConfigError, match=rf"'gradient of 'w'' has invalid value 'array of dtype "
+                                                     rf"{grad.dtype}': must have variable 'w''s dtype float32"):
+            opt.apply_gradients([(grad, v)])
+    with pytest.raises(RuntimeConfigError, match="IndexedSlices values.*array of dtype float64"):
+        opt.apply_gradients([(IndexedSlices(np.ones((1,), np.float64), np.array([0])), v)])
+    with pytest.raises(RuntimeConfigError, match=r"'value' has invalid value 'array of dtype int64': must have "
+                                                 r"variable 'w''s dtype float32"):
+        v.assign(np.arange(3, dtype=np.int64))
+    with pytest.raises(RuntimeConfigError, match="dtype float32"):
+        v.assign_sub(np.ones(3, np.float64))
+    np.testing.assert_array_equal(v.numpy(), 0)  # nothing was applied
+    v.assign([1, 2, 3])  # Python numbers take the variable's dtype, as TF converts them
+    v.assign_add([1, 1, 1])
+    opt.apply_gradients([(np.ones(3, np.float32), v)])
+    np.testing.assert_allclose(v.numpy(), [1.9, 2.9, 3.9], rtol=1e-6)
+    counts = Variable(np.zeros(2, np.int64))
+    with pytest.raises(RuntimeConfigError, match="without changing its kind"):
+        counts.assign_add([0.5, 0.5])
