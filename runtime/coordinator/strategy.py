@@ -22,6 +22,7 @@ from kubeps.runtime.errors import PSUnavailableError, RuntimeConfigError
 from kubeps.runtime.variables.partitioners import div_split
 from kubeps.runtime.rpc.client import DEFAULT_TIMEOUT_S
 from kubeps.runtime.rpc.security import load_job_token
+from kubeps.runtime.rpc.tls import TLSConfig, load_tls
 from kubeps.runtime.util.threads import limit_math_threads
 from kubeps.runtime.models.xla import size_cpu_backend_if_loaded
 from kubeps.runtime.rpc.transport import PSTransport
@@ -34,7 +35,8 @@ __all__ = ["ParameterServerStrategy"]
 class ParameterServerStrategy:
     """``ParameterServerStrategy(cluster_resolver, variable_partitioner=None)``.
 
-    kubeps extras (keyword-only): ``job_token`` (default: from the environment), ``rpc_timeout`` (seconds,
+    kubeps extras (keyword-only): ``job_token`` and ``tls`` (mutual TLS files, :class:`~kubeps.runtime.rpc.tls.TLSConfig`;
+    both default to the environment's), ``rpc_timeout`` (seconds,
     the deadline of variable reads and writes from the coordinator) and ``ps_startup_timeout`` (seconds the
     first variable creation waits for every parameter server to answer: tasks of a job start together, and a
     coordinator that dials a ps before it listens must wait, not crash).
@@ -42,7 +44,7 @@ class ParameterServerStrategy:
 
     def __init__(self, cluster_resolver: Any, variable_partitioner: Callable[[Any, Any], list[int]] | None = None,
                  *, job_token: str | None = None, rpc_timeout: float = DEFAULT_TIMEOUT_S,
-                 ps_startup_timeout: float = 120.0):
+                 ps_startup_timeout: float = 120.0, tls: TLSConfig | None = None):
         if cluster_resolver is None or not hasattr(cluster_resolver, "cluster_spec"):
             raise RuntimeConfigError("cluster_resolver", cluster_resolver,
                                      "must be a cluster resolver such as TFConfigClusterResolver()")
@@ -65,7 +67,8 @@ class ParameterServerStrategy:
         self._cluster_spec = spec
         self._variable_partitioner = variable_partitioner
         self._token = job_token if job_token is not None else load_job_token()
-        self._transport = PSTransport(spec.job_tasks("ps"), self._token, rpc_timeout)
+        self._tls = tls if tls is not None else load_tls()
+        self._transport = PSTransport(spec.job_tasks("ps"), self._token, rpc_timeout, tls=self._tls)
         self._lock = threading.Lock()
         self._next_ps = 0
         self._names: dict[str, int] = {}
@@ -103,6 +106,11 @@ class ParameterServerStrategy:
     @property
     def job_token(self) -> str | None:
         return self._token
+
+    @property
+    def tls(self) -> TLSConfig | None:
+        """The mutual TLS credentials its clients dial with (None: plaintext)."""
+        return self._tls
 
     @property
     def transport(self) -> PSTransport:
