@@ -287,3 +287,19 @@ def test_chart_version_follows_the_distribution():
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     assert chart["appVersion"] == project["version"]
     assert chart["version"] == project["version"]
+
+
+def test_network_policies_only_when_enabled(render):
+    assert not render.by_kind(render.template(), "NetworkPolicy")
+    args = render.one(render.template(), "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--job-network-policy=None" in args
+    objects = render.template("--values", str(VARIANTS["networkpolicy"]))
+    args = render.one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--job-network-policy=SameJob" in args
+    policy = render.one(objects, "NetworkPolicy")["spec"]
+    assert policy["policyTypes"] == ["Ingress"]
+    (metrics,) = policy["ingress"]  # healthFrom is empty: nothing but the metrics port, from Prometheus only
+    assert metrics["ports"] == [{"port": 9090, "protocol": "TCP"}]
+    assert metrics["from"][0]["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "monitoring"}
+    failed = render.run("template", "r", str(CHART), "--set", "networkPolicy.jobs=Everyone", check=False)
+    assert failed.returncode != 0 and "networkPolicy.jobs" in failed.stderr
