@@ -228,10 +228,19 @@ def test_certificate_names_and_usages():
 
 
 TLS_SCRIPT = r'''
-import json, os, sys
+import json, os, sys, time
 names = ("KUBEPS_TLS_CA_FILE", "KUBEPS_TLS_CERT_FILE", "KUBEPS_TLS_KEY_FILE")
 paths = {n: os.environ.get(n, "") for n in names}
-print("REPORT " + json.dumps({"paths": paths, "exist": [os.path.isfile(p) for p in paths.values() if p]}))
+print("REPORT " + json.dumps({"paths": paths, "exist": [os.path.isfile(p) for p in paths.values() if p]}), flush=True)
+task = json.loads(os.environ["TF_CONFIG"])["task"]
+marks = sys.argv[1]
+open(os.path.join(marks, f"{task['type']}-{task['index']}"), "w").close()
+if task["type"] == "chief":  # every task has reported before the chief ends the run
+    deadline = time.time() + 30
+    while len(os.listdir(marks)) < 3 and time.time() < deadline:
+        time.sleep(0.02)
+else:
+    time.sleep(60)
 '''
 
 
@@ -241,7 +250,9 @@ def test_kubeps_local_makes_a_throwaway_ca_and_removes_it(tmp_path, capsys, monk
         monkeypatch.delenv(name, raising=False)
     script = tmp_path / "task.py"
     script.write_text(TLS_SCRIPT)
-    code = cli.main(["local", str(script), "--ps", "1", "--workers", "1", *flag])
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    code = cli.main(["local", str(script), "--ps", "1", "--workers", "1", *flag, "--", str(marks)])
     out = capsys.readouterr().out
     assert code == 0
     reports = [json.loads(line.split("REPORT ", 1)[1]) for line in out.splitlines() if "REPORT " in line]
