@@ -57,7 +57,7 @@ CTR = REPO / "bench" / "ctr"
 sys.path.insert(0, str(CTR))
 import workload as wl  # noqa: E402 - only numpy
 
-SIDES = {"kubeps": CTR / "kubeps_ctr.py", "jax": CTR / "jax_ctr.py", "tf": CTR / "tf_ctr.py"}
+SIDES = {"kubeps": CTR / "kubeps_ctr.py", "plaintext": CTR / "kubeps_ctr.py", "jax": CTR / "jax_ctr.py", "tf": CTR / "tf_ctr.py"}
 TASK_LINE = re.compile(r"\[kubeps\] (?P<name>(?P<type>[a-z]+)-\d+) pid (?P<pid>\d+)")
 RESULT_LINE = re.compile(r"^(?:\[chief-0\] )?RESULT (?P<json>\{.*\})\s*$")
 POLL_S = 0.3
@@ -174,6 +174,8 @@ def run_side(side: str, args: argparse.Namespace, data: Path, tf_python: str | N
     """One training run of ``side`` under ``kubeps local``; its RESULT plus the peak RSS of each task."""
     kubeps = Path(sys.executable).parent / "kubeps"
     cmd = [str(kubeps), "local", "--ps", str(args.ps), "--workers", str(args.workers)]
+    if side == "plaintext":  # the kubeps side without mutual TLS between the tasks (kubeps local's default)
+        cmd += ["--insecure-plaintext"]
     if side == "tf":
         cmd += ["--python", tf_python]
     cmd += [str(SIDES[side].relative_to(REPO)), "--", "--data", str(data), "--steps", str(args.steps),
@@ -269,10 +271,14 @@ def main(argv=None) -> int:
     p.add_argument("--jax", action="store_true",
                    help="also run the model written with jax.numpy (bench/ctr/jax_ctr.py), with its ratio to kubeps's "
                         "numpy layers measured in the same run")
+    p.add_argument("--plaintext", action="store_true",
+                   help="also run the kubeps side with plaintext between the tasks (--insecure-plaintext), to measure "
+                        "what mutual TLS costs in the same run")
     args = p.parse_args(argv)
 
     tf_version, why = tensorflow_version(args.tf_python)
-    sides = ["kubeps"] + (["jax"] if args.jax else []) + (["tf"] if tf_version else [])
+    sides = (["kubeps"] + (["plaintext"] if args.plaintext else []) + (["jax"] if args.jax else [])
+             + (["tf"] if tf_version else []))
     if not tf_version:
         print(f"TensorFlow skipped: {why} (see this file's docstring to install it)", flush=True)
     data = data_folder(args)
@@ -292,13 +298,15 @@ def main(argv=None) -> int:
             f"{side} {describe(runs[side][-1])}" for side in sides)
         if tf_version:
             line += f" | ratio {runs['kubeps'][-1]['examples_per_s'] / runs['tf'][-1]['examples_per_s']:.2f}x"
+        if args.plaintext:
+            line += f" | TLS/plaintext {runs['kubeps'][-1]['examples_per_s'] / runs['plaintext'][-1]['examples_per_s']:.3f}"
         if args.jax:
             line += f" | jax/numpy {runs['jax'][-1]['examples_per_s'] / runs['kubeps'][-1]['examples_per_s']:.2f}x"
         print(line + f"  (first: {order[0]})", flush=True)
 
     summary = {side: summarize(runs[side]) for side in sides}
     mb = 1 << 20
-    names = {"kubeps": "kubeps", "jax": "kubeps + JAX", "tf": f"TensorFlow {tf_version}"}
+    names = {"kubeps": "kubeps (mutual TLS)", "plaintext": "kubeps (plaintext)", "jax": "kubeps + JAX", "tf": f"TensorFlow {tf_version}"}
     print(f"\nmedian of {args.rounds} round(s), {args.steps} steps, batch {args.batch_size}, "
           f"{args.ps} ps + {args.workers} workers:")
     print(f"{'':22}{'examples/s':>12}{'eval log-loss':>15}{'eval AUC':>10}"
@@ -312,6 +320,9 @@ def main(argv=None) -> int:
               f"{rss:>36}")
     print(f"{'teacher (best possible)':22}{'':12}{summary['kubeps']['teacher_logloss']:15.4f}")
     status = 0
+    if args.plaintext:
+        summary["tls_cost"] = 1 - summary["kubeps"]["examples_per_s"] / summary["plaintext"]["examples_per_s"]
+        print(f"mutual TLS costs {summary['tls_cost']:.1%} of plaintext's examples/s (goal <= 15%)")
     if args.jax:
         j, k = summary["jax"], summary["kubeps"]
         summary["jax_ratio"] = j["examples_per_s"] / k["examples_per_s"]

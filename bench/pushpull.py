@@ -2,7 +2,9 @@
 
 Prints MB/s for each direction and the ratio to a numpy copy of the same bytes measured in the same run.
 
-    .venv/bin/python bench/pushpull.py [--mib 100] [--repeat 5] [--chunk-mib 4]
+    .venv/bin/python bench/pushpull.py [--mib 100] [--repeat 5] [--chunk-mib 4] [--tls]
+
+``--tls``: the parameter servers and the client talk mutual TLS (a throw-away CA, as ``kubeps local`` makes).
 
 * pull: ``Read`` of both shards, one RPC per PS in parallel (what a worker's step does), no concatenation;
 * pull+concat: ``np.asarray(variable)`` (the whole variable as one array);
@@ -22,7 +24,10 @@ import time
 
 import numpy as np
 
+from kubeps.runtime import certs
+from kubeps.runtime.contract import TLS_CA_FILE_ENV, TLS_CERT_FILE_ENV, TLS_KEY_FILE_ENV
 from kubeps.runtime.rpc import wire
+from kubeps.runtime.rpc.tls import load_tls
 from kubeps.runtime.cluster import TFConfig, TFConfigClusterResolver
 from kubeps.runtime.ops.optimizers import SGD
 from kubeps.runtime.variables.partitioners import FixedShardsPartitioner
@@ -57,6 +62,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--chunk-mib", type=float, default=wire.DEFAULT_CHUNK_BYTES / (1 << 20),
                         help="stream chunk size in MiB (default: wire.DEFAULT_CHUNK_BYTES)")
+    parser.add_argument("--tls", action="store_true", help="mutual TLS between the client and the ps tasks")
     args = parser.parse_args()
     chunk = int(args.chunk_mib * (1 << 20))
     wire.DEFAULT_CHUNK_BYTES = chunk  # this process's clients; the servers get it through the environment
@@ -66,17 +72,26 @@ def main() -> int:
                "worker": [f"127.0.0.1:{ports[3]}"]}
     procs = []
     logs = tempfile.mkdtemp(prefix="kubeps-bench-")
+    tls_env: dict[str, str] = {}
+    if args.tls:
+        made = certs.issue_job_credentials("bench", ["127.0.0.1", "localhost"])
+        for var, (name, data) in {TLS_CA_FILE_ENV: ("ca.crt", made.ca_cert), TLS_CERT_FILE_ENV: ("tls.crt", made.cert),
+                                  TLS_KEY_FILE_ENV: ("tls.key", made.key)}.items():
+            with open(os.path.join(logs, name), "wb") as fh:
+                fh.write(data)
+            tls_env[var] = os.path.join(logs, name)
     try:
         for i in range(2):
             env = dict(os.environ, TF_CONFIG=TFConfig.for_task(cluster, "ps", i).to_json(), KUBEPS_JOB_TOKEN=TOKEN,
                        KUBEPS_BIND_HOST="127.0.0.1", KUBEPS_LOG_LEVEL="WARNING",
-                       KUBEPS_CHUNK_BYTES=str(chunk))
+                       KUBEPS_CHUNK_BYTES=str(chunk), **tls_env)
             with open(os.path.join(logs, f"ps-{i}.log"), "wb") as log:
                 procs.append(subprocess.Popen([sys.executable, "-m", "kubeps.runtime.server"], env=env,
                                               stdout=log, stderr=subprocess.STDOUT))
         strategy = ParameterServerStrategy(
             TFConfigClusterResolver(tf_config=TFConfig.for_task(cluster, "chief", 0)),
-            variable_partitioner=FixedShardsPartitioner(2), job_token=TOKEN, rpc_timeout=120.0)
+            variable_partitioner=FixedShardsPartitioner(2), job_token=TOKEN, rpc_timeout=120.0,
+            tls=load_tls(tls_env))
         strategy.wait_for_parameter_servers(timeout=60)
 
         rows = args.mib * (1 << 20) // (1024 * 4)
@@ -100,6 +115,7 @@ def main() -> int:
         mb = nbytes / 1e6
         copy_rate = mb / copy_best
         print(f"variable: {nbytes / (1 << 20):.0f} MiB float32 in 2 shards on 2 ps; chunk {chunk / (1 << 20):g} MiB; "
+              f"{'mutual TLS' if args.tls else 'plaintext'}; "
               f"best of {args.repeat} (median in brackets)")
         print(f"numpy copy  : {copy_rate:9.0f} MB/s  ({mb / copy_med:.0f})")
         for label, best, med in (("pull        ", pull_best, pull_med), ("pull+concat ", full_best, full_med),

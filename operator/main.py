@@ -24,6 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="watch every namespace")
     parser.add_argument("--default-image", help="image for containers of a template that name none")
     parser.add_argument("--cluster-domain", help="cluster DNS domain appended to TF_CONFIG hosts, e.g. cluster.local")
+    parser.add_argument("--job-network-policy", choices=["SameJob", "None"],
+                        help="NetworkPolicy of a job whose spec sets no security.networkPolicy.mode: SameJob (its "
+                        "pods accept traffic from its own pods only) or None (default)")
     parser.add_argument("--metrics-port", type=int, help="port of /metrics (0 disables)")
     parser.add_argument("--liveness-port", type=int, help="port of /healthz (0 disables)")
     parser.add_argument("--bind-address", help="address the metrics and liveness endpoints listen on")
@@ -49,6 +52,7 @@ def settings_from_args(argv: list[str] | None, env: Mapping[str, str] | None = N
         all_namespaces=args.all_namespaces,
         default_image=args.default_image,
         cluster_domain=args.cluster_domain,
+        job_network_policy=args.job_network_policy,
         metrics_port=args.metrics_port,
         liveness_port=args.liveness_port,
         bind_address=args.bind_address,

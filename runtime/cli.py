@@ -1,7 +1,7 @@
 """The ``kubeps`` command.
 
 - ``kubeps local SCRIPT [--ps N] [--workers M] [--evaluator] [--evaluator-grace S] [--restart] [--host H]
-  [--port-base P] [-- ARGS...]``: run a training program as a local cluster of processes (see :mod:`kubeps.runtime.local.launcher`).
+  [--port-base P] [--insecure-plaintext] [-- ARGS...]``: run a training program as a local cluster of processes (see :mod:`kubeps.runtime.local.launcher`).
 - ``kubeps operator [ARGS...]``: the Kubernetes operator (``kubeps.operator.main``; needs ``kubeps[operator]``).
 - ``kubeps version``: the installed version.
 
@@ -109,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         usage=(
             "kubeps local SCRIPT [--ps N] [--workers M] [--evaluator] [--evaluator-grace S] [--restart] [--host H] "
-            "[--port-base P] [-- ARGS...]"
+            "[--port-base P] [--insecure-plaintext] [-- ARGS...]"
         ),
     )
     local.add_argument("script", help="the training program (the same file runs as every task)")
@@ -133,6 +133,14 @@ def build_parser() -> argparse.ArgumentParser:
         help=(
             "after the chief succeeds, seconds the evaluator may take to evaluate the final checkpoint and exit "
             "before it is stopped (default 60; 0: stop it with the others)"
+        ),
+    )
+    local.add_argument(
+        "--insecure-plaintext",
+        action="store_true",
+        help=(
+            "talk plaintext between the tasks (the job token still authenticates); by default they use mutual TLS "
+            "with a throw-away CA made for this run"
         ),
     )
     local.add_argument("--python", default=sys.executable, help="interpreter for the tasks (default: this one)")
@@ -234,6 +242,7 @@ def _run_local(args: argparse.Namespace, script_args: list[str]) -> int:
             python=args.python,
             grace_period=args.grace_period,
             evaluator_grace=args.evaluator_grace,
+            tls=not args.insecure_plaintext,
             cluster_factory=RestartingLocalCluster if args.restart else LocalCluster,
         )
     except LauncherError as err:

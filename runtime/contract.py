@@ -40,6 +40,10 @@ __all__ = [
     "REQUEST_TIMEOUT_ENV",
     "STREAM_IDLE_TIMEOUT_ENV",
     "TF_CONFIG_ENV",
+    "TLS_CA_FILE_ENV",
+    "TLS_CERT_FILE_ENV",
+    "TLS_KEY_FILE_ENV",
+    "TLS_MOUNT_PATH",
     "is_retryable_exit",
 ]
 
@@ -51,6 +55,20 @@ JOB_TOKEN_ENV = "KUBEPS_JOB_TOKEN"
 
 #: a file holding the job token, read when :data:`JOB_TOKEN_ENV` is unset (``kubeps local`` writes one)
 JOB_TOKEN_FILE_ENV = "KUBEPS_JOB_TOKEN_FILE"
+
+#: mutual TLS between the tasks: the job CA's certificate (PEM), which every peer's certificate must chain to
+TLS_CA_FILE_ENV = "KUBEPS_TLS_CA_FILE"
+
+#: mutual TLS: the certificate chain (PEM) a task serves and dials with
+TLS_CERT_FILE_ENV = "KUBEPS_TLS_CERT_FILE"
+
+#: mutual TLS: the private key (PEM) of :data:`TLS_CERT_FILE_ENV`. All three set: every server requires TLS with a
+#: client certificate and every client dials TLS; none set: plaintext (the operator and ``kubeps local`` set them
+#: unless TLS was turned off explicitly)
+TLS_KEY_FILE_ENV = "KUBEPS_TLS_KEY_FILE"
+
+#: where the operator mounts the job Secret's ``ca.crt``, ``tls.crt`` and ``tls.key`` in every container
+TLS_MOUNT_PATH = "/var/run/kubeps/tls"
 
 #: the address a ps or worker server binds to (default: all interfaces; ``kubeps local`` uses 127.0.0.1)
 BIND_HOST_ENV = "KUBEPS_BIND_HOST"

@@ -226,6 +226,51 @@ class RunPolicy(BaseModel):
         return exit_code in self.retryableExitCodes
 
 
+class TLSMode(str, Enum):
+    MUTUAL = "MutualTLS"
+    DISABLED = "Disabled"
+
+
+class NetworkPolicyMode(str, Enum):
+    SAME_JOB = "SameJob"
+    NONE = "None"
+
+
+class TLSSpec(BaseModel):
+    """Encryption of the traffic between the job's tasks."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    mode: TLSMode = Field(
+        TLSMode.MUTUAL,
+        description="MutualTLS (default): every task serves and dials TLS with the job's certificate, issued by a CA "
+        "made for this job and kept in its Secret; a connection without a certificate of that CA is refused. "
+        "Disabled: plaintext between the tasks (the job token still authenticates every call).",
+    )
+
+
+class NetworkPolicySpec(BaseModel):
+    """A NetworkPolicy that isolates the job's pods."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    mode: NetworkPolicyMode | None = Field(
+        None,
+        description="SameJob: the operator creates a NetworkPolicy <job>-kubeps that lets the job's pods accept "
+        "traffic only from pods of the same job. None: no NetworkPolicy. Unset: the operator's default "
+        "(--job-network-policy, chart value networkPolicy.jobs).",
+    )
+
+
+class SecuritySpec(BaseModel):
+    """How the job's tasks are protected from the rest of the cluster (immutable unless the job is suspended)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    tls: TLSSpec = Field(default_factory=TLSSpec, json_schema_extra={"default": {}})
+    networkPolicy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec, json_schema_extra={"default": {}})
+
+
 def _suspended_or_same(path: str, optional: bool = False) -> JsonDict:
     new, old = f"self.replicaSpecs{path}", f"oldSelf.replicaSpecs{path}"
     same = f"{new} == {old}"
@@ -252,6 +297,14 @@ IMMUTABILITY_RULES: list[JsonValue] = [
     _suspended_or_same(".Evaluator", optional=True),
     _suspended_or_same(".Worker.template"),
     _suspended_or_same(".Worker.restartPolicy"),
+    {
+        "rule": "(has(oldSelf.runPolicy) && has(oldSelf.runPolicy.suspend) && oldSelf.runPolicy.suspend) || "
+        "(has(self.security) == has(oldSelf.security) && (!has(self.security) || self.security == oldSelf.security))",
+        "message": "spec.security is immutable unless the job is suspended (pods made before and after a change "
+        "could not talk to each other)",
+        "fieldPath": ".security",
+        "reason": "FieldValueForbidden",
+    },
 ]
 
 
@@ -267,6 +320,7 @@ class PSTrainingJobSpec(BaseModel):
 
     replicaSpecs: ReplicaSpecs
     runPolicy: RunPolicy = Field(default_factory=RunPolicy, json_schema_extra=_EMPTY_DEFAULT)
+    security: SecuritySpec = Field(default_factory=SecuritySpec, json_schema_extra=_EMPTY_DEFAULT)
 
 
 #: CEL rules on the whole object (the only place where metadata.name is visible).

@@ -31,6 +31,10 @@ class Cache:
         self.pods: dict[Key, dict[str, Body]] = {}
         self.services: dict[Key, dict[str, Body]] = {}
         self.secrets: dict[Key, str | None] = {}  # job key -> uid of the job whose Secret is known to exist
+        #: job key -> the Secret's annotations the planner reads (how many Workers its certificate names)
+        self.secret_annotations: dict[Key, dict[str, str]] = {}
+        #: jobs whose NetworkPolicy is known to exist (NetworkPolicies are not watched)
+        self.network_policies: set[Key] = set()
 
     # -- jobs ---------------------------------------------------------------------------------------------------
     def store_job(self, key: Key, body: Body) -> bool:
@@ -47,6 +51,8 @@ class Cache:
     def forget_job(self, key: Key) -> None:
         self.jobs.pop(key, None)
         self.secrets.pop(key, None)
+        self.secret_annotations.pop(key, None)
+        self.network_policies.discard(key)
 
     def has_job(self, key: Key) -> bool:
         return key in self.jobs

@@ -1,9 +1,10 @@
 """The actuator: carries out a plan's actions against the API server (Kubeflow's PodControl and ServiceControl,
 plus the job's token Secret and the job itself).
 
-* The Events the planner decided are posted first; then the Secret is created (with a fresh random token: the
-  only randomness of the operator, kept out of the pure core); then every pod and Service create and delete runs
-  at once; then the job is deleted if its TTL passed.
+* The Events the planner decided are posted first; then the Secret is created (with a fresh random token and a
+  new CA and task certificate, :mod:`kubeps.runtime.certs`: the only randomness of the operator, kept out of the
+  pure core), or its certificate re-issued for added Workers, and the NetworkPolicy created; then every pod and
+  Service create and delete runs at once; then the job is deleted if its TTL passed.
 * Without the job's own Secret no pod is made: one started with another owner's token would disagree with the
   pods started after it.
 * A repeated action is a no-op: a create answered 409 (already there), a delete answered 404 or 409 (gone, or
@@ -22,7 +23,10 @@ import logging
 import secrets
 from typing import Awaitable, Callable
 
+from kubeps.runtime import certs
+
 from kubeps.operator.core.actions import (
+    CreateNetworkPolicy,
     CreatePod,
     CreateSecret,
     CreateService,
@@ -31,8 +35,9 @@ from kubeps.operator.core.actions import (
     DeleteService,
     Event,
     Plan,
+    ReissueCertificate,
 )
-from kubeps.operator.core.children import LABEL_ROLE, TOKEN_KEY, secret_name
+from kubeps.operator.core.children import ANNOTATION_TLS_WORKERS, LABEL_ROLE, TOKEN_KEY, secret_name
 from kubeps.operator.core.observed import controlled_by
 from kubeps.operator.kube.client import ApiError, KubeClient
 
@@ -62,6 +67,10 @@ class Control:
         secret_ready = True
         for secret in plan.of(CreateSecret):
             secret_ready = await self.create_secret(key, job, secret)
+        for reissue in plan.of(ReissueCertificate):
+            secret_ready = await self.reissue_certificate(key, job, reissue) and secret_ready
+        for policy in plan.of(CreateNetworkPolicy):
+            await self.create_network_policy(key, job, policy)
         # Without the job's own Secret no pod is made: one started with another owner's token would disagree with
         # the pods started after it.
         creates = [self.create_child(key, job, a) for a in plan.actions
@@ -79,18 +88,26 @@ class Control:
         """The job's token Secret if it exists and belongs to this job (remembered), else None (forgotten)."""
         secret = await self.kube.read_secret(key[0], secret_name(key[1]))
         if secret is not None and controlled_by(secret, uid):
-            self.cache.secrets[key] = uid
+            self._remember_secret(key, uid, secret)
             return secret
         # None, or a leftover of an older job of the same name that garbage collection removes
         self.cache.secrets.pop(key, None)
+        self.cache.secret_annotations.pop(key, None)
         return None
+
+    def _remember_secret(self, key: Key, uid: str | None, secret: Body) -> None:
+        self.cache.secrets[key] = uid
+        annotations = (secret.get("metadata") or {}).get("annotations") or {}
+        self.cache.secret_annotations[key] = {k: v for k, v in annotations.items() if k == ANNOTATION_TLS_WORKERS}
 
     async def create_secret(self, key: Key, job: Body, action: CreateSecret) -> bool:
         """Create the job's Secret; returns whether the job's own Secret exists now."""
         uid = job["metadata"]["uid"]
         body = copy.deepcopy(action.body)
         token = secrets.token_urlsafe(32)
-        body["data"] = {TOKEN_KEY: base64.b64encode(token.encode()).decode()}
+        made = certs.issue_job_credentials(key[1], action.tls_hosts or [f"{key[1]}.{key[0]}.svc"])
+        body["data"] = {TOKEN_KEY: _b64(token.encode()), **{k: _b64(v) for k, v in made.files().items()}}
+        body["metadata"].setdefault("annotations", {})[ANNOTATION_TLS_WORKERS] = str(action.tls_workers)
         try:
             await self.kube.create_secret(key[0], body)
         except ApiError as err:
@@ -107,10 +124,64 @@ class Control:
                                     f"be removed before creating pods")
                 self.retry(key, RETRY_SECRET_AFTER)
                 return False
+            self._remember_secret(key, uid, existing)
         else:
             self.recorder.event(job, "Normal", "SecretCreated", f"Created Secret {action.name}")
-        self.cache.secrets[key] = uid
+            self._remember_secret(key, uid, body)
         return True
+
+    async def reissue_certificate(self, key: Key, job: Body, action: ReissueCertificate) -> bool:
+        """Issue the job's task certificate again, from its CA, for the names the added Workers are dialed by;
+        returns whether the Secret now covers them (else the reconcile is retried and no pod is made)."""
+        uid = job["metadata"]["uid"]
+        secret = await self.kube.read_secret(key[0], action.name)
+        if secret is None or not controlled_by(secret, uid):
+            self.cache.secrets.pop(key, None)  # lost: the next reconcile restarts the job with a new Secret
+            self.retry(key, RETRY_SECRET_AFTER)
+            return False
+        data = secret.get("data") or {}
+        try:
+            ca_cert, ca_key = (base64.b64decode(data[k]) for k in (certs.CA_CERT_KEY, certs.CA_KEY_KEY))
+            cert, tls_key = certs.issue_task_certificate(ca_cert, ca_key, action.tls_hosts, f"kubeps job {key[1]}")
+        except (KeyError, ValueError) as err:
+            message = (f"Secret {action.name} holds no usable job CA ({type(err).__name__}: {err}); delete the "
+                       f"Secret to restart the job with a new one")
+            self.recorder.event(job, "Warning", "CertificateNotIssued", message)
+            self.retry(key, RETRY_CREATE_AFTER)
+            return False
+        patch = {"metadata": {"resourceVersion": secret["metadata"]["resourceVersion"],
+                              "annotations": {ANNOTATION_TLS_WORKERS: str(action.tls_workers)}},
+                 "data": {certs.TLS_CERT_KEY: _b64(cert), certs.TLS_KEY_KEY: _b64(tls_key)}}
+        try:
+            written = await self.kube.patch_secret(key[0], action.name, patch)
+        except ApiError as err:
+            if err.status not in (404, 409):
+                self.recorder.api_error("patch-secret", err.status)
+                raise
+            self.retry(key, RETRY_SECRET_AFTER)  # changed or deleted meanwhile: plan again
+            return False
+        self._remember_secret(key, uid, written)
+        self.recorder.event(job, "Normal", "CertificateIssued",
+                            f"Issued the task certificate in Secret {action.name} again for {action.tls_workers} "
+                            f"workers")
+        return True
+
+    async def create_network_policy(self, key: Key, job: Body, action: CreateNetworkPolicy) -> None:
+        try:
+            await self.kube.create_network_policy(key[0], action.body)
+        except ApiError as err:
+            if err.status == 409:
+                self.cache.network_policies.add(key)
+                return  # already there
+            self.recorder.api_error("create-networkpolicy", err.status)
+            self.recorder.event(job, "Warning", "NetworkPolicyCreateFailed",
+                                f"Could not create NetworkPolicy {action.name}: {_api_message(err)}; the job's pods "
+                                f"are not isolated")
+            if err.status in (403, 429, 500, 503):
+                self.retry(key, RETRY_CREATE_AFTER)
+            return
+        self.cache.network_policies.add(key)
+        self.recorder.event(job, "Normal", "NetworkPolicyCreated", f"Created NetworkPolicy {action.name}")
 
     async def create_child(self, key: Key, job: Body, action: CreatePod | CreateService) -> tuple[str, str] | None:
         """Create a pod or Service; returns ``(reason, name)`` for the reconcile's Event when it was made."""
@@ -168,6 +239,10 @@ class Control:
             return
         self.recorder.job_deleted()
         log.info("deleted %s/%s: %s", key[0], key[1], action.reason)
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
 
 
 def _api_message(err: ApiError) -> str:

@@ -16,9 +16,10 @@ from __future__ import annotations
 import time
 from datetime import datetime, timezone
 
+from kubeps.operator.api.models import NetworkPolicyMode
 from kubeps.operator.core import planner
 from kubeps.operator.core.actions import CreatePod
-from kubeps.operator.core.children import PlanConfig, secret_name
+from kubeps.operator.core.children import ANNOTATION_NETWORK_POLICY, PlanConfig, secret_name
 from kubeps.operator.kube.client import ApiError, KubeClient
 
 from .cache import Body, Cache, Key, job_key
@@ -36,7 +37,8 @@ class Reconciler:
     def __init__(self, settings: Settings, kube: KubeClient | None = None):
         self.settings = settings
         self.kube = kube or KubeClient(qps=settings.api_qps, burst=settings.api_burst, pool_size=settings.workers)
-        self.config = PlanConfig(default_image=settings.default_image, cluster_domain=settings.cluster_domain)
+        self.config = PlanConfig(default_image=settings.default_image, cluster_domain=settings.cluster_domain,
+                                 network_policy=NetworkPolicyMode(settings.job_network_policy))
         self.cache = Cache()
         self.recorder = Recorder()
         # `self.reconcile` is looked up at each call (not bound here), so a test may replace it on the instance.
@@ -104,13 +106,17 @@ class Reconciler:
         cached = self.cache.secrets.get(key) == uid
         secret: Body | None
         if cached:
-            secret = {"metadata": {"name": secret_name(key[1])}}
+            secret = {"metadata": {"name": secret_name(key[1]),
+                                   "annotations": dict(self.cache.secret_annotations.get(key) or {})}}
         elif not pods and not job.get("status"):
             # A job never reconciled: plan to create its Secret without reading first (creating one that exists
             # answers 409, and create_secret then checks whose it is); one GET fewer per new job.
             secret = None
         else:
             secret = await self.control.read_own_secret(key, uid)
+        if secret is not None and key in self.cache.network_policies:
+            secret = {**secret, "metadata": {**secret["metadata"], "annotations": {
+                **(secret["metadata"].get("annotations") or {}), ANNOTATION_NETWORK_POLICY: "present"}}}
         now = datetime.now(timezone.utc)
         plan = planner.plan(job, pods, services, secret, now, self.config)
         if cached and plan.of(CreatePod) and await self.control.read_own_secret(key, uid) is None:

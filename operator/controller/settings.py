@@ -40,6 +40,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Mapping
 
+from kubeps.operator.api.models import NetworkPolicyMode
 from kubeps.operator.core.children import DEFAULT_IMAGE
 
 if TYPE_CHECKING:  # kopf itself is imported late (see kopf_settings)
@@ -81,12 +82,23 @@ def _optional_int(env: Mapping[str, str], name: str, minimum: int | None = 0) ->
     return value
 
 
+def _network_policy_mode(name: str, raw: str | None) -> str:
+    allowed = [m.value for m in NetworkPolicyMode]
+    if not raw:
+        return NetworkPolicyMode.NONE.value
+    if raw not in allowed:
+        raise ValueError(f"{name}={raw!r}: expected one of {', '.join(allowed)}")
+    return raw
+
+
 @dataclass(frozen=True)
 class Settings:
     namespaces: tuple[str, ...] = ()
     all_namespaces: bool = False
     default_image: str = DEFAULT_IMAGE
     cluster_domain: str | None = None
+    #: ``SameJob`` or ``None``: the NetworkPolicy of a job whose spec sets no ``security.networkPolicy.mode``
+    job_network_policy: str = "None"
     api_qps: float = 100.0
     api_burst: int = 200
     workers: int = 16
@@ -116,6 +128,7 @@ class Settings:
             all_namespaces=_bool(env.get("KUBEPS_ALL_NAMESPACES")),
             default_image=env.get("KUBEPS_DEFAULT_IMAGE") or DEFAULT_IMAGE,
             cluster_domain=env.get("KUBEPS_CLUSTER_DOMAIN") or None,
+            job_network_policy=_network_policy_mode("KUBEPS_JOB_NETWORK_POLICY", env.get("KUBEPS_JOB_NETWORK_POLICY")),
             api_qps=_float(env, "KUBEPS_API_QPS", 100.0),
             api_burst=_int(env, "KUBEPS_API_BURST", 200, 1),
             workers=_int(env, "KUBEPS_WORKERS", 16, 1),

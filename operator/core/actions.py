@@ -16,6 +16,26 @@ from typing import Any, TypeVar, Union
 class CreateSecret:
     name: str
     body: dict[str, Any]  # without the token: the shell adds a random one under data[TOKEN_KEY]
+    #: the names the job's task certificate must be valid for (the shell makes a new CA and issues it: its keys
+    #: are random, kept out of the pure core), and how many Worker indices they cover
+    tls_hosts: tuple[str, ...] = ()
+    tls_workers: int = 0
+
+
+@dataclass(frozen=True)
+class ReissueCertificate:
+    """Workers were added beyond the names of the Secret's task certificate: issue a new one, from the job's CA
+    (pods running keep theirs: the CA is the same, so they trust the new one)."""
+
+    name: str  # the Secret
+    tls_hosts: tuple[str, ...]
+    tls_workers: int
+
+
+@dataclass(frozen=True)
+class CreateNetworkPolicy:
+    name: str
+    body: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -57,7 +77,7 @@ class Event:
     message: str
 
 
-Action = Union[CreateSecret, CreateService, CreatePod, DeletePod, DeleteService, DeleteJob, Event]
+Action = Union[CreateSecret, ReissueCertificate, CreateNetworkPolicy, CreateService, CreatePod, DeletePod, DeleteService, DeleteJob, Event]
 _A = TypeVar("_A")
 
 

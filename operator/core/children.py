@@ -5,7 +5,15 @@ state machine that decides *when* to create or delete them is :mod:`kubeps.opera
 *what* they are (as training-operator keeps TF_CONFIG in ``tensorflow.go`` beside its reconcile engine).
 
 * Per replica one pod and one headless Service named ``<job>-<type>-<index>``; one Secret per job holding the
-  job token. Pods carry the labels below, the chief its epoch annotation, and every pod ``restartPolicy: Never``.
+  job token and (:mod:`kubeps.runtime.certs`) the job's CA and task certificate. Pods carry the labels below, the
+  chief its epoch annotation, and every pod ``restartPolicy: Never``.
+* With ``spec.security.tls.mode: MutualTLS`` (the default) the main container mounts the Secret's ``ca.crt``,
+  ``tls.crt`` and ``tls.key`` (never ``ca.key``) at :data:`~kubeps.runtime.contract.TLS_MOUNT_PATH` and gets the
+  ``KUBEPS_TLS_*_FILE`` variables naming them.
+* Every container gets the ``restricted`` Pod Security Standard's settings where the template leaves them unset
+  (:func:`restricted_defaults`); what the template sets is kept.
+* With ``spec.security.networkPolicy.mode: SameJob`` (or the operator's default) a NetworkPolicy ``<job>-kubeps``
+  lets the job's pods accept traffic from the job's pods only.
 * ``TF_CONFIG`` lists every task as ``<job>-<type>-<index>.<namespace>.svc[.<cluster domain>]:<port>``, built
   with :class:`kubeps.runtime.cluster.TFConfig` (the one TF_CONFIG model both halves share).
 """
@@ -17,11 +25,13 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from kubeps.runtime import certs
 from kubeps.runtime.cluster import TaskSpec, TFConfig
-from kubeps.runtime.contract import JOB_TOKEN_ENV, TF_CONFIG_ENV
+from kubeps.runtime.contract import (JOB_TOKEN_ENV, TF_CONFIG_ENV, TLS_CA_FILE_ENV, TLS_CERT_FILE_ENV,
+                                     TLS_KEY_FILE_ENV, TLS_MOUNT_PATH)
 
 from kubeps.operator.api import models
-from kubeps.operator.api.models import PSTrainingJobSpec, ReplicaType
+from kubeps.operator.api.models import NetworkPolicyMode, PSTrainingJobSpec, ReplicaType, TLSMode
 
 #: The runtime image of containers that name none (``--default-image`` / ``KUBEPS_DEFAULT_IMAGE`` override it).
 DEFAULT_IMAGE = "ghcr.io/kubeps/kubeps-runtime:0.1.0"
@@ -31,8 +41,17 @@ LABEL_TYPE = "kubeps.dev/replica-type"
 LABEL_INDEX = "kubeps.dev/replica-index"
 LABEL_ROLE = "kubeps.dev/job-role"
 ANNOTATION_EPOCH = "kubeps.dev/chief-epoch"
+#: on the job's Secret: how many Worker indices the task certificate's names cover (scale-up beyond: re-issued)
+ANNOTATION_TLS_WORKERS = "kubeps.dev/tls-workers"
+#: set by the operator's shell on the Secret it hands the planner (never written): the job's NetworkPolicy is
+#: known to exist (NetworkPolicies are not watched; without it the planner asks for a create, a no-op if there)
+ANNOTATION_NETWORK_POLICY = "kubeps.dev/network-policy"
 MAIN_CONTAINER_NAMES = ("kubeps", "tensorflow")
 TOKEN_KEY = "token"
+TLS_VOLUME = "kubeps-tls"
+#: the Secret's keys a pod mounts (the CA's key stays in the Secret: only the operator issues certificates)
+TLS_MOUNTED_KEYS = {TLS_CA_FILE_ENV: certs.CA_CERT_KEY, TLS_CERT_FILE_ENV: certs.TLS_CERT_KEY,
+                    TLS_KEY_FILE_ENV: certs.TLS_KEY_KEY}
 
 
 @dataclass(frozen=True)
@@ -42,6 +61,8 @@ class PlanConfig:
     default_image: str = DEFAULT_IMAGE
     #: Appended to ``<svc>.<namespace>.svc`` in TF_CONFIG hosts when set (e.g. ``cluster.local``).
     cluster_domain: str | None = None
+    #: The NetworkPolicy of a job whose spec sets no ``security.networkPolicy.mode``.
+    network_policy: NetworkPolicyMode = NetworkPolicyMode.NONE
 
 
 # -- names and labels ------------------------------------------------------------------------------------------
@@ -52,6 +73,10 @@ def child_name(job: str, replica_type: ReplicaType | str, index: int) -> str:
 
 def secret_name(job: str) -> str:
     return f"{job}-kubeps-token"
+
+
+def network_policy_name(job: str) -> str:
+    return f"{job}-kubeps"
 
 
 def selector_labels(job: str, replica_type: ReplicaType, index: int) -> dict[str, str]:
@@ -114,6 +139,66 @@ def cluster_addresses(job: Mapping[str, Any], spec: PSTrainingJobSpec, config: P
     return cluster
 
 
+def tls_hosts(job: Mapping[str, Any], spec: PSTrainingJobSpec, config: PlanConfig,
+              workers: int | None = None) -> list[str]:
+    """The names the job's task certificate is valid for: every task's Service as ``<svc>.<namespace>.svc``
+    (and with the cluster domain, when configured); ``workers`` Worker indices (default: the spec's replicas)."""
+    name = job["metadata"]["name"]
+    namespace = job["metadata"]["namespace"]
+    hosts = []
+    for rt in models.REPLICA_TYPES:
+        replica_spec = spec.replicaSpecs.get(rt)
+        if replica_spec is None:
+            continue
+        count = workers if rt is ReplicaType.WORKER and workers is not None else replica_spec.replicas
+        for i in range(count):
+            host = f"{child_name(name, rt, i)}.{namespace}.svc"
+            hosts.append(host)
+            if config.cluster_domain:
+                hosts.append(f"{host}.{config.cluster_domain}")
+    return hosts
+
+
+def tls_enabled(spec: PSTrainingJobSpec) -> bool:
+    return spec.security.tls.mode is TLSMode.MUTUAL
+
+
+def network_policy_mode(spec: PSTrainingJobSpec, config: PlanConfig) -> NetworkPolicyMode:
+    """The job's NetworkPolicy mode: its spec's, else the operator's default."""
+    return spec.security.networkPolicy.mode or config.network_policy
+
+
+def restricted_defaults(pod_spec: dict[str, Any]) -> None:
+    """Fill in what the ``restricted`` Pod Security Standard requires where the template leaves it unset: the pod
+    runs as non-root with the RuntimeDefault seccomp profile; no container may escalate privileges, and each drops
+    every capability. A value the template sets (pod or container level) is kept, even one that fails the standard."""
+    pod_context = pod_spec.setdefault("securityContext", {})
+    containers = [c for key in ("initContainers", "containers") for c in pod_spec.get(key) or []]
+    if "runAsNonRoot" not in pod_context and not any(
+            "runAsNonRoot" in (c.get("securityContext") or {}) for c in containers):
+        pod_context["runAsNonRoot"] = True
+    if "seccompProfile" not in pod_context and not any(
+            "seccompProfile" in (c.get("securityContext") or {}) for c in containers):
+        pod_context["seccompProfile"] = {"type": "RuntimeDefault"}
+    for container in containers:
+        context = container.setdefault("securityContext", {})
+        context.setdefault("allowPrivilegeEscalation", False)
+        capabilities = context.setdefault("capabilities", {})
+        capabilities.setdefault("drop", ["ALL"])
+
+
+def _mount_tls(pod_spec: dict[str, Any], main: dict[str, Any], secret: str) -> None:
+    volumes = [v for v in pod_spec.get("volumes") or [] if v.get("name") != TLS_VOLUME]
+    volumes.append({"name": TLS_VOLUME, "secret": {
+        "secretName": secret,
+        "items": [{"key": key, "path": key} for key in TLS_MOUNTED_KEYS.values()],
+    }})
+    pod_spec["volumes"] = volumes
+    mounts = [m for m in main.get("volumeMounts") or [] if m.get("name") != TLS_VOLUME]
+    mounts.append({"name": TLS_VOLUME, "mountPath": TLS_MOUNT_PATH, "readOnly": True})
+    main["volumeMounts"] = mounts
+
+
 def tf_config_json(job: Mapping[str, Any], spec: PSTrainingJobSpec, replica_type: ReplicaType, index: int,
                    config: PlanConfig) -> str:
     addresses = cluster_addresses(job, spec, config)
@@ -168,6 +253,14 @@ def pod_body(job: Mapping[str, Any], job_spec: PSTrainingJobSpec, replica_type: 
         },
         "GRPC_FAIL_FAST": {"name": "GRPC_FAIL_FAST", "value": "use_caller"},
     }
+    if tls_enabled(job_spec):
+        _mount_tls(spec, main, secret_name(name))
+        for env_name, key in TLS_MOUNTED_KEYS.items():
+            injected[env_name] = {"name": env_name, "value": f"{TLS_MOUNT_PATH}/{key}"}
+    else:  # plaintext, as the spec asks: a template's own TLS variables would make the tasks disagree
+        for env_name in TLS_MOUNTED_KEYS:
+            injected[env_name] = {"name": env_name, "value": ""}
+    restricted_defaults(spec)
     env = [e for e in main.get("env") or [] if e.get("name") not in injected]
     main["env"] = env + list(injected.values())
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
@@ -194,16 +287,32 @@ def service_body(job: Mapping[str, Any], replica_type: ReplicaType, index: int) 
     }
 
 
-def secret_body(job: Mapping[str, Any]) -> dict[str, Any]:
+def _job_object_metadata(job: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """Metadata of an object that belongs to the whole job (not to one replica): labelled with the job, owned by it."""
+    return {
+        "name": name,
+        "namespace": job["metadata"]["namespace"],
+        "labels": {LABEL_JOB: job["metadata"]["name"]},
+        "ownerReferences": [owner_reference(job)],
+    }
+
+
+def network_policy_body(job: Mapping[str, Any]) -> dict[str, Any]:
+    """Ingress to the job's pods from the job's pods only (any port: the tasks, and what the user runs beside)."""
     name = job["metadata"]["name"]
+    own = {"matchLabels": {LABEL_JOB: name}}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _job_object_metadata(job, network_policy_name(name)),
+        "spec": {"podSelector": own, "policyTypes": ["Ingress"], "ingress": [{"from": [{"podSelector": own}]}]},
+    }
+
+
+def secret_body(job: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "type": "Opaque",
-        "metadata": {
-            "name": secret_name(name),
-            "namespace": job["metadata"]["namespace"],
-            "labels": {LABEL_JOB: name},
-            "ownerReferences": [owner_reference(job)],
-        },
+        "metadata": _job_object_metadata(job, secret_name(job["metadata"]["name"])),
     }

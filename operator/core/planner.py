@@ -43,6 +43,7 @@ from kubeps.operator.api import models
 from kubeps.operator.api.models import (
     CleanPodPolicy,
     ConditionType,
+    NetworkPolicyMode,
     PSTrainingJobSpec,
     ReplicaStatus,
     ReplicaType,
@@ -50,8 +51,10 @@ from kubeps.operator.api.models import (
     SpecError,
 )
 
-from .actions import CreatePod, CreateSecret, CreateService, DeleteJob, DeletePod, DeleteService, Event, Plan
-from .children import PlanConfig, child_name, pod_body, secret_body, secret_name, service_body
+from .actions import (CreateNetworkPolicy, CreatePod, CreateSecret, CreateService, DeleteJob, DeletePod, DeleteService,
+                      Event, Plan, ReissueCertificate)
+from .children import (ANNOTATION_NETWORK_POLICY, ANNOTATION_TLS_WORKERS, PlanConfig, child_name, network_policy_body, network_policy_mode,
+                       network_policy_name, pod_body, secret_body, secret_name, service_body, tls_enabled, tls_hosts)
 from .observed import ObservedPod, controlled_by, fmt_time, observe_pod, parse_time
 from .status import (
     R_ALL_WORKERS_FAILED,
@@ -73,6 +76,16 @@ from .status import (
 
 
 # ---------------------------------------------------------------------------------------------- the planner
+def _covered_workers(secret: Mapping[str, Any]) -> int:
+    """How many Worker indices the Secret's task certificate names (its annotation; unknown: as many as needed,
+    for a Secret the shell has not told about)."""
+    value = ((secret.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_TLS_WORKERS)
+    try:
+        return int(str(value))
+    except ValueError:  # None, or not a number
+        return 1 << 30
+
+
 class _Planner:
     def __init__(self, job: Mapping[str, Any], pods: list[Mapping[str, Any]], services: list[Mapping[str, Any]],
                  secret: Mapping[str, Any] | None, now: datetime, config: PlanConfig):
@@ -255,9 +268,20 @@ class _Planner:
         if self.book.set_condition(ConditionType.CREATED, True, R_CREATED,
                               f"PSTrainingJob {self.meta.get('namespace')}/{self.name} is created."):
             self.event("Normal", R_CREATED, f"PSTrainingJob {self.name} is created")
-        if self.secret is None:
-            self.plan.actions.append(CreateSecret(secret_name(self.name), secret_body(self.job)))
         desired = self.desired_counts()
+        workers = desired[ReplicaType.WORKER]
+        if self.secret is None:
+            self.plan.actions.append(CreateSecret(secret_name(self.name), secret_body(self.job),
+                                                  tuple(tls_hosts(self.job, spec, self.config, workers)), workers))
+        elif tls_enabled(spec) and workers > _covered_workers(self.secret) and not run_policy.suspend:
+            self.plan.actions.append(ReissueCertificate(secret_name(self.name),
+                                                        tuple(tls_hosts(self.job, spec, self.config, workers)),
+                                                        workers))
+        if network_policy_mode(spec, self.config) is NetworkPolicyMode.SAME_JOB and not run_policy.suspend and (
+                self.secret is None or ANNOTATION_NETWORK_POLICY not in (self.secret.get("metadata") or {}).get(
+                    "annotations", {})):
+            # not watched: asked for until the shell saw it made (a create that finds it there is a no-op)
+            self.plan.actions.append(CreateNetworkPolicy(network_policy_name(self.name), network_policy_body(self.job)))
 
         # Suspend / resume.
         if run_policy.suspend:

@@ -243,6 +243,14 @@ class KubeClient:
     async def create_secret(self, namespace: str, body: dict) -> None:
         await self.request("POST", f"/api/v1/namespaces/{namespace}/secrets", body)
 
+    async def patch_secret(self, namespace: str, name: str, body: dict) -> dict:
+        """A merge patch; with ``metadata.resourceVersion`` in ``body``, a concurrent change answers 409."""
+        return await self.request("PATCH", f"/api/v1/namespaces/{namespace}/secrets/{name}", body,
+                                  content_type=MERGE_PATCH, answer=True)
+
+    async def create_network_policy(self, namespace: str, body: dict) -> None:
+        await self.request("POST", f"/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies", body)
+
 
 def _delete_options(uid: str | None, grace_seconds: int | None = None) -> dict:
     body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}

@@ -208,7 +208,8 @@ class ClusterCoordinator:
         self._resources: list[tuple[str, np.ndarray]] = []  # (resource_id, pickled creator), creation order
         self._resource_ids = itertools.count()
         self._workers = [
-            _WorkerHandle(i, address, Client(address, WORKER_SERVICE, strategy.job_token, timeout=closure_timeout))
+            _WorkerHandle(i, address, Client(address, WORKER_SERVICE, strategy.job_token, timeout=closure_timeout,
+                                           tls=strategy.tls))
             for i, address in enumerate(strategy.worker_addresses)
         ]
         #: heartbeats of every ps and busy worker, and the accounting of ps errors (coordinator/failure.py)

@@ -208,9 +208,10 @@ class FailureDetector:
         if beat.due(now, self.heartbeat_interval):
             beat.sent_at = now
             beat.future = self._ping_submit(self.strategy.transport.call, ps, PING, timeout=self.ping_timeout)
-        if not beat.answered and not getattr(self.strategy, "ps_ready", True):
-            # a ps that never answered while the strategy has not seen every ps yet is starting, not dead: the
-            # strategy waits for it (ps_startup_timeout) and says so itself
+        if not beat.answered and getattr(self.strategy, "ps_waiting", False):
+            # a ps that never answered while the strategy waits for every ps to start is starting, not dead: the
+            # strategy waits for it (ps_startup_timeout) and says so itself; one that was never waited for (no
+            # variable created yet) and stops answering is dead after the usual silence
             beat.last_ok = now
             return
         silent = now - beat.last_ok

@@ -23,6 +23,7 @@ from kubeps.runtime.errors import PSUnavailableError, RuntimeConfigError
 from kubeps.runtime.variables.partitioners import div_split
 from kubeps.runtime.rpc.client import DEFAULT_TIMEOUT_S
 from kubeps.runtime.rpc.security import load_job_token
+from kubeps.runtime.rpc.tls import TLSConfig, load_tls
 from kubeps.runtime.util.threads import limit_math_threads
 from kubeps.runtime.models.xla import size_cpu_backend_if_loaded
 from kubeps.runtime.rpc.transport import PSTransport
@@ -40,7 +41,8 @@ STARTUP_QUIET_S = 1.0
 class ParameterServerStrategy:
     """``ParameterServerStrategy(cluster_resolver, variable_partitioner=None)``.
 
-    kubeps extras (keyword-only): ``job_token`` (default: from the environment), ``rpc_timeout`` (seconds,
+    kubeps extras (keyword-only): ``job_token`` and ``tls`` (mutual TLS files, :class:`~kubeps.runtime.rpc.tls.TLSConfig`;
+    both default to the environment's), ``rpc_timeout`` (seconds,
     the deadline of variable reads and writes from the coordinator) and ``ps_startup_timeout`` (seconds the
     first variable creation waits for every parameter server to answer: tasks of a job start together, and a
     coordinator that dials a ps before it listens must wait, not crash).
@@ -48,7 +50,7 @@ class ParameterServerStrategy:
 
     def __init__(self, cluster_resolver: Any, variable_partitioner: Callable[[Any, Any], list[int]] | None = None,
                  *, job_token: str | None = None, rpc_timeout: float = DEFAULT_TIMEOUT_S,
-                 ps_startup_timeout: float = 120.0):
+                 ps_startup_timeout: float = 120.0, tls: TLSConfig | None = None):
         if cluster_resolver is None or not hasattr(cluster_resolver, "cluster_spec"):
             raise RuntimeConfigError("cluster_resolver", cluster_resolver,
                                      "must be a cluster resolver such as TFConfigClusterResolver()")
@@ -82,7 +84,8 @@ class ParameterServerStrategy:
         self._cluster_spec = spec
         self._variable_partitioner = variable_partitioner
         self._token = job_token if job_token is not None else load_job_token()
-        self._transport = PSTransport(spec.job_tasks("ps"), self._token, rpc_timeout)
+        self._tls = tls if tls is not None else load_tls()
+        self._transport = PSTransport(spec.job_tasks("ps"), self._token, rpc_timeout, tls=self._tls)
         self._lock = threading.Lock()
         self._next_ps = 0
         self._names: dict[str, int] = {}
@@ -91,6 +94,7 @@ class ParameterServerStrategy:
             raise RuntimeConfigError("ps_startup_timeout", ps_startup_timeout, "must be a number of seconds > 0")
         self._ps_startup_timeout = float(ps_startup_timeout)
         self._ps_ready = False
+        self._ps_waiting = False
 
     # -- cluster ---------------------------------------------------------------------------------------------
     @property
@@ -122,6 +126,11 @@ class ParameterServerStrategy:
         return self._token
 
     @property
+    def tls(self) -> TLSConfig | None:
+        """The mutual TLS credentials its clients dial with (None: plaintext)."""
+        return self._tls
+
+    @property
     def transport(self) -> PSTransport:
         return self._transport
 
@@ -144,6 +153,12 @@ class ParameterServerStrategy:
         return self._ps_ready
 
     @property
+    def ps_waiting(self) -> bool:
+        """Whether :meth:`wait_for_parameter_servers` is waiting right now (the failure detector leaves a ps that
+        never answered to it meanwhile: starting, not dead)."""
+        return self._ps_waiting
+
+    @property
     def ps_startup_timeout(self) -> float:
         return self._ps_startup_timeout
 
@@ -155,6 +170,13 @@ class ParameterServerStrategy:
         parameter server that does not listen yet is normal for a few seconds)."""
         if self._ps_ready:
             return
+        self._ps_waiting = True
+        try:
+            self._wait_for_parameter_servers(timeout)
+        finally:
+            self._ps_waiting = False
+
+    def _wait_for_parameter_servers(self, timeout: float | None) -> None:
         limit = self._ps_startup_timeout if timeout is None else timeout
         began = time.monotonic()
         silent = list(range(self.num_ps))

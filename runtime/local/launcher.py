@@ -5,6 +5,11 @@ job as child processes of this one, each running ``python SCRIPT ARGS`` with its
 :meth:`kubeps.runtime.cluster.TFConfig.for_task`, so the evaluator is never part of the training cluster) on free
 loopback ports. Every task's output is streamed line by line with a ``[type-index]`` prefix.
 
+The tasks talk mutual TLS: a throw-away CA and the tasks' certificate (for the ``--host`` address and
+``localhost``) are made in a temporary directory (mode 0700) that :meth:`LocalCluster.stop` removes; the CA's key is
+never written. ``tls=False`` (``--insecure-plaintext``) runs them plaintext; TLS files named in the environment
+(``KUBEPS_TLS_*_FILE``) are used as they are.
+
 The chief decides the outcome: when it exits, every other task is stopped (SIGTERM to its process group, SIGKILL
 after a grace period) and its exit status is the cluster's. After a chief that succeeded, a running sidecar
 evaluator first gets up to ``evaluator_grace`` seconds (``--evaluator-grace``, default 60) to evaluate the final
@@ -23,6 +28,7 @@ import atexit
 import os
 import queue
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -35,9 +41,10 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import IO, Any, Callable, Mapping, Sequence
 
+from kubeps.runtime import certs
 from kubeps.runtime.cluster import TFConfig
 from kubeps.runtime.contract import (BIND_HOST_ENV, CHECKPOINT_ROOT_ENV, CPUS_ENV, JOB_TOKEN_ENV, JOB_TOKEN_FILE_ENV,
-                                     TF_CONFIG_ENV)
+                                     TF_CONFIG_ENV, TLS_CA_FILE_ENV, TLS_CERT_FILE_ENV, TLS_KEY_FILE_ENV)
 from kubeps.runtime.util.threads import cpu_budget
 
 __all__ = [
@@ -170,6 +177,7 @@ class LocalCluster:
         evaluator_grace: float = DEFAULT_EVALUATOR_GRACE_S,
         output: IO[str] | None = None,
         log: IO[str] | None = None,
+        tls: bool = True,
     ):
         if num_ps < 1:
             raise LauncherError(f"--ps must be >= 1, got {num_ps}")
@@ -225,6 +233,14 @@ class LocalCluster:
             # the machine's CPUs shared by the tasks that compute (ps and workers): math thread pools sized to
             # one task's share instead of every task starting one thread per core (see kubeps.runtime.util.threads)
             base_env[CPUS_ENV] = str(max(1, int(cpus) // (num_ps + num_workers)))
+        #: the throw-away directory of this run's CA and certificate (removed by stop()), if one was made
+        self.tls_dir: str | None = None
+        tls_vars = (TLS_CA_FILE_ENV, TLS_CERT_FILE_ENV, TLS_KEY_FILE_ENV)
+        if not tls:
+            for name in tls_vars:
+                base_env.pop(name, None)
+        elif not any(base_env.get(name) for name in tls_vars):
+            self.tls_dir = _throwaway_credentials(base_env, host)
         self._base_env = base_env
 
         self.tasks: dict[tuple[str, int], TaskProcess] = {}
@@ -453,10 +469,17 @@ class LocalCluster:
 
     def stop(self) -> None:
         """Stop every task: SIGTERM to each process group, SIGKILL to what is left after the grace period, then
-        reap. Safe to call more than once and from an ``atexit`` hook."""
+        reap, then remove the throw-away TLS directory. Safe to call more than once and from an ``atexit`` hook."""
         with self._lock:
             self._stopping = True
             tasks = list(self.tasks.values())
+        try:
+            self._stop_tasks(tasks)
+        finally:
+            if self.tls_dir is not None:
+                shutil.rmtree(self.tls_dir, ignore_errors=True)
+
+    def _stop_tasks(self, tasks: list[TaskProcess]) -> None:
         if not tasks:
             return
         live = [t for t in tasks if t.running and not t.reaped]
@@ -485,6 +508,26 @@ class LocalCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+# -- TLS ------------------------------------------------------------------------------------------------------------
+def _throwaway_credentials(env: dict[str, str], host: str) -> str:
+    """Make a CA and the tasks' certificate for ``host`` in a new private directory; point ``env`` at the files."""
+    directory = tempfile.mkdtemp(prefix="kubeps-tls-")  # mode 0700
+    try:
+        made = certs.issue_job_credentials("local", [host, "localhost"])
+        files = {TLS_CA_FILE_ENV: (certs.CA_CERT_KEY, made.ca_cert), TLS_CERT_FILE_ENV: (certs.TLS_CERT_KEY, made.cert),
+                 TLS_KEY_FILE_ENV: (certs.TLS_KEY_KEY, made.key)}
+        for name, (filename, data) in files.items():
+            path = os.path.join(directory, filename)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+            env[name] = path
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+    return directory
 
 
 # -- the command --------------------------------------------------------------------------------------------------

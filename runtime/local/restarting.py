@@ -19,6 +19,7 @@ from kubeps.runtime.errors import RemoteError
 from kubeps.runtime.local.launcher import LocalCluster, TaskProcess, exit_status
 from kubeps.runtime.rpc.client import Client
 from kubeps.runtime.rpc.protocol import PING, PS_SERVICE
+from kubeps.runtime.rpc.tls import load_tls
 from kubeps.runtime.local.policy import Action, RestartPolicy, SupervisorEvent
 
 __all__ = ["RestartingLocalCluster"]
@@ -87,7 +88,7 @@ class RestartingLocalCluster(LocalCluster):
         """Wait until every ps task runs and answers a Ping (a restarted chief restores into them at once)."""
         deadline = time.monotonic() + timeout
         for index, address in enumerate(self.cluster.get("ps", [])):
-            client = Client(address, PS_SERVICE, self.job_token, timeout=1.0)
+            client = Client(address, PS_SERVICE, self.job_token, timeout=1.0, tls=load_tls(self._base_env))
             try:
                 while True:
                     task = self.tasks.get(("ps", index))

@@ -26,6 +26,7 @@ from kubeps.runtime.errors import RemoteError, UnauthenticatedError
 from kubeps.runtime.rpc.protocol import (ANSWER_ID_KEY, ANSWER_PARKED, COLLECT, ERROR_REASON_KEY, TOO_MANY_CALLS,
                                           UNARY_PREFIX)
 from kubeps.runtime.rpc.security import token_metadata
+from kubeps.runtime.rpc.tls import TLSConfig
 
 __all__ = ["CHANNEL_OPTIONS", "DEFAULT_TIMEOUT_S", "Call", "Client"]
 
@@ -56,11 +57,15 @@ def _connect_address(address: str) -> str:
 
 
 class Client:
-    """Calls methods of one task. Thread-safe; the channel reconnects by itself after the peer comes back."""
+    """Calls methods of one task. Thread-safe; the channel reconnects by itself after the peer comes back.
+
+    With ``tls`` the channel is mutual TLS (:mod:`kubeps.runtime.rpc.tls`); without, plaintext.
+    """
 
     def __init__(self, address: str, service: str, token: str | None, timeout: float = DEFAULT_TIMEOUT_S,
-                 chunk_bytes: int | None = None):
+                 chunk_bytes: int | None = None, tls: TLSConfig | None = None):
         self.address = address
+        self.tls = tls
         self.service = service
         self.timeout = timeout
         self.chunk_bytes = chunk_bytes
@@ -73,7 +78,11 @@ class Client:
         """The multi-callable of a method: its stream-stream path, or (``unary``) its unary-unary twin."""
         with self._lock:
             if self._channel is None:
-                self._channel = grpc.insecure_channel(_connect_address(self.address), options=CHANNEL_OPTIONS)
+                target = _connect_address(self.address)
+                if self.tls is not None:
+                    self._channel = grpc.secure_channel(target, self.tls.channel_credentials(), options=CHANNEL_OPTIONS)
+                else:
+                    self._channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
             key = (name, unary)
             method = self._methods.get(key)
             if method is None:

@@ -17,6 +17,7 @@ import numpy as np
 from kubeps.runtime.errors import PSUnavailableError, RemoteError
 from kubeps.runtime.rpc.client import DEFAULT_TIMEOUT_S, Call, Client
 from kubeps.runtime.rpc.protocol import PS, PS_SERVICE, UNKNOWN_VARIABLE
+from kubeps.runtime.rpc.tls import TLSConfig
 
 __all__ = ["PS_UNREACHABLE_CODES", "PSTransport", "ps_restarted", "ps_restarted_error"]
 
@@ -52,9 +53,10 @@ class PSTransport:
     :func:`ps_restarted_error` (a :class:`PSUnavailableError` with ``restarted=True``), and keeps raising it.
     """
 
-    def __init__(self, ps_addresses: Sequence[str], token: str | None, timeout: float = DEFAULT_TIMEOUT_S):
+    def __init__(self, ps_addresses: Sequence[str], token: str | None, timeout: float = DEFAULT_TIMEOUT_S,
+                 tls: TLSConfig | None = None):
         self.ps_addresses = list(ps_addresses)
-        self._clients = [Client(a, PS_SERVICE, token, timeout) for a in self.ps_addresses]
+        self._clients = [Client(a, PS_SERVICE, token, timeout, tls=tls) for a in self.ps_addresses]
         #: calls started per ps (tests and benchmarks count RPCs per step with it)
         self.calls: collections.Counter[int] = collections.Counter()
         self._count_lock = threading.Lock()

@@ -44,6 +44,7 @@ from kubeps.runtime.rpc.client import CHANNEL_OPTIONS
 from kubeps.runtime.rpc.protocol import (ANSWER_ID_KEY, ANSWER_PARKED, COLLECT, ERROR_REASON_KEY, LIMIT, PING, PS,
                                           PS_SERVICE, TOO_MANY_CALLS, UNARY_PREFIX, UNKNOWN_VARIABLE, WORKER_SERVICE)
 from kubeps.runtime.rpc.security import TokenInterceptor, load_job_token, require_job_token
+from kubeps.runtime.rpc.tls import TLSConfig, load_tls
 from kubeps.runtime.util.threads import limit_math_threads
 from kubeps.runtime.models.xla import size_cpu_backend_if_loaded
 from kubeps.runtime.worker.state import WorkerState
@@ -411,13 +412,16 @@ class Server:
     """``Server(cluster_spec, job_name, task_index)``: the gRPC server of one ps or worker task.
 
     ``token`` defaults to the job token from the environment; a server without one refuses to start unless
-    ``allow_insecure=True``. ``start=True`` (TF's default) starts it at once.
+    ``allow_insecure=True``. ``tls`` (default: the environment's, :func:`~kubeps.runtime.rpc.tls.load_tls`) makes it
+    serve mutual TLS only: no plaintext port, client certificates of the job's CA required.
+    ``start=True`` (TF's default) starts it at once.
     """
 
     def __init__(self, cluster_spec: ClusterSpec | Mapping[str, Any], job_name: str, task_index: int = 0, *,
                  start: bool = True, token: str | None = None, allow_insecure: bool = False,
                  bind_host: str | None = None, max_workers: int | None = None, rpc_timeout: float = 30.0,
-                 chunk_bytes: int | None = None, environ: Mapping[str, str] | None = None):
+                 chunk_bytes: int | None = None, tls: TLSConfig | None = None,
+                 environ: Mapping[str, str] | None = None):
         try:
             self.cluster_spec = ClusterSpec(cluster_spec)
         except TFConfigError as err:
@@ -435,6 +439,7 @@ class Server:
         self.address = self.cluster_spec.task_address(job_name, task_index)
         self.port = parse_address(self.address)[1]
         self._token = require_job_token(token if token is not None else load_job_token(), allow_insecure)
+        self.tls = tls if tls is not None else load_tls()
         self.bind_host = bind_host or os.environ.get(BIND_HOST_ENV) or None
         self.chunk_bytes = chunk_bytes or int(os.environ.get(CHUNK_BYTES_ENV) or wire.DEFAULT_CHUNK_BYTES)
         env = os.environ if environ is None else environ
@@ -451,7 +456,7 @@ class Server:
             service, table = PS_SERVICE, PS_METHODS
         else:
             ps = self.cluster_spec.job_tasks("ps") if "ps" in self.cluster_spec.jobs else []
-            self.state = WorkerState(task_index, ps, self._token, rpc_timeout)
+            self.state = WorkerState(task_index, ps, self._token, rpc_timeout, tls=self.tls)
             service, table = WORKER_SERVICE, WORKER_METHODS
         #: random per process start (the state's): a restarted task answers Ping with a new one
         self.incarnation: str = self.state.incarnation
@@ -483,7 +488,10 @@ class Server:
         bound, errors = 0, []
         for host in hosts:
             try:
-                bound = server.add_insecure_port(f"{host}:{self.port}")
+                if self.tls is not None:  # TLS only: no plaintext port at all
+                    bound = server.add_secure_port(f"{host}:{self.port}", self.tls.server_credentials())
+                else:
+                    bound = server.add_insecure_port(f"{host}:{self.port}")
             except RuntimeError as err:  # grpc raises on failure in recent versions
                 errors.append(f"{host}: {err}")
                 bound = 0
@@ -495,7 +503,8 @@ class Server:
         server.start()
         self.guard.start()
         self._server = server
-        log.info("kubeps %s task %d serving on port %d", self.job_name, self.task_index, self.port)
+        log.info("kubeps %s task %d serving %s on port %d", self.job_name, self.task_index,
+                 "mutual TLS" if self.tls is not None else "plaintext", self.port)
 
     def join(self) -> None:
         """Block until the server stops (TF's ``Server.join``)."""

@@ -29,6 +29,7 @@ from kubeps.runtime.errors import PSUnavailableError, ResourceMissingError
 from kubeps.runtime.rpc.codec import split_structure
 from kubeps.runtime.rpc.protocol import WORKER
 from kubeps.runtime.rpc.transport import PSTransport, ps_restarted
+from kubeps.runtime.rpc.tls import TLSConfig
 from kubeps.runtime.variables.variable import ShardedVariable, Variable
 
 __all__ = ["BUILTIN_METHODS", "WorkerState"]
@@ -37,10 +38,11 @@ __all__ = ["BUILTIN_METHODS", "WorkerState"]
 class WorkerState:
     """What a worker task holds between closures."""
 
-    def __init__(self, worker_index: int, ps_addresses: list[str], token: str | None, rpc_timeout: float = 30.0):
+    def __init__(self, worker_index: int, ps_addresses: list[str], token: str | None, rpc_timeout: float = 30.0,
+                 tls: TLSConfig | None = None):
         self.worker_index = worker_index
         _context.register_worker_process(worker_index)
-        self.transport = PSTransport(ps_addresses, token, rpc_timeout)
+        self.transport = PSTransport(ps_addresses, token, rpc_timeout, tls=tls)
         self.resources: dict[str, Any] = {}
         self.incarnation = uuid.uuid4().hex
         self.closures_run = 0

@@ -292,10 +292,26 @@ def test_chart_version_follows_the_distribution():
 def test_chart_ports_are_the_operators_defaults():
     """Issue 23.9: docs/operator.md said metrics on 8080 (the operator's default) while the chart served them on 9090
     and probed liveness on 8080. The chart's defaults are the operator's own."""
-    from kubeps.operator.settings import Settings
+    from kubeps.operator.controller.settings import Settings
 
     values = yaml.safe_load((REPO / "charts" / "kubeps" / "values.yaml").read_text())
     defaults = Settings()
     assert values["metrics"]["port"] == defaults.metrics_port
     assert values["liveness"]["port"] == defaults.liveness_port
     assert defaults.metrics_port != defaults.liveness_port
+
+
+def test_network_policies_only_when_enabled(render):
+    assert not render.by_kind(render.template(), "NetworkPolicy")
+    args = render.one(render.template(), "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--job-network-policy=None" in args
+    objects = render.template("--values", str(VARIANTS["networkpolicy"]))
+    args = render.one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--job-network-policy=SameJob" in args
+    policy = render.one(objects, "NetworkPolicy")["spec"]
+    assert policy["policyTypes"] == ["Ingress"]
+    (metrics,) = policy["ingress"]  # healthFrom is empty: nothing but the metrics port, from Prometheus only
+    assert metrics["ports"] == [{"port": 8080, "protocol": "TCP"}]
+    assert metrics["from"][0]["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "monitoring"}
+    failed = render.run("template", "r", str(CHART), "--set", "networkPolicy.jobs=Everyone", check=False)
+    assert failed.returncode != 0 and "networkPolicy.jobs" in failed.stderr

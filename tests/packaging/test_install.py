@@ -194,3 +194,15 @@ def test_e2e_job_is_accepted_by_the_crd(kube, namespace):
     finally:
         if not crd_was_there:
             kube.kubectl("delete", "crd", CRD_NAME, "--ignore-not-found", "--wait=true", check=False)
+
+
+def test_chart_pods_pass_the_restricted_pod_security_standard(kube, namespace, release):
+    """Installed into a namespace enforcing ``restricted`` (the API server's PodSecurity admission refuses any pod
+    that fails it), the operator's pod is created: with the NetworkPolicies of the chart's variant on."""
+    kube.core().patch_namespace(namespace, {"metadata": {"labels": {
+        "pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"}}})
+    kube.helm("install", release, str(CHART), "-n", namespace, "--set", "crds.install=false", *INERT_IMAGE,
+              "--values", str(CHART / "ci" / "networkpolicy-values.yaml"), "--wait", "--timeout", "90s")
+    pods = kube.core().list_namespaced_pod(namespace, label_selector=f"app.kubernetes.io/instance={release}").items
+    assert len(pods) == 1
+    assert owned(kube, "networkpolicy", release, namespace) == [f"networkpolicy.networking.k8s.io/{release}-kubeps"]

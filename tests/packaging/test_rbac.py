@@ -1,7 +1,8 @@
 """The chart grants exactly the API access the operator's code uses: nothing missing, nothing extra.
 
 The operator's calls are read from its source: the REST requests of operator/kube/client.py
-(``self.request("POST", f"/api/v1/namespaces/{namespace}/pods", ...)`` -> create pods), the resources of its kopf watch handlers and of its own
+(``self.request("POST", f"/api/v1/namespaces/{namespace}/pods", ...)`` -> create pods; ``/apis/<group>/<version>/namespaces/...``
+likewise), the resources of its kopf watch handlers and of its own
 watches (``kopf.on.event(models.GROUP, ...)``, ``self._watch("pods", ...)`` -> list, watch) and ``kopf.event(...)`` (create events).
 """
 
@@ -27,10 +28,10 @@ def required_permissions() -> set[tuple[str, str, str]]:
     source = "\n".join(p.read_text() for p in operator_sources())
     needed: set[tuple[str, str, str]] = set()
     # operator/kube/client.py: self.request("POST", f"/api/v1/namespaces/{namespace}/pods", ...) and the jobs' paths
-    for method, root, resource, name, sub in re.findall(
-            r'self\.request\("(GET|POST|PUT|PATCH|DELETE)", f"(/api/v1/namespaces|\{JOBS\})/\{namespace\}/'
-            r'(\w+|\{models\.PLURAL\})(/\{name\})?(/status)?"', source):
-        group = GROUP if root == "{JOBS}" else ""
+    for method, root, api_group, resource, name, sub in re.findall(
+            r'self\.request\("(GET|POST|PUT|PATCH|DELETE)", f"(/api/v1/namespaces|/apis/([\w.]+)/\w+/namespaces|'
+            r'\{JOBS\})/\{namespace\}/(\w+|\{models\.PLURAL\})(/\{name\})?(/status)?"', source):
+        group = GROUP if root == "{JOBS}" else api_group
         resource = PLURAL if resource == "{models.PLURAL}" else resource
         verb = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(method)
         verb = verb or ("get" if name else "list")

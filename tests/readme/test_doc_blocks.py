@@ -65,6 +65,8 @@ NOT_RUN = {
         "a benchmark of minutes (make bench); tests/models runs the Keras example",
     ("docs/benchmarks.md", ".venv/bin/python bench/ctr_vs_tf.py --jax --rounds 3 --steps 1000"):
         "a benchmark of minutes (make bench)",
+    ("docs/benchmarks.md", ".venv/bin/python bench/ctr_vs_tf.py --plaintext --rounds 3 --steps 1500"):
+        "a benchmark of minutes (make bench)",
     ("docs/fault-tolerance.md", "$ kubeps local --ps 2 --workers 2 --evaluator --restart examples/ctr/train.py -- --checkpoint-dir /tmp/ctr-ckpt"):
         "a transcript with a ps killed by hand; tests/chaos runs the scenario",
     ("docs/fault-tolerance.md", "KUBEPS_CHAOS_REPORT=/tmp/chaos.jsonl .venv/bin/python -m pytest tests/chaos -s      # 110 s in all on 2 shared cores"):

@@ -21,6 +21,7 @@ from kubeps.runtime.errors import RemoteError
 from kubeps.runtime.ops.optimizers import SGD
 from kubeps.runtime.rpc.client import Client
 from kubeps.runtime.rpc.protocol import PS_SERVICE, WORKER_SERVICE
+from kubeps.runtime.rpc.tls import load_tls
 from kubeps.runtime.variables.variable import Variable
 
 TOKEN = "kubeps-test-token-0123456789abcdef"
@@ -52,6 +53,8 @@ class LocalCluster:
         self.token = token
         self.log_dir = log_dir
         self.extra_env = dict(extra_env or {})
+        #: the tasks' mutual TLS files when ``extra_env`` names them (KUBEPS_TLS_*_FILE), else None
+        self.tls = load_tls(self.extra_env)
         self.procs: dict[tuple[str, int], subprocess.Popen] = {}
 
     # -- processes -----------------------------------------------------------------------------------------------
@@ -86,7 +89,8 @@ class LocalCluster:
 
     def client(self, job: str, index: int, token: str | None = "default", timeout: float = 5.0) -> Client:
         service = PS_SERVICE if job == "ps" else WORKER_SERVICE
-        return Client(self.cluster[job][index], service, self.token if token == "default" else token, timeout)
+        return Client(self.cluster[job][index], service, self.token if token == "default" else token, timeout,
+                      tls=self.tls)
 
     def wait_ready(self, job: str, index: int, timeout: float = 60.0) -> None:
         client = self.client(job, index, timeout=2.0)
@@ -135,6 +139,7 @@ class LocalCluster:
         from kubeps.runtime.coordinator.strategy import ParameterServerStrategy
 
         kwargs.setdefault("job_token", self.token)
+        kwargs.setdefault("tls", self.tls)
         return ParameterServerStrategy(self.resolver(), **kwargs)
 
 

@@ -59,10 +59,15 @@ operator/kube/client.py and the resources of its kopf handlers (tests/packaging/
 - apiGroups: [""]
   resources: ["pods", "services"]
   verbs: ["list", "watch", "create", "delete"]
-# The per-job Secret the operator creates once and reads back.
+# The per-job Secret (token, CA, task certificate) the operator creates, reads back, and patches to issue the
+# certificate again when Workers are added.
 - apiGroups: [""]
   resources: ["secrets"]
-  verbs: ["get", "create"]
+  verbs: ["get", "create", "patch"]
+# The per-job NetworkPolicy (spec.security.networkPolicy.mode SameJob, or --job-network-policy).
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["create"]
 # kopf.event() posts the job's lifecycle as core v1 Events.
 - apiGroups: [""]
   resources: ["events"]
