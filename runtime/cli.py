@@ -2,6 +2,8 @@
 
 - ``kubeps local SCRIPT [--ps N] [--workers M] [--evaluator] [--evaluator-grace S] [--restart] [--host H]
   [--port-base P] [--insecure-plaintext] [-- ARGS...]``: run a training program as a local cluster of processes (see :mod:`kubeps.runtime.local.launcher`).
+- ``kubeps export CHECKPOINT --model FILE.py:FUNCTION --output DIR [--format keras|onnx ...] [-- ARGS...]``: the
+  latest checkpoint as a ``.keras`` file and an ONNX model for serving (see :mod:`kubeps.runtime.models.export`).
 - ``kubeps operator [ARGS...]``: the Kubernetes operator (``kubeps.operator.main``; needs ``kubeps[operator]``).
 - ``kubeps version``: the installed version.
 
@@ -155,6 +157,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.set_defaults(_local_parser=local)
 
+    export = sub.add_parser(
+        "export",
+        help="export the latest checkpoint for serving: a .keras file and an ONNX model",
+        description=(
+            "Read the latest checkpoint of CHECKPOINT (a directory of ckpt-N checkpoints, or one of them) from its "
+            "files, all shards, and write the model with its trained weights for a serving system that has no "
+            "kubeps: DIR/model.keras (a Keras model, KubepsEmbedding layers as plain Embedding layers) and "
+            "DIR/model.onnx (run by onnxruntime). --model names a function that builds the model the way training "
+            "built it, called with the arguments after '--': a Keras model (functional or Sequential) or a "
+            "kubeps.runtime.models.export.ServingFunction (a model written with jax.numpy; ONNX only)."
+        ),
+        usage="kubeps export CHECKPOINT --model FILE.py:FUNCTION --output DIR [--format keras|onnx ...] [-- ARGS...]",
+    )
+    export.add_argument("checkpoint", help="a checkpoint directory (ckpt-N) or a directory of them (the latest is used)")
+    export.add_argument("--model", required=True, metavar="FILE.py:FUNCTION",
+                        help="the function that builds the model (e.g. examples/keras/train.py:serving_model), or "
+                             "MODULE:FUNCTION")
+    export.add_argument("--output", required=True, metavar="DIR", help="folder for model.keras and model.onnx")
+    export.add_argument("--format", nargs="+", choices=("keras", "onnx"), default=None,
+                        help="what to write (default: keras and onnx for a Keras model, onnx for a ServingFunction)")
+    export.add_argument("--prefix", default="model/",
+                        help="checkpoint name prefix of a Keras model's weights (default 'model/', as fit's callbacks)")
+    parser.set_defaults(_export_parser=export)
+
     sub.add_parser(
         "operator",
         help="run the Kubernetes operator (needs kubeps[operator]); arguments go to the operator",
@@ -250,6 +276,56 @@ def _run_local(args: argparse.Namespace, script_args: list[str]) -> int:
     return USAGE_ERROR  # pragma: no cover - error() raises
 
 
+def _load_builder(spec: str, parser: argparse.ArgumentParser):
+    import importlib  # noqa: PLC0415 - only `kubeps export` loads user code
+    import importlib.util  # noqa: PLC0415
+
+    where, sep, name = spec.rpartition(":")
+    if not sep or not where or not name.isidentifier():
+        parser.error(f"--model must be FILE.py:FUNCTION or MODULE:FUNCTION, got {spec!r}")
+    if where.endswith(".py"):
+        if not os.path.isfile(where):
+            parser.error(f"--model {spec!r}: file not found: {where}")
+        module_spec = importlib.util.spec_from_file_location("kubeps_export_model", where)
+        assert module_spec is not None and module_spec.loader is not None
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[module_spec.name] = module
+        module_spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(where)
+    builder = getattr(module, name, None)
+    if not callable(builder):
+        parser.error(f"--model {spec!r}: {where} has no function {name!r}")
+    return builder
+
+
+def _run_export(args: argparse.Namespace, script_args: list[str]) -> int:
+    from kubeps.runtime.checkpoint.format import CheckpointError  # noqa: PLC0415 - only `kubeps export` needs it
+    from kubeps.runtime.errors import RuntimeConfigError  # noqa: PLC0415
+    from kubeps.runtime.models import export  # noqa: PLC0415
+
+    parser: argparse.ArgumentParser = args._export_parser
+    try:
+        checkpoint = export.resolve_checkpoint(args.checkpoint)
+        model = _load_builder(args.model, parser)(script_args)
+        is_function = isinstance(model, export.ServingFunction)
+        formats = args.format or (["onnx"] if is_function else ["keras", "onnx"])
+        if is_function and "keras" in formats:
+            parser.error(f"--format keras: {args.model} builds a ServingFunction (a jax.numpy model), which has no "
+                         "Keras form; allowed: onnx")
+        print(f"exporting {checkpoint}")
+        if "keras" in formats:
+            print("wrote " + export.export_keras(model, checkpoint, os.path.join(args.output, "model.keras"),
+                                                 prefix=args.prefix))
+        if "onnx" in formats:
+            print("wrote " + export.export_onnx(model, checkpoint, os.path.join(args.output, "model.onnx"),
+                                                prefix=args.prefix))
+    except (CheckpointError, RuntimeConfigError) as err:
+        sys.stderr.write(f"kubeps export: {err}\n")
+        return 1
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``kubeps`` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -269,11 +345,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         if unknown:
             parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-        if script_args and args.command != "local":
-            parser.error(f"'--' arguments are only for 'kubeps local', got {script_args}")
+        if script_args and args.command not in ("local", "export"):
+            parser.error(f"'--' arguments are only for 'kubeps local' and 'kubeps export', got {script_args}")
         if args.command == "version":
             print(f"kubeps {_version()}")
             return 0
+        if args.command == "export":
+            return _run_export(args, script_args)
         return _run_local(args, script_args)
     except _Exit as exit_:
         return exit_.status

@@ -24,6 +24,7 @@ import numpy as np
 
 import kubeps.runtime as kp
 from kubeps.runtime import nn
+from kubeps.runtime.models.export import ServingFunction
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import train as ctr  # noqa: E402 - the numpy example beside this file: data, metrics, the chief and the evaluator
@@ -93,6 +94,24 @@ class JaxCTRModel:
 
 def build_model(args) -> JaxCTRModel:
     return JaxCTRModel(args.vocab_size, args.embedding_dim, args.hidden, seed=args.seed)
+
+
+def predict(params: dict, ids, dense) -> jax.Array:
+    """Serving: click probabilities of ``ids [B, FIELDS]`` (int32) and ``dense [B, DENSE]``; ``params["table"]`` is
+    the whole embedding table, gathered here (training gathers the batch's rows before the loss)."""
+    head = {name: value for name, value in params.items() if name != "table"}
+    return jax.nn.sigmoid(logits_of(head, jnp.take(params["table"], ids, axis=0), dense))
+
+
+def serving_function(argv: list[str] | None = None):
+    """For ``kubeps export``: :func:`predict` with the checkpoint variable of each parameter (the names of
+    ``JaxCTRModel``, which are the numpy model's too: a checkpoint of either example exports the same way)."""
+    args = ctr.parse_args(argv)
+    params = {"table": "model/embedding/embeddings"}  # Checkpoint(model=model) prefixes the names with "model/"
+    for i in range(len(args.hidden) + 1):
+        params[f"w{i}"], params[f"b{i}"] = f"model/head/dense_{i}/kernel", f"model/head/dense_{i}/bias"
+    return ServingFunction(predict, params, inputs=[("ids", (None, ctr.FIELDS), "int32"),
+                                                     ("dense", (None, ctr.DENSE), "float32")])
 
 
 if __name__ == "__main__":

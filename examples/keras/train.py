@@ -56,55 +56,44 @@ def _load_numpy_example():
 ctr = _load_numpy_example()
 
 
-class CTRModel(keras.Model):
-    """``logit = MLP(concat(flatten(embedding(ids)), dense))``: the numpy example's model as a Keras model."""
-
-    def __init__(self, vocab_size: int, embedding_dim: int, hidden: list[int], seed: int = 0, **kwargs):
-        super().__init__(**kwargs)
-        self.vocab_size, self.embedding_dim, self.hidden, self.seed = vocab_size, embedding_dim, list(hidden), seed
-        self.embedding = KubepsEmbedding(vocab_size, embedding_dim,
-                                         embeddings_initializer=keras.initializers.RandomUniform(-0.05, 0.05, seed))
-        self.flatten = keras.layers.Flatten()
-        self.hidden_layers = [keras.layers.Dense(units, activation="relu",
-                                                 kernel_initializer=keras.initializers.GlorotUniform(seed + 1 + i))
-                              for i, units in enumerate(self.hidden)]
-        self.logit = keras.layers.Dense(1, kernel_initializer=keras.initializers.GlorotUniform(seed + 100))
-
-    def call(self, inputs):
-        ids, dense = inputs
-        x = keras.ops.concatenate([self.flatten(self.embedding(ids)), dense], axis=1)
-        for layer in self.hidden_layers:
-            x = layer(x)
-        return self.logit(x)[:, 0]
-
-    def get_config(self):
-        return {**super().get_config(), "vocab_size": self.vocab_size, "embedding_dim": self.embedding_dim,
-                "hidden": self.hidden, "seed": self.seed}
+def build_model(args: argparse.Namespace) -> keras.Model:
+    """``logit = MLP(concat(flatten(embedding(ids)), dense))``: the numpy example's model as a functional Keras
+    model (built: its weights exist); inside ``strategy.scope()`` the table is on the parameter servers. Functional,
+    so ``kubeps export`` can save it as a ``.keras`` file with a plain ``Embedding`` in place of the
+    ``KubepsEmbedding`` (a subclassed model is its Python class, which a ``.keras`` file cannot carry)."""
+    ids = keras.Input((ctr.FIELDS,), dtype="int32", name="ids")
+    dense = keras.Input((ctr.DENSE,), dtype="float32", name="dense")
+    rows = KubepsEmbedding(args.vocab_size, args.embedding_dim, name="embedding",
+                           embeddings_initializer=keras.initializers.RandomUniform(-0.05, 0.05, args.seed))(ids)
+    x = keras.layers.Concatenate(name="concat")([keras.layers.Flatten(name="flatten")(rows), dense])
+    for i, units in enumerate(args.hidden):
+        x = keras.layers.Dense(units, activation="relu", name=f"dense_{i}",
+                               kernel_initializer=keras.initializers.GlorotUniform(args.seed + 1 + i))(x)
+    logit = keras.layers.Dense(1, name="logit", kernel_initializer=keras.initializers.GlorotUniform(args.seed + 100))(x)
+    return keras.Model([ids, dense], logit, name="ctr")
 
 
-def build_model(args: argparse.Namespace) -> CTRModel:
-    """The model, built (its weights exist): inside ``strategy.scope()`` the table is on the parameter servers."""
-    model = CTRModel(args.vocab_size, args.embedding_dim, args.hidden, seed=args.seed)
-    model((np.zeros((1, ctr.FIELDS), np.int64), np.zeros((1, ctr.DENSE), np.float32)))
-    return model
+def serving_model(argv: list[str] | None = None) -> keras.Model:
+    """For ``kubeps export``: the model built with the training flags ``argv`` (outside any scope)."""
+    return build_model(parse_args(argv))
 
 
 class Predictor:
     """What the numpy example's ``evaluate`` needs: click probabilities in batches (eager Keras calls; the
     table's rows are looked up from the parameter servers on the chief, from the local table on the evaluator)."""
 
-    def __init__(self, model: CTRModel):
+    def __init__(self, model: keras.Model):
         self.model = model
 
     def predict(self, ids: np.ndarray, dense: np.ndarray, batch_size: int = 8192) -> np.ndarray:
-        logits = [np.asarray(self.model((ids[i: i + batch_size], dense[i: i + batch_size]), training=False))
+        logits = [np.asarray(self.model([ids[i: i + batch_size], dense[i: i + batch_size]], training=False))[:, 0]
                   for i in range(0, len(ids), batch_size)]
         return 1.0 / (1.0 + np.exp(-np.concatenate(logits).astype(np.float64)))
 
 
 def make_dataset(args: argparse.Namespace, input_context: kp.InputContext) -> kp.Dataset:
     """The numpy example's dataset, with Keras's ``(x, y)`` elements."""
-    return ctr.make_dataset(args, input_context).map(lambda ids, dense, labels: ((ids, dense), labels))
+    return ctr.make_dataset(args, input_context).map(lambda ids, dense, labels: ((ids, dense), labels[:, None]))
 
 
 def run_chief(args: argparse.Namespace, resolver: kp.TFConfigClusterResolver) -> int:
@@ -115,7 +104,8 @@ def run_chief(args: argparse.Namespace, resolver: kp.TFConfigClusterResolver) ->
     try:
         with strategy.scope():
             model = build_model(args)
-        shards = getattr(model.embedding.table, "variables", [model.embedding.table])  # on the parameter servers
+        table = model.get_layer("embedding").table
+        shards = getattr(table, "variables", [table])  # on the parameter servers
         print(f"KubepsEmbedding table in {len(shards)} shard(s) on " + ", ".join(v.device for v in shards))
         callbacks = []
         if args.checkpoint_dir:

@@ -7,6 +7,7 @@ runs ``jax.value_and_grad`` (jit-compiled) and hands dense and row-sparse gradie
 
 ``keras_fit`` trains Keras 3 models (JAX backend) through a ``fit``-style entry point, with ``keras_layers``
 (``KubepsEmbedding``: tables on the ps) and ``keras_callbacks`` (``ModelCheckpoint``, ``BackupAndRestore``).
+``export`` turns a checkpoint into a ``.keras`` file and an ONNX model for serving (``kubeps export``).
 
 Rule: sits on top of :mod:`kubeps.runtime.variables`, :mod:`kubeps.runtime.ops` and
 :mod:`kubeps.runtime.checkpoint` (what a model reads, pushes and saves) and below the task processes (``ps``,

@@ -165,7 +165,11 @@ class _Replica:
                 with lookup_feed(feed):
                     y_pred, non_trainable_out, losses = model.stateless_call(
                         trainable, non_trainable, x, return_losses=True, **kwargs)
-                loss = loss_fn(y, y_pred) if sample_weight is None else loss_fn(y, y_pred, sample_weight=sample_weight)
+                if isinstance(loss_fn, keras.losses.Loss):
+                    loss = loss_fn(y, y_pred) if sample_weight is None else loss_fn(y, y_pred, sample_weight=sample_weight)
+                else:  # "mse" or a function: one loss per example, averaged over the batch as Keras's compile does
+                    loss = loss_fn(y, y_pred)
+                    loss = keras.ops.mean(loss if sample_weight is None else loss * sample_weight)
                 for extra in losses:  # the layers' own losses (regularizers, add_loss), as Keras's fit adds them
                     loss = loss + extra
                 return loss, non_trainable_out

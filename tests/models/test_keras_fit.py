@@ -73,6 +73,21 @@ def test_a_replica_step_applies_keras_gradients_with_the_table_row_sparse():
         np.testing.assert_allclose(weight.numpy(), want, rtol=1e-5, atol=1e-6)
 
 
+def test_a_loss_given_by_name_is_averaged_over_the_batch_as_compile_does():
+    """keras.losses.get("mse") is a per-example function: the step averages it (it used to fail in
+    jax.value_and_grad, whose loss must be a scalar)."""
+    inputs = keras.Input((2,))
+    model = keras.Model(inputs, keras.layers.Dense(1)(inputs))
+    weights = [Variable(np.asarray(v.value), name=v.path) for v in model.trainable_variables]
+    x = np.random.default_rng(0).normal(size=(8, 2)).astype(np.float32)
+    y = np.ones((8, 1), np.float32)
+    expected = float(np.mean((np.asarray(model(x)) - y) ** 2))
+    replica = keras_fit._Replica(type(model), keras_fit._plain(model.get_config()), {}, "mse",
+                                 [tuple(v.shape) for v in model.trainable_variables], 0)
+    total, examples = replica.run(iter([(x, y)]), weights, [], SGD(0.1), 1)
+    assert examples == 8 and total == pytest.approx(expected, rel=1e-5)
+
+
 def test_kubeps_embedding_looks_up_eagerly_and_restore_weights_loads_a_checkpoint_mapping():
     model = functional_model(KubepsEmbedding(VOCAB, DIM))
     layer = keras_fit.table_layers(model)[0]
