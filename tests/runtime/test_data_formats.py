@@ -251,6 +251,30 @@ def test_tfrecord_parse_errors_name_the_record_and_feature(tmp_path):
         list(TFRecordDataset(str(path), features={"label": FixedLenFeature([], np.float32)}))
 
 
+def test_parse_example_block_path_matches_the_record_by_record_path(monkeypatch):
+    """A block is parsed by one protobuf call and its lists concatenated in C; the record-by-record path (defaults,
+    errors) must give the same columns."""
+    from kubeps.runtime.data import example
+
+    rng = np.random.default_rng(3)
+    records = [serialize_example({"ids": rng.integers(-(1 << 62), 1 << 62, 4), "dense": rng.random(3).astype(np.float32),
+                                  "tags": rng.integers(0, 9, i % 4), "name": [b"x" * (i % 3)] * (i % 2)})
+               for i in range(50)]
+    spec = {"ids": FixedLenFeature([2, 2], np.int64), "dense": FixedLenFeature([3], np.float64),
+            "tags": VarLenFeature(np.int32), "name": VarLenFeature(bytes)}
+    block = example._parse_block(records, example.feature_spec(spec))
+    assert block is not None
+    monkeypatch.setattr(example, "_parse_block", lambda *args: None)
+    each = parse_example(records, spec)
+    for name in spec:
+        assert block[name].dtype == each[name].dtype and block[name].shape == each[name].shape
+        for a, b in zip(block[name].reshape(-1), each[name].reshape(-1)):
+            assert np.array_equal(a, b)
+    # a default to fill, or a value the dtype does not hold: left to the record-by-record path
+    assert example._parse_block(records, example.feature_spec({"x": FixedLenFeature([], np.int64, 0)})) is None
+    assert example._parse_block(records, example.feature_spec({"ids": FixedLenFeature([4], np.int8)})) is None
+
+
 # -- every record once per epoch across workers, for each format and both policies ------------------------------------
 def _write_format(fmt: str, folder: Path, files: int, rows: int) -> str:
     for f in range(files):
