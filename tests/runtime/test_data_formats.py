@@ -29,7 +29,38 @@ google_crc32c = pytest.importorskip("google_crc32c")
 
 
 # -- CSV ----------------------------------------------------------------------------------------------------------------
-def test_csv_refuses_an_id_float32_would_round_and_int64_keeps_it(tmp_path):
+@pytest.fixture(params=["pyarrow", "python"])
+def csv_path(request, monkeypatch):
+    """Every CSV test runs on both readers: pyarrow's (when installed) and the python path it falls back to."""
+    if request.param == "python":
+        from kubeps.runtime.data import csvfiles
+
+        monkeypatch.setattr(csvfiles, "_pyarrow_csv", lambda: None)
+    return request.param
+
+
+def test_csv_pyarrow_hands_the_rest_of_the_file_to_the_python_path_once(tmp_path, csv_path):
+    path = tmp_path / "mixed.csv"
+    lines = [f"{i},{i * 0.5},n{i}" for i in range(100)]
+    lines[57] += ",more"  # pyarrow's reader wants every row as wide as the first; select_cols takes wider rows
+    lines.insert(30, "")  # blank lines are skipped by both
+    path.write_text("\n".join(lines) + "\n")
+    ds = CsvDataset(str(path), [np.int64, np.float32, ""], select_cols=[0, 1, 2], block_rows=16)
+    blocks = list(ds._node.blocks())
+    ids = np.concatenate([b[0] for b in blocks])
+    assert ids.tolist() == list(range(100))
+    assert np.concatenate([b[2] for b in blocks]).tolist() == [f"n{i}" for i in range(100)]
+    path.write_text("1,2,a\n3,4,b,extra\n")
+    with pytest.raises(ColumnValueError, match=r"line 2: 4 fields, expected 3"):
+        list(CsvDataset(str(path), [np.int64, np.int64, ""]))
+    assert [b[0].tolist() for b in CsvDataset(str(path), [np.int64, ""], select_cols=[0, 2])._node.blocks()] == [[1, 3]]
+    path.write_text("a,b\n")
+    assert list(CsvDataset(str(path), [np.int64, np.int64], header=True)) == []
+    path.write_text("")
+    assert list(CsvDataset(str(path), [np.int64, np.int64])) == []
+
+
+def test_csv_refuses_an_id_float32_would_round_and_int64_keeps_it(tmp_path, csv_path):
     path = tmp_path / "ids.csv"
     path.write_text("16777216,1\n16777217,0\n")
     with pytest.raises(ColumnValueError) as err:
@@ -41,7 +72,7 @@ def test_csv_refuses_an_id_float32_would_round_and_int64_keeps_it(tmp_path):
     assert labels.dtype == np.float32 and labels.tolist() == [1.0, 0.0]
 
 
-def test_csv_defaults_names_select_cols_and_header(tmp_path):
+def test_csv_defaults_names_select_cols_and_header(tmp_path, csv_path):
     path = tmp_path / "rows.csv"
     path.write_text("id,score,name,label\n1,0.5,a,1\n2,,b,0\n3,2.25,\"c,d\",1\n")
     ds = CsvDataset(str(path), [np.int64, -1.0, ""], header=True, select_cols=[0, 1, 2], names=["id", "score", "name"])
@@ -51,7 +82,7 @@ def test_csv_defaults_names_select_cols_and_header(tmp_path):
     assert batch["name"].tolist() == ["a", "b", "c,d"]
 
 
-def test_csv_errors_name_file_line_column_and_value(tmp_path):
+def test_csv_errors_name_file_line_column_and_value(tmp_path, csv_path):
     path = tmp_path / "bad.csv"
     path.write_text("1,2\n3,4.5\n")
     with pytest.raises(ColumnValueError, match=r"line 2, column 1: value '4.5' is not an integer"):
@@ -67,7 +98,7 @@ def test_csv_errors_name_file_line_column_and_value(tmp_path):
         list(CsvDataset(str(path), [np.int64, np.int64]))
 
 
-def test_csv_blocks_feed_a_vectorised_batch(tmp_path):
+def test_csv_blocks_feed_a_vectorised_batch(tmp_path, csv_path):
     path = tmp_path / "n.csv"
     path.write_text("".join(f"{i},{i * 0.5}\n" for i in range(1000)))
     ds = CsvDataset(str(path), [np.int64, np.float32], block_rows=256)
