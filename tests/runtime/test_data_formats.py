@@ -8,6 +8,7 @@ import os
 import socket
 import struct
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -469,3 +470,23 @@ def test_docs_format_blocks_run(tmp_path, monkeypatch):
     for block in blocks:
         exec(compile(block.split("```", 1)[0], "docs/data.md", "exec"), scope)  # noqa: S102 - the docs' own code
 
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_ctr_example_trains_from_parquet_on_object_storage_with_the_loss_of_arrays(s3_env):
+    """The issue's goal: the CTR example, under kubeps local --ps 2 --workers 2, trained from Parquet files on the
+    S3 server reaches the eval log-loss it reaches from in-memory arrays (async training: not bit-identical)."""
+    from .test_example_ctr import EXAMPLE, run_example
+
+    flags = ("--steps", "800", "--train-examples", "60000", "--eval-examples", "20000")
+    written = subprocess.run([sys.executable, str(EXAMPLE), *flags, "--write-data", "s3://data/ctr"],
+                             capture_output=True, text=True, timeout=120)
+    assert written.returncode == 0, written.stderr[-2000:]
+    assert sorted(s3_env.ls("data/ctr")) == [f"data/ctr/part-{k}.parquet" for k in range(4)]
+    _, arrays = run_example(*flags)
+    _, parquet = run_example(*flags, "--data", "s3://data/ctr/part-*.parquet")
+    print("arrays", arrays, "parquet", parquet)
+    assert parquet["logloss"] < parquet["base_logloss"] - 0.1, parquet
+    assert parquet["logloss"] == pytest.approx(arrays["logloss"], abs=0.01), (arrays, parquet)
+    assert parquet["auc"] == pytest.approx(arrays["auc"], abs=0.01), (arrays, parquet)
