@@ -2,6 +2,10 @@
 
     kubeps local --ps 2 --workers 2 examples/ctr/train.py            # or: make example
 
+    # the same training set from Parquet files on object storage (any fsspec URL; AWS_* variables for S3)
+    python examples/ctr/train.py --write-data s3://bucket/ctr
+    kubeps local --ps 2 --workers 2 examples/ctr/train.py -- --data 's3://bucket/ctr/part-*.parquet'
+
 The same program runs as every task and branches on its task type, as in TensorFlow's parameter-server guide:
 ps and worker tasks start a ``Server`` and block in ``join()``; the chief is the coordinator. It builds the model
 inside ``strategy.scope()`` -- ONE embedding table for every categorical field, sharded across the parameter
@@ -121,17 +125,55 @@ def training_set(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, np.n
     return hash_ids(values, args.vocab_size), dense, labels
 
 
+PARQUET_COLUMNS = {"ids": np.int64, "dense": np.float32, "label": np.float32}
+
+
+def write_parquet(args: argparse.Namespace, prefix: str, files: int = 4) -> list[str]:
+    """The training set as ``files`` Parquet files ``PREFIX/part-K.parquet`` (a folder or an fsspec URL such as
+    ``s3://bucket/ctr``), columns ``ids`` (``fixed_size_list<int64>[FIELDS]``), ``dense``, ``label``: what
+    ``--data PREFIX/part-*.parquet`` reads back."""
+    import fsspec  # noqa: PLC0415 - the Parquet path only
+    import pyarrow as pa  # noqa: PLC0415
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
+    ids, dense, labels = training_set(args)
+    per = -(-len(labels) // files)
+    paths = []
+    for f in range(files):
+        sl = slice(f * per, min(len(labels), (f + 1) * per))
+        table = pa.table({
+            "ids": pa.FixedSizeListArray.from_arrays(pa.array(ids[sl].reshape(-1)), FIELDS),
+            "dense": pa.FixedSizeListArray.from_arrays(pa.array(dense[sl].reshape(-1)), DENSE),
+            "label": labels[sl],
+        })
+        path = f"{prefix.rstrip('/')}/part-{f}.parquet"
+        with fsspec.open(path, "wb", auto_mkdir=True) as out:
+            pq.write_table(table, out, row_group_size=16384)
+        paths.append(path)
+    return paths
+
+
+def _as_tuple(batch: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return batch["ids"], batch["dense"], batch["label"]
+
+
 def make_dataset(args: argparse.Namespace, input_context: InputContext) -> Dataset:
     """Runs on each worker: this worker's shard of the training set, shuffled, repeated (several passes) and
-    batched. Elements are ``(ids [B, FIELDS], dense [B, DENSE], labels [B])``."""
-    return (
-        Dataset.from_tensor_slices(training_set(args))
-        .shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+    batched. Elements are ``(ids [B, FIELDS], dense [B, DENSE], labels [B])``. With ``--data``, the training set
+    is read from those Parquet files (local or on object storage) instead of made in memory."""
+    if args.data:
+        from kubeps.runtime.data import ParquetDataset  # noqa: PLC0415 - needs pyarrow: the --data path only
+
+        source = ParquetDataset(args.data, columns=PARQUET_COLUMNS)
+    else:
+        source = Dataset.from_tensor_slices(training_set(args))
+    ds = (
+        source.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
         .shuffle(10_000, seed=args.seed + input_context.input_pipeline_id)
         .repeat()
         .batch(args.batch_size, drop_remainder=True)
-        .prefetch(2)
     )
+    return (ds.map(_as_tuple) if args.data else ds).prefetch(2)
 
 
 # -- metrics ----------------------------------------------------------------------------------------------------
@@ -370,6 +412,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--train-examples", type=int, default=300_000)
     p.add_argument("--eval-examples", type=int, default=100_000)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data", default=None, metavar="PATTERN",
+                   help="train from these Parquet files (a glob, local or an fsspec URL: s3://bucket/ctr/*.parquet) "
+                        "instead of the in-memory arrays; --write-data makes them")
+    p.add_argument("--write-data", default=None, metavar="PREFIX",
+                   help="write the training set as Parquet files PREFIX/part-K.parquet (local or s3://...) and exit")
     p.add_argument("--checkpoint-dir", default=os.environ.get("KUBEPS_CHECKPOINT_DIR") or None,
                    help="where the chief saves checkpoints and restores the latest one from; a path every task "
                         "sees or an fsspec URL (default: $KUBEPS_CHECKPOINT_DIR; unset: no checkpoints)")
@@ -410,6 +457,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None, build=build_model) -> int:
     """Every task's entry point; ``build(args)`` makes the model (``examples/ctr/train_jax.py`` passes its own)."""
     args = parse_args(argv)
+    if args.write_data:
+        for path in write_parquet(args, args.write_data):
+            print(f"wrote {path}")
+        return 0
     resolver = TFConfigClusterResolver()
     task_type = resolver.task_type
     if task_type in ("ps", "worker"):

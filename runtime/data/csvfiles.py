@@ -9,7 +9,14 @@ its range, a float32 column refuses an integer it cannot hold exactly (16777217:
 instead of rounding it; read ids as ``np.int64``. Errors name the file, the line, the column, the value and what
 the column allows.
 
-A block of rows is parsed by numpy's C parser (``np.loadtxt``) when it is clean; a block with an empty field, a
+With pyarrow installed (the ``parquet`` extra), a file is read by pyarrow's CSV reader (``pyarrow.csv.open_csv``:
+C++, typed columns, the GIL released, so ``num_parallel_reads`` reads in parallel) into blocks of ``block_rows``
+rows: ints as int64, floats as float64, only ``""`` and ``na_value`` as empty, then cast to the column's dtype
+with the same refusals. Anything it does not take as is -- a value it cannot convert, a required field empty, a
+value the dtype refuses, rows of uneven width -- hands the file, from the first row not yet handed out, to the path below, which names the file, the line and the
+column exactly as without pyarrow.
+
+Without pyarrow, a block of rows is parsed by numpy's C parser (``np.loadtxt``) when it is clean; a block with an empty field, a
 quoted field numpy cannot take, or a bad value is parsed again row by row with Python's ``csv`` module, which
 fills defaults and names the first bad value.
 """
@@ -25,6 +32,19 @@ import numpy as np
 
 from kubeps.runtime.data.columns import ColumnValueError, as_dtype, cast
 from kubeps.runtime.data.filesystems import open_binary
+
+
+class _Refused(Exception):
+    """pyarrow's reader does not take the file as is: the python path reads it and names what is wrong."""
+
+
+def _pyarrow_csv() -> tuple[Any, Any] | None:
+    try:
+        import pyarrow  # noqa: PLC0415 - optional dependency (the parquet extra): the fast CSV path
+        import pyarrow.csv  # noqa: PLC0415
+    except ImportError:
+        return None
+    return pyarrow, pyarrow.csv
 
 
 class _Column:
@@ -100,6 +120,92 @@ class CsvReader:
         return f"column {index}" + ("" if self._names is None else f" ({self._names[j]!r})")
 
     def __call__(self, path: str) -> Iterator[Any]:
+        arrow = _pyarrow_csv()
+        if arrow is None:
+            yield from self._python_blocks(path)
+            return
+        done = 0  # rows handed out
+        try:
+            for columns in self._arrow_blocks(path, *arrow):
+                yield self._out(columns)
+                done += len(columns[0])
+        except _Refused:
+            for columns in self._python_columns(path):
+                if done >= len(columns[0]):
+                    done -= len(columns[0])
+                    continue
+                yield self._out([c[done:] for c in columns])
+                done = 0
+
+    def _out(self, columns: list[np.ndarray]) -> Any:
+        return dict(zip(self._names, columns)) if self._names is not None else tuple(columns)
+
+    def _arrow_blocks(self, path: str, pa: Any, pacsv: Any) -> Iterator[list[np.ndarray]]:
+        width = len(self._columns)
+        select = self._select or list(range(width))
+        names = [f"f{c}" for c in select]
+        types = {}
+        for name, column in zip(names, self._columns):
+            kind = column.parse_as
+            types[name] = pa.string() if kind is None else pa.uint64() if kind == np.uint64 else \
+                pa.int64() if kind.kind == "i" else pa.float64()
+        nulls = sorted({"", self._na})
+        try:
+            with open_binary(path) as raw:
+                reader = pacsv.open_csv(
+                    raw,
+                    read_options=pacsv.ReadOptions(skip_rows=int(self._header), autogenerate_column_names=True,
+                                                   block_size=1 << 20),
+                    parse_options=pacsv.ParseOptions(delimiter=self._delim),
+                    convert_options=pacsv.ConvertOptions(
+                        column_types=types, null_values=nulls, strings_can_be_null=True,
+                        include_columns=names if self._select is not None else None),
+                )
+                if self._select is None and reader.schema.names != names:
+                    raise _Refused  # another number of fields: the python path names the line
+                pending: list[Any] = []
+                count = 0
+                for batch in reader:
+                    pending.append(batch)
+                    count += batch.num_rows
+                    while count >= self._block_rows:
+                        table = pa.Table.from_batches(pending)
+                        yield self._arrow_columns(table.slice(0, self._block_rows))
+                        pending = table.slice(self._block_rows).to_batches()
+                        count -= self._block_rows
+                if count:
+                    yield self._arrow_columns(pa.Table.from_batches(pending))
+        except (pa.ArrowInvalid, pa.ArrowKeyError, pa.ArrowTypeError):
+            raise _Refused from None  # a value, a field count, an empty file: the python path decides and names it
+
+    def _arrow_columns(self, table: Any) -> list[np.ndarray]:
+        out = []
+        for j, column in enumerate(self._columns):
+            values = table.column(j)
+            empty = values.null_count
+            if empty and column.default is None:
+                raise _Refused
+            if column.dtype.kind == "O":
+                array = values.to_numpy(zero_copy_only=False).astype(object)
+                if empty:
+                    array[values.is_null().to_numpy(zero_copy_only=False)] = column.default
+                out.append(array)
+                continue
+            wire = values.fill_null(0).to_numpy() if empty else values.to_numpy()
+            try:
+                typed = np.ascontiguousarray(cast(wire, column.dtype, str))
+            except ColumnValueError:
+                raise _Refused from None
+            if empty:
+                typed[values.is_null().to_numpy(zero_copy_only=False)] = column.default
+            out.append(typed)
+        return out
+
+    def _python_blocks(self, path: str) -> Iterator[Any]:
+        for columns in self._python_columns(path):
+            yield self._out(columns)
+
+    def _python_columns(self, path: str) -> Iterator[list[np.ndarray]]:
         with open_binary(path) as raw, io.TextIOWrapper(raw, encoding="utf-8", newline="") as f:
             lineno = 0
             if self._header:
@@ -112,7 +218,7 @@ class CsvReader:
                 columns = self._parse(lines, path, lineno)
                 lineno += len(lines)
                 if columns is not None:
-                    yield dict(zip(self._names, columns)) if self._names is not None else tuple(columns)
+                    yield columns
 
     def _parse(self, lines: list[str], path: str, first: int) -> list[np.ndarray] | None:
         fast = None

@@ -26,6 +26,8 @@ values is an error naming the file, the record's byte offset, the feature, what 
 
 from __future__ import annotations
 
+import itertools
+from operator import attrgetter, itemgetter, methodcaller
 from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
@@ -81,9 +83,12 @@ def _messages() -> dict[str, Any]:
     entry.field.add(name="value", number=2, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL, type_name=".tensorflow.Feature")
     entry.options.map_entry = True
     message("Example", ("features", 1, F.TYPE_MESSAGE, F.LABEL_OPTIONAL, ".tensorflow.Features"))
+    # a block of records parsed by one call: `Records` (bytes) serialized is, on the wire, `Examples` (messages)
+    message("Records", ("record", 1, F.TYPE_BYTES, F.LABEL_REPEATED, ""))
+    message("Examples", ("example", 1, F.TYPE_MESSAGE, F.LABEL_REPEATED, ".tensorflow.Example"))
     pool = descriptor_pool.DescriptorPool()
     pool.Add(proto)
-    for name in ("Example", "Features", "Feature", "BytesList", "FloatList", "Int64List"):
+    for name in ("Example", "Features", "Feature", "BytesList", "FloatList", "Int64List", "Records", "Examples"):
         _message_classes[name] = message_factory.GetMessageClass(pool.FindMessageTypeByName(f"tensorflow.{name}"))
     return _message_classes
 
@@ -160,6 +165,9 @@ def parse_example(
     """``tf.io.parse_example`` for numpy: serialized ``tf.Example`` records -> ``{feature: column}`` (see the
     module's docstring for the columns' forms). ``path`` and ``offsets`` name where a bad record is."""
     spec = feature_spec(features)
+    block = _parse_block(serialized, spec) if len(serialized) else None
+    if block is not None:
+        return block
     parse = example_class().FromString
     n = len(serialized)
     fixed: dict[str, list[Any]] = {}
@@ -219,6 +227,56 @@ def parse_example(
         row_of = np.repeat(np.arange(n), lengths)
         column = _column(flat, dtype, kind, name, lambda j: where(int(row_of[j])), 1)
         out[name] = varlen_column(np.split(column, np.cumsum(lengths)[:-1]))
+    return out
+
+
+def _parse_block(serialized: Sequence[bytes], spec: Mapping[str, FixedLenFeature | VarLenFeature]) -> dict[str, np.ndarray] | None:
+    """The block's columns, with no Python step per value: the records are parsed by one call of protobuf's C
+    parser (a ``Records`` message of ``bytes`` fields is, on the wire, an ``Examples`` message of ``Example``
+    fields: protobuf documents embedded messages as encoded exactly as ``bytes``), each feature's lists of all
+    records are concatenated by protobuf (``extend`` of a repeated field by another copies in C) and turned into
+    one numpy array. ``None`` when anything is off (a record that does not parse, a missing feature, a list of
+    another kind or length, a value the dtype does not hold): :func:`parse_example`'s record-by-record path then
+    fills defaults or names the record."""
+    m = _messages()
+    n = len(serialized)
+    try:
+        examples = m["Examples"].FromString(m["Records"](record=serialized).SerializeToString()).example
+    except Exception:  # noqa: BLE001 - protobuf's DecodeError: the record-by-record path names the record
+        return None
+    fmaps = list(map(attrgetter("features.feature"), examples))
+    out: dict[str, np.ndarray] = {}
+    for name, s in spec.items():
+        kind = _list_kind(s.dtype)
+        feats = list(map(itemgetter(name), fmaps))  # a missing feature reads (and is added to this copy) empty
+        values = list(map(attrgetter(f"{kind}.value"), feats))
+        lengths = np.fromiter(map(len, values), dtype=np.int64, count=n)
+        if isinstance(s, FixedLenFeature):
+            size = int(np.prod(s.shape)) if len(s.shape) else 1
+            if size == 0 or (lengths != size).any():
+                return None  # missing (default) or wrong length: decided record by record
+        else:
+            kinds = list(map(methodcaller("WhichOneof", "kind"), feats))
+            if any(k not in (kind, None) and len(getattr(feats[i], k).value) for i, k in enumerate(kinds)):
+                return None  # a list of another kind (an empty one has no kind: serialize_example writes float_list)
+        total = int(lengths.sum())
+        if kind == "bytes_list":
+            column = np.empty(total, dtype=object)
+            column[:] = list(itertools.chain.from_iterable(values))
+        else:
+            into = m["Int64List" if kind == "int64_list" else "FloatList"]().value
+            extend = into.extend
+            for v in values:
+                extend(v)
+            wire = np.fromiter(into, dtype=np.int64 if kind == "int64_list" else np.float32, count=total)
+            try:
+                column = cast(wire, s.dtype, str)
+            except ColumnValueError:
+                return None
+        if isinstance(s, FixedLenFeature):
+            out[name] = column.reshape((n, *s.shape))
+        else:
+            out[name] = varlen_column(np.split(column, np.cumsum(lengths)[:-1]))
     return out
 
 
