@@ -366,9 +366,9 @@ class DynamicEmbeddingLayer(Layer):
         want = tuple(shape) + (self.output_dim,)
         if tuple(dy.shape) != want:
             raise ValueError(f"DynamicEmbeddingLayer {self.name!r}: dy has shape {tuple(dy.shape)}; expected {want}")
-        summed = np.zeros((unique.size, self.output_dim), dtype=self.table.dtype)
-        np.add.at(summed, inverse, kernels.to_numpy(dy).reshape(-1, self.output_dim))
-        self._grads = [(IndexedSlices(summed, unique), self.table)]
+        # every position of ``unique`` occurs in ``inverse``: the summed rows come back in ``unique``'s order
+        _, summed = kernels.reduce_sparse(inverse.astype(np.int64), kernels.to_numpy(dy).reshape(-1, self.output_dim))
+        self._grads = [(IndexedSlices(summed.astype(self.table.dtype, copy=False), unique), self.table)]
         return None  # ids have no gradient
 
 

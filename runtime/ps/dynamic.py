@@ -116,11 +116,11 @@ def _split_push(meta: Meta, arrays: list) -> tuple[Meta, list, list[tuple[str, A
     return {**meta, "updates": kept}, kept_arrays, dynamic, pos
 
 
-def _check_keys(keys: Any, what: str) -> np.ndarray:
+def _check_keys(keys: Any, what: str, distinct: bool = True) -> np.ndarray:
     k = np.asarray(keys)
     if k.ndim != 1 or k.dtype != np.int64:
         raise ValueError(f"{what} must be a 1-D int64 array of keys, got {k.dtype} shape {list(k.shape)}")
-    if k.size > 1 and np.unique(k).size != k.size:
+    if distinct and k.size > 1 and np.unique(k).size != k.size:
         raise ValueError(f"{what} holds a key more than once; allowed: distinct keys (sum duplicates first)")
     return k
 
@@ -167,7 +167,7 @@ def _prepare_pushes(state: ParameterServerState, registry: DynamicTables, config
     out = []
     for name, keys, grads in dynamic:
         table = registry.get(name)
-        k = _check_keys(keys, f"keys of the update to dynamic table {name!r}")
+        k = _check_keys(keys, f"keys of the update to dynamic table {name!r}", distinct=False)  # summed by the update
         if okey not in table.slots and len(table.slots) >= state.max_slot_sets:
             raise LimitExceededError("optimizer", config, f"dynamic table {name!r} already holds slots for "
                                      f"{len(table.slots)} optimizer configurations, the most it may hold "
@@ -210,7 +210,9 @@ def _run(state: ParameterServerState, meta: Meta, arrays: list, push: bool, read
             _check_answer(state, lookups, 0)
         answer: Meta = {}
         out: list = []
-        if push and read:
+        if not (var_meta.get("updates") or names or rows):
+            answer = {"steps": []} if push else {}  # the call is the tables' alone: no variable to push or read
+        elif push and read:
             answer, out = _methods.rpc_push_read(state, {**var_meta, "names": names, "rows": rows},
                                                  var_arrays + rest[: len(rows)])
         elif push:

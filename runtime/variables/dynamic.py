@@ -210,8 +210,8 @@ class DynamicEmbedding:
 
     # -- gradients -----------------------------------------------------------------------------------------------
     def push_parts(self, grad: Any) -> list[tuple[int, np.ndarray, np.ndarray]]:
-        """A gradient (``IndexedSlices`` with keys as indices; duplicates summed here) split by parameter server:
-        ``[(ps, keys, rows)]``."""
+        """A gradient (``IndexedSlices`` with keys as indices) split by parameter server: ``[(ps, keys, rows)]``
+        (duplicate keys are summed on the ps, by the optimizer's sparse update)."""
         if not isinstance(grad, IndexedSlices):
             raise RuntimeConfigError(f"gradient of {self._name!r}", type(grad).__name__,
                                      "a dynamic table takes an IndexedSlices whose indices are its keys")
@@ -219,12 +219,12 @@ class DynamicEmbedding:
         if values.shape[1:] != (self.dim,):
             raise RuntimeConfigError(f"gradient of {self._name!r}", f"rows of shape {list(values.shape[1:])}",
                                      f"must be rows of dim {self.dim}")
-        keys = self.to_keys(grad.indices)
-        unique, inverse = np.unique(keys, return_inverse=True)
-        summed = np.zeros((unique.size, self.dim), dtype=self.dtype)
-        np.add.at(summed, inverse.reshape(-1), values.astype(self.dtype, copy=False))
-        shard = shard_of(unique, self._num_ps)
-        return [(ps, unique[shard == ps], summed[shard == ps]) for ps in range(self._num_ps) if (shard == ps).any()]
+        keys = self.to_keys(grad.indices).reshape(-1)
+        values = values.astype(self.dtype, copy=False)
+        if self._num_ps <= 1:
+            return [(0, keys, values)]
+        shard = shard_of(keys, self._num_ps)
+        return [(ps, keys[shard == ps], values[shard == ps]) for ps in range(self._num_ps) if (shard == ps).any()]
 
     def apply_local_update(self, optimizer: Any, grad: Any) -> None:
         """Apply a gradient to a table in this process (what a push does on a ps)."""
