@@ -31,6 +31,7 @@ for _module, _names in {
     "coordinator.closure_queue": "RemoteValue",
     "variables.variable": "Variable ShardedVariable embedding_lookup",
     "variables.indexed_slices": "IndexedSlices",
+    "variables.dynamic": "DynamicEmbedding",
     "server.service": "Server register_ps_method register_worker_method",
     "variables.context": "get_current_worker_index",
     "errors": (
@@ -47,7 +48,7 @@ for _module, _names in {
     ),
     "ops.kernels": "DeviceUnavailableError",
     "models.autodiff": "ValueAndGrad value_and_grad",
-    "ops.nn": "Add Concatenate Dense Embedding Flatten Sequential MLP SigmoidCrossEntropy SoftmaxCrossEntropy glorot_uniform",
+    "ops.nn": "Add Concatenate Dense DynamicEmbeddingLayer Embedding Flatten Sequential MLP SigmoidCrossEntropy SoftmaxCrossEntropy glorot_uniform",
     "checkpoint": (
         "Checkpoint CheckpointManager CheckpointReader StepCounter latest_checkpoint verify_checkpoint "
         "CheckpointError CheckpointCorruptError CheckpointMismatchError"
@@ -110,7 +111,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; kept equal to _EXPORTS by 
     from kubeps.runtime.models.autodiff import ValueAndGrad as ValueAndGrad, value_and_grad as value_and_grad
     from kubeps.runtime.ops.kernels import DeviceUnavailableError as DeviceUnavailableError
     from kubeps.runtime.ops.nn import (
-        Add as Add, Concatenate as Concatenate, Dense as Dense, Embedding as Embedding, Flatten as Flatten,
+        Add as Add, Concatenate as Concatenate, Dense as Dense, DynamicEmbeddingLayer as DynamicEmbeddingLayer,
+        Embedding as Embedding, Flatten as Flatten,
         glorot_uniform as glorot_uniform, MLP as MLP, Sequential as Sequential, SigmoidCrossEntropy as SigmoidCrossEntropy,
         SoftmaxCrossEntropy as SoftmaxCrossEntropy,
     )
@@ -126,6 +128,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; kept equal to _EXPORTS by 
         Server as Server,
     )
     from kubeps.runtime.variables.context import get_current_worker_index as get_current_worker_index
+    from kubeps.runtime.variables.dynamic import DynamicEmbedding as DynamicEmbedding
     from kubeps.runtime.variables.indexed_slices import IndexedSlices as IndexedSlices
     from kubeps.runtime.variables.partitioners import (
         FixedShardsPartitioner as FixedShardsPartitioner, MaxSizePartitioner as MaxSizePartitioner,

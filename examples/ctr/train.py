@@ -72,6 +72,7 @@ from kubeps.runtime.coordinator.cluster_coordinator import ClusterCoordinator
 from kubeps.runtime.data import Dataset, InputContext
 from kubeps.runtime.checkpoint.evaluator import SidecarEvaluator
 from kubeps.runtime.ops.optimizers import Adagrad
+from kubeps.runtime import DynamicEmbedding
 from kubeps.runtime.variables.partitioners import MinSizePartitioner
 from kubeps.runtime.server import Server
 from kubeps.runtime.coordinator.strategy import ParameterServerStrategy
@@ -85,6 +86,25 @@ TEACHER_SEED = 1234
 
 
 # -- synthetic data with a known best log-loss ------------------------------------------------------------------
+def raw_ids(values: np.ndarray) -> np.ndarray:
+    """``(field, value)`` pairs as ids from a 2**40 space, as a product's raw feature ids look (sparse, unordered):
+    what ``--ids raw40`` feeds a ``DynamicEmbedding`` as they are, with no hashing into a table size."""
+    field = np.arange(values.shape[1], dtype=np.uint64)[None, :]
+    key = (field << np.uint64(32)) | values.astype(np.uint64)
+    mixed = (key * np.uint64(0xD6E8FEB86659FD93)) ^ (key >> np.uint64(7))  # wraps mod 2**64
+    return (mixed & np.uint64((1 << 40) - 1)).astype(np.int64)
+
+
+def feature_ids(values: np.ndarray, args: argparse.Namespace) -> np.ndarray:
+    """The model's ids for raw ``(field, value)`` pairs, by ``--ids``: hashed into ``--vocab-size`` rows (``hashed``),
+    one row per pair (``exact``: a collision-free fixed table), or raw 40-bit ids for a dynamic table (``raw40``)."""
+    if args.ids == "raw40":
+        return raw_ids(values)
+    if args.ids == "exact":
+        return (np.arange(values.shape[1])[None, :] * VALUES_PER_FIELD + values).astype(np.int64)
+    return hash_ids(values, args.vocab_size)
+
+
 def hash_ids(values: np.ndarray, vocab_size: int) -> np.ndarray:
     """Hash ``(field, value)`` pairs into one id space of ``vocab_size`` rows (like a hashed feature column)."""
     field = np.arange(values.shape[1], dtype=np.uint64)[None, :]
@@ -122,7 +142,7 @@ class Teacher:
 def training_set(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(ids [N, FIELDS], dense [N, DENSE], labels [N])``: the finite training set (the same on every worker)."""
     values, dense, _, labels = Teacher().sample(args.train_examples, seed=args.seed)
-    return hash_ids(values, args.vocab_size), dense, labels
+    return feature_ids(values, args), dense, labels
 
 
 PARQUET_COLUMNS = {"ids": np.int64, "dense": np.float32, "label": np.float32}
@@ -196,16 +216,20 @@ class CTRModel:
     workers. Pickled into a scheduled function, it travels as variable handles.
     """
 
-    def __init__(self, vocab_size: int, embedding_dim: int, hidden: list[int], seed: int = 0):
-        self.embedding = nn.Embedding(vocab_size, embedding_dim, seed=seed, name="embedding")
+    def __init__(self, vocab_size: int, embedding_dim: int, hidden: list[int], seed: int = 0, dynamic: bool = False):
+        if dynamic:  # rows made on first use, for ids of any size, sharded over the ps by the hash of the id
+            table = DynamicEmbedding("embedding", embedding_dim, initializer={"kind": "uniform", "seed": seed})
+            self.embedding = nn.DynamicEmbeddingLayer(table, name="embedding")
+        else:
+            self.embedding = nn.Embedding(vocab_size, embedding_dim, seed=seed, name="embedding")
         self.head = nn.MLP(hidden, 1, activation="relu", input_dim=FIELDS * embedding_dim + DENSE, seed=seed + 1,
                            name="head")
         self.loss = nn.SigmoidCrossEntropy()
 
     @property
     def table(self):
-        """The embedding table (a ``ShardedVariable`` under a partitioner)."""
-        return self.embedding.embeddings
+        """The embedding table (a ``ShardedVariable`` under a partitioner, or a ``DynamicEmbedding``)."""
+        return getattr(self.embedding, "table", None) or self.embedding.embeddings
 
     @property
     def variables(self) -> list:
@@ -238,7 +262,8 @@ class CTRModel:
 
 
 def build_model(args: argparse.Namespace) -> CTRModel:
-    return CTRModel(args.vocab_size, args.embedding_dim, args.hidden, seed=args.seed)
+    vocab = FIELDS * VALUES_PER_FIELD if args.ids == "exact" else args.vocab_size
+    return CTRModel(vocab, args.embedding_dim, args.hidden, seed=args.seed, dynamic=args.ids == "raw40")
 
 
 def make_optimizer(args: argparse.Namespace) -> Adagrad:
@@ -262,7 +287,7 @@ def held_out_set(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, np.n
 def evaluate(model: CTRModel, args: argparse.Namespace, held_out=None) -> dict[str, float]:
     """The model against the two references on held-out examples from the same teacher."""
     values, dense, p_teacher, labels = held_out if held_out is not None else held_out_set(args)
-    p_model = model.predict(hash_ids(values, args.vocab_size), dense)
+    p_model = model.predict(feature_ids(values, args), dense)
     click_rate = float(labels.mean())
     result = {
         "logloss": log_loss(labels, p_model),
@@ -294,9 +319,13 @@ def run_chief(args: argparse.Namespace, resolver: TFConfigClusterResolver, build
         with strategy.scope():
             model = build(args)
         table = model.table
-        shards = getattr(table, "variables", [table])
-        print(f"embedding table {table.shape[0]}x{table.shape[1]} float32 in {len(shards)} shard(s): "
-              + ", ".join(f"{v.name} {v.shape[0]} rows on {v.device}" for v in shards))
+        if isinstance(table, DynamicEmbedding):
+            shards = list(range(table.num_shards))
+            print(f"dynamic embedding table of dim {table.dim} float32 in {table.num_shards} shard(s) (by key hash)")
+        else:
+            shards = getattr(table, "variables", [table])
+            print(f"embedding table {table.shape[0]}x{table.shape[1]} float32 in {len(shards)} shard(s): "
+                  + ", ".join(f"{v.name} {v.shape[0]} rows on {v.device}" for v in shards))
 
         optimizer = make_optimizer(args)
         step = StepCounter()  # training steps done, saved with the variables
@@ -358,6 +387,8 @@ def run_chief(args: argparse.Namespace, resolver: TFConfigClusterResolver, build
         result = evaluate(model, args)  # on the chief: rows and weights read from the parameter servers
         result.update(examples_per_s=trained * args.batch_size / elapsed if trained else 0.0,
                       train_seconds=elapsed, passes=passes, embedding_shards=len(shards), resumed_from_step=start)
+        if isinstance(table, DynamicEmbedding):
+            result.update(table_rows=table.size())  # rows the ps created for the ids training saw
         print(f"trained {trained} steps of {args.batch_size} ({passes:.1f} passes over {args.train_examples} "
               f"examples) in {elapsed:.1f} s: {result['examples_per_s']:.0f} examples/s")
         print(f"eval log-loss {result['logloss']:.4f}  AUC {result['auc']:.4f}")
@@ -433,7 +464,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--closure-log", default=None, metavar="PATH",
                    help="diagnostic: append a line to PATH when a scheduled execution starts (S) and ends (E), "
                         "with its index, worker and pid (re-runs after worker failures show up twice)")
+    p.add_argument("--ids", choices=["hashed", "exact", "raw40"], default="hashed",
+                   help="hashed: ids hashed into --vocab-size rows; exact: one row per (field, value), a collision-"
+                        "free fixed table; raw40: raw ids from a 2**40 space into a DynamicEmbedding")
     args = p.parse_args(argv)
+    if args.ids == "raw40" and args.checkpoint_dir:
+        p.error("--ids raw40 trains a DynamicEmbedding, which checkpoints do not hold yet: drop --checkpoint-dir")
     for name in ("steps", "steps_per_execution", "batch_size", "vocab_size", "embedding_dim", "train_examples",
                  "eval_examples"):
         if getattr(args, name) < 1:

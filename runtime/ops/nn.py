@@ -30,6 +30,7 @@ __all__ = [
     "Layer",
     "Dense",
     "Embedding",
+    "DynamicEmbeddingLayer",
     "Flatten",
     "Concatenate",
     "Add",
@@ -327,6 +328,48 @@ class Embedding(Layer):
         uniq, summed = kernels.reduce_sparse(ids.reshape(-1).astype("int64"), dy.reshape(-1, self.output_dim))
         self._grads = [(_indexed_slices(summed, uniq, (self.input_dim, self.output_dim)), self.embeddings)]
         return None  # integer inputs have no gradient
+
+
+class DynamicEmbeddingLayer(Layer):
+    """Rows of a :class:`~kubeps.runtime.variables.dynamic.DynamicEmbedding` for ids of any shape (integers of any
+    size, or strings for a ``key_dtype="string"`` table): ``(..., ) -> (..., dim)``, as :class:`Embedding`.
+
+    ``forward`` looks up the batch's distinct keys once (a training lookup inside a scheduled function: keys are
+    counted for admission and new rows created); ``backward`` sums ``dy`` per distinct key and records an
+    ``IndexedSlices`` whose indices are the keys, which ``optimizer.apply_gradients`` pushes to the table.
+    """
+
+    def __init__(self, table: Any, name: str | None = None) -> None:
+        super().__init__(name)
+        if not hasattr(table, "gather_unique") or not hasattr(table, "dim"):
+            raise TypeError(f"DynamicEmbeddingLayer: table must be a kubeps DynamicEmbedding, got {type(table).__name__}")
+        self.table = table
+        self.output_dim = int(table.dim)
+        self._cache_keys: Any = None
+
+    @property
+    def trainable_variables(self) -> list[Any]:
+        return [self.table]
+
+    def build(self, input_dim: int | None) -> int | None:
+        return None  # output is (..., dim); its flattened width depends on the id shape
+
+    def forward(self, ids: Any) -> Any:
+        keys, unique, inverse, rows = self.table.gather_unique(kernels.to_numpy(ids))
+        self._cache_keys = (unique, inverse, keys.shape)
+        return kernels.array_module(ids).asarray(rows[inverse].reshape(tuple(keys.shape) + (self.output_dim,)))
+
+    def backward(self, dy: Any) -> None:
+        if self._cache_keys is None:
+            raise RuntimeError(f"DynamicEmbeddingLayer {self.name!r}: backward called before forward")
+        unique, inverse, shape = self._cache_keys
+        want = tuple(shape) + (self.output_dim,)
+        if tuple(dy.shape) != want:
+            raise ValueError(f"DynamicEmbeddingLayer {self.name!r}: dy has shape {tuple(dy.shape)}; expected {want}")
+        # every position of ``unique`` occurs in ``inverse``: the summed rows come back in ``unique``'s order
+        _, summed = kernels.reduce_sparse(inverse.astype(np.int64), kernels.to_numpy(dy).reshape(-1, self.output_dim))
+        self._grads = [(IndexedSlices(summed.astype(self.table.dtype, copy=False), unique), self.table)]
+        return None  # ids have no gradient
 
 
 def _indexed_slices(values: Any, indices: Any, dense_shape: tuple[int, ...]) -> IndexedSlices:

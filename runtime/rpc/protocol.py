@@ -32,9 +32,13 @@ __all__ = [
     "ClosureStatus",
     "CreateResourceRequest",
     "CreateVariablesAnswer",
+    "DynamicLookup",
+    "DynamicTableInfo",
+    "LookupDynamicRequest",
     "NamesRequest",
     "PingAnswer",
     "PushAnswer",
+    "PushLookupDynamicRequest",
     "PushReadRequest",
     "PushRequest",
     "ReadManyRequest",
@@ -70,6 +74,17 @@ class PS:
     PUSH_READ = "PushRead"  #: :class:`PushReadRequest`: a ``Push`` and then a ``ReadMany`` in one call
     LIST_VARIABLES = "ListVariables"  #: ``{}`` -> ``{"variables": [{name, shape, dtype, updates}]}``
     SAVE_SHARDS = "SaveShards"  #: :class:`SaveShardsRequest` -> ``{"saved": [SavedShard]}``
+    #: dynamic embedding tables (:mod:`kubeps.runtime.ps.dynamic`): ``{"name", "config"}`` -> :class:`CreateVariablesAnswer`
+    CREATE_DYNAMIC = "CreateDynamic"
+    #: :class:`LookupDynamicRequest` + one index array per ``rows`` name + ``(keys, counts)`` per ``dynamic`` table ->
+    #: values, then row blocks, then one row block per table (a ``ReadMany`` with table lookups)
+    LOOKUP_DYNAMIC = "LookupDynamic"
+    #: :class:`PushLookupDynamicRequest`: a ``Push`` and then a ``LookupDynamic`` in one call
+    PUSH_LOOKUP_DYNAMIC = "PushLookupDynamic"
+    #: ``{"names"}`` -> ``{"tables": [DynamicTableInfo]}``
+    DYNAMIC_INFO = "DynamicInfo"
+    #: ``{"name"}`` -> ``{"slots": [[optimizer key, slot]]}`` + keys, values, freqs, steps, then one array per slot
+    EXPORT_DYNAMIC = "ExportDynamic"
     RESTORE_SHARDS = "RestoreShards"  #: :class:`RestoreShardsRequest` -> ``{"restored": n}``
 
     #: the methods that only read: a worker's closure context may batch them
@@ -119,7 +134,9 @@ class AssignRequest(TypedDict, total=False):
 
 class UpdateSpec(TypedDict, total=False):
     name: str
-    kind: Literal["dense", "sparse"]  #: dense: one tensor (the gradient); sparse: two (indices, values)
+    #: dense: one tensor (the gradient); sparse: two (indices, values); dynamic: two (int64 keys, gradient rows), to
+    #: a dynamic embedding table
+    kind: Literal["dense", "sparse", "dynamic"]
 
 
 class PushRequest(TypedDict):
@@ -129,6 +146,28 @@ class PushRequest(TypedDict):
 
 class PushReadRequest(PushRequest, ReadManyRequest):
     pass
+
+
+class DynamicLookup(TypedDict):
+    name: str
+    train: bool  #: count the keys, admit and create rows (a training step); else read only
+
+
+class LookupDynamicRequest(ReadManyRequest, total=False):
+    dynamic: list[DynamicLookup]
+
+
+class PushLookupDynamicRequest(PushRequest, LookupDynamicRequest):
+    pass
+
+
+class DynamicTableInfo(TypedDict):
+    name: str
+    size: int  #: live rows on this ps
+    updates: int
+    evicted: int  #: rows evicted so far
+    nbytes: int  #: bytes the table holds on this ps (rows, slots, metadata, index, filter)
+    capacity: int
 
 
 class PushAnswer(TypedDict):

@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping
 
 from kubeps.runtime.checkpoint.shards import PS_METHODS as _CHECKPOINT_PS_METHODS
 from kubeps.runtime.errors import RuntimeConfigError
+from kubeps.runtime.ps.dynamic import DYNAMIC_METHODS as _DYNAMIC_PS_METHODS
 from kubeps.runtime.ps.methods import BUILTIN_METHODS as _PS_BUILTINS
 from kubeps.runtime.rpc.protocol import COLLECT, PING
 from kubeps.runtime.worker.state import BUILTIN_METHODS as _WORKER_BUILTINS
@@ -34,8 +35,10 @@ __all__ = [
 
 Method = Callable[[Any, dict[str, Any], list], "tuple[dict[str, Any], list]"]
 
-#: the parameter-server service: variables and pushes (ps), checkpoint shards (checkpoint), and the user's
-PS_METHODS: dict[str, Method] = {**_PS_BUILTINS, **_CHECKPOINT_PS_METHODS}
+#: the parameter-server service: variables and pushes (ps), dynamic embedding tables (whose ``Push`` and ``PushRead``
+#: take the variables' updates and the tables' alike, in place of the plain ones), checkpoint shards (checkpoint), and
+#: the user's
+PS_METHODS: dict[str, Method] = {**_PS_BUILTINS, **_DYNAMIC_PS_METHODS, **_CHECKPOINT_PS_METHODS}
 #: the worker service: closures and per-worker resources, and the user's
 WORKER_METHODS: dict[str, Method] = dict(_WORKER_BUILTINS)
 

@@ -163,6 +163,9 @@ class ClosureContext:
         for ps, (method, meta, arrays) in requests.items():
             if ps not in self._deferred:
                 calls[ps] = (method, meta, arrays)
+            elif method == PS.LOOKUP_DYNAMIC:  # a lookup of dynamic tables carries the push the same way
+                push_meta, push_arrays = self._deferred.pop(ps)
+                calls[ps] = (PS.PUSH_LOOKUP_DYNAMIC, {**push_meta, **meta}, [*push_arrays, *arrays])
             elif method in _READS:
                 push_meta, push_arrays = self._deferred.pop(ps)
                 names = list(meta.get("names", [])) if method != PS.READ_ROWS else []

@@ -17,6 +17,7 @@ import numpy as np
 
 from kubeps.runtime.variables import context as _context
 from kubeps.runtime.errors import RuntimeConfigError
+from kubeps.runtime.variables.dynamic import DynamicEmbedding
 from kubeps.runtime.variables.indexed_slices import IndexedSlices
 from kubeps.runtime.variables.partitioners import owner_of
 from kubeps.runtime.variables.variable import ShardedVariable, Variable, value_for
@@ -58,23 +59,24 @@ def apply_gradients(optimizer: Any, grads_and_vars: Iterable[tuple[Any, Any]]) -
     batches: dict[int, tuple[Any, dict[int, tuple[list, list]]]] = {}
     touched: list[str] = []
 
-    def add(var: Variable, grad: Any) -> None:
+    def add(var: Variable | DynamicEmbedding, grad: Any) -> None:
         nonlocal config
         if not var.is_remote:
             var.apply_local_update(optimizer, grad)
             return
         if config is None:
             config = optimizer.get_config()
-        transport = var.transport
-        assert var.ps_index is not None, "a remote variable has a ps index"
-        per_ps = batches.setdefault(id(transport), (transport, {}))[1]
-        updates, arrays = per_ps.setdefault(var.ps_index, ([], []))
-        if isinstance(grad, tuple):
-            updates.append({"name": var.key, "kind": "sparse"})
-            arrays.extend(grad)
+        per_ps = batches.setdefault(id(var.transport), (var.transport, {}))[1]
+        if isinstance(var, DynamicEmbedding):  # a table's keys go to the ps their hash names, one update per ps
+            parts = [(ps, "dynamic", [keys, rows]) for ps, keys, rows in var.push_parts(grad)]
         else:
-            updates.append({"name": var.key, "kind": "dense"})
-            arrays.append(grad)
+            assert var.ps_index is not None, "a remote variable has a ps index"
+            parts = [(var.ps_index, "sparse", list(grad)) if isinstance(grad, tuple) else
+                     (var.ps_index, "dense", [grad])]
+        for ps, kind, tensors in parts:
+            updates, arrays = per_ps.setdefault(ps, ([], []))
+            updates.append({"name": var.key, "kind": kind})
+            arrays.extend(tensors)
         touched.append(var.key)
 
     for i, pair in enumerate(pairs):
@@ -83,9 +85,12 @@ def apply_gradients(optimizer: Any, grads_and_vars: Iterable[tuple[Any, Any]]) -
         grad, var = pair
         if grad is None:
             continue
+        if isinstance(var, DynamicEmbedding):
+            add(var, grad)
+            continue
         if not isinstance(var, (Variable, ShardedVariable)):
             raise RuntimeConfigError(f"grads_and_vars[{i}][1]", type(var).__name__,
-                                     "must be a kubeps Variable or ShardedVariable")
+                                     "must be a kubeps Variable, ShardedVariable or DynamicEmbedding")
         if isinstance(grad, IndexedSlices):
             idx, values = _check_sparse(grad, var)
             if isinstance(var, ShardedVariable):
