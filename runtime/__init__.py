@@ -42,9 +42,10 @@ for _module, _names in {
     "variables.partitioners": "Partitioner FixedShardsPartitioner MinSizePartitioner MaxSizePartitioner",
     "data": "AUTOTUNE AutoShardPolicy Dataset DistributeOptions DistributedDataset InputContext Options TextLineDataset auto_shard"
             " CsvDataset FixedLenFeature ParquetDataset TFRecordDataset TFRecordWriter VarLenFeature parse_example",
-    "ops.optimizers": (
-        "Optimizer SGD Momentum Adagrad Adam Ftrl optimizer_from_config LearningRateSchedule ExponentialDecay "
-        "InverseTimeDecay PiecewiseConstantDecay PolynomialDecay CosineDecay schedule_from_config"
+    "ops.optimizers": "Optimizer SGD Momentum Adagrad Adam Ftrl optimizer_from_config",
+    "ops.schedules": (
+        "LearningRateSchedule ExponentialDecay InverseTimeDecay PiecewiseConstantDecay PolynomialDecay CosineDecay "
+        "schedule_from_config"
     ),
     "ops.kernels": "DeviceUnavailableError",
     "models.autodiff": "ValueAndGrad value_and_grad",
@@ -117,11 +118,13 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; kept equal to _EXPORTS by 
         SoftmaxCrossEntropy as SoftmaxCrossEntropy,
     )
     from kubeps.runtime.ops.optimizers import (
-        Adagrad as Adagrad, Adam as Adam, CosineDecay as CosineDecay, ExponentialDecay as ExponentialDecay,
-        Ftrl as Ftrl, InverseTimeDecay as InverseTimeDecay, LearningRateSchedule as LearningRateSchedule,
-        Momentum as Momentum, Optimizer as Optimizer, optimizer_from_config as optimizer_from_config,
-        PiecewiseConstantDecay as PiecewiseConstantDecay, PolynomialDecay as PolynomialDecay,
-        schedule_from_config as schedule_from_config, SGD as SGD,
+        Adagrad as Adagrad, Adam as Adam, Ftrl as Ftrl, Momentum as Momentum, Optimizer as Optimizer,
+        optimizer_from_config as optimizer_from_config, SGD as SGD,
+    )
+    from kubeps.runtime.ops.schedules import (
+        CosineDecay as CosineDecay, ExponentialDecay as ExponentialDecay, InverseTimeDecay as InverseTimeDecay,
+        LearningRateSchedule as LearningRateSchedule, PiecewiseConstantDecay as PiecewiseConstantDecay,
+        PolynomialDecay as PolynomialDecay, schedule_from_config as schedule_from_config,
     )
     from kubeps.runtime.server.service import (
         register_ps_method as register_ps_method, register_worker_method as register_worker_method,

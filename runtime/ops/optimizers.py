@@ -14,19 +14,32 @@ Conventions (TensorFlow's, see ``docs/kernels.md``):
   its slots change. For SGD and Adagrad this equals the dense update with a zero-filled gradient; for Momentum,
   Adam and FTRL untouched rows keep their slots and values (TF's ``SparseApply*`` / LazyAdam semantics).
 
+Learning-rate schedules are :mod:`kubeps.runtime.ops.schedules` (re-exported here); the hyperparameter checks are
+:mod:`kubeps.runtime.ops.hyperparams`.
+
 Configuration crosses process boundaries as JSON: ``get_config()`` returns
 ``{"class_name": "Adam", "config": {...}}`` and ``optimizer_from_config`` rebuilds the optimizer.
 """
 
 from __future__ import annotations
 
-import inspect
 import math
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 
 from kubeps.runtime.ops import kernels
+from kubeps.runtime.ops.hyperparams import boolean, build, number
+from kubeps.runtime.ops.schedules import (  # noqa: F401 - re-exported: optimizers take schedules as their rate
+    MAX_SCHEDULE_STEP,
+    CosineDecay,
+    ExponentialDecay,
+    InverseTimeDecay,
+    LearningRateSchedule,
+    PiecewiseConstantDecay,
+    PolynomialDecay,
+    schedule_from_config,
+)
 
 __all__ = [
     "LearningRateSchedule",
@@ -47,245 +60,6 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Argument checks
-# --------------------------------------------------------------------------------------------------------------
-
-
-def _number(owner: str, name: str, value: Any, *, lo: float | None = None, lo_open: bool = False,
-            hi: float | None = None, hi_open: bool = False) -> float:
-    """``value`` as a finite float within the given bounds, or a ValueError naming owner, argument and range."""
-    allowed = _range_text(lo, lo_open, hi, hi_open)
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise ValueError(f"{owner}: {name}={value!r} is not a number; allowed: a finite number {allowed}".rstrip())
-    v = float(value)
-    ok = math.isfinite(v)
-    if ok and lo is not None:
-        ok = v > lo if lo_open else v >= lo
-    if ok and hi is not None:
-        ok = v < hi if hi_open else v <= hi
-    if not ok:
-        raise ValueError(f"{owner}: {name}={value!r} is out of range; allowed: a finite number {allowed}".rstrip())
-    return v
-
-
-def _range_text(lo: float | None, lo_open: bool, hi: float | None, hi_open: bool) -> str:
-    parts = []
-    if lo is not None:
-        parts.append(f"{'>' if lo_open else '>='} {lo:g}")
-    if hi is not None:
-        parts.append(f"{'<' if hi_open else '<='} {hi:g}")
-    return " and ".join(parts)
-
-
-def _integer(owner: str, name: str, value: Any, *, lo: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < lo:
-        raise ValueError(f"{owner}: {name}={value!r} is not allowed; allowed: an integer >= {lo}")
-    return int(value)
-
-
-def _boolean(owner: str, name: str, value: Any) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"{owner}: {name}={value!r} is not allowed; allowed: True or False")
-    return bool(value)
-
-
-def _build(kind: str, registry: Mapping[str, type], config: Any) -> Any:
-    """Shared body of ``optimizer_from_config`` and ``schedule_from_config``."""
-    if not isinstance(config, Mapping) or "class_name" not in config:
-        raise ValueError(f"{kind} config must be a mapping {{'class_name': ..., 'config': {{...}}}}, got {config!r}")
-    name = config["class_name"]
-    if name not in registry:
-        raise ValueError(f"unknown {kind} class_name={name!r}; allowed: {sorted(registry)}")
-    cls = registry[name]
-    args = config.get("config", {}) or {}
-    if not isinstance(args, Mapping):
-        raise ValueError(f"{kind} {name}: 'config' must be a mapping of arguments, got {args!r}")
-    params = inspect.signature(cls.__init__).parameters  # type: ignore[misc]  # cls is a class: its own __init__
-    accepted = [p for p in params if p != "self"]
-    unknown = sorted(set(args) - set(accepted))
-    if unknown:
-        raise ValueError(f"{kind} {name} does not accept argument(s) {unknown}; allowed: {accepted}")
-    missing = [p for p, spec in params.items()
-               if p != "self" and spec.default is inspect.Parameter.empty and p not in args]
-    if missing:
-        raise ValueError(f"{kind} {name} is missing required argument(s) {missing}")
-    return cls(**args)
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Learning-rate schedules
-# --------------------------------------------------------------------------------------------------------------
-
-#: the last step a schedule is checked to be finite at, when it is configured (a ps refuses an update whose learning
-#: rate is not finite, naming the step, before it changes anything)
-MAX_SCHEDULE_STEP = 2**31 - 1
-_FLOAT_MAX = float(np.finfo(np.float64).max)
-
-_SCHEDULES: dict[str, type["LearningRateSchedule"]] = {}
-
-
-class LearningRateSchedule:
-    """A learning rate as a function of the number of updates already applied (``0`` for the first update)."""
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        _SCHEDULES[cls.__name__] = cls
-
-    def __call__(self, step: int) -> float:
-        raise NotImplementedError(f"{type(self).__name__} must implement __call__(step)")
-
-    def _config(self) -> dict[str, Any]:
-        raise NotImplementedError(f"{type(self).__name__} must implement _config()")
-
-    def get_config(self) -> dict[str, Any]:
-        return {"class_name": type(self).__name__, "config": self._config()}
-
-    def __repr__(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in self._config().items())
-        return f"{type(self).__name__}({args})"
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and other.get_config() == self.get_config()
-
-
-def schedule_from_config(config: Mapping[str, Any]) -> LearningRateSchedule:
-    """Rebuild a schedule from ``get_config()`` output."""
-    return _build("learning-rate schedule", _SCHEDULES, config)
-
-
-class ExponentialDecay(LearningRateSchedule):
-    """``initial_learning_rate * decay_rate ** (step / decay_steps)`` (integer division when ``staircase``)."""
-
-    def __init__(self, initial_learning_rate: float, decay_steps: int, decay_rate: float,
-                 staircase: bool = False) -> None:
-        o = "ExponentialDecay"
-        self.initial_learning_rate = _number(o, "initial_learning_rate", initial_learning_rate, lo=0, lo_open=True)
-        self.decay_steps = _integer(o, "decay_steps", decay_steps, lo=1)
-        self.decay_rate = _number(o, "decay_rate", decay_rate, lo=0, lo_open=True)
-        self.staircase = _boolean(o, "staircase", staircase)
-        if self.decay_rate > 1:  # a growing rate must stay finite over every step a ps can reach
-            steps = MAX_SCHEDULE_STEP / self.decay_steps
-            top = math.log(self.initial_learning_rate) + steps * math.log(self.decay_rate)
-            if top >= math.log(_FLOAT_MAX):
-                raise ValueError(
-                    f"{o}: decay_rate={decay_rate!r} with decay_steps={decay_steps!r} overflows before step "
-                    f"{MAX_SCHEDULE_STEP}; allowed: decay_rate <= 1, or a growth that stays finite up to that step"
-                )
-
-    def __call__(self, step: int) -> float:
-        p = step / self.decay_steps
-        if self.staircase:
-            p = math.floor(p)
-        return self.initial_learning_rate * self.decay_rate ** p
-
-    def _config(self) -> dict[str, Any]:
-        return {"initial_learning_rate": self.initial_learning_rate, "decay_steps": self.decay_steps,
-                "decay_rate": self.decay_rate, "staircase": self.staircase}
-
-
-class InverseTimeDecay(LearningRateSchedule):
-    """``initial_learning_rate / (1 + decay_rate * step / decay_steps)`` (integer division when ``staircase``)."""
-
-    def __init__(self, initial_learning_rate: float, decay_steps: int, decay_rate: float,
-                 staircase: bool = False) -> None:
-        o = "InverseTimeDecay"
-        self.initial_learning_rate = _number(o, "initial_learning_rate", initial_learning_rate, lo=0, lo_open=True)
-        self.decay_steps = _integer(o, "decay_steps", decay_steps, lo=1)
-        self.decay_rate = _number(o, "decay_rate", decay_rate, lo=0)
-        self.staircase = _boolean(o, "staircase", staircase)
-
-    def __call__(self, step: int) -> float:
-        p = step / self.decay_steps
-        if self.staircase:
-            p = math.floor(p)
-        return self.initial_learning_rate / (1.0 + self.decay_rate * p)
-
-    def _config(self) -> dict[str, Any]:
-        return {"initial_learning_rate": self.initial_learning_rate, "decay_steps": self.decay_steps,
-                "decay_rate": self.decay_rate, "staircase": self.staircase}
-
-
-class PiecewiseConstantDecay(LearningRateSchedule):
-    """``values[0]`` while ``step <= boundaries[0]``, ``values[i]`` for ``boundaries[i-1] < step <= boundaries[i]``,
-    ``values[-1]`` after the last boundary (TF's rule). ``len(values) == len(boundaries) + 1``."""
-
-    def __init__(self, boundaries: Sequence[int], values: Sequence[float]) -> None:
-        o = "PiecewiseConstantDecay"
-        if not isinstance(boundaries, (list, tuple)) or not boundaries:
-            raise ValueError(f"{o}: boundaries={boundaries!r} is not allowed; allowed: a non-empty list of integers")
-        if not isinstance(values, (list, tuple)) or len(values) != len(boundaries) + 1:
-            raise ValueError(f"{o}: values={values!r} is not allowed; allowed: a list of "
-                             f"len(boundaries) + 1 = {len(boundaries) + 1} positive numbers")
-        self.boundaries = [_integer(o, f"boundaries[{i}]", b, lo=0) for i, b in enumerate(boundaries)]
-        if any(b2 <= b1 for b1, b2 in zip(self.boundaries, self.boundaries[1:])):
-            raise ValueError(f"{o}: boundaries={boundaries!r} is not allowed; allowed: strictly increasing integers")
-        self.values = [_number(o, f"values[{i}]", v, lo=0, lo_open=True) for i, v in enumerate(values)]
-
-    def __call__(self, step: int) -> float:
-        for b, v in zip(self.boundaries, self.values):
-            if step <= b:
-                return v
-        return self.values[-1]
-
-    def _config(self) -> dict[str, Any]:
-        return {"boundaries": list(self.boundaries), "values": list(self.values)}
-
-
-class PolynomialDecay(LearningRateSchedule):
-    """``(initial - end) * (1 - min(step, decay_steps) / decay_steps) ** power + end`` (TF, without ``cycle``)."""
-
-    def __init__(self, initial_learning_rate: float, decay_steps: int, end_learning_rate: float = 0.0001,
-                 power: float = 1.0) -> None:
-        o = "PolynomialDecay"
-        self.initial_learning_rate = _number(o, "initial_learning_rate", initial_learning_rate, lo=0, lo_open=True)
-        self.decay_steps = _integer(o, "decay_steps", decay_steps, lo=1)
-        self.end_learning_rate = _number(o, "end_learning_rate", end_learning_rate, lo=0)
-        self.power = _number(o, "power", power, lo=0, lo_open=True)
-
-    def __call__(self, step: int) -> float:
-        frac = 1.0 - min(step, self.decay_steps) / self.decay_steps
-        return (self.initial_learning_rate - self.end_learning_rate) * frac ** self.power + self.end_learning_rate
-
-    def _config(self) -> dict[str, Any]:
-        return {"initial_learning_rate": self.initial_learning_rate, "decay_steps": self.decay_steps,
-                "end_learning_rate": self.end_learning_rate, "power": self.power}
-
-
-class CosineDecay(LearningRateSchedule):
-    """Cosine decay with optional linear warmup (TF 2.13+ ``CosineDecay``).
-
-    During ``warmup_steps`` the rate rises linearly from ``initial_learning_rate`` to ``warmup_target``
-    (no warmup when ``warmup_target`` is None); then, over ``decay_steps``, it falls as
-    ``peak * ((1 - alpha) * 0.5 * (1 + cos(pi * s / decay_steps)) + alpha)`` and stays at ``peak * alpha``.
-    """
-
-    def __init__(self, initial_learning_rate: float, decay_steps: int, alpha: float = 0.0,
-                 warmup_target: float | None = None, warmup_steps: int = 0) -> None:
-        o = "CosineDecay"
-        self.initial_learning_rate = _number(o, "initial_learning_rate", initial_learning_rate, lo=0)
-        self.decay_steps = _integer(o, "decay_steps", decay_steps, lo=1)
-        self.alpha = _number(o, "alpha", alpha, lo=0, hi=1)
-        self.warmup_target = None if warmup_target is None else _number(o, "warmup_target", warmup_target,
-                                                                         lo=0, lo_open=True)
-        self.warmup_steps = _integer(o, "warmup_steps", warmup_steps, lo=0)
-        if self.warmup_target is None and self.initial_learning_rate == 0:
-            raise ValueError(f"{o}: initial_learning_rate=0 is only allowed with a warmup_target")
-
-    def __call__(self, step: int) -> float:
-        if self.warmup_target is not None and step < self.warmup_steps:
-            return self.initial_learning_rate + (self.warmup_target - self.initial_learning_rate) * (
-                step / self.warmup_steps)
-        peak = self.initial_learning_rate if self.warmup_target is None else self.warmup_target
-        s = min(step - (self.warmup_steps if self.warmup_target is not None else 0), self.decay_steps)
-        cosine = 0.5 * (1.0 + math.cos(math.pi * s / self.decay_steps))
-        return peak * ((1.0 - self.alpha) * cosine + self.alpha)
-
-    def _config(self) -> dict[str, Any]:
-        return {"initial_learning_rate": self.initial_learning_rate, "decay_steps": self.decay_steps,
-                "alpha": self.alpha, "warmup_target": self.warmup_target, "warmup_steps": self.warmup_steps}
-
-
-# --------------------------------------------------------------------------------------------------------------
 # Optimizers
 # --------------------------------------------------------------------------------------------------------------
 
@@ -297,7 +71,7 @@ def optimizer_from_config(config: Mapping[str, Any]) -> "Optimizer":
 
     Raises ValueError for an unknown class name, an unknown or missing argument, or a bad argument value.
     """
-    return _build("optimizer", _OPTIMIZERS, config)
+    return build("optimizer", _OPTIMIZERS, config)
 
 
 class Optimizer:
@@ -326,7 +100,7 @@ class Optimizer:
         if callable(lr):
             raise ValueError(f"{type(self).__name__}: learning_rate={lr!r} is not allowed; allowed: a positive number "
                              f"or a LearningRateSchedule (plain callables cannot be sent to a parameter server)")
-        return _number(type(self).__name__, "learning_rate", lr, lo=0, lo_open=True)
+        return number(type(self).__name__, "learning_rate", lr, lo=0, lo_open=True)
 
     def _hyper(self) -> dict[str, Any]:
         """JSON-able constructor arguments other than ``learning_rate``."""
@@ -478,8 +252,8 @@ class Momentum(Optimizer):
     def __init__(self, learning_rate: float | LearningRateSchedule | Mapping[str, Any] = 0.01,
                  momentum: float = 0.9, nesterov: bool = False) -> None:
         super().__init__(learning_rate)
-        self.momentum = _number("Momentum", "momentum", momentum, lo=0, hi=1, hi_open=True)
-        self.nesterov = _boolean("Momentum", "nesterov", nesterov)
+        self.momentum = number("Momentum", "momentum", momentum, lo=0, hi=1, hi_open=True)
+        self.nesterov = boolean("Momentum", "nesterov", nesterov)
         self._slot_init = {"momentum": 0.0}
 
     def _hyper(self) -> dict[str, Any]:
@@ -505,9 +279,9 @@ class Adagrad(Optimizer):
     def __init__(self, learning_rate: float | LearningRateSchedule | Mapping[str, Any] = 0.001,
                  initial_accumulator_value: float = 0.1, epsilon: float = 1e-7) -> None:
         super().__init__(learning_rate)
-        self.initial_accumulator_value = _number("Adagrad", "initial_accumulator_value", initial_accumulator_value,
+        self.initial_accumulator_value = number("Adagrad", "initial_accumulator_value", initial_accumulator_value,
                                                  lo=0)
-        self.epsilon = _number("Adagrad", "epsilon", epsilon, lo=0)
+        self.epsilon = number("Adagrad", "epsilon", epsilon, lo=0)
         if self.initial_accumulator_value == 0 and self.epsilon == 0:
             raise ValueError("Adagrad: initial_accumulator_value=0 with epsilon=0 divides by zero on a zero "
                              "gradient; allowed: either of them > 0")
@@ -537,10 +311,10 @@ class Adam(Optimizer):
     def __init__(self, learning_rate: float | LearningRateSchedule | Mapping[str, Any] = 0.001,
                  beta_1: float = 0.9, beta_2: float = 0.999, epsilon: float = 1e-7, amsgrad: bool = False) -> None:
         super().__init__(learning_rate)
-        self.beta_1 = _number("Adam", "beta_1", beta_1, lo=0, hi=1, hi_open=True)
-        self.beta_2 = _number("Adam", "beta_2", beta_2, lo=0, hi=1, hi_open=True)
-        self.epsilon = _number("Adam", "epsilon", epsilon, lo=0, lo_open=True)
-        self.amsgrad = _boolean("Adam", "amsgrad", amsgrad)
+        self.beta_1 = number("Adam", "beta_1", beta_1, lo=0, hi=1, hi_open=True)
+        self.beta_2 = number("Adam", "beta_2", beta_2, lo=0, hi=1, hi_open=True)
+        self.epsilon = number("Adam", "epsilon", epsilon, lo=0, lo_open=True)
+        self.amsgrad = boolean("Adam", "amsgrad", amsgrad)
         self._slot_init = {"m": 0.0, "v": 0.0, **({"vhat": 0.0} if self.amsgrad else {})}
 
     def _hyper(self) -> dict[str, Any]:
@@ -585,13 +359,13 @@ class Ftrl(Optimizer):
                  l2_shrinkage_regularization_strength: float = 0.0, beta: float = 0.0) -> None:
         super().__init__(learning_rate)
         o = "Ftrl"
-        self.learning_rate_power = _number(o, "learning_rate_power", learning_rate_power, hi=0)
-        self.initial_accumulator_value = _number(o, "initial_accumulator_value", initial_accumulator_value, lo=0)
-        self.l1_regularization_strength = _number(o, "l1_regularization_strength", l1_regularization_strength, lo=0)
-        self.l2_regularization_strength = _number(o, "l2_regularization_strength", l2_regularization_strength, lo=0)
-        self.l2_shrinkage_regularization_strength = _number(
+        self.learning_rate_power = number(o, "learning_rate_power", learning_rate_power, hi=0)
+        self.initial_accumulator_value = number(o, "initial_accumulator_value", initial_accumulator_value, lo=0)
+        self.l1_regularization_strength = number(o, "l1_regularization_strength", l1_regularization_strength, lo=0)
+        self.l2_regularization_strength = number(o, "l2_regularization_strength", l2_regularization_strength, lo=0)
+        self.l2_shrinkage_regularization_strength = number(
             o, "l2_shrinkage_regularization_strength", l2_shrinkage_regularization_strength, lo=0)
-        self.beta = _number(o, "beta", beta, lo=0)
+        self.beta = number(o, "beta", beta, lo=0)
         if self.initial_accumulator_value == 0 and self.learning_rate_power < 0:
             # accum ** -p is fine at 0, but quadratic = 0 on a zero first gradient would divide by zero.
             if self.beta == 0 and self.l2_regularization_strength == 0:
