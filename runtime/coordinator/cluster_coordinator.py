@@ -494,6 +494,9 @@ class ClusterCoordinator:
             error = ClosureError(meta.get("type", "Error"), f"{meta.get('message', '')} (raised on {where})", remote_tb)
         if hasattr(error, "add_note"):
             error.add_note(f"raised on {where}" + (f":\n{remote_tb.rstrip()}" if remote_tb else ""))
+        elif error.args and isinstance(error.args[0], str) and where not in error.args[0]:
+            # Python 3.10 has no exception notes: the message itself names the worker
+            error.args = (f"{error.args[0]} (raised on {where})", *error.args[1:])
         return error
 
     # -- worker failures ---------------------------------------------------------------------------------------
