@@ -181,10 +181,11 @@ def make_dataset(args: argparse.Namespace, input_context: InputContext) -> Datas
     """Runs on each worker: this worker's shard of the training set, shuffled, repeated (several passes) and
     batched. Elements are ``(ids [B, FIELDS], dense [B, DENSE], labels [B])``. With ``--data``, the training set
     is read from those Parquet files (local or on object storage) instead of made in memory."""
-    if args.data:
+    data = getattr(args, "data", None)  # the Keras and JAX examples reuse this with flags of their own
+    if data:
         from kubeps.runtime.data import ParquetDataset  # noqa: PLC0415 - needs pyarrow: the --data path only
 
-        source = ParquetDataset(args.data, columns=PARQUET_COLUMNS)
+        source = ParquetDataset(data, columns=PARQUET_COLUMNS)
     else:
         source = Dataset.from_tensor_slices(training_set(args))
     ds = (
@@ -193,7 +194,7 @@ def make_dataset(args: argparse.Namespace, input_context: InputContext) -> Datas
         .repeat()
         .batch(args.batch_size, drop_remainder=True)
     )
-    return (ds.map(_as_tuple) if args.data else ds).prefetch(2)
+    return (ds.map(_as_tuple) if data else ds).prefetch(2)
 
 
 # -- metrics ----------------------------------------------------------------------------------------------------

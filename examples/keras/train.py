@@ -179,6 +179,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--checkpoint-every", type=int, default=None,
                    help="steps between checkpoints, a multiple of --steps-per-execution (default: every epoch)")
     p.add_argument("--evaluator-timeout", type=float, default=600.0)
+    # the numpy example's data functions read these of its flags: hashed ids, made in memory
+    p.set_defaults(ids="hashed", data=None)
     args = p.parse_args(argv)
     for name in ("epochs", "steps_per_epoch", "steps_per_execution", "batch_size", "vocab_size", "embedding_dim",
                  "train_examples", "eval_examples"):
