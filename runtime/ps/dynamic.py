@@ -206,7 +206,7 @@ def _run(state: ParameterServerState, meta: Meta, arrays: list, push: bool, read
     with DynamicTables.locked([t for t, _, _ in pushes] + [t for t, _, _, _ in lookups]):
         checked = [(t, k, t.check_push(opt, k, g, state.allow_nonfinite)) for t, k, g in pushes]
         if read:
-            _methods._expect_arrays(PS.LOOKUP_DYNAMIC, rest[: len(rows)], len(rows))
+            _methods._expect_arrays(PS.READ_MANY, rest[: len(rows)], len(rows))  # the row indices of the read
             _check_answer(state, lookups, 0)
         answer: Meta = {}
         out: list = []
