@@ -16,13 +16,13 @@ Rule: no keras or jax import (callbacks see the trainer through its attributes: 
 
 from __future__ import annotations
 
-import time
 from typing import Any, Iterator, Sequence
 
 from kubeps.runtime.checkpoint.api import Checkpoint
 from kubeps.runtime.checkpoint.manager import CheckpointManager
 from kubeps.runtime.errors import RuntimeConfigError
 from kubeps.runtime.observe.summary import SummaryWriter, create_file_writer, resolve_logdir
+from kubeps.runtime.observe.train_metrics import TrainMetricsLogger
 
 __all__ = ["BackupAndRestore", "Callback", "CallbackList", "History", "ModelCheckpoint", "TensorBoard"]
 
@@ -202,37 +202,33 @@ class TensorBoard(Callback):
         self.update_freq = update_freq
         self.sync_every = update_freq if isinstance(update_freq, int) else None
         self.writer: SummaryWriter | None = None
-        self._last: tuple[int, float] | None = None  # (step, perf_counter) of the previous write
+        self.logger: TrainMetricsLogger | None = None
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         if self.logdir is None:
             return
         start = int(self.trainer.step.value)
         self.writer = create_file_writer(self.logdir, purge_step=start + 1 if start else None)
+        self.logger = TrainMetricsLogger(self.writer, start_step=start)  # loss and global_step/sec per write
 
-    def _write(self, step: int, logs: dict[str, Any], prefix: str = "") -> None:
-        if self.writer is None:
-            return
-        now = time.perf_counter()
-        values = {f"{prefix}loss": logs["loss"], f"{prefix}examples/sec": logs["examples_per_s"]}
-        if not prefix and self._last is not None and now > self._last[1] and step > self._last[0]:
-            values["global_step/sec"] = (step - self._last[0]) / (now - self._last[1])
-        self.writer.scalars({k: v for k, v in values.items() if v == v and abs(v) != float("inf")}, step)
-        self._last = (step, now) if not prefix else self._last
+    def _log(self, step: int, logs: dict[str, Any]) -> None:
+        if self.logger is not None:
+            self.logger.log(step, loss=logs["loss"], **{"examples/sec": logs["examples_per_s"]})
 
     def on_train_batch_end(self, step: int, logs: dict[str, Any] | None = None) -> None:
         if self.sync_every is not None and logs:
-            self._write(step, logs)
+            self._log(step, logs)
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        if logs:
-            if self.sync_every is None:
-                self._write(int(logs["step"]), logs)
-            self._write(int(logs["step"]), logs, prefix="epoch_")
-            if self.writer is not None:
-                self.writer.flush()
+        if self.writer is None or not logs:
+            return
+        step = int(logs["step"])
+        if self.sync_every is None:
+            self._log(step, logs)
+        self.writer.scalars({"epoch_loss": logs["loss"], "epoch_examples/sec": logs["examples_per_s"]}, step)
+        self.writer.flush()
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         if self.writer is not None:
             self.writer.close()
-            self.writer = None
+            self.writer, self.logger = None, None
