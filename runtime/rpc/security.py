@@ -21,8 +21,6 @@ from kubeps.runtime.contract import JOB_TOKEN_ENV, JOB_TOKEN_FILE_ENV
 from kubeps.runtime.errors import InsecureServerError, RuntimeConfigError
 
 __all__ = [
-    "TOKEN_ENV",
-    "TOKEN_FILE_ENV",
     "TOKEN_METADATA_KEY",
     "TokenInterceptor",
     "load_job_token",
@@ -30,8 +28,6 @@ __all__ = [
     "token_metadata",
 ]
 
-TOKEN_ENV = JOB_TOKEN_ENV
-TOKEN_FILE_ENV = JOB_TOKEN_FILE_ENV
 #: gRPC metadata key (lower case, as gRPC requires).
 TOKEN_METADATA_KEY = "x-kubeps-job-token"
 _MIN_TOKEN_CHARS = 16
@@ -40,17 +36,17 @@ _MIN_TOKEN_CHARS = 16
 def load_job_token(environ: Mapping[str, str] | None = None) -> str | None:
     """The job token from ``KUBEPS_JOB_TOKEN``, else from the file named by ``KUBEPS_JOB_TOKEN_FILE``, else None."""
     env = os.environ if environ is None else environ
-    token = env.get(TOKEN_ENV)
+    token = env.get(JOB_TOKEN_ENV)
     if token is not None and token != "":
-        return _check_token(TOKEN_ENV, token)
-    path = env.get(TOKEN_FILE_ENV)
+        return _check_token(JOB_TOKEN_ENV, token)
+    path = env.get(JOB_TOKEN_FILE_ENV)
     if path:
         try:
             with open(path, encoding="utf-8") as fh:
                 text = fh.read().strip()
         except OSError as err:
-            raise RuntimeConfigError(TOKEN_FILE_ENV, path, f"must name a readable file holding the job token ({err.strerror})") from None
-        return _check_token(f"{TOKEN_FILE_ENV} ({path})", text)
+            raise RuntimeConfigError(JOB_TOKEN_FILE_ENV, path, f"must name a readable file holding the job token ({err.strerror})") from None
+        return _check_token(f"{JOB_TOKEN_FILE_ENV} ({path})", text)
     return None
 
 
@@ -70,7 +66,7 @@ def require_job_token(token: str | None, allow_insecure: bool = False) -> str | 
     if allow_insecure is True:
         return None
     raise InsecureServerError(
-        f"refusing to start a kubeps server without a job token: set {TOKEN_ENV} or {TOKEN_FILE_ENV} "
+        f"refusing to start a kubeps server without a job token: set {JOB_TOKEN_ENV} or {JOB_TOKEN_FILE_ENV} "
         "(the launcher does); workers execute the code sent to them, so an unauthenticated server would run "
         "code for anyone who reaches its port. Tests may pass allow_insecure=True."
     )

@@ -114,17 +114,23 @@ _M_MMAP_THRESHOLD = -3
 _MMAP_THRESHOLD_BYTES = 1 << 20
 
 
-def _malloc_trim() -> Any:
+def _libc() -> Any:
     try:
-        libc = ctypes.CDLL("libc.so.6")
-        trim = libc.malloc_trim
-        libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)  # a fixed threshold also stops the dynamic one
-    except (OSError, AttributeError):  # not glibc: nothing to trim
+        return ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc: nothing to tune or trim
         return None
-    return trim
 
 
-_TRIM = _malloc_trim()
+_LIBC = _libc()
+_TRIM = getattr(_LIBC, "malloc_trim", None)
+
+
+def _map_big_blocks() -> None:
+    """A fixed mmap threshold (which also stops glibc's dynamic one), set when a server starts: only a process
+    that serves, not one that merely imports this module, changes its allocator."""
+    mallopt = getattr(_LIBC, "mallopt", None)
+    if mallopt is not None:
+        mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
 
 
 def _release_free_memory() -> None:
@@ -475,6 +481,7 @@ class Server:
     def start(self) -> None:
         if self._server is not None:
             return
+        _map_big_blocks()
         limit_math_threads()  # size BLAS/OpenMP pools to this task's CPUs before the first update runs
         size_cpu_backend_if_loaded()  # and XLA's, where the program imported jax
         load_extensions()  # KUBEPS_SERVER_EXTENSIONS: a plain Server(...).join() serves the user's methods too
