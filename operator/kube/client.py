@@ -28,6 +28,8 @@ import yaml
 
 from kubeps.operator.api import models
 
+WORKLOADS = "/apis/kueue.x-k8s.io/v1beta2"
+APPLY_PATCH = "application/apply-patch+yaml"
 MERGE_PATCH = "application/merge-patch+json"
 JOBS = f"/apis/{models.GROUP}/{models.VERSION}/namespaces"
 
@@ -250,6 +252,44 @@ class KubeClient:
 
     async def create_network_policy(self, namespace: str, body: dict) -> None:
         await self.request("POST", f"/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies", body)
+
+
+    # -- Kueue ---------------------------------------------------------------------------------------------------
+    async def served(self, group_version: str) -> bool:
+        """Whether the API server serves ``group/version`` (discovery; e.g. ``kueue.x-k8s.io/v1beta2``)."""
+        try:
+            await self.request("GET", f"/apis/{group_version}", answer=True)
+        except ApiError as err:
+            if err.status in (403, 404, 503):
+                return False
+            raise
+        return True
+
+    async def create_workload(self, namespace: str, body: dict) -> None:
+        await self.request("POST", f"{WORKLOADS}/namespaces/{namespace}/workloads", body)
+
+    async def patch_workload(self, namespace: str, name: str, body: dict) -> None:
+        await self.request("PATCH", f"{WORKLOADS}/namespaces/{namespace}/workloads/{name}", body,
+                           content_type=MERGE_PATCH)
+
+    async def apply_workload_status(self, namespace: str, name: str, status: dict, field_manager: str) -> None:
+        """Server-side apply of a Workload's status as ``field_manager`` (forced, as Kueue applies its own)."""
+        body = {"apiVersion": WORKLOADS.removeprefix("/apis/"), "kind": "Workload",
+                "metadata": {"name": name, "namespace": namespace}, "status": status}
+        await self.request("PATCH", f"{WORKLOADS}/namespaces/{namespace}/workloads/{name}/status"
+                                    f"?fieldManager={field_manager}&force=true", body, content_type=APPLY_PATCH)
+
+    async def delete_workload(self, namespace: str, name: str, uid: str | None) -> None:
+        await self.request("DELETE", f"{WORKLOADS}/namespaces/{namespace}/workloads/{name}", _delete_options(uid))
+
+    async def read_cluster_object(self, path: str) -> dict | None:
+        """A cluster-scoped object (a ResourceFlavor, a priority class), or None when there is none."""
+        try:
+            return await self.request("GET", path, answer=True)
+        except ApiError as err:
+            if err.status == 404:
+                return None
+            raise
 
 
 def _delete_options(uid: str | None, grace_seconds: int | None = None) -> dict:
