@@ -17,7 +17,7 @@ import dataclasses
 import logging
 import time
 from datetime import datetime, timezone
-from typing import Any
+from typing import Awaitable, Callable
 
 from kubeps.operator.api.models import NetworkPolicyMode
 from kubeps.operator.core import kueue, planner
@@ -56,8 +56,8 @@ class Reconciler:
         self.scopes = Scopes(self.kube, settings, self.cache, on_list=self.children_listed,
                              on_event=self.child_event, on_gate=self.gate_changed,
                              workloads=(self.workloads_listed, self.workload_event))
-        #: ResourceFlavors and priority classes read for queued jobs: path -> (read at, object or None)
-        self._kueue_objects: dict[str, tuple[float, Any]] = {}
+        #: ResourceFlavors and priority classes read for queued jobs: (kind, name) -> (read at, object or None)
+        self._kueue_objects: dict[tuple[str, str], tuple[float, Body | None]] = {}
         self.control = Control(self.kube, self.cache, self.recorder, retry=self.queue.schedule, fail=self.fail)
         self.reconciles = 0
 
@@ -182,7 +182,7 @@ class Reconciler:
             workload = None
         flavors = {}
         for name in kueue.missing_flavors(workload):
-            flavor = await self._kueue_object(f"/apis/{kueue.GROUP}/v1beta2/resourceflavors/{name}")
+            flavor = await self._cached(("flavor", name), self.kube.read_resource_flavor)
             if flavor is not None:
                 flavors[name] = flavor.get("spec") or {}
         priority = None if workload is not None else await self._priority(job)
@@ -195,30 +195,32 @@ class Reconciler:
         labels = (job.get("metadata") or {}).get("labels") or {}
         name = labels.get(kueue.LABEL_PRIORITY_CLASS)
         if name:
-            found = await self._kueue_object(f"/apis/{kueue.GROUP}/v1beta2/workloadpriorityclasses/{name}")
+            found = await self._cached(("workload-priority-class", name), self.kube.read_workload_priority_class)
             if found is not None:
                 return kueue.Priority(kueue.GROUP, "WorkloadPriorityClass", name, int(found.get("value", 0)))
         for replica in ((job.get("spec") or {}).get("replicaSpecs") or {}).values():
             pod_name = (((replica or {}).get("template") or {}).get("spec") or {}).get("priorityClassName")
             if pod_name:
-                found = await self._kueue_object(f"/apis/scheduling.k8s.io/v1/priorityclasses/{pod_name}")
+                found = await self._cached(("priority-class", pod_name), self.kube.read_priority_class)
                 if found is not None:
                     return kueue.Priority("scheduling.k8s.io", "PriorityClass", pod_name, int(found.get("value", 0)))
                 break
         return None
 
-    async def _kueue_object(self, path: str) -> Any:
-        known = self._kueue_objects.get(path)
+    async def _cached(self, what: tuple[str, str], read: Callable[[str], Awaitable[Body | None]]) -> Body | None:
+        """A cluster-scoped object a queued job names (a ResourceFlavor, a priority class), read at most every
+        :data:`KUEUE_OBJECT_TTL` seconds; None when it does not exist or cannot be read (logged)."""
+        known = self._kueue_objects.get(what)
         now = time.monotonic()
         if known is not None and now - known[0] < KUEUE_OBJECT_TTL:
             return known[1]
         try:
-            found = await self.kube.read_cluster_object(path)
+            found = await read(what[1])
         except ApiError as err:
-            self.recorder.api_error("read-kueue-object", err.status)
-            log.warning("could not read %s: %s", path, err)
+            self.recorder.api_error(f"read-{what[0]}", err.status)
+            log.warning("could not read %s %s: %s", what[0], what[1], err)
             found = None
-        self._kueue_objects[path] = (now, found)
+        self._kueue_objects[what] = (now, found)
         return found
 
     async def write_status(self, key: Key, job: Body, status: Body) -> Body | None:

@@ -16,7 +16,6 @@ import time
 from typing import Any, Callable
 
 from kubeps.operator.core.children import LABEL_JOB
-from kubeps.operator.kube.client import WORKLOADS
 from kubeps.operator.kube.client import KubeClient
 from kubeps.operator.kube.peering import Gate
 from kubeps.operator.kube.watch import Timeouts, Watcher
@@ -57,7 +56,7 @@ class Scope:
         self.workloads: Watcher | None = None
         if workloads is not None:
             on_workloads, on_workload = workloads
-            self.workloads = self._watch(f"{WORKLOADS}{self._where()}/workloads",
+            self.workloads = self._watch(f"/apis/kueue.x-k8s.io/v1beta2{self._where()}/workloads",
                                          functools.partial(on_workloads, namespace), on_workload)
         self.gate = None
         if peering is not None:
