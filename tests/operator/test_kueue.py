@@ -239,3 +239,38 @@ def test_suspend_gives_the_quota_back_and_resume_queues_again(kube, queue):
     kube.custom().patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "pausable",
                                                  {"spec": {"runPolicy": {"suspend": False}}})
     kube.wait_for(lambda: running_pods(kube, namespace, "pausable", 3), timeout=90, what="pods Running again")
+
+
+def doc_blocks() -> list[list[dict]]:
+    """The YAML blocks of docs/kueue.md, each as its documents."""
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "kueue.md").read_text()
+    return [[d for d in yaml.safe_load_all(block) if d] for block in re.findall(r"```yaml\n(.*?)```", text, re.S)]
+
+
+def test_the_documented_queue_and_job_run_as_written(kube, kq_ns):
+    """docs/kueue.md's queues and job, applied as a user would (kubectl apply -n <namespace>)."""
+    _config, queues, [job] = doc_blocks()
+    for obj in queues:
+        kube.apply(obj, namespace=kq_ns if obj["kind"] == "LocalQueue" else None)
+    try:
+        kube.apply(job, namespace=kq_ns)
+        name = job["metadata"]["name"]
+        kube.wait_for(lambda: running_pods(kube, kq_ns, name, 5), timeout=90, what="the documented job's 5 pods")
+        workload = workload_of(kube, kq_ns, name)
+        assert workload["spec"]["queueName"] == "team-a" and is_true(workload, "Admitted")
+        usage = {a["name"]: a["resourceUsage"]["cpu"] for a in workload["status"]["admission"]["podSetAssignments"]}
+        assert usage == {"chief": "1", "ps": "2", "worker": "4"}, usage
+        kube.terminate_pod(kq_ns, f"{name}-chief-0", 0, wait=False)
+        kube.wait_for(lambda: is_true(workload_of(kube, kq_ns, name), "Finished"), timeout=60,
+                      what="the documented job's Workload Finished")
+    finally:
+        kube.kubectl("delete", "-n", kq_ns, "pstrainingjobs", "--all", "--wait=false", check=False)
+        for obj in queues:
+            if obj["kind"] != "LocalQueue":
+                kube.kubectl("delete", f"{obj['kind'].lower()}s.kueue.x-k8s.io", obj["metadata"]["name"],
+                             "--ignore-not-found", "--wait=false", check=False)
