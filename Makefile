@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 
 ACTIONLINT_VERSION := v1.7.12
 
-.PHONY: install example test lint controlplane s3server tools e2e kind-down bench clean
+.PHONY: install example test lint controlplane s3server kueue tools e2e kind-down bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,15 @@ s3server:
 		echo "go not found: the object-storage tests will be skipped (see docs/testing.md)"; \
 	fi
 
+# Build (cached under ~/.cache/kubeps/kueue) Kueue v0.19.2's manager, CRDs and webhook manifests from the Go module
+# proxy, for the Kueue tests (tests/operator/test_kueue.py), when Go is available.
+kueue:
+	@if command -v go >/dev/null 2>&1 || [ -x /usr/local/go/bin/go ]; then \
+		PATH="$$PATH:/usr/local/go/bin" hack/kueue.sh build; \
+	else \
+		echo "go not found: the Kueue tests will be skipped (see docs/testing.md)"; \
+	fi
+
 # Linters the packaging tests run, built from the Go module proxy into the venv (cached by Go).
 tools: $(STAMP)
 	@if [ -x $(BIN)/actionlint ]; then :; \
@@ -54,7 +63,7 @@ lint: $(STAMP)
 	$(BIN)/lint-imports --no-cache
 	MYPY=$(abspath $(BIN))/mypy hack/mypy.sh
 
-test: $(STAMP) controlplane s3server tools
+test: $(STAMP) controlplane s3server kueue tools
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # End-to-end tests with real pods on a kind cluster: hack/kind.sh builds (cached under ~/.cache/kubeps/kind) what

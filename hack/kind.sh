@@ -10,6 +10,8 @@
 #                         cluster; idempotent
 #   hack/kind.sh images   build the project's runtime and operator images and `kind load` them
 #   hack/kind.sh tf-image build examples/tf/Dockerfile (tensorflow-cpu) as kubeps-tf:e2e and load it
+#   hack/kind.sh kueue-image  put hack/kueue.sh's Kueue build in an image (FROM scratch: a static binary, no
+#                         registry) as kubeps-kueue:e2e and load it
 #   hack/kind.sh down     delete the cluster; if `up` started dockerd: stop it and remove what it left
 #                         (networks, bridge, iptables/nft chains, mounts, ip_forward as found)
 #   hack/kind.sh env      print exports: KUBECONFIG, PATH (kind), the image names
@@ -40,6 +42,7 @@ TAG=e2e
 RUNTIME_IMAGE="kubeps-runtime:$TAG"
 OPERATOR_IMAGE="kubeps-operator:$TAG"
 TF_IMAGE="kubeps-tf:$TAG"
+KUEUE_IMAGE="kubeps-kueue:$TAG"
 
 log() { printf '[kind] %s\n' "$*" >&2; }
 die() { printf '[kind] error: %s\n' "$*" >&2; exit 1; }
@@ -532,6 +535,20 @@ cmd_tf_image() {
   if cluster_exists; then "$KIND" load docker-image --name "$CLUSTER" "$TF_IMAGE"; fi
 }
 
+# Kueue's manager (hack/kueue.sh build) as an image of one static binary, loaded into the cluster.
+cmd_kueue_image() {
+  docker_up || die "no Docker engine: run hack/kind.sh up first"
+  local dir context
+  dir="$("$HACK/kueue.sh" dir)"
+  [[ -x "$dir/kueue" ]] || die "Kueue is not built: run hack/kueue.sh build"
+  context="$(mktemp -d)"
+  cp "$dir/kueue" "$context/kueue"
+  printf 'FROM scratch\nCOPY kueue /kueue\nUSER 65532:65532\nENTRYPOINT ["/kueue"]\n' >"$context/Dockerfile"
+  docker_build "$KUEUE_IMAGE" "$context" || { rm -rf "$context"; die "Kueue image build failed"; }
+  rm -rf "$context"
+  if cluster_exists; then "$KIND" load docker-image --name "$CLUSTER" "$KUEUE_IMAGE"; fi
+}
+
 cmd_down() {
   mkdir -p "$STATE"
   lock
@@ -563,10 +580,11 @@ main() {
     up) cmd_up ;;
     images) cmd_images ;;
     tf-image) cmd_tf_image ;;
+    kueue-image) cmd_kueue_image ;;
     down) cmd_down ;;
     env) cmd_env ;;
     status) cmd_status ;;
-    *) echo "usage: $0 {build|up|images|tf-image|down|env|status}" >&2; exit 2 ;;
+    *) echo "usage: $0 {build|up|images|tf-image|kueue-image|down|env|status}" >&2; exit 2 ;;
   esac
 }
 

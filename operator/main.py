@@ -33,6 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--api-qps", type=float, help="client-side rate limit of API calls per second")
     parser.add_argument("--api-burst", type=int, help="burst of the API rate limit")
     parser.add_argument("--workers", type=int, help="concurrent reconciles and API calls")
+    parser.add_argument("--kueue", choices=["auto", "on", "off"],
+                        help="Kueue integration: jobs labelled kueue.x-k8s.io/queue-name wait for their Workload's "
+                        "admission; auto (default) turns it on when the API server serves kueue.x-k8s.io/v1beta2")
     parser.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper)
     parser.add_argument("--peering", metavar="NAME",
                         help="kopf peering object to coordinate with other operator replicas (needs kopf's "
@@ -60,6 +63,7 @@ def settings_from_args(argv: list[str] | None, env: Mapping[str, str] | None = N
         api_burst=args.api_burst,
         workers=args.workers,
         log_level=args.log_level,
+        kueue=args.kueue,
         peering=args.peering,
         peering_priority=args.peering_priority,
         peering_lifetime=args.peering_lifetime,

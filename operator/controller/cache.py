@@ -35,6 +35,8 @@ class Cache:
         self.secret_annotations: dict[Key, dict[str, str]] = {}
         #: jobs whose NetworkPolicy is known to exist (NetworkPolicies are not watched)
         self.network_policies: set[Key] = set()
+        #: Kueue's Workloads of queued jobs, by job key (whole bodies: the planner reads their status and podSets)
+        self.workloads: dict[Key, Body] = {}
 
     # -- jobs ---------------------------------------------------------------------------------------------------
     def store_job(self, key: Key, body: Body) -> bool:
@@ -110,9 +112,38 @@ class Cache:
 
     def drop_children(self, where: str | None) -> None:
         """Forget the children of a scope whose watches stopped."""
-        for store in (self.pods, self.services):
+        for store in (self.pods, self.services, self.workloads):
             for key in [k for k in store if within(where, k)]:
                 del store[key]
+
+    # -- Kueue's Workloads ---------------------------------------------------------------------------------------
+    def workload_event(self, kind: str, obj: Body) -> Key | None:
+        """A watch event of a labelled Workload; returns its job's key when it changed."""
+        key = child_key(obj.get("metadata") or {})
+        if kind == "DELETED":
+            known = self.workloads.get(key)
+            if known is None or (known.get("metadata") or {}).get("uid") != (obj.get("metadata") or {}).get("uid"):
+                return None
+            del self.workloads[key]
+            return key
+        if self.workloads.get(key) == obj:
+            return None
+        self.workloads[key] = obj
+        return key
+
+    def workloads_listed(self, where: str | None, items: Iterable[Body]) -> list[Key]:
+        """A scope's full list of labelled Workloads: replace what was known there; the keys whose changed."""
+        fresh = {child_key(obj.get("metadata") or {}): obj for obj in items}
+        changed = []
+        for key in {k for k in self.workloads if within(where, k)} | set(fresh):
+            if self.workloads.get(key) == fresh.get(key):
+                continue
+            if key in fresh:
+                self.workloads[key] = fresh[key]
+            else:
+                del self.workloads[key]
+            changed.append(key)
+        return changed
 
 
 def job_key(body: Mapping[str, Any]) -> Key:

@@ -25,15 +25,20 @@ from typing import Awaitable, Callable
 
 from kubeps.runtime import certs
 
+from kubeps.operator.core import kueue
 from kubeps.operator.core.actions import (
+    ApplyWorkloadStatus,
     CreateNetworkPolicy,
     CreatePod,
     CreateSecret,
     CreateService,
+    CreateWorkload,
     DeleteJob,
     DeletePod,
     DeleteService,
+    DeleteWorkload,
     Event,
+    PatchWorkload,
     Plan,
     ReissueCertificate,
 )
@@ -71,6 +76,9 @@ class Control:
             secret_ready = await self.reissue_certificate(key, job, reissue) and secret_ready
         for policy in plan.of(CreateNetworkPolicy):
             await self.create_network_policy(key, job, policy)
+        for action in plan.actions:
+            if isinstance(action, (CreateWorkload, PatchWorkload, ApplyWorkloadStatus, DeleteWorkload)):
+                await self.workload(key, job, action)
         # Without the job's own Secret no pod is made: one started with another owner's token would disagree with
         # the pods started after it.
         creates = [self.create_child(key, job, a) for a in plan.actions
@@ -229,6 +237,41 @@ class Control:
         if isinstance(action, DeletePod):
             self.recorder.pod_deleted(action.reason)
         return f"{kind}Deleted", f"{action.name} ({action.reason})"
+
+    async def workload(self, key: Key, job: Body,
+                       action: CreateWorkload | PatchWorkload | ApplyWorkloadStatus | DeleteWorkload) -> None:
+        """Create, patch, apply the status of, or delete the job's Kueue Workload. A create that finds it there
+        and a delete that finds it gone are no-ops; a conflict or a refusal that may pass is retried (Warning);
+        a Workload Kueue's webhooks refuse (400, 422) fails the job, as a refused pod does."""
+        what = type(action).__name__
+        try:
+            if isinstance(action, CreateWorkload):
+                await self.kube.create_workload(key[0], action.body)
+            elif isinstance(action, PatchWorkload):
+                await self.kube.patch_workload(key[0], action.name, action.patch)
+            elif isinstance(action, ApplyWorkloadStatus):
+                await self.kube.apply_workload_status(key[0], action.name, action.status, kueue.FIELD_MANAGER)
+            else:
+                await self.kube.delete_workload(key[0], action.name, action.uid)
+        except ApiError as err:
+            if (err.status == 409 and isinstance(action, CreateWorkload)) or (
+                    err.status in (404, 409) and isinstance(action, DeleteWorkload)):
+                return
+            self.recorder.api_error(what.lower(), err.status)
+            if err.status in (400, 422) and isinstance(action, CreateWorkload):
+                await self.fail(key, "InvalidWorkload", f"Kueue refused Workload {action.name}: {_api_message(err)}")
+                return
+            if err.status in (400, 403, 404, 409, 422, 429, 500, 503):
+                self.recorder.event(job, "Warning", "WorkloadUpdateFailed",
+                                    f"{what} {action.name}: {_api_message(err)}; retrying")
+                self.retry(key, RETRY_SECRET_AFTER)
+                return
+            raise
+        if isinstance(action, CreateWorkload):
+            self.recorder.event(job, "Normal", "WorkloadCreated",
+                                f"Created Kueue Workload {action.name} in LocalQueue {action.body['spec']['queueName']}")
+        elif isinstance(action, DeleteWorkload):
+            self.recorder.event(job, "Normal", "WorkloadDeleted", f"Deleted Workload {action.name}: {action.reason}")
 
     async def delete_job(self, key: Key, job: Body, action: DeleteJob) -> None:
         try:

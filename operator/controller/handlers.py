@@ -45,11 +45,13 @@ async def _startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -
         kopf_settings(ours, target=settings, peering=False)
         memo.reconciler = Reconciler(ours)
     ours = memo.reconciler.settings
+    kueue_on = await memo.reconciler.start_kueue()
     memo.reconciler.configure(
         clusterwide=settings.peering.clusterwide,
         peering=None if settings.peering.standalone else (settings.peering.name, settings.peering.priority))
-    log.info("kubeps operator starting: namespaces=%s default image=%s cluster domain=%s qps=%s peering=%s",
+    log.info("kubeps operator starting: namespaces=%s default image=%s cluster domain=%s qps=%s kueue=%s peering=%s",
              ",".join(ours.namespaces) or "(all)", ours.default_image, ours.cluster_domain, ours.api_qps,
+             f"{'on' if kueue_on else 'off'} ({ours.kueue})",
              "off" if settings.peering.standalone else f"{settings.peering.name} (priority {settings.peering.priority})")
 
 

@@ -13,13 +13,17 @@ own: :attr:`~Reconciler.cache` (what is known), :attr:`~Reconciler.queue` (when 
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import time
 from datetime import datetime, timezone
+from typing import Awaitable, Callable
 
 from kubeps.operator.api.models import NetworkPolicyMode
-from kubeps.operator.core import planner
+from kubeps.operator.core import kueue, planner
 from kubeps.operator.core.actions import CreatePod
 from kubeps.operator.core.children import ANNOTATION_NETWORK_POLICY, PlanConfig, secret_name
+from kubeps.operator.core.observed import controlled_by
 from kubeps.operator.kube.client import ApiError, KubeClient
 
 from .cache import Body, Cache, Key, job_key
@@ -28,6 +32,11 @@ from .queue import WorkQueue
 from .recorder import Recorder
 from .scope import Scopes
 from .settings import Settings
+
+log = logging.getLogger("kubeps.operator")
+
+#: Seconds a ResourceFlavor or priority class read for a queued job is reused.
+KUEUE_OBJECT_TTL = 10.0
 
 
 class Reconciler:
@@ -45,13 +54,26 @@ class Reconciler:
         self.queue = WorkQueue(settings.workers, reconcile=lambda key: self.reconcile(key), ready=self._ready,
                                wanted=self.cache.has_job)
         self.scopes = Scopes(self.kube, settings, self.cache, on_list=self.children_listed,
-                             on_event=self.child_event, on_gate=self.gate_changed)
+                             on_event=self.child_event, on_gate=self.gate_changed,
+                             workloads=(self.workloads_listed, self.workload_event))
+        #: ResourceFlavors and priority classes read for queued jobs: (kind, name) -> (read at, object or None)
+        self._kueue_objects: dict[tuple[str, str], tuple[float, Body | None]] = {}
         self.control = Control(self.kube, self.cache, self.recorder, retry=self.queue.schedule, fail=self.fail)
         self.reconciles = 0
 
     def configure(self, clusterwide: bool, peering: tuple[str, int] | None) -> None:
         """kopf's scope and peering, read at start-up (they hold kopf's CLI options under ``kopf run`` too)."""
         self.scopes.configure(clusterwide, peering)
+
+    async def start_kueue(self) -> bool:
+        """Turn the Kueue integration on per the ``kueue`` setting (``auto``: when the API server serves Kueue's
+        Workload API); at start-up, before any job is seen. Returns whether it is on."""
+        mode = self.settings.kueue
+        on = mode == "on" or (mode == "auto" and await self.kube.served(f"{kueue.GROUP}/{kueue.VERSION}"))
+        if on:
+            self.config = dataclasses.replace(self.config, kueue=True)
+            self.scopes.watch_workloads()
+        return on
 
     # -- observing -----------------------------------------------------------------------------------------------
     def observe_job(self, event_type: str | None, body: Body) -> None:
@@ -82,6 +104,16 @@ class Reconciler:
         if not now_open:
             for key in self.cache.jobs_within(where):
                 self.forget(key)
+
+    def workload_event(self, kind: str, obj: Body) -> None:
+        key = self.cache.workload_event(kind, obj)
+        if key is not None and key in self.cache.jobs:
+            self.queue.trigger(key)
+
+    def workloads_listed(self, where: str | None, items: list[Body]) -> None:
+        for key in self.cache.workloads_listed(where, items):
+            if key in self.cache.jobs:
+                self.queue.trigger(key)
 
     def forget(self, key: Key) -> None:
         self.cache.forget_job(key)
@@ -117,13 +149,14 @@ class Reconciler:
         if secret is not None and key in self.cache.network_policies:
             secret = {**secret, "metadata": {**secret["metadata"], "annotations": {
                 **(secret["metadata"].get("annotations") or {}), ANNOTATION_NETWORK_POLICY: "present"}}}
+        queue = await self.queue_view(key, job) if self.config.kueue and kueue.queue_name(job) else None
         now = datetime.now(timezone.utc)
-        plan = planner.plan(job, pods, services, secret, now, self.config)
+        plan = planner.plan(job, pods, services, secret, now, self.config, queue)
         if cached and plan.of(CreatePod) and await self.control.read_own_secret(key, uid) is None:
             # A new pod reads its token from the Secret, which someone may have deleted since it was made (Secrets
             # are not watched: that would need rights to read every Secret). Without it the planner restarts the
             # pods that hold the old token, with a new Secret.
-            plan = planner.plan(job, pods, services, None, now, self.config)
+            plan = planner.plan(job, pods, services, None, now, self.config, queue)
         self.reconciles += 1
 
         old_status = job.get("status") or {}
@@ -139,6 +172,56 @@ class Reconciler:
         if plan.requeue_after is not None:
             self.queue.schedule(key, plan.requeue_after + 0.5)
         self.recorder.reconciled(time.perf_counter() - started)
+
+    async def queue_view(self, key: Key, job: Body) -> kueue.QueueView:
+        """What the planner needs of Kueue for a queued job: its Workload (from the watch; one of an older job of
+        the same name is not its), the ResourceFlavors the admission names, and, before the Workload is made, the
+        job's priority."""
+        workload = self.cache.workloads.get(key)
+        if workload is not None and not controlled_by(workload, job["metadata"].get("uid")):
+            workload = None
+        flavors = {}
+        for name in kueue.missing_flavors(workload):
+            flavor = await self._cached(("flavor", name), self.kube.read_resource_flavor)
+            if flavor is not None:
+                flavors[name] = flavor.get("spec") or {}
+        priority = None if workload is not None else await self._priority(job)
+        return kueue.QueueView(workload=workload, flavors=flavors, priority=priority)
+
+    async def _priority(self, job: Body) -> kueue.Priority | None:
+        """The job's priority as Kueue's job framework reads it: the WorkloadPriorityClass its
+        ``kueue.x-k8s.io/priority-class`` label names, else the PriorityClass of its templates' first
+        ``priorityClassName``; None when neither names one that exists."""
+        labels = (job.get("metadata") or {}).get("labels") or {}
+        name = labels.get(kueue.LABEL_PRIORITY_CLASS)
+        if name:
+            found = await self._cached(("workload-priority-class", name), self.kube.read_workload_priority_class)
+            if found is not None:
+                return kueue.Priority(kueue.GROUP, "WorkloadPriorityClass", name, int(found.get("value", 0)))
+        for replica in ((job.get("spec") or {}).get("replicaSpecs") or {}).values():
+            pod_name = (((replica or {}).get("template") or {}).get("spec") or {}).get("priorityClassName")
+            if pod_name:
+                found = await self._cached(("priority-class", pod_name), self.kube.read_priority_class)
+                if found is not None:
+                    return kueue.Priority("scheduling.k8s.io", "PriorityClass", pod_name, int(found.get("value", 0)))
+                break
+        return None
+
+    async def _cached(self, what: tuple[str, str], read: Callable[[str], Awaitable[Body | None]]) -> Body | None:
+        """A cluster-scoped object a queued job names (a ResourceFlavor, a priority class), read at most every
+        :data:`KUEUE_OBJECT_TTL` seconds; None when it does not exist or cannot be read (logged)."""
+        known = self._kueue_objects.get(what)
+        now = time.monotonic()
+        if known is not None and now - known[0] < KUEUE_OBJECT_TTL:
+            return known[1]
+        try:
+            found = await read(what[1])
+        except ApiError as err:
+            self.recorder.api_error(f"read-{what[0]}", err.status)
+            log.warning("could not read %s %s: %s", what[0], what[1], err)
+            found = None
+        self._kueue_objects[what] = (now, found)
+        return found
 
     async def write_status(self, key: Key, job: Body, status: Body) -> Body | None:
         """Write the job's new status over the one observed (its resourceVersion a precondition); None when the

@@ -29,6 +29,9 @@ RETIRE_AFTER = 60.0  # seconds a namespace's watches outlive its last job
 OnList = Callable[[str | None, bool, list[Body]], Any]
 OnEvent = Callable[[bool, str, Body], Any]
 OnGate = Callable[[str | None, bool], Any]
+#: Kueue's Workloads: ``on_workloads(where, items)``, ``on_workload(kind, obj)``
+OnWorkloads = Callable[[str | None, list[Body]], Any]
+OnWorkload = Callable[[str, Body], Any]
 
 
 class Scope:
@@ -36,7 +39,8 @@ class Scope:
     their Services and, when replicas peer, the peering object."""
 
     def __init__(self, kube: KubeClient, settings: Settings, namespace: str | None, peering: tuple[str, int] | None,
-                 on_list: OnList, on_event: OnEvent, on_gate: OnGate):
+                 on_list: OnList, on_event: OnEvent, on_gate: OnGate,
+                 workloads: tuple[OnWorkloads, OnWorkload] | None = None):
         self.namespace = namespace
         self.retire_at: float | None = None
         self.timeouts = Timeouts(server_timeout=settings.watch_server_timeout,
@@ -48,6 +52,12 @@ class Scope:
                                 functools.partial(on_event, True))
         self.services = self._watch("services", functools.partial(on_list, namespace, False),
                                     functools.partial(on_event, False))
+        #: the jobs' Kueue Workloads, watched when the operator's Kueue integration is on
+        self.workloads: Watcher | None = None
+        if workloads is not None:
+            on_workloads, on_workload = workloads
+            self.workloads = self._watch(f"/apis/kueue.x-k8s.io/v1beta2{self._where()}/workloads",
+                                         functools.partial(on_workloads, namespace), on_workload)
         self.gate = None
         if peering is not None:
             name, priority = peering
@@ -56,35 +66,45 @@ class Scope:
 
     def _watch(self, plural: str, on_list: Callable[[list[Body]], Any],
                on_event: Callable[[str, Body], Any]) -> Watcher:
-        where = "" if self.namespace is None else f"/namespaces/{self.namespace}"
-        return Watcher(self.kube, f"/api/v1{where}/{plural}", label_selector=LABEL_JOB, on_list=on_list,
-                       on_event=on_event, **self.timeouts)
+        path = plural if plural.startswith("/") else f"/api/v1{self._where()}/{plural}"
+        return Watcher(self.kube, path, label_selector=LABEL_JOB, on_list=on_list, on_event=on_event,
+                       **self.timeouts)
+
+    def _where(self) -> str:
+        return "" if self.namespace is None else f"/namespaces/{self.namespace}"
+
+    @property
+    def watchers(self) -> list[Watcher]:
+        return [self.pods, self.services] + ([self.workloads] if self.workloads is not None else [])
 
     def start(self) -> "Scope":
-        self.pods.start()
-        self.services.start()
+        for watcher in self.watchers:
+            watcher.start()
         if self.gate is not None:
             self.gate.start()
         return self
 
     async def ready(self) -> None:
-        """Wait until both lists are in and, when peering, this replica may act here."""
-        await self.pods.synced.wait()
-        await self.services.synced.wait()
+        """Wait until every list is in and, when peering, this replica may act here."""
+        for watcher in self.watchers:
+            await watcher.synced.wait()
         if self.gate is not None:
             await self.gate.open.wait()
 
     async def stop(self) -> None:
-        await asyncio.gather(self.pods.stop(), self.services.stop(), *([self.gate.stop()] if self.gate else []))
+        await asyncio.gather(*(w.stop() for w in self.watchers), *([self.gate.stop()] if self.gate else []))
 
 
 class Scopes:
     """The live scopes by namespace (None: the whole cluster), started and retired with the jobs of ``cache``."""
 
     def __init__(self, kube: KubeClient, settings: Settings, cache: Cache, on_list: OnList, on_event: OnEvent,
-                 on_gate: OnGate):
+                 on_gate: OnGate, workloads: tuple[OnWorkloads, OnWorkload] | None = None):
         self.kube, self.settings, self.cache = kube, settings, cache
         self.on_list, self.on_event, self.on_gate = on_list, on_event, on_gate
+        #: the Workload callbacks once the Kueue integration is on (:meth:`watch_workloads`)
+        self.workloads: tuple[OnWorkloads, OnWorkload] | None = None
+        self._workload_callbacks = workloads
         # Set from kopf's settings at start-up (they hold kopf's CLI options under `kopf run` too).
         self.clusterwide = settings.clusterwide
         self.peering: tuple[str, int] | None = None  # (name, priority) when replicas peer
@@ -92,6 +112,10 @@ class Scopes:
 
     def configure(self, clusterwide: bool, peering: tuple[str, int] | None) -> None:
         self.clusterwide, self.peering = clusterwide, peering
+
+    def watch_workloads(self) -> None:
+        """Watch the jobs' Kueue Workloads too, in every scope started from now on (at start-up, before any)."""
+        self.workloads = self._workload_callbacks
 
     def where(self, namespace: str) -> str | None:
         """The key of the scope that holds ``namespace``'s children (None: the whole cluster)."""
@@ -106,7 +130,7 @@ class Scopes:
         found = self.active.get(where)
         if found is None:
             found = self.active[where] = Scope(self.kube, self.settings, where, self.peering, self.on_list,
-                                               self.on_event, self.on_gate).start()
+                                               self.on_event, self.on_gate, self.workloads).start()
         found.retire_at = None
         return found
 

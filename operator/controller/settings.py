@@ -14,6 +14,8 @@ KUBEPS_METRICS_PORT            --metrics-port               Prometheus /metrics 
 KUBEPS_LIVENESS_PORT           --liveness-port              /healthz port, 0 = off (8081)
 KUBEPS_BIND_ADDRESS            --bind-address               address of both endpoints (0.0.0.0)
 KUBEPS_LOG_LEVEL               --log-level                  DEBUG, INFO, WARNING, ERROR (INFO)
+KUBEPS_KUEUE                   --kueue                      Kueue integration: on, off, or auto (on when
+                                                            the API server serves kueue.x-k8s.io/v1beta2)
 KOPF_RUN_PEERING               --peering NAME               run with this kopf peering object, so that
                                                             two operators never reconcile at once; the
                                                             peering CRDs must be installed (standalone)
@@ -82,6 +84,17 @@ def _optional_int(env: Mapping[str, str], name: str, minimum: int | None = 0) ->
     return value
 
 
+KUEUE_MODES = ("auto", "on", "off")
+
+
+def _choice(name: str, raw: str | None, allowed: tuple[str, ...], default: str) -> str:
+    if not raw:
+        return default
+    if raw not in allowed:
+        raise ValueError(f"{name}={raw!r}: expected one of {', '.join(allowed)}")
+    return raw
+
+
 def _network_policy_mode(name: str, raw: str | None) -> str:
     allowed = [m.value for m in NetworkPolicyMode]
     if not raw:
@@ -106,6 +119,8 @@ class Settings:
     liveness_port: int = 8081
     bind_address: str = "0.0.0.0"
     log_level: str = "INFO"
+    #: ``auto``, ``on`` or ``off``: whether jobs labelled ``kueue.x-k8s.io/queue-name`` wait for Kueue's admission
+    kueue: str = "auto"
     peering: str | None = None
     peering_priority: int | None = None
     peering_lifetime: int = 10
@@ -136,6 +151,7 @@ class Settings:
             liveness_port=_int(env, "KUBEPS_LIVENESS_PORT", 8081),
             bind_address=env.get("KUBEPS_BIND_ADDRESS") or "0.0.0.0",
             log_level=(env.get("KUBEPS_LOG_LEVEL") or "INFO").upper(),
+            kueue=_choice("KUBEPS_KUEUE", env.get("KUBEPS_KUEUE"), KUEUE_MODES, "auto"),
             peering=env.get("KOPF_RUN_PEERING") or None,
             peering_priority=_optional_int(env, "KOPF_RUN_PRIORITY", minimum=None),
             peering_lifetime=_int(env, "KUBEPS_PEERING_LIFETIME", 10, 2),

@@ -71,13 +71,45 @@ class DeleteJob:
 
 
 @dataclass(frozen=True)
+class CreateWorkload:
+    """Kueue's Workload of a queued job (:mod:`.kueue`)."""
+
+    name: str
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class PatchWorkload:
+    """A merge patch of the Workload's ``spec`` (queue name, active, podSets)."""
+
+    name: str
+    patch: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ApplyWorkloadStatus:
+    """A server-side apply of the Workload's status, as Kueue's admission manager (conditions, admission)."""
+
+    name: str
+    status: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class DeleteWorkload:
+    name: str
+    uid: str | None
+    reason: str
+
+
+@dataclass(frozen=True)
 class Event:
     type: str  # Normal | Warning
     reason: str
     message: str
 
 
-Action = Union[CreateSecret, ReissueCertificate, CreateNetworkPolicy, CreateService, CreatePod, DeletePod, DeleteService, DeleteJob, Event]
+Action = Union[CreateSecret, ReissueCertificate, CreateNetworkPolicy, CreateService, CreatePod, DeletePod, DeleteService,
+               DeleteJob, CreateWorkload, PatchWorkload, ApplyWorkloadStatus, DeleteWorkload, Event]
 _A = TypeVar("_A")
 
 

@@ -63,6 +63,8 @@ class PlanConfig:
     cluster_domain: str | None = None
     #: The NetworkPolicy of a job whose spec sets no ``security.networkPolicy.mode``.
     network_policy: NetworkPolicyMode = NetworkPolicyMode.NONE
+    #: Kueue integration on: jobs labelled ``kueue.x-k8s.io/queue-name`` wait for their Workload's admission.
+    kueue: bool = False
 
 
 # -- names and labels ------------------------------------------------------------------------------------------

@@ -26,6 +26,8 @@ Rules (documented for users in docs/operator.md):
 * Suspend deletes pods and Services; resume recreates them and resets startTime. activeDeadlineSeconds counts from
   startTime. ttlSecondsAfterFinished deletes the finished job.
 * Once Succeeded or Failed, conditions are frozen; only cleanup, counts and TTL go on.
+* Kueue (operator setting on, job labelled ``kueue.x-k8s.io/queue-name``): no pod runs until the job's Workload is
+  Admitted; the job is Suspended (reason Queued or Evicted) meanwhile. :mod:`.kueue` is the protocol.
 
 Parts: what the children are is :mod:`.children`; what the planner reads of a pod is :mod:`.observed`; the
 actions and :class:`~.actions.Plan` it returns are :mod:`.actions`; the status bookkeeping (conditions, reasons,
@@ -53,6 +55,7 @@ from kubeps.operator.api.models import (
 
 from .actions import (CreateNetworkPolicy, CreatePod, CreateSecret, CreateService, DeleteJob, DeletePod, DeleteService,
                       Event, Plan, ReissueCertificate)
+from . import kueue
 from .children import (ANNOTATION_NETWORK_POLICY, ANNOTATION_TLS_WORKERS, PlanConfig, child_name, network_policy_body, network_policy_mode,
                        network_policy_name, pod_body, secret_body, secret_name, service_body, tls_enabled, tls_hosts)
 from .observed import ObservedPod, controlled_by, fmt_time, observe_pod, parse_time
@@ -88,8 +91,12 @@ def _covered_workers(secret: Mapping[str, Any]) -> int:
 
 class _Planner:
     def __init__(self, job: Mapping[str, Any], pods: list[Mapping[str, Any]], services: list[Mapping[str, Any]],
-                 secret: Mapping[str, Any] | None, now: datetime, config: PlanConfig):
+                 secret: Mapping[str, Any] | None, now: datetime, config: PlanConfig,
+                 queue: kueue.QueueView | None = None):
         self.job = job
+        self.queue_view = queue or kueue.QueueView()
+        #: the job's Kueue admission, for a queued job once its spec parsed
+        self.queueing: kueue.Queueing | None = None
         self.meta: Mapping[str, Any] = job.get("metadata") or {}
         self.name: str = self.meta.get("name", "")
         self.now = now
@@ -237,12 +244,34 @@ class _Planner:
             self.check_templates()
         if not self.book.terminal:
             self.reconcile()
+            if self.queueing is not None and not self.book.terminal:
+                desired = self.desired_counts()
+                ready = self.queueing.pods_ready(all(
+                    (pod := self.by_key.get((rt, i))) is not None and pod.ready and not pod.terminating
+                    for rt in models.REPLICA_TYPES for i in range(desired[rt])))
+                if ready is not None:
+                    self.plan.actions.append(ready)
         if self.book.terminal:
+            self.finish_workload()
             self.cleanup()
             self.ttl()
             self.plan.terminal = True
         self.summarise()
         return self.plan
+
+    def queued(self) -> bool:
+        """Whether Kueue decides when this job runs (the operator's setting and the job's queue label)."""
+        return self.config.kueue and kueue.queue_name(self.job) is not None
+
+    def finish_workload(self) -> None:
+        """Tell Kueue a queued job has ended (its Workload's Finished condition), once."""
+        if not self.queued():
+            return
+        succeeded = self.book.is_true(ConditionType.SUCCEEDED)
+        cond = self.book.condition(ConditionType.SUCCEEDED if succeeded else ConditionType.FAILED)
+        action = kueue.finish(self.queue_view, succeeded, (cond.message if cond else None) or "", self.book.now_text)
+        if action is not None:
+            self.plan.actions.append(action)
 
     def check_templates(self) -> None:
         """Fail the job when a template cannot be made into a pod (the CRD preserves unknown fields, so e.g.
@@ -283,12 +312,27 @@ class _Planner:
             # not watched: asked for until the shell saw it made (a create that finds it there is a no-op)
             self.plan.actions.append(CreateNetworkPolicy(network_policy_name(self.name), network_policy_body(self.job)))
 
-        # Suspend / resume.
+        # Kueue: a queued job runs only once its Workload is admitted.
+        hold: tuple[str, str] | None = None
+        if self.queued():
+            templates = {rt: pod_body(self.job, spec, rt, 0, self.status.chiefEpoch, self.config)
+                         for rt in models.REPLICA_TYPES if spec.replicaSpecs.get(rt) is not None}
+            self.queueing = kueue.Queueing(self.job, spec, self.queue_view, templates, len(self.pods),
+                                           self.book.now_text)
+            self.plan.actions.extend(self.queueing.actions)
+            hold = self.queueing.hold
         if run_policy.suspend:
-            if self.book.set_condition(ConditionType.SUSPENDED, True, R_SUSPENDED, "The job is suspended."):
-                self.event("Normal", R_SUSPENDED, "Job suspended: deleting its pods and Services")
+            hold = (R_SUSPENDED, "The job is suspended.")
+
+        # Suspend / resume.
+        if hold is not None:
+            reason, message = hold
+            changed = self.book.set_condition(ConditionType.SUSPENDED, True, reason, message)
+            if changed:
+                self.event("Normal", reason, f"{message} Deleting the job's pods and Services." if self.pods
+                           else message)
             for ctype in (ConditionType.RUNNING, ConditionType.RESTARTING):
-                self.book.set_condition(ctype, False, R_SUSPENDED, "The job is suspended.")
+                self.book.set_condition(ctype, False, reason, message)
             for pod in sorted(self.pods, key=lambda p: p.name):
                 if pod.replica_type in (ReplicaType.CHIEF, ReplicaType.PS):
                     self.book.retire(pod)  # so that a pod still terminating at resume is not taken for a lost one
@@ -298,9 +342,10 @@ class _Planner:
                 self.plan.actions.append(DeleteService(svc_name, "suspended"))
             return
         if self.book.is_true(ConditionType.SUSPENDED):
-            self.book.set_condition(ConditionType.SUSPENDED, False, R_RESUMED, "The job is resumed.")
+            resumed = "The job is resumed." if self.queueing is None else "Kueue admitted the job's Workload."
+            self.book.set_condition(ConditionType.SUSPENDED, False, R_RESUMED, resumed)
             self.status.startTime = self.book.now_text
-            self.event("Normal", R_RESUMED, "Job resumed: recreating its pods and Services")
+            self.event("Normal", R_RESUMED, f"{resumed} Creating its pods and Services.")
         if self.status.startTime is None:
             self.status.startTime = self.book.now_text
 
@@ -352,6 +397,8 @@ class _Planner:
 
     def create_pod(self, rt: ReplicaType, index: int) -> None:
         body = pod_body(self.job, self.valid_spec, rt, index, self.status.chiefEpoch, self.config)
+        if self.queueing is not None and rt.task_type in self.queueing.infos:
+            self.queueing.infos[rt.task_type].apply(body)
         self.plan.actions.append(CreatePod(body["metadata"]["name"], body, rt.value, index))
 
     def restart_allowed(self, what: str) -> bool:
@@ -655,9 +702,11 @@ def plan(
     secret: Mapping[str, Any] | None,
     now: datetime,
     config: PlanConfig = PlanConfig(),
+    queue: kueue.QueueView | None = None,
 ) -> Plan:
-    """Decide what to do for one job from what is observed; see the module docstring for the rules."""
-    return _Planner(job, list(pods), list(services), secret, now, config).run()
+    """Decide what to do for one job from what is observed (``queue``: a queued job's Workload and what it names);
+    see the module docstring for the rules."""
+    return _Planner(job, list(pods), list(services), secret, now, config, queue).run()
 
 
 def fail_status(job: Mapping[str, Any], reason: str, message: str, now: datetime) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import urllib.parse
 import os
 import subprocess
 import threading
@@ -28,6 +29,7 @@ import yaml
 
 from kubeps.operator.api import models
 
+APPLY_PATCH = "application/apply-patch+yaml"
 MERGE_PATCH = "application/merge-patch+json"
 JOBS = f"/apis/{models.GROUP}/{models.VERSION}/namespaces"
 
@@ -250,6 +252,57 @@ class KubeClient:
 
     async def create_network_policy(self, namespace: str, body: dict) -> None:
         await self.request("POST", f"/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies", body)
+
+
+    # -- Kueue ---------------------------------------------------------------------------------------------------
+    async def served(self, group_version: str) -> bool:
+        """Whether the API server serves ``group/version`` (discovery; e.g. ``kueue.x-k8s.io/v1beta2``)."""
+        try:
+            await self.request("GET", f"/apis/{group_version}", answer=True)
+        except ApiError as err:
+            if err.status in (403, 404, 503):
+                return False
+            raise
+        return True
+
+    # The paths below are written out (not built from constants): tests/packaging/test_rbac.py reads the chart's
+    # rules off them.
+    async def create_workload(self, namespace: str, body: dict) -> None:
+        await self.request("POST", f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{namespace}/workloads", body)
+
+    async def patch_workload(self, namespace: str, name: str, body: dict) -> None:
+        await self.request("PATCH", f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{namespace}/workloads/{name}", body,
+                           content_type=MERGE_PATCH)
+
+    async def apply_workload_status(self, namespace: str, name: str, status: dict, field_manager: str) -> None:
+        """Server-side apply of a Workload's status as ``field_manager`` (forced, as Kueue applies its own)."""
+        body = {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+                "metadata": {"name": name, "namespace": namespace}, "status": status}
+        query = urllib.parse.urlencode({"fieldManager": field_manager, "force": "true"})
+        await self.request("PATCH", f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{namespace}/workloads/{name}/status"
+                                    f"?{query}", body, content_type=APPLY_PATCH)
+
+    async def delete_workload(self, namespace: str, name: str, uid: str | None) -> None:
+        await self.request("DELETE", f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{namespace}/workloads/{name}",
+                           _delete_options(uid))
+
+    async def read_resource_flavor(self, name: str) -> dict | None:
+        return await self._read_or_none(f"/apis/kueue.x-k8s.io/v1beta2/resourceflavors/{name}")
+
+    async def read_workload_priority_class(self, name: str) -> dict | None:
+        return await self._read_or_none(f"/apis/kueue.x-k8s.io/v1beta2/workloadpriorityclasses/{name}")
+
+    async def read_priority_class(self, name: str) -> dict | None:
+        return await self._read_or_none(f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}")
+
+    async def _read_or_none(self, path: str) -> dict | None:
+        try:
+            found: dict = await self.request("GET", path, answer=True)
+        except ApiError as err:
+            if err.status == 404:
+                return None
+            raise
+        return found
 
 
 def _delete_options(uid: str | None, grace_seconds: int | None = None) -> dict:

@@ -226,6 +226,58 @@ def test_tensorflow_program_succeeds(kind: Kind, ns: str):
     assert re.search(r"trained \d+ steps: loss", log), log[-2000:]
 
 
+def test_kueue_preempted_job_resumes_from_its_checkpoint(kind: Kind, ns: str):
+    """Real Kueue v0.19.2 in the cluster (tests/e2e/kueue_kind.py), quota for one CTR job: a high-priority job
+    preempts a training one, whose pods go; it is re-queued, admitted again once the first finishes, and its chief
+    resumes from its latest checkpoint."""
+    from . import kueue_kind
+
+    kueue_kind.install(kind)
+    try:
+        group = "kueue.x-k8s.io/v1beta2"
+        kind.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": [
+            {"apiVersion": group, "kind": "ResourceFlavor", "metadata": {"name": "e2e-flavor"}},
+            {"apiVersion": group, "kind": "ClusterQueue", "metadata": {"name": "e2e-cq"},
+             "spec": {"namespaceSelector": {}, "preemption": {"withinClusterQueue": "LowerPriority"},
+                      "resourceGroups": [{"coveredResources": ["cpu", "memory"], "flavors": [
+                          {"name": "e2e-flavor", "resources": [{"name": "cpu", "nominalQuota": "1"},
+                                                               {"name": "memory", "nominalQuota": "2Gi"}]}]}]}},
+            {"apiVersion": group, "kind": "WorkloadPriorityClass", "metadata": {"name": "e2e-low"}, "value": 10},
+            {"apiVersion": group, "kind": "WorkloadPriorityClass", "metadata": {"name": "e2e-high"}, "value": 1000},
+        ]}))
+        kind.apply(ns, {"apiVersion": group, "kind": "LocalQueue", "metadata": {"name": "team"},
+                        "spec": {"clusterQueue": "e2e-cq"}})
+        low = ctr_job("kq-low", steps=1500, checkpoint=pvc(kind, ns), every=100)
+        low["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team", "kueue.x-k8s.io/priority-class": "e2e-low"}
+        kind.apply(ns, low)
+        wait(lambda: running(kind, ns, "kq-low", 5), 240, "the low-priority job admitted and running")
+        wait(lambda: re.search(r"saved \S+", chief_log(kind, ns, "kq-low")), 300, "a checkpoint saved")
+
+        high = ctr_job("kq-high", steps=200)
+        high["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team", "kueue.x-k8s.io/priority-class": "e2e-high"}
+        start = time.monotonic()
+        kind.apply(ns, high)
+        wait(lambda: kind.conditions(ns, "kq-low").get("Suspended", {}).get("reason") == "Evicted", 120,
+             "the low-priority job evicted")
+        wait(lambda: not kind.pods(ns, "kq-low"), 120, "the evicted job's pods gone")
+        wait(lambda: running(kind, ns, "kq-high", 5), 240, "the high-priority job running")
+        record("kueue: preempting job submitted -> running", time.monotonic() - start)
+        assert kind.wait_finished(ns, "kq-high", timeout=600) == "Succeeded"
+
+        wait(lambda: running(kind, ns, "kq-low", 5), 240, "the preempted job admitted again")
+        wait(lambda: "resumed from step" in chief_log(kind, ns, "kq-low"), 240, "the chief to restore its checkpoint")
+        m = re.search(r"resumed from step (\d+)", chief_log(kind, ns, "kq-low"))
+        assert m and int(m.group(1)) > 0, chief_log(kind, ns, "kq-low")[-2000:]
+        assert kind.wait_finished(ns, "kq-low", timeout=900) == "Succeeded"
+        workload = kind.json("-n", ns, "get", "workloads.kueue.x-k8s.io", "-l", "kubeps.dev/job-name=kq-low")["items"][0]
+        conditions = {c["type"]: c for c in workload["status"]["conditions"]}
+        assert conditions["Finished"]["reason"] == "Succeeded"
+    finally:
+        kind.kubectl("delete", "clusterqueue.kueue.x-k8s.io", "e2e-cq", "--ignore-not-found", "--wait=false",
+                     check=False)
+        kueue_kind.uninstall(kind)
+
+
 def test_zz_helm_uninstall_leaves_nothing_but_the_kept_crd(kind: Kind):
     """Last: `helm uninstall` removes the operator; the CRD stays (crds.keep, documented in docs/install.md)."""
     kind.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout", "120s", timeout=180)

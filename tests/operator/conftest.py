@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import tempfile
 import sys
 import time
 import urllib.request
@@ -19,6 +20,8 @@ from pathlib import Path
 import pytest
 
 from kubeps.runtime.local.launcher import free_ports
+
+from . import kueue_cluster
 
 REPO = Path(__file__).resolve().parents[2]
 GROUP, VERSION, PLURAL = "kubeps.dev", "v1alpha1", "pstrainingjobs"
@@ -139,6 +142,39 @@ def ns(kube, operator, request):
     yield name
     if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
         print(f"--- operator log tail\n{operator.log_tail(120)}")
+    delete_namespace(kube, name)
+
+
+# -- Kueue (tests/operator/test_kueue.py) ---------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def kueue(kube, crd):
+    home = kueue_cluster.kueue_dir()
+    if home is None:
+        message = f"Kueue {kueue_cluster.KUEUE_VERSION} is not built: run `hack/kueue.sh build` (needs Go)"
+        if os.environ.get("KUBEPS_REQUIRE_KUEUE") == "1":
+            pytest.fail(message + " (KUBEPS_REQUIRE_KUEUE=1)", pytrace=False)
+        pytest.skip(message)
+    state = Path(tempfile.mkdtemp(prefix="kubeps-kueue-"))
+    proc = kueue_cluster.KueueProcess(kube, home, state).start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def kueue_operator(kueue, kube, tmp_path_factory):
+    log_path = tmp_path_factory.mktemp("kueue-operator") / "operator.log"
+    proc = OperatorProcess(kube, [f"{kueue_cluster.NS_PREFIX}*"], log_path, extra_args=["--kueue", "on"]).start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def kq_ns(kube, kueue, kueue_operator, request):
+    name = make_namespace(kube, kueue_cluster.NS_PREFIX)
+    kube.core().patch_namespace(name, {"metadata": {"labels": {kueue_cluster.TEST_LABEL: "true"}}})
+    yield name
+    if getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed:
+        print(f"--- operator log tail\n{kueue_operator.log_tail(150)}\n--- kueue log tail\n{kueue.log_tail(80)}")
     delete_namespace(kube, name)
 
 

@@ -201,10 +201,14 @@ def test_cluster_wide_rbac(render):
 def test_namespaced_mode_rbac(render):
     objects = render.template("--values", str(VARIANTS["namespaced"]))
     cluster_rules = rules_of(render.one(objects, "ClusterRole"))
-    # Cluster-wide only what kopf needs to discover its resource and the watched namespaces.
+    # Cluster-wide only what kopf needs to discover its resource and the watched namespaces, and the cluster-scoped
+    # Kueue objects a queued job names (read only).
     assert cluster_rules == {("apiextensions.k8s.io", "customresourcedefinitions", "list"),
                              ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
-                             ("", "namespaces", "list"), ("", "namespaces", "watch")}
+                             ("", "namespaces", "list"), ("", "namespaces", "watch"),
+                             ("kueue.x-k8s.io", "resourceflavors", "get"),
+                             ("kueue.x-k8s.io", "workloadpriorityclasses", "get"),
+                             ("scheduling.k8s.io", "priorityclasses", "get")}
     roles = render.by_kind(objects, "Role")
     bindings = render.by_kind(objects, "RoleBinding")
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]

@@ -29,7 +29,7 @@ def required_permissions() -> set[tuple[str, str, str]]:
     needed: set[tuple[str, str, str]] = set()
     # operator/kube/client.py: self.request("POST", f"/api/v1/namespaces/{namespace}/pods", ...) and the jobs' paths
     for method, root, api_group, resource, name, sub in re.findall(
-            r'self\.request\("(GET|POST|PUT|PATCH|DELETE)", f"(/api/v1/namespaces|/apis/([\w.]+)/\w+/namespaces|'
+            r'self\.request\("(GET|POST|PUT|PATCH|DELETE)", f"(/api/v1/namespaces|/apis/([\w.-]+)/\w+/namespaces|'
             r'\{JOBS\})/\{namespace\}/(\w+|\{models\.PLURAL\})(/\{name\})?(/status)?"', source):
         group = GROUP if root == "{JOBS}" else api_group
         resource = PLURAL if resource == "{models.PLURAL}" else resource
@@ -41,12 +41,22 @@ def required_permissions() -> set[tuple[str, str, str]]:
         group = GROUP if group == "models.GROUP" else group.strip('"')
         resource = PLURAL if resource == "models.PLURAL" else resource.strip('"')
         needed |= {(group, resource, "list"), (group, resource, "watch")}
-    # operator/controller/scope.py: the scopes' own watches, self._watch("pods", ...) -> list, watch pods
+    # operator/controller/scope.py: the scopes' own watches, self._watch("pods", ...) -> list, watch pods, and of
+    # another group, self._watch(f"/apis/kueue.x-k8s.io/v1beta2{self._where()}/workloads", ...)
     for resource in re.findall(r'self\._watch\("(\w+)"', source):
         needed |= {("", resource, "list"), ("", resource, "watch")}
+    for group, resource in re.findall(r'self\._watch\(f"/apis/([\w.-]+)/\w+\{self\._where\(\)\}/(\w+)"', source):
+        needed |= {(group, resource, "list"), (group, resource, "watch")}
+    needed |= cluster_scoped_reads(source)
     if re.search(r"kopf\.(event|info|warn|exception)\(", source):
         needed.add(("", "events", "create"))
     return needed
+
+
+def cluster_scoped_reads(source: str) -> set[tuple[str, str, str]]:
+    """operator/kube/client.py: ``self._read_or_none(f"/apis/<group>/<version>/<resource>/{name}")`` -> get."""
+    return {(group, resource, "get") for group, resource in
+            re.findall(r'self\._read_or_none\(f"/apis/([\w.-]+)/\w+/(\w+)/\{name\}"\)', source)}
 
 
 def test_the_scan_reads_every_operator_module():
@@ -86,12 +96,24 @@ def test_rbac_is_exactly_what_the_operator_uses(render):
 
 
 def test_namespaced_roles_grant_the_same(render):
+    """Each watched namespace's Role grants the namespaced rules; the cluster-scoped reads stay in the ClusterRole."""
     objects = render.template("--set", "watchNamespaces={a,b}")
     cluster_wide = granted(render)
+    scoped_reads = cluster_scoped_reads("\n".join(p.read_text() for p in operator_sources()))
+    assert scoped_reads, "found no cluster-scoped read to check"
     for role in render.by_kind(objects, "Role"):
         rules = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
                  for v in rule["verbs"]}
-        assert rules == cluster_wide
+        assert rules == cluster_wide - scoped_reads
+    cluster_role = render.one(objects, "ClusterRole")
+    assert scoped_reads <= {(g, r, v) for rule in cluster_role["rules"] for g in rule["apiGroups"]
+                            for r in rule["resources"] for v in rule["verbs"]}
+
+
+def test_kueue_off_grants_nothing_of_kueue(render):
+    objects = render.template("--set", "kueue=off")
+    role = render.one(objects, "ClusterRole")
+    assert not [rule for rule in role["rules"] if rule["apiGroups"] in (["kueue.x-k8s.io"], ["scheduling.k8s.io"])]
 
 
 def _operator_options(render, *args):

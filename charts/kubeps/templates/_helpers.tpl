@@ -72,6 +72,30 @@ operator/kube/client.py and the resources of its kopf handlers (tests/packaging/
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+{{- if ne (toString .Values.kueue) "off" }}
+# Kueue (docs/kueue.md): a queued job's Workload, watched, created, patched (queue, active) and deleted (replicas
+# changed while admitted); its status written by server-side apply (PodsReady, Finished, the admission cleared).
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads/status"]
+  verbs: ["patch"]
+{{- end }}
+{{- end -}}
+
+{{/* Cluster-scoped objects the operator reads, granted by the ClusterRole in both modes. */}}
+{{- define "kubeps.clusterRules" -}}
+{{- if ne (toString .Values.kueue) "off" }}
+# Kueue: the ResourceFlavors an admission names (their nodeLabels and tolerations go onto the pods) and the
+# priority class a queued job names (its value goes into the Workload).
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["resourceflavors", "workloadpriorityclasses"]
+  verbs: ["get"]
+- apiGroups: ["scheduling.k8s.io"]
+  resources: ["priorityclasses"]
+  verbs: ["get"]
+{{- end }}
 {{- end -}}
 
 
