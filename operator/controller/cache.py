@@ -35,6 +35,8 @@ class Cache:
         self.secret_annotations: dict[Key, dict[str, str]] = {}
         #: jobs whose NetworkPolicy is known to exist (NetworkPolicies are not watched)
         self.network_policies: set[Key] = set()
+        #: job key -> (uid of the job, whether its own PodGroup exists), once read or made (PodGroups are not watched)
+        self.pod_groups: dict[Key, tuple[str | None, bool]] = {}
 
     # -- jobs ---------------------------------------------------------------------------------------------------
     def store_job(self, key: Key, body: Body) -> bool:
@@ -53,6 +55,7 @@ class Cache:
         self.secrets.pop(key, None)
         self.secret_annotations.pop(key, None)
         self.network_policies.discard(key)
+        self.pod_groups.pop(key, None)
 
     def has_job(self, key: Key) -> bool:
         return key in self.jobs

@@ -16,8 +16,8 @@ from __future__ import annotations
 import time
 from datetime import datetime, timezone
 
-from kubeps.operator.api.models import NetworkPolicyMode
-from kubeps.operator.core import planner
+from kubeps.operator.api.models import GangScheduler, NetworkPolicyMode
+from kubeps.operator.core import gang, planner
 from kubeps.operator.core.actions import CreatePod
 from kubeps.operator.core.children import ANNOTATION_NETWORK_POLICY, PlanConfig, secret_name
 from kubeps.operator.kube.client import ApiError, KubeClient
@@ -38,7 +38,9 @@ class Reconciler:
         self.settings = settings
         self.kube = kube or KubeClient(qps=settings.api_qps, burst=settings.api_burst, pool_size=settings.workers)
         self.config = PlanConfig(default_image=settings.default_image, cluster_domain=settings.cluster_domain,
-                                 network_policy=NetworkPolicyMode(settings.job_network_policy))
+                                 network_policy=NetworkPolicyMode(settings.job_network_policy),
+                                 gang_scheduler=GangScheduler(settings.gang_scheduler),
+                                 gang_scheduler_name=settings.gang_scheduler_name)
         self.cache = Cache()
         self.recorder = Recorder()
         # `self.reconcile` is looked up at each call (not bound here), so a test may replace it on the instance.
@@ -117,13 +119,17 @@ class Reconciler:
         if secret is not None and key in self.cache.network_policies:
             secret = {**secret, "metadata": {**secret["metadata"], "annotations": {
                 **(secret["metadata"].get("annotations") or {}), ANNOTATION_NETWORK_POLICY: "present"}}}
+        pod_group = None
+        if self.config.gang_scheduler is not GangScheduler.NONE and (pods or job.get("status")):
+            # (a job never reconciled has none: one fewer GET per new job, as for the Secret)
+            pod_group = await self.control.read_own_pod_group(key, uid, gang.API_VERSIONS[self.config.gang_scheduler])
         now = datetime.now(timezone.utc)
-        plan = planner.plan(job, pods, services, secret, now, self.config)
+        plan = planner.plan(job, pods, services, secret, now, self.config, pod_group)
         if cached and plan.of(CreatePod) and await self.control.read_own_secret(key, uid) is None:
             # A new pod reads its token from the Secret, which someone may have deleted since it was made (Secrets
             # are not watched: that would need rights to read every Secret). Without it the planner restarts the
             # pods that hold the old token, with a new Secret.
-            plan = planner.plan(job, pods, services, None, now, self.config)
+            plan = planner.plan(job, pods, services, None, now, self.config, pod_group)
         self.reconciles += 1
 
         old_status = job.get("status") or {}
