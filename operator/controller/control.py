@@ -198,6 +198,11 @@ class Control:
         if known is not None and known[0] == uid:
             return {"metadata": {"name": key[1]}} if known[1] else None
         group = await self.kube.read_pod_group(api_version, key[0], key[1])
+        if group is not None and (group.get("metadata") or {}).get("deletionTimestamp"):
+            # Being deleted (Kubernetes keeps a native PodGroup until no running pod uses it): no pod may join it,
+            # and a new one can be made only once it is gone. Read again next time.
+            self.cache.pod_groups.pop(key, None)
+            return None
         mine = group is not None and controlled_by(group, uid)
         self.cache.pod_groups[key] = (uid, mine)
         return group if mine else None
@@ -213,9 +218,14 @@ class Control:
                 self.cache.pod_groups.pop(key, None)
                 if await self.read_own_pod_group(key, uid, api_version) is not None:
                     return True
-                self.recorder.event(job, "Warning", "PodGroupConflict",
-                                    f"PodGroup {action.name} exists but belongs to another owner; waiting for it to "
-                                    f"be removed before creating pods")
+                if key in self.cache.pod_groups:  # not being deleted: someone else's
+                    self.recorder.event(job, "Warning", "PodGroupConflict",
+                                        f"PodGroup {action.name} exists but belongs to another owner; waiting for "
+                                        f"it to be removed before creating pods")
+                else:  # e.g. the job's previous one, kept by Kubernetes until its last pod has stopped
+                    self.recorder.event(job, "Normal", "PodGroupTerminating",
+                                        f"PodGroup {action.name} is being deleted; waiting for it to be gone before "
+                                        f"creating pods")
                 self.retry(key, RETRY_SECRET_AFTER)
                 return False
             self.recorder.api_error("create-podgroup", err.status)
