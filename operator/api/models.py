@@ -11,10 +11,11 @@ whose errors name the field, so the planner can fail the job with a clear messag
 
 from __future__ import annotations
 
+import re
 from enum import Enum
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints, ValidationError, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, PlainValidator, ValidationError, WithJsonSchema
 from pydantic.json_schema import JsonDict
 
 from kubeps.runtime.contract import FIRST_RETRYABLE_EXIT
@@ -187,8 +188,18 @@ ExitCode = Annotated[int, Field(ge=1, le=255)]
 #: A Kubernetes resource quantity (``2``, ``500m``, ``4Gi``), as the API server's own ``resource.Quantity`` pattern.
 QUANTITY_PATTERN = (r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
                     r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
+
+
+def _quantity(value: Any) -> int | str:
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or (
+            isinstance(value, str) and re.fullmatch(QUANTITY_PATTERN, value) is None):
+        raise ValueError("expected a resource quantity such as 2, 500m or 4Gi")
+    return value
+
+
 Quantity = Annotated[
-    int | Annotated[str, StringConstraints(pattern=QUANTITY_PATTERN)],
+    int | str,
+    PlainValidator(_quantity),
     WithJsonSchema({"x-kubernetes-int-or-string": True, "pattern": QUANTITY_PATTERN}),
 ]
 

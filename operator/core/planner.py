@@ -259,7 +259,7 @@ class _Planner:
         stopped = None
         if self.book.terminal:
             stopped = "job finished"
-        elif self.spec is None or self.spec.runPolicy.suspend:
+        elif self.spec is not None and self.spec.runPolicy.suspend:
             stopped = "suspended"
         self.plan.actions.extend(gang.pod_group_actions(
             self.job, self.spec, self.config, self.pod_group is not None, stopped=stopped,
