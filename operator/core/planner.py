@@ -45,7 +45,6 @@ from typing import Any, Iterable, Mapping
 from kubeps.operator.api import models
 from kubeps.operator.api.models import (
     CleanPodPolicy,
-    SuccessPolicy,
     ConditionType,
     NetworkPolicyMode,
     PSTrainingJobSpec,
@@ -53,6 +52,7 @@ from kubeps.operator.api.models import (
     ReplicaType,
     ReplicaRestartPolicy,
     SpecError,
+    SuccessPolicy,
 )
 
 from . import gang
