@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 
 ACTIONLINT_VERSION := v1.7.12
 
-.PHONY: install example test lint controlplane s3server kueue tools e2e kind-down bench clean
+.PHONY: install example test lint controlplane s3server kueue gang-crds tools e2e kind-down bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,15 @@ kueue:
 		echo "go not found: the Kueue tests will be skipped (see docs/testing.md)"; \
 	fi
 
+# Fetch (cached under ~/.cache/kubeps/gang-crds) Volcano's and scheduler-plugins' PodGroup CRDs, which the gang
+# scheduling tests install on the control plane (tests/operator/test_gang.py), when Go is available.
+gang-crds:
+	@if command -v go >/dev/null 2>&1 || [ -x /usr/local/go/bin/go ]; then \
+		PATH="$$PATH:/usr/local/go/bin" hack/gang-crds.sh build; \
+	else \
+		echo "go not found: the Volcano and scheduler-plugins PodGroup tests will be skipped (see docs/testing.md)"; \
+	fi
+
 # Linters the packaging tests run, built from the Go module proxy into the venv (cached by Go).
 tools: $(STAMP)
 	@if [ -x $(BIN)/actionlint ]; then :; \
@@ -63,7 +72,7 @@ lint: $(STAMP)
 	$(BIN)/lint-imports --no-cache
 	MYPY=$(abspath $(BIN))/mypy hack/mypy.sh
 
-test: $(STAMP) controlplane s3server kueue tools
+test: $(STAMP) controlplane s3server kueue gang-crds tools
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # End-to-end tests with real pods on a kind cluster: hack/kind.sh builds (cached under ~/.cache/kubeps/kind) what

@@ -5,7 +5,9 @@
 #                                kube-scheduler, kubectl and kwok from the Go module
 #                                proxy into a cache outside the repo (instant when cached)
 #   hack/controlplane.sh up      start etcd, the API server, controller-manager, scheduler
-#                                and kwok with 4 fake nodes; idempotent
+#                                and kwok with 4 fake nodes; idempotent. The API server,
+#                                controller-manager and scheduler run with the GenericWorkload
+#                                and GangScheduling feature gates (Kubernetes' own gang scheduling)
 #   hack/controlplane.sh down    stop exactly the processes `up` started (recorded PIDs)
 #   hack/controlplane.sh env     print `export KUBECONFIG=...` (eval "$(... env)")
 #   hack/controlplane.sh status  say whether it is up, with PIDs and RSS
@@ -36,6 +38,11 @@ BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwo
 # Start order; `down` stops in reverse.
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
 NUM_NODES=4
+# Kubernetes' own gang scheduling (KEP-4671, alpha in 1.35/1.36): the PodGroup API (scheduling.k8s.io/v1alpha2) on the
+# API server, the GangScheduling plugin in the scheduler's default profile, and the controller-manager's
+# podgroup-protection controller, which removes a deleted PodGroup's finalizer once no running pod uses it (without
+# it a deleted PodGroup stays forever). Flags only: the binaries are the same.
+GANG_FEATURE_GATES="GenericWorkload=true,GangScheduling=true"
 
 log() { printf '[controlplane] %s\n' "$*" >&2; }
 die() { printf '[controlplane] error: %s\n' "$*" >&2; exit 1; }
@@ -334,6 +341,7 @@ cmd_up() {
     --service-account-signing-key-file="$pki/sa.key" \
     --service-cluster-ip-range=10.96.0.0/16 \
     --allow-privileged=true --profiling=false \
+    --feature-gates="$GANG_FEATURE_GATES" --runtime-config=scheduling.k8s.io/v1alpha2=true \
     --event-ttl=1h
   wait_for 90 "kube-apiserver /readyz" admin_curl /readyz ||
     fail_up "kube-apiserver did not become ready"
@@ -345,9 +353,11 @@ cmd_up() {
     --service-account-private-key-file="$pki/sa.key" \
     --root-ca-file="$pki/ca.crt" \
     --cluster-signing-cert-file="$pki/ca.crt" --cluster-signing-key-file="$pki/ca.key" \
-    --controllers='*' --profiling=false
+    --controllers='*' --profiling=false \
+    --feature-gates="$GANG_FEATURE_GATES"
   start_component kube-scheduler \
     --kubeconfig="$STATE/kube-scheduler.kubeconfig" \
+    --feature-gates="$GANG_FEATURE_GATES" \
     --secure-port=0 --leader-elect=false --profiling=false
   start_component kwok \
     --kubeconfig="$STATE/kwok.kubeconfig" \

@@ -7,6 +7,7 @@ import logging
 import sys
 from typing import Any, Mapping
 
+from .api.models import GangScheduler
 from .controller import settings as settings_module
 from .controller.settings import Settings
 
@@ -27,6 +28,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--job-network-policy", choices=["SameJob", "None"],
                         help="NetworkPolicy of a job whose spec sets no security.networkPolicy.mode: SameJob (its "
                         "pods accept traffic from its own pods only) or None (default)")
+    parser.add_argument("--gang-scheduler", choices=[g.value for g in GangScheduler],
+                        help="gang scheduling backend: one PodGroup per job for Kubernetes' own gang scheduling "
+                        "(native, scheduling.k8s.io/v1alpha2), Volcano or scheduler-plugins' coscheduling; none "
+                        "(default) makes none")
+    parser.add_argument("--gang-scheduler-name", metavar="NAME",
+                        help="schedulerName of the gang's pods whose template names none (default: volcano for "
+                        "volcano, scheduler-plugins-scheduler for scheduler-plugins; native needs none)")
     parser.add_argument("--metrics-port", type=int, help="port of /metrics (0 disables)")
     parser.add_argument("--liveness-port", type=int, help="port of /healthz (0 disables)")
     parser.add_argument("--bind-address", help="address the metrics and liveness endpoints listen on")
@@ -56,6 +64,8 @@ def settings_from_args(argv: list[str] | None, env: Mapping[str, str] | None = N
         default_image=args.default_image,
         cluster_domain=args.cluster_domain,
         job_network_policy=args.job_network_policy,
+        gang_scheduler=args.gang_scheduler,
+        gang_scheduler_name=args.gang_scheduler_name,
         metrics_port=args.metrics_port,
         liveness_port=args.liveness_port,
         bind_address=args.bind_address,

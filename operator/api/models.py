@@ -11,10 +11,11 @@ whose errors name the field, so the planner can fail the job with a clear messag
 
 from __future__ import annotations
 
+import re
 from enum import Enum
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, PlainValidator, ValidationError, WithJsonSchema
 from pydantic.json_schema import JsonDict
 
 from kubeps.runtime.contract import FIRST_RETRYABLE_EXIT
@@ -184,9 +185,60 @@ class ReplicaSpecs(BaseModel):
 ExitCode = Annotated[int, Field(ge=1, le=255)]
 
 
+#: A Kubernetes resource quantity (``2``, ``500m``, ``4Gi``), as the API server's own ``resource.Quantity`` pattern.
+QUANTITY_PATTERN = (r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
+                    r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
+
+
+def _quantity(value: Any) -> int | str:
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or (
+            isinstance(value, str) and re.fullmatch(QUANTITY_PATTERN, value) is None):
+        raise ValueError("expected a resource quantity such as 2, 500m or 4Gi")
+    return value
+
+
+Quantity = Annotated[
+    int | str,
+    PlainValidator(_quantity),
+    WithJsonSchema({"x-kubernetes-int-or-string": True, "pattern": QUANTITY_PATTERN}),
+]
+
+
+class SchedulingPolicy(BaseModel):
+    """Gang scheduling, as TFJob's runPolicy.schedulingPolicy: what the PodGroup of the job asks of the gang
+    scheduler the operator is set up for (--gang-scheduler; none: these fields are ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    minAvailable: int | None = Field(
+        None, ge=1,
+        description="Pods of the gang that must be schedulable together before any of them is bound. The gang is "
+        "the chief, the parameter servers and the workers (the evaluator stays outside it); default and at most: "
+        "all of them.",
+    )
+    queue: str | None = Field(None, min_length=1, description="Volcano queue of the PodGroup (Volcano's default: "
+                              "default). Other backends ignore it.")
+    priorityClass: str | None = Field(
+        None, min_length=1,
+        description="PriorityClass of the gang: the Volcano PodGroup's priorityClassName; with the native and "
+        "scheduler-plugins backends, the priorityClassName of the gang's pods whose template names none.",
+    )
+    scheduleTimeoutSeconds: int | None = Field(
+        None, ge=1,
+        description="scheduler-plugins only: seconds the PodGroup may wait for its pods to be scheduled together "
+        "before the scheduler gives up on that attempt (the PodGroup's scheduleTimeoutSeconds).",
+    )
+    minResources: dict[str, Quantity] | None = Field(
+        None,
+        description="Resources the gang needs as a whole before the scheduler tries it (Volcano and "
+        "scheduler-plugins). Default: the sum of the container requests (limits where a request is unset) of the "
+        "first minAvailable pods of the gang, Chief then PS then Worker.",
+    )
+
+
 class RunPolicy(BaseModel):
-    """How the job runs as a whole: cleanup, restarts allowed, deadlines, TTL, suspension and retryable exit
-    codes."""
+    """How the job runs as a whole: cleanup, restarts allowed, deadlines, TTL, suspension, gang scheduling and
+    retryable exit codes."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -207,6 +259,9 @@ class RunPolicy(BaseModel):
         None, ge=0, description="Seconds after the job finished when it is deleted, with its children."
     )
     suspend: bool = Field(False, description="Delete the pods and Services and keep the job; false resumes it.")
+    schedulingPolicy: SchedulingPolicy | None = Field(
+        None, description="Gang scheduling of the chief, PS and workers (used when the operator runs with a gang "
+        "scheduler backend, --gang-scheduler).")
     retryableExitCodes: list[ExitCode] | None = Field(
         None,
         max_length=255,
@@ -224,6 +279,20 @@ class RunPolicy(BaseModel):
             # Linux container reports, is retried too
             return exit_code >= FIRST_RETRYABLE_EXIT
         return exit_code in self.retryableExitCodes
+
+
+class SuccessPolicy(str, Enum):
+    CHIEF_ONLY = "ChiefOnly"
+    ALL_WORKERS = "AllWorkers"
+
+
+class GangScheduler(str, Enum):
+    """The operator's gang scheduling backend (its --gang-scheduler setting, not a spec field)."""
+
+    NONE = "none"
+    NATIVE = "native"
+    VOLCANO = "volcano"
+    SCHEDULER_PLUGINS = "scheduler-plugins"
 
 
 class TLSMode(str, Enum):
@@ -308,6 +377,29 @@ IMMUTABILITY_RULES: list[JsonValue] = [
 ]
 
 
+#: Rules that relate fields of different parts of the spec (checked again by :func:`parse_spec`, with the values).
+CROSS_FIELD_RULES: list[JsonValue] = [
+    {
+        "rule": "!has(self.runPolicy) || !has(self.runPolicy.schedulingPolicy) || "
+        "!has(self.runPolicy.schedulingPolicy.minAvailable) || self.runPolicy.schedulingPolicy.minAvailable <= "
+        "1 + (has(self.replicaSpecs.PS.replicas) ? self.replicaSpecs.PS.replicas : 1) + "
+        "(has(self.replicaSpecs.Worker.replicas) ? self.replicaSpecs.Worker.replicas : 1)",
+        "message": "spec.runPolicy.schedulingPolicy.minAvailable must be at most the gang's size: 1 (Chief) + PS "
+        "replicas + Worker replicas (the evaluator is not in the gang); a larger gang could never be scheduled",
+        "fieldPath": ".runPolicy.schedulingPolicy.minAvailable",
+        "reason": "FieldValueInvalid",
+    },
+    {
+        "rule": "!has(self.successPolicy) || self.successPolicy != 'AllWorkers' || "
+        "!has(self.replicaSpecs.Worker.restartPolicy) || self.replicaSpecs.Worker.restartPolicy != 'Always'",
+        "message": "spec.successPolicy AllWorkers needs every worker to exit 0 for good, which Worker restartPolicy "
+        "Always never allows (it recreates a worker that exited 0): use OnFailure, Never or ExitCode",
+        "fieldPath": ".successPolicy",
+        "reason": "FieldValueForbidden",
+    },
+]
+
+
 #: ``runPolicy`` may be left out: the CRD defaults it to ``{}`` (so its own fields get their defaults).
 _EMPTY_DEFAULT: JsonDict = {"default": {}}
 
@@ -316,10 +408,18 @@ class PSTrainingJobSpec(BaseModel):
     """The desired job: its roles (replicaSpecs) and how it runs (runPolicy). Only Worker replicas and runPolicy
     may change while the job is not suspended."""
 
-    model_config = ConfigDict(extra="ignore", json_schema_extra={"x-kubernetes-validations": IMMUTABILITY_RULES})
+    model_config = ConfigDict(extra="ignore",
+                              json_schema_extra={"x-kubernetes-validations": IMMUTABILITY_RULES + CROSS_FIELD_RULES})
 
     replicaSpecs: ReplicaSpecs
     runPolicy: RunPolicy = Field(default_factory=RunPolicy, json_schema_extra=_EMPTY_DEFAULT)
+    successPolicy: SuccessPolicy = Field(
+        SuccessPolicy.CHIEF_ONLY,
+        description="When the job has succeeded. ChiefOnly (default): when the chief exits 0. AllWorkers (TFJob's, "
+        "for programs in which every worker trains and exits, as TF1-style between-graph replication): when the "
+        "chief and every worker have exited 0; a chief that exits 0 first is not restarted, and one worker that "
+        "fails for good fails the job.",
+    )
     security: SecuritySpec = Field(default_factory=SecuritySpec, json_schema_extra=_EMPTY_DEFAULT)
 
 
@@ -416,7 +516,7 @@ def parse_spec(spec: Any) -> PSTrainingJobSpec:
     if not isinstance(spec, dict):
         raise SpecError("", f"spec must be an object, got {type(spec).__name__}")
     try:
-        return PSTrainingJobSpec.model_validate(spec)
+        parsed = PSTrainingJobSpec.model_validate(spec)
     except ValidationError as err:
         first = err.errors(include_url=False)[0]
         field = ".".join(str(part) for part in first["loc"])
@@ -425,6 +525,31 @@ def parse_spec(spec: Any) -> PSTrainingJobSpec:
         if len(text) > 80:
             text = text[:77] + "..."
         raise SpecError(field, f"{first['msg']} (got {text})") from None
+    _check_cross_field_rules(parsed)
+    return parsed
+
+
+def gang_size(spec: PSTrainingJobSpec) -> int:
+    """Pods in the job's gang: the chief, the parameter servers and the workers (not the evaluator)."""
+    replicas = spec.replicaSpecs
+    return replicas.Chief.replicas + replicas.PS.replicas + replicas.Worker.replicas
+
+
+def _check_cross_field_rules(spec: PSTrainingJobSpec) -> None:
+    """:data:`CROSS_FIELD_RULES`, for API servers that did not enforce them, naming the values."""
+    policy = spec.runPolicy.schedulingPolicy
+    size = gang_size(spec)
+    if policy is not None and policy.minAvailable is not None and policy.minAvailable > size:
+        replicas = spec.replicaSpecs
+        raise SpecError("runPolicy.schedulingPolicy.minAvailable",
+                        f"{policy.minAvailable} is more than the gang's {size} pods (Chief {replicas.Chief.replicas} "
+                        f"+ PS {replicas.PS.replicas} + Worker {replicas.Worker.replicas}; the evaluator is not in "
+                        f"the gang): allowed 1..{size}")
+    if (spec.successPolicy is SuccessPolicy.ALL_WORKERS
+            and spec.replicaSpecs.Worker.restartPolicy is ReplicaRestartPolicy.ALWAYS):
+        raise SpecError("successPolicy", "AllWorkers needs every worker to exit 0 for good, but Worker "
+                        "restartPolicy is Always (it recreates a worker that exited 0): use OnFailure, Never or "
+                        "ExitCode with AllWorkers, or successPolicy ChiefOnly")
 
 
 def name_problem(name: str) -> str | None:

@@ -20,6 +20,8 @@ _OPAQUE = {"template": "a [PodTemplateSpec](https://kubernetes.io/docs/reference
 
 
 def _type(node: dict[str, Any]) -> str:
+    if node.get("x-kubernetes-int-or-string"):
+        return "int-or-string"
     kind = str(node.get("type", "object"))
     if kind == "array":
         return f"[]{_type(node.get('items', {}))}"

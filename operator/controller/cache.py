@@ -37,6 +37,8 @@ class Cache:
         self.network_policies: set[Key] = set()
         #: Kueue's Workloads of queued jobs, by job key (whole bodies: the planner reads their status and podSets)
         self.workloads: dict[Key, Body] = {}
+        #: job key -> (uid of the job, whether its own PodGroup exists), once read or made (PodGroups are not watched)
+        self.pod_groups: dict[Key, tuple[str | None, bool]] = {}
 
     # -- jobs ---------------------------------------------------------------------------------------------------
     def store_job(self, key: Key, body: Body) -> bool:
@@ -55,6 +57,7 @@ class Cache:
         self.secrets.pop(key, None)
         self.secret_annotations.pop(key, None)
         self.network_policies.discard(key)
+        self.pod_groups.pop(key, None)
 
     def has_job(self, key: Key) -> bool:
         return key in self.jobs

@@ -3,10 +3,12 @@ plus the job's token Secret and the job itself).
 
 * The Events the planner decided are posted first; then the Secret is created (with a fresh random token and a
   new CA and task certificate, :mod:`kubeps.runtime.certs`: the only randomness of the operator, kept out of the
-  pure core), or its certificate re-issued for added Workers, and the NetworkPolicy created; then every pod and
-  Service create and delete runs at once; then the job is deleted if its TTL passed.
+  pure core), or its certificate re-issued for added Workers, the NetworkPolicy created, and the gang's PodGroup
+  created; then every pod, Service and PodGroup create and delete runs at once; then the job is deleted if its TTL
+  passed.
 * Without the job's own Secret no pod is made: one started with another owner's token would disagree with the
-  pods started after it.
+  pods started after it. Without the job's own PodGroup (when the plan asks for one) no pod is made either: a gang
+  scheduler would see members of a group it does not know.
 * A repeated action is a no-op: a create answered 409 (already there), a delete answered 404 or 409 (gone, or
   replaced: pod deletes carry the UID as a precondition).
 * What no retry can fix (the API server refuses a pod built from the template: 400, 422) fails the job; what a
@@ -30,11 +32,13 @@ from kubeps.operator.core.actions import (
     ApplyWorkloadStatus,
     CreateNetworkPolicy,
     CreatePod,
+    CreatePodGroup,
     CreateSecret,
     CreateService,
     CreateWorkload,
     DeleteJob,
     DeletePod,
+    DeletePodGroup,
     DeleteService,
     DeleteWorkload,
     Event,
@@ -76,14 +80,18 @@ class Control:
             secret_ready = await self.reissue_certificate(key, job, reissue) and secret_ready
         for policy in plan.of(CreateNetworkPolicy):
             await self.create_network_policy(key, job, policy)
+        group_ready = True
+        for group in plan.of(CreatePodGroup):
+            group_ready = await self.create_pod_group(key, job, group)
         for action in plan.actions:
             if isinstance(action, (CreateWorkload, PatchWorkload, ApplyWorkloadStatus, DeleteWorkload)):
                 await self.workload(key, job, action)
         # Without the job's own Secret no pod is made: one started with another owner's token would disagree with
-        # the pods started after it.
+        # the pods started after it. Nor without its PodGroup, when the plan made one.
         creates = [self.create_child(key, job, a) for a in plan.actions
-                   if isinstance(a, CreateService) or (secret_ready and isinstance(a, CreatePod))]
+                   if isinstance(a, CreateService) or (secret_ready and group_ready and isinstance(a, CreatePod))]
         deletes = [self.delete_child(key, job, a) for a in plan.actions if isinstance(a, (DeletePod, DeleteService))]
+        deletes += [self.delete_pod_group(key, job, a) for a in plan.of(DeletePodGroup)]
         results = await asyncio.gather(*creates, *deletes, return_exceptions=True)
         self.recorder.summaries(job, [r for r in results if isinstance(r, tuple)])
         for result in results:
@@ -190,6 +198,73 @@ class Control:
             return
         self.cache.network_policies.add(key)
         self.recorder.event(job, "Normal", "NetworkPolicyCreated", f"Created NetworkPolicy {action.name}")
+
+    async def read_own_pod_group(self, key: Key, uid: str | None, api_version: str) -> Body | None:
+        """The job's PodGroup if it exists and belongs to this job, else None; read once, then remembered (PodGroups
+        are not watched: the operator makes and deletes them itself)."""
+        known = self.cache.pod_groups.get(key)
+        if known is not None and known[0] == uid:
+            return {"metadata": {"name": key[1]}} if known[1] else None
+        group = await self.kube.read_pod_group(api_version, key[0], key[1])
+        if group is not None and (group.get("metadata") or {}).get("deletionTimestamp"):
+            # Being deleted (Kubernetes keeps a native PodGroup until no running pod uses it): no pod may join it,
+            # and a new one can be made only once it is gone. Read again next time.
+            self.cache.pod_groups.pop(key, None)
+            return None
+        mine = group is not None and controlled_by(group, uid)
+        self.cache.pod_groups[key] = (uid, mine)
+        return group if mine else None
+
+    async def create_pod_group(self, key: Key, job: Body, action: CreatePodGroup) -> bool:
+        """Create the job's PodGroup; returns whether the job's own PodGroup exists now (else no pod is made)."""
+        uid = job["metadata"]["uid"]
+        api_version = action.body["apiVersion"]
+        try:
+            await self.kube.create_pod_group(key[0], action.body)
+        except ApiError as err:
+            if err.status == 409:
+                self.cache.pod_groups.pop(key, None)
+                if await self.read_own_pod_group(key, uid, api_version) is not None:
+                    return True
+                if key in self.cache.pod_groups:  # not being deleted: someone else's
+                    self.recorder.event(job, "Warning", "PodGroupConflict",
+                                        f"PodGroup {action.name} exists but belongs to another owner; waiting for "
+                                        f"it to be removed before creating pods")
+                else:  # e.g. the job's previous one, kept by Kubernetes until its last pod has stopped
+                    self.recorder.event(job, "Normal", "PodGroupTerminating",
+                                        f"PodGroup {action.name} is being deleted; waiting for it to be gone before "
+                                        f"creating pods")
+                self.retry(key, RETRY_SECRET_AFTER)
+                return False
+            self.recorder.api_error("create-podgroup", err.status)
+            message = f"Could not create {api_version} PodGroup {action.name}: {_api_message(err)}"
+            if err.status in (400, 422):
+                await self.fail(key, "InvalidPodGroup", f"The API server rejected the {api_version} PodGroup "
+                                                        f"{action.name}: {_api_message(err)}")
+                return False
+            if err.status == 404:
+                message += (" (is the gang scheduler's PodGroup CRD installed? The operator's --gang-scheduler "
+                            "names its backend)")
+            self.recorder.event(job, "Warning", "PodGroupCreateFailed", message + "; retrying")
+            self.retry(key, RETRY_CREATE_AFTER)
+            return False
+        self.cache.pod_groups[key] = (uid, True)
+        self.recorder.pod_group_created()
+        self.recorder.event(job, "Normal", "PodGroupCreated", f"Created {api_version} PodGroup {action.name}")
+        return True
+
+    async def delete_pod_group(self, key: Key, job: Body, action: DeletePodGroup) -> tuple[str, str] | None:
+        try:
+            await self.kube.delete_pod_group(action.api_version, key[0], action.name)
+        except ApiError as err:
+            if err.status != 404:
+                self.recorder.api_error("delete-podgroup", err.status)
+                raise
+            self.cache.pod_groups[key] = (job["metadata"].get("uid"), False)
+            return None
+        self.cache.pod_groups[key] = (job["metadata"].get("uid"), False)
+        self.recorder.pod_group_deleted()
+        return "PodGroupDeleted", f"{action.name} ({action.reason})"
 
     async def create_child(self, key: Key, job: Body, action: CreatePod | CreateService) -> tuple[str, str] | None:
         """Create a pod or Service; returns ``(reason, name)`` for the reconcile's Event when it was made."""

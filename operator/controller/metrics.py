@@ -12,6 +12,8 @@ RESTARTS = Counter("kubeps_restarts_total", "Replica restarts decided by the ope
 PODS_CREATED = Counter("kubeps_pods_created_total", "Pods created", ["role"])
 PODS_DELETED = Counter("kubeps_pods_deleted_total", "Pods deleted", ["reason"])
 SERVICES_CREATED = Counter("kubeps_services_created_total", "Services created")
+POD_GROUPS_CREATED = Counter("kubeps_pod_groups_created_total", "PodGroups created for gang scheduling")
+POD_GROUPS_DELETED = Counter("kubeps_pod_groups_deleted_total", "PodGroups deleted (job suspended or finished)")
 API_ERRORS = Counter("kubeps_api_errors_total", "Kubernetes API calls that failed", ["verb", "status"])
 RECONCILE_SECONDS = Histogram(
     "kubeps_reconcile_duration_seconds", "Time to plan and apply one reconcile of one job",

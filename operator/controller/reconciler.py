@@ -19,8 +19,8 @@ import time
 from datetime import datetime, timezone
 from typing import Awaitable, Callable
 
-from kubeps.operator.api.models import NetworkPolicyMode
-from kubeps.operator.core import kueue, planner
+from kubeps.operator.api.models import GangScheduler, NetworkPolicyMode
+from kubeps.operator.core import gang, kueue, planner
 from kubeps.operator.core.actions import CreatePod
 from kubeps.operator.core.children import ANNOTATION_NETWORK_POLICY, PlanConfig, secret_name
 from kubeps.operator.core.observed import controlled_by
@@ -47,7 +47,9 @@ class Reconciler:
         self.settings = settings
         self.kube = kube or KubeClient(qps=settings.api_qps, burst=settings.api_burst, pool_size=settings.workers)
         self.config = PlanConfig(default_image=settings.default_image, cluster_domain=settings.cluster_domain,
-                                 network_policy=NetworkPolicyMode(settings.job_network_policy))
+                                 network_policy=NetworkPolicyMode(settings.job_network_policy),
+                                 gang_scheduler=GangScheduler(settings.gang_scheduler),
+                                 gang_scheduler_name=settings.gang_scheduler_name)
         self.cache = Cache()
         self.recorder = Recorder()
         # `self.reconcile` is looked up at each call (not bound here), so a test may replace it on the instance.
@@ -150,13 +152,17 @@ class Reconciler:
             secret = {**secret, "metadata": {**secret["metadata"], "annotations": {
                 **(secret["metadata"].get("annotations") or {}), ANNOTATION_NETWORK_POLICY: "present"}}}
         queue = await self.queue_view(key, job) if self.config.kueue and kueue.queue_name(job) else None
+        pod_group = None
+        if self.config.gang_scheduler is not GangScheduler.NONE and (pods or job.get("status")):
+            # (a job never reconciled has none: one fewer GET per new job, as for the Secret)
+            pod_group = await self.control.read_own_pod_group(key, uid, gang.API_VERSIONS[self.config.gang_scheduler])
         now = datetime.now(timezone.utc)
-        plan = planner.plan(job, pods, services, secret, now, self.config, queue)
+        plan = planner.plan(job, pods, services, secret, now, self.config, pod_group=pod_group, queue=queue)
         if cached and plan.of(CreatePod) and await self.control.read_own_secret(key, uid) is None:
             # A new pod reads its token from the Secret, which someone may have deleted since it was made (Secrets
             # are not watched: that would need rights to read every Secret). Without it the planner restarts the
             # pods that hold the old token, with a new Secret.
-            plan = planner.plan(job, pods, services, None, now, self.config, queue)
+            plan = planner.plan(job, pods, services, None, now, self.config, pod_group=pod_group, queue=queue)
         self.reconciles += 1
 
         old_status = job.get("status") or {}

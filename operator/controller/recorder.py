@@ -96,6 +96,14 @@ class Recorder:
         metrics.SERVICES_CREATED.inc()
 
     @staticmethod
+    def pod_group_created() -> None:
+        metrics.POD_GROUPS_CREATED.inc()
+
+    @staticmethod
+    def pod_group_deleted() -> None:
+        metrics.POD_GROUPS_DELETED.inc()
+
+    @staticmethod
     def pod_deleted(reason: str) -> None:
         metrics.PODS_DELETED.labels(reason).inc()
 

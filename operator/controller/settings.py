@@ -8,6 +8,12 @@ KUBEPS_ALL_NAMESPACES          --all-namespaces             watch the whole clus
                                                             no namespace is given)
 KUBEPS_DEFAULT_IMAGE           --default-image              image of containers that name none
 KUBEPS_CLUSTER_DOMAIN          --cluster-domain             appended to TF_CONFIG hosts (none)
+KUBEPS_GANG_SCHEDULER         --gang-scheduler             gang scheduling backend: none, native,
+                                                            volcano, scheduler-plugins (none)
+KUBEPS_GANG_SCHEDULER_NAME     --gang-scheduler-name        schedulerName of the gang's pods whose
+                                                            template names none (volcano:
+                                                            volcano; scheduler-plugins:
+                                                            scheduler-plugins-scheduler)
 KUBEPS_API_QPS / _BURST        --api-qps / --api-burst      client-side API rate limit (100 / 200)
 KUBEPS_WORKERS                 --workers                    concurrent reconciles and API calls (16)
 KUBEPS_METRICS_PORT            --metrics-port               Prometheus /metrics port, 0 = off (8080)
@@ -40,9 +46,9 @@ import os
 import random
 import time
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
-from kubeps.operator.api.models import NetworkPolicyMode
+from kubeps.operator.api.models import GangScheduler, NetworkPolicyMode
 from kubeps.operator.core.children import DEFAULT_IMAGE
 
 if TYPE_CHECKING:  # kopf itself is imported late (see kopf_settings)
@@ -87,18 +93,12 @@ def _optional_int(env: Mapping[str, str], name: str, minimum: int | None = 0) ->
 KUEUE_MODES = ("auto", "on", "off")
 
 
-def _choice(name: str, raw: str | None, allowed: tuple[str, ...], default: str) -> str:
+def _choice(name: str, raw: str | None, choices: Iterable[Any], default: str) -> str:
+    """``raw`` if it is one of ``choices`` (strings, or an Enum's members), else ``default`` when unset; else a
+    ValueError naming the variable, the value and what is allowed."""
+    allowed = [getattr(m, "value", m) for m in choices]
     if not raw:
         return default
-    if raw not in allowed:
-        raise ValueError(f"{name}={raw!r}: expected one of {', '.join(allowed)}")
-    return raw
-
-
-def _network_policy_mode(name: str, raw: str | None) -> str:
-    allowed = [m.value for m in NetworkPolicyMode]
-    if not raw:
-        return NetworkPolicyMode.NONE.value
     if raw not in allowed:
         raise ValueError(f"{name}={raw!r}: expected one of {', '.join(allowed)}")
     return raw
@@ -112,6 +112,10 @@ class Settings:
     cluster_domain: str | None = None
     #: ``SameJob`` or ``None``: the NetworkPolicy of a job whose spec sets no ``security.networkPolicy.mode``
     job_network_policy: str = "None"
+    #: the gang scheduling backend (``none``, ``native``, ``volcano``, ``scheduler-plugins``) and the
+    #: ``schedulerName`` of the gang's pods ("": the backend's own, see :mod:`kubeps.operator.core.gang`)
+    gang_scheduler: str = "none"
+    gang_scheduler_name: str = ""
     api_qps: float = 100.0
     api_burst: int = 200
     workers: int = 16
@@ -143,7 +147,11 @@ class Settings:
             all_namespaces=_bool(env.get("KUBEPS_ALL_NAMESPACES")),
             default_image=env.get("KUBEPS_DEFAULT_IMAGE") or DEFAULT_IMAGE,
             cluster_domain=env.get("KUBEPS_CLUSTER_DOMAIN") or None,
-            job_network_policy=_network_policy_mode("KUBEPS_JOB_NETWORK_POLICY", env.get("KUBEPS_JOB_NETWORK_POLICY")),
+            job_network_policy=_choice("KUBEPS_JOB_NETWORK_POLICY", env.get("KUBEPS_JOB_NETWORK_POLICY"),
+                                       NetworkPolicyMode, NetworkPolicyMode.NONE.value),
+            gang_scheduler=_choice("KUBEPS_GANG_SCHEDULER", env.get("KUBEPS_GANG_SCHEDULER"), GangScheduler,
+                                   GangScheduler.NONE.value),
+            gang_scheduler_name=env.get("KUBEPS_GANG_SCHEDULER_NAME") or "",
             api_qps=_float(env, "KUBEPS_API_QPS", 100.0),
             api_burst=_int(env, "KUBEPS_API_BURST", 200, 1),
             workers=_int(env, "KUBEPS_WORKERS", 16, 1),

@@ -6,6 +6,7 @@
 * :mod:`.observed`: the projection of an observed pod that the planner reads (:class:`~.observed.ObservedPod`);
 * :mod:`.actions`: what a plan asks of the shell (create or delete a child, post an Event) and the plan itself;
 * :mod:`.status`: the job's status as a reconcile rewrites it (conditions and their reasons, counts);
+* :mod:`.gang`: the job's PodGroup for the operator's gang scheduler, and how a pod joins it;
 * :mod:`.planner`: the state machine, one method per lifecycle rule.
 
 Rule: purely data-manipulative. No I/O, no clock (``now`` is an argument), no randomness (the shell adds the

@@ -2,7 +2,7 @@
 :class:`Plan`, which carries them with the job's new status.
 
 Plain frozen data: the planner makes them, the shell (:mod:`kubeps.operator.controller`) carries them out in the
-order it chooses (the status first, then the Secret, then pods and Services at once). Repeating one is harmless:
+order it chooses (the status first, then the Secret and the PodGroup, then pods and Services at once). Repeating one is harmless:
 children have deterministic names, and a pod's delete carries its UID as a precondition.
 """
 
@@ -66,6 +66,21 @@ class DeleteService:
 
 
 @dataclass(frozen=True)
+class CreatePodGroup:
+    """The job's PodGroup for the gang scheduler (its apiVersion says which); made before the pods."""
+
+    name: str
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class DeletePodGroup:
+    name: str
+    api_version: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class DeleteJob:
     reason: str
 
@@ -109,7 +124,8 @@ class Event:
 
 
 Action = Union[CreateSecret, ReissueCertificate, CreateNetworkPolicy, CreateService, CreatePod, DeletePod, DeleteService,
-               DeleteJob, CreateWorkload, PatchWorkload, ApplyWorkloadStatus, DeleteWorkload, Event]
+               CreatePodGroup, DeletePodGroup, DeleteJob, CreateWorkload, PatchWorkload, ApplyWorkloadStatus,
+               DeleteWorkload, Event]
 _A = TypeVar("_A")
 
 

@@ -31,7 +31,7 @@ from kubeps.runtime.contract import (JOB_TOKEN_ENV, TF_CONFIG_ENV, TLS_CA_FILE_E
                                      TLS_KEY_FILE_ENV, TLS_MOUNT_PATH)
 
 from kubeps.operator.api import models
-from kubeps.operator.api.models import NetworkPolicyMode, PSTrainingJobSpec, ReplicaType, TLSMode
+from kubeps.operator.api.models import GangScheduler, NetworkPolicyMode, PSTrainingJobSpec, ReplicaType, TLSMode
 
 #: The runtime image of containers that name none (``--default-image`` / ``KUBEPS_DEFAULT_IMAGE`` override it).
 DEFAULT_IMAGE = "ghcr.io/kubeps/kubeps-runtime:0.1.0"
@@ -65,6 +65,9 @@ class PlanConfig:
     network_policy: NetworkPolicyMode = NetworkPolicyMode.NONE
     #: Kueue integration on: jobs labelled ``kueue.x-k8s.io/queue-name`` wait for their Workload's admission.
     kueue: bool = False
+    #: The gang scheduling backend (:mod:`.gang`), and the ``schedulerName`` of the gang's pods ("": the backend's).
+    gang_scheduler: GangScheduler = GangScheduler.NONE
+    gang_scheduler_name: str = ""
 
 
 # -- names and labels ------------------------------------------------------------------------------------------

@@ -12,8 +12,9 @@ Rules (documented for users in docs/operator.md):
 * Children: per replica one pod and one headless Service named ``<job>-<type>-<index>``; one Secret per job.
   Every pod is created with ``restartPolicy: Never``: the operator itself recreates pods to implement the
   replica's restart policy, so it sees every failure.
-* Chief exits 0 -> Succeeded. cleanPodPolicy then deletes pods (and their Services): Running (default) what still
-  runs, All everything, None nothing.
+* Chief exits 0 -> Succeeded (successPolicy ChiefOnly, the default). With successPolicy AllWorkers: once the chief
+  and every worker exited 0 (a worker failed for good -> Failed). cleanPodPolicy then deletes pods (and their
+  Services): Running (default) what still runs, All everything, None nothing.
 * Chief fails -> recreated when its restart policy retries the exit code (counts against backoffLimit), else
   Failed.
 * PS fails -> the PS is recreated and the chief restarted (its epoch is bumped; a chief pod of an older epoch is
@@ -28,6 +29,8 @@ Rules (documented for users in docs/operator.md):
 * Once Succeeded or Failed, conditions are frozen; only cleanup, counts and TTL go on.
 * Kueue (operator setting on, job labelled ``kueue.x-k8s.io/queue-name``): no pod runs until the job's Workload is
   Admitted; the job is Suspended (reason Queued or Evicted) meanwhile. :mod:`.kueue` is the protocol.
+* Gang scheduling (:mod:`.gang`): the job's PodGroup is made with its pods while it runs, deleted when it is
+  suspended or finished.
 
 Parts: what the children are is :mod:`.children`; what the planner reads of a pod is :mod:`.observed`; the
 actions and :class:`~.actions.Plan` it returns are :mod:`.actions`; the status bookkeeping (conditions, reasons,
@@ -51,8 +54,10 @@ from kubeps.operator.api.models import (
     ReplicaType,
     ReplicaRestartPolicy,
     SpecError,
+    SuccessPolicy,
 )
 
+from . import gang
 from .actions import (CreateNetworkPolicy, CreatePod, CreateSecret, CreateService, DeleteJob, DeletePod, DeleteService,
                       Event, Plan, ReissueCertificate)
 from . import kueue
@@ -61,6 +66,7 @@ from .children import (ANNOTATION_NETWORK_POLICY, ANNOTATION_TLS_WORKERS, PlanCo
 from .observed import ObservedPod, controlled_by, fmt_time, observe_pod, parse_time
 from .status import (
     R_ALL_WORKERS_FAILED,
+    R_ALL_WORKERS_SUCCEEDED,
     R_BACKOFF,
     R_CHIEF_FAILED,
     R_CREATED,
@@ -74,6 +80,7 @@ from .status import (
     R_SECRET_LOST,
     R_SUCCEEDED,
     R_SUSPENDED,
+    R_WORKER_FAILED,
     StatusBook,
 )
 
@@ -92,7 +99,7 @@ def _covered_workers(secret: Mapping[str, Any]) -> int:
 class _Planner:
     def __init__(self, job: Mapping[str, Any], pods: list[Mapping[str, Any]], services: list[Mapping[str, Any]],
                  secret: Mapping[str, Any] | None, now: datetime, config: PlanConfig,
-                 queue: kueue.QueueView | None = None):
+                 pod_group: Mapping[str, Any] | None = None, queue: kueue.QueueView | None = None):
         self.job = job
         self.queue_view = queue or kueue.QueueView()
         #: the job's Kueue admission, for a queued job once its spec parsed
@@ -113,6 +120,7 @@ class _Planner:
             _name(s): s for s in services if controlled_by(s, uid)
         }
         self.secret = secret
+        self.pod_group = pod_group
         self.plan = Plan()
         self.by_key: dict[tuple[ReplicaType, int], ObservedPod] = {}
         for pod in self.pods:
@@ -135,10 +143,10 @@ class _Planner:
         self.book.finish()
         self.event("Warning", reason, message)
 
-    def succeed(self, message: str) -> None:
-        self.book.set_condition(ConditionType.SUCCEEDED, True, R_SUCCEEDED, message)
+    def succeed(self, message: str, reason: str = R_SUCCEEDED) -> None:
+        self.book.set_condition(ConditionType.SUCCEEDED, True, reason, message)
         self.book.finish()
-        self.event("Normal", R_SUCCEEDED, message)
+        self.event("Normal", reason, message)
 
     # -- helpers ------------------------------------------------------------------------------------------------
     def desired_counts(self) -> dict[ReplicaType, int]:
@@ -256,6 +264,7 @@ class _Planner:
             self.cleanup()
             self.ttl()
             self.plan.terminal = True
+        self.plan_pod_group()
         self.summarise()
         return self.plan
 
@@ -272,6 +281,20 @@ class _Planner:
         action = kueue.finish(self.queue_view, succeeded, (cond.message if cond else None) or "", self.book.now_text)
         if action is not None:
             self.plan.actions.append(action)
+
+    def plan_pod_group(self) -> None:
+        """The gang's PodGroup (:mod:`.gang`): made with the pods of a running job, deleted once it stops."""
+        stopped = None
+        if self.book.terminal:
+            stopped = "job finished"
+        elif self.spec is not None and self.spec.runPolicy.suspend:
+            stopped = "suspended"
+        elif self.queueing is not None and self.queueing.hold is not None:
+            # Kueue first, the gang after admission: no PodGroup holds nodes for a job that is queued or evicted.
+            stopped = f"waiting for Kueue ({self.queueing.hold[0]})"
+        self.plan.actions.extend(gang.pod_group_actions(
+            self.job, self.spec, self.config, self.pod_group is not None, stopped=stopped,
+            creating_pods=bool(self.plan.of(CreatePod))))
 
     def check_templates(self) -> None:
         """Fail the job when a template cannot be made into a pod (the CRD preserves unknown fields, so e.g.
@@ -359,8 +382,14 @@ class _Planner:
             deadline = started + timedelta(seconds=run_policy.activeDeadlineSeconds)
         if succeeded and chief is not None and (deadline is None or self.now < deadline or chief.finished_at is None
                                                 or chief.finished_at <= deadline):
-            self.succeed(f"The chief ({chief.name}) exited with code 0.")
-            return
+            if spec.successPolicy is SuccessPolicy.CHIEF_ONLY:
+                self.succeed(f"The chief ({chief.name}) exited with code 0.")
+                return
+            workers = desired[ReplicaType.WORKER]
+            if all(self.exited_0(ReplicaType.WORKER, i) for i in range(workers)):
+                self.succeed(f"The chief and all {workers} worker(s) exited with code 0 (successPolicy AllWorkers).",
+                             R_ALL_WORKERS_SUCCEEDED)
+                return
 
         # Deadline.
         if deadline is not None:
@@ -395,10 +424,15 @@ class _Planner:
         self.update_running(desired)
         self.report_stuck_pods()
 
+    def exited_0(self, rt: ReplicaType, index: int) -> bool:
+        pod = self.by_key.get((rt, index))
+        return pod is not None and not pod.terminating and pod.phase == "Succeeded"
+
     def create_pod(self, rt: ReplicaType, index: int) -> None:
         body = pod_body(self.job, self.valid_spec, rt, index, self.status.chiefEpoch, self.config)
         if self.queueing is not None and rt.task_type in self.queueing.infos:
             self.queueing.infos[rt.task_type].apply(body)
+        gang.join(body, self.valid_spec, rt, self.config)
         self.plan.actions.append(CreatePod(body["metadata"]["name"], body, rt.value, index))
 
     def restart_allowed(self, what: str) -> bool:
@@ -490,6 +524,8 @@ class _Planner:
         if pod is None:
             self.create_pod(ReplicaType.CHIEF, 0)
             return False
+        if spec.successPolicy is SuccessPolicy.ALL_WORKERS and self.exited_0(ReplicaType.CHIEF, 0):
+            return False  # done: the job succeeds once every worker has exited 0 too
         if pod.terminating:
             if self.book.handled(pod):
                 return False  # our own delete: recreated once gone
@@ -571,6 +607,10 @@ class _Planner:
                 self.delete_pod(pod, "restart")
             elif pod.phase == "Failed":
                 done_for_good += 1
+        if rt is ReplicaType.WORKER and done_for_good and spec.successPolicy is SuccessPolicy.ALL_WORKERS:
+            self.fail(R_WORKER_FAILED, f"{done_for_good} worker(s) failed and their restartPolicy {policy.value} "
+                                       f"does not recreate them; successPolicy AllWorkers needs every worker to exit 0.")
+            return True
         if rt is ReplicaType.WORKER and done_for_good == count:
             self.fail(R_ALL_WORKERS_FAILED, f"All {count} worker(s) failed and their restartPolicy "
                                             f"{policy.value} does not recreate them.")
@@ -702,11 +742,13 @@ def plan(
     secret: Mapping[str, Any] | None,
     now: datetime,
     config: PlanConfig = PlanConfig(),
+    *,
+    pod_group: Mapping[str, Any] | None = None,
     queue: kueue.QueueView | None = None,
 ) -> Plan:
-    """Decide what to do for one job from what is observed (``queue``: a queued job's Workload and what it names);
-    see the module docstring for the rules."""
-    return _Planner(job, list(pods), list(services), secret, now, config, queue).run()
+    """Decide what to do for one job from what is observed (``pod_group``: the job's own PodGroup, if the shell saw
+    one; ``queue``: a queued job's Workload and what it names); see the module docstring for the rules."""
+    return _Planner(job, list(pods), list(services), secret, now, config, pod_group, queue).run()
 
 
 def fail_status(job: Mapping[str, Any], reason: str, message: str, now: datetime) -> dict[str, Any]:

@@ -253,6 +253,24 @@ class KubeClient:
     async def create_network_policy(self, namespace: str, body: dict) -> None:
         await self.request("POST", f"/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies", body)
 
+    # -- PodGroups of the gang scheduler (``api_version`` says whose: Kubernetes', Volcano's, scheduler-plugins') --
+    async def read_pod_group(self, api_version: str, namespace: str, name: str) -> dict | None:
+        try:
+            return await self.request("GET", f"/apis/{api_version}/namespaces/{namespace}/podgroups/{name}",
+                                      answer=True)
+        except ApiError as err:
+            if err.status == 404:
+                return None
+            raise
+
+    async def create_pod_group(self, namespace: str, body: dict) -> None:
+        api_version = body["apiVersion"]
+        await self.request("POST", f"/apis/{api_version}/namespaces/{namespace}/podgroups", body)
+
+    async def delete_pod_group(self, api_version: str, namespace: str, name: str) -> None:
+        await self.request("DELETE", f"/apis/{api_version}/namespaces/{namespace}/podgroups/{name}",
+                           _delete_options(None))
+
 
     # -- Kueue ---------------------------------------------------------------------------------------------------
     async def served(self, group_version: str) -> bool:

@@ -16,7 +16,10 @@ def test_reference_page_is_current():
 def test_reference_names_every_run_policy_field_and_rule():
     page = reference.render()
     for field in ("cleanPodPolicy", "backoffLimit", "activeDeadlineSeconds", "ttlSecondsAfterFinished", "suspend",
-                  "retryableExitCodes"):
+                  "retryableExitCodes", "schedulingPolicy", *(f"schedulingPolicy.{name}" for name in (
+                      "minAvailable", "queue", "priorityClass", "scheduleTimeoutSeconds", "minResources"))):
         assert f"`spec.runPolicy.{field}`" in page, field
+    assert "| `spec.successPolicy` | string |  | `\"ChiefOnly\"` | one of `ChiefOnly`, `AllWorkers` |" in page
+    assert "| `spec.runPolicy.schedulingPolicy.minResources` | map[string]int-or-string |" in page
     assert "is immutable unless the job is suspended" in page
     assert "| `spec.runPolicy.suspend` | boolean |  | `false` |" in page

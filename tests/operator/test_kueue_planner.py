@@ -29,7 +29,7 @@ class QueueWorld(World):
 
     def plan(self) -> A.Plan:
         view = kueue.QueueView(workload=copy.deepcopy(self.workload), flavors={"spot": FLAVOR})
-        return P.plan(self.job, self.pods.values(), self.services.values(), self.secret, self.now, KUEUE, view)
+        return P.plan(self.job, self.pods.values(), self.services.values(), self.secret, self.now, KUEUE, queue=view)
 
     def apply(self, plan: A.Plan, limit: int | None = None) -> None:
         super().apply(plan, limit)
@@ -239,7 +239,7 @@ def test_worker_scale_while_admitted_replaces_the_workload():
 
 def test_without_the_label_or_with_kueue_off_the_job_runs_as_today():
     plain = World(make_job(ps=1, workers=1))
-    plan = P.plan(plain.job, [], [], None, plain.now, KUEUE, kueue.QueueView())
+    plan = P.plan(plain.job, [], [], None, plain.now, KUEUE, queue=kueue.QueueView())
     assert plan.of(A.CreatePod) and not plan.of(A.CreateWorkload)
     labelled = make_job(ps=1, workers=1)
     labelled["metadata"]["labels"] = {kueue.LABEL_QUEUE: "team"}
@@ -251,7 +251,7 @@ def test_priority_goes_into_the_workload():
     job = make_job(ps=1, workers=1)
     job["metadata"]["labels"] = {kueue.LABEL_QUEUE: "team"}
     view = kueue.QueueView(priority=kueue.Priority("kueue.x-k8s.io", "WorkloadPriorityClass", "high", 1000))
-    [create] = P.plan(job, [], [], None, World(job).now, KUEUE, view).of(A.CreateWorkload)
+    [create] = P.plan(job, [], [], None, World(job).now, KUEUE, queue=view).of(A.CreateWorkload)
     assert create.body["spec"]["priority"] == 1000
     assert create.body["spec"]["priorityClassRef"] == {"group": "kueue.x-k8s.io", "kind": "WorkloadPriorityClass",
                                                        "name": "high"}
@@ -272,3 +272,37 @@ def test_workload_name_depends_on_the_job_uid():
     b["metadata"]["uid"] = "other-uid"
     assert kueue.workload_name(a) != kueue.workload_name(b)
     assert len(kueue.workload_name(make_job(name="x" * 253))) <= 253
+
+
+def test_gang_after_admission_no_pod_group_while_queued_or_evicted():
+    """Kueue and a gang backend together: the PodGroup is made with the pods once Kueue admits the job, and
+    deleted when Kueue evicts it (no gang holds nodes for a job that waits in a queue)."""
+    from kubeps.operator.api.models import GangScheduler
+
+    config = dataclasses.replace(KUEUE, gang_scheduler=GangScheduler.NATIVE)
+    world = QueueWorld(make_job(ps=1, workers=1))
+    group: dict = {}
+
+    def plan() -> A.Plan:
+        view = kueue.QueueView(workload=copy.deepcopy(world.workload), flavors={"spot": FLAVOR})
+        made = P.plan(world.job, world.pods.values(), world.services.values(), world.secret, world.now, config,
+                      pod_group=group.get("body"), queue=view)
+        for action in made.actions:
+            if isinstance(action, A.CreatePodGroup):
+                group["body"] = action.body
+            elif isinstance(action, A.DeletePodGroup):
+                group.pop("body", None)
+        return made
+
+    world.plan = plan  # type: ignore[method-assign]
+    world.converge()
+    assert "body" not in group and not world.pods
+    world.admit()
+    created = world.step()
+    assert created.of(A.CreatePodGroup) and created.of(A.CreatePod)
+    world.run_all()
+    world.converge()
+    world.evict("Preempted")
+    evicted = world.step()
+    assert evicted.of(A.DeletePodGroup) and evicted.of(A.DeletePod)
+    assert "body" not in group

@@ -54,6 +54,19 @@ def test_namespace_and_all_namespaces_exclude_each_other():
         settings_from_args(["-n", "a", "-A"], {})
 
 
+def test_gang_scheduler_from_env_or_flag():
+    assert Settings.from_env({}).gang_scheduler == "none"
+    env = {"KUBEPS_GANG_SCHEDULER": "volcano", "KUBEPS_GANG_SCHEDULER_NAME": "vc"}
+    assert (Settings.from_env(env).gang_scheduler, Settings.from_env(env).gang_scheduler_name) == ("volcano", "vc")
+    flags = settings_from_args(["--gang-scheduler", "native"], env=env)
+    assert (flags.gang_scheduler, flags.gang_scheduler_name) == ("native", "vc")
+    with pytest.raises(ValueError, match="KUBEPS_GANG_SCHEDULER='kube-batch': expected one of none, native, volcano, "
+                                         "scheduler-plugins"):
+        Settings.from_env({"KUBEPS_GANG_SCHEDULER": "kube-batch"})
+    with pytest.raises(SystemExit):
+        settings_from_args(["--gang-scheduler", "kube-batch"], env={})
+
+
 def test_token_bucket_allows_a_burst_then_paces():
     now = [0.0]
     slept = []

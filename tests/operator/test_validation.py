@@ -79,6 +79,16 @@ INVALID = [
     ("exit-code-300", _set("spec.runPolicy.retryableExitCodes", [300]), "spec.runPolicy.retryableExitCodes[0]"),
     ("duplicate-exit-codes", _set("spec.runPolicy.retryableExitCodes", [137, 137]),
      "spec.runPolicy.retryableExitCodes[1]: Duplicate value"),
+    ("min-available-0", _set("spec.runPolicy.schedulingPolicy", {"minAvailable": 0}),
+     "spec.runPolicy.schedulingPolicy.minAvailable"),
+    ("min-available-beyond-the-gang", _set("spec.runPolicy.schedulingPolicy", {"minAvailable": 5}),
+     "spec.runPolicy.schedulingPolicy.minAvailable must be at most the gang's size"),
+    ("bad-quantity", _set("spec.runPolicy.schedulingPolicy", {"minResources": {"cpu": "two"}}),
+     "spec.runPolicy.schedulingPolicy.minResources.cpu"),
+    ("bad-success-policy", _set("spec.successPolicy", "AnyWorker"), "spec.successPolicy"),
+    ("all-workers-with-always", lambda m: (_set("spec.successPolicy", "AllWorkers")(m),
+                                           _set(f"{RS}.Worker.restartPolicy", "Always")(m)),
+     "spec.successPolicy: Forbidden: spec.successPolicy AllWorkers needs every worker to exit 0"),
     ("name-too-long", _set("metadata.name", "a" * 52), "metadata.name must be at most 51 characters"),
     ("name-starts-with-digit", _set("metadata.name", "1job"), "metadata.name must start with a lower-case letter"),
 ]
@@ -176,6 +186,13 @@ CASES = [
     ("replica", _mutated("spec.replicaSpecs.PS.replica", 2), ["spec.replicaSpecs.PS.replica"]),
     ("two-chiefs", _mutated("spec.replicaSpecs.Chief.replicas", 2), ["spec.replicaSpecs.Chief.replicas"]),
     ("exit-codes", _mutated("spec.runPolicy.retryableExitCodes", [137, 137]), ["spec.runPolicy.retryableExitCodes"]),
+    ("min-available", _mutated("spec.runPolicy.schedulingPolicy", {"minAvailable": 9}),
+     ["spec.runPolicy.schedulingPolicy.minAvailable"]),
+    ("quantity", _mutated("spec.runPolicy.schedulingPolicy", {"minResources": {"memory": "4GB"}}),
+     ["spec.runPolicy.schedulingPolicy.minResources.memory"]),
+    ("scheduling-policy-fields", _mutated("spec.runPolicy.schedulingPolicy", {
+        "minAvailable": 3, "queue": "q", "priorityClass": "high", "scheduleTimeoutSeconds": 60,
+        "minResources": {"cpu": "1500m", "memory": 4 * 2**30}}), []),
     ("unknown-in-template-is-kept", _mutated("spec.replicaSpecs.PS.template.spec.nodeSelectr", {"a": "b"}), []),
 ]
 

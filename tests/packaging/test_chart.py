@@ -319,3 +319,27 @@ def test_network_policies_only_when_enabled(render):
     assert metrics["from"][0]["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "monitoring"}
     failed = render.run("template", "r", str(CHART), "--set", "networkPolicy.jobs=Everyone", check=False)
     assert failed.returncode != 0 and "networkPolicy.jobs" in failed.stderr
+
+
+@pytest.mark.parametrize("backend, group", [("native", "scheduling.k8s.io"), ("volcano", "scheduling.volcano.sh"),
+                                            ("scheduler-plugins", "scheduling.x-k8s.io")])
+def test_gang_scheduling_backend_flag_and_podgroup_rights_of_that_backend_only(render, backend, group):
+    def podgroup_groups(objects: list) -> set[str]:
+        return {g for role in render.by_kind(objects, "ClusterRole") + render.by_kind(objects, "Role")
+                for g, res, _ in rules_of(role) if res == "podgroups"}
+
+    default = render.template()
+    assert "--gang-scheduler=none" in deployment_and_container(default)[1]["args"]
+    assert podgroup_groups(default) == set()
+    objects = render.template("--set", f"gangScheduling.backend={backend}", "--set",
+                              "gangScheduling.schedulerName=my-scheduler")
+    args = deployment_and_container(objects)[1]["args"]
+    assert f"--gang-scheduler={backend}" in args and "--gang-scheduler-name=my-scheduler" in args
+    assert {(g, v) for g, r, v in rules_of(render.one(objects, "ClusterRole")) if r == "podgroups"} == {
+        (group, verb) for verb in ("get", "create", "delete")}
+    namespaced = render.template("--set", f"gangScheduling.backend={backend}", "--set", "watchNamespaces={a,b}")
+    assert podgroup_groups(namespaced) == {group}
+    plain = [d for d in yaml.safe_load_all((REPO / "deploy" / "operator.yaml").read_text()) if d]
+    assert podgroup_groups(plain) == {"scheduling.k8s.io", "scheduling.volcano.sh", "scheduling.x-k8s.io"}
+    failed = render.run("template", "r", str(CHART), "--set", "gangScheduling.backend=kube-batch", check=False)
+    assert failed.returncode != 0 and "gangScheduling.backend" in failed.stderr

@@ -2,7 +2,8 @@
 
 The operator's calls are read from its source: the REST requests of operator/kube/client.py
 (``self.request("POST", f"/api/v1/namespaces/{namespace}/pods", ...)`` -> create pods; ``/apis/<group>/<version>/namespaces/...``
-likewise), the resources of its kopf watch handlers and of its own
+likewise; ``/apis/{api_version}/...``, the gang scheduler's PodGroups, in the group of every backend, compared with the
+chart's rights for all backends), the resources of its kopf watch handlers and of its own
 watches (``kopf.on.event(models.GROUP, ...)``, ``self._watch("pods", ...)`` -> list, watch) and ``kopf.event(...)`` (create events).
 """
 
@@ -12,6 +13,8 @@ import re
 from pathlib import Path
 
 import yaml
+
+from kubeps.operator.core import gang
 
 REPO = Path(__file__).resolve().parents[2]
 OPERATOR = REPO / "operator"
@@ -30,12 +33,15 @@ def required_permissions() -> set[tuple[str, str, str]]:
     # operator/kube/client.py: self.request("POST", f"/api/v1/namespaces/{namespace}/pods", ...) and the jobs' paths
     for method, root, api_group, resource, name, sub in re.findall(
             r'self\.request\("(GET|POST|PUT|PATCH|DELETE)", f"(/api/v1/namespaces|/apis/([\w.-]+)/\w+/namespaces|'
-            r'\{JOBS\})/\{namespace\}/(\w+|\{models\.PLURAL\})(/\{name\})?(/status)?"', source):
-        group = GROUP if root == "{JOBS}" else api_group
+            r'/apis/\{api_version\}/namespaces|\{JOBS\})/\{namespace\}/(\w+|\{models\.PLURAL\})(/\{name\})?(/status)?"',
+            source):
+        groups = [GROUP] if root == "{JOBS}" else [api_group]
+        if root == "/apis/{api_version}/namespaces":
+            groups = [version.split("/")[0] for version in gang.API_VERSIONS.values()]
         resource = PLURAL if resource == "{models.PLURAL}" else resource
         verb = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(method)
         verb = verb or ("get" if name else "list")
-        needed.add((group, resource + sub, verb))
+        needed |= {(group, resource + sub, verb) for group in groups}
     for group, resource in re.findall(r"kopf\.(?:on\.event|index)\(\s*(\"[^\"]*\"|models\.GROUP)\s*,\s*"
                                       r"(?:\"[^\"]*\"|models\.VERSION)\s*,\s*(\"[^\"]*\"|models\.PLURAL)", source):
         group = GROUP if group == "models.GROUP" else group.strip('"')
@@ -77,7 +83,7 @@ def test_the_scan_reads_every_operator_module():
 
 
 def granted(render) -> set[tuple[str, str, str]]:
-    role = render.one(render.template(), "ClusterRole")
+    role = render.one(render.template("--set", "gangScheduling.rbacForAllBackends=true"), "ClusterRole")
     return {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
             for v in rule["verbs"]
             if g not in ("apiextensions.k8s.io", "kopf.dev")}  # kopf's own discovery and peering, tested elsewhere
@@ -97,7 +103,7 @@ def test_rbac_is_exactly_what_the_operator_uses(render):
 
 def test_namespaced_roles_grant_the_same(render):
     """Each watched namespace's Role grants the namespaced rules; the cluster-scoped reads stay in the ClusterRole."""
-    objects = render.template("--set", "watchNamespaces={a,b}")
+    objects = render.template("--set", "watchNamespaces={a,b}", "--set", "gangScheduling.rbacForAllBackends=true")
     cluster_wide = granted(render)
     scoped_reads = cluster_scoped_reads("\n".join(p.read_text() for p in operator_sources()))
     assert scoped_reads, "found no cluster-scoped read to check"

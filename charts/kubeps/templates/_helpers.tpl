@@ -68,6 +68,18 @@ operator/kube/client.py and the resources of its kopf handlers (tests/packaging/
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["create"]
+{{- $gangGroups := dict "native" "scheduling.k8s.io" "volcano" "scheduling.volcano.sh" "scheduler-plugins" "scheduling.x-k8s.io" }}
+{{- if .Values.gangScheduling.rbacForAllBackends }}
+# The per-job PodGroup of every gang scheduling backend (--gang-scheduler picks one): created, read back, deleted.
+- apiGroups: ["scheduling.k8s.io", "scheduling.volcano.sh", "scheduling.x-k8s.io"]
+  resources: ["podgroups"]
+  verbs: ["get", "create", "delete"]
+{{- else if ne .Values.gangScheduling.backend "none" }}
+# The per-job PodGroup of the gang scheduler (gangScheduling.backend): created, read back, deleted.
+- apiGroups: [{{ get $gangGroups .Values.gangScheduling.backend | quote }}]
+  resources: ["podgroups"]
+  verbs: ["get", "create", "delete"]
+{{- end }}
 # kopf.event() posts the job's lifecycle as core v1 Events.
 - apiGroups: [""]
   resources: ["events"]
