@@ -247,7 +247,7 @@ def test_kueue_preempted_job_resumes_from_its_checkpoint(kind: Kind, ns: str):
         ]}))
         kind.apply(ns, {"apiVersion": group, "kind": "LocalQueue", "metadata": {"name": "team"},
                         "spec": {"clusterQueue": "e2e-cq"}})
-        low = ctr_job("kq-low", steps=1500, checkpoint=pvc(kind, ns), every=100)
+        low = ctr_job("kq-low", steps=6000, checkpoint=pvc(kind, ns), every=200)  # ~70 s: still training when preempted
         low["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team", "kueue.x-k8s.io/priority-class": "e2e-low"}
         kind.apply(ns, low)
         wait(lambda: running(kind, ns, "kq-low", 5), 240, "the low-priority job admitted and running")
