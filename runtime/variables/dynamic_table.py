@@ -412,3 +412,38 @@ class DynamicTable:
 
     def slot_init(self) -> dict[str, dict[str, np.ndarray]]:
         return {okey: {s: v.copy() for s, v in group.items()} for okey, group in self._slot_init.items()}
+
+    # -- checkpoints -----------------------------------------------------------------------------------------
+    def checkpoint_state(self) -> dict[str, Any]:
+        """A copy of what a checkpoint holds of this table: the live rows (``keys``, ``values``, ``freqs``,
+        ``steps``), ``slots`` and their initial rows (``slot_init``), the ``updates`` and ``evicted`` counts, and the
+        admission state: ``pending_keys``/``pending_counts`` (exact counting) or ``bloom`` (counting Bloom filter),
+        ``None`` where the table does not count that way."""
+        keys, values, slots, freqs, steps = self.export()
+        exact = self.config.filter_freq > 1 and not self._bloom.size
+        pending_keys, pos = self._pending.items() if exact else (None, None)
+        return {"keys": keys, "values": values, "slots": slots, "freqs": freqs, "steps": steps,
+                "slot_init": self.slot_init(), "updates": self.updates, "evicted": self.evicted,
+                "pending_keys": pending_keys,
+                "pending_counts": None if pos is None else self._pending_counts[pos].astype(np.int64),
+                "bloom": self._bloom.copy() if self._bloom.size else None}
+
+    def restore_checkpoint(self, keys: np.ndarray, values: np.ndarray, slots: dict[str, dict[str, np.ndarray]],
+                           freqs: np.ndarray, steps: np.ndarray, updates: int, evicted: int,
+                           slot_init: dict[str, dict[str, np.ndarray]], pending_keys: np.ndarray | None,
+                           pending_counts: np.ndarray | None, bloom: np.ndarray | None) -> None:
+        """Replace everything with checkpointed state (keys distinct, arrays checked by the caller). Settings of
+        this table win: rows past ``capacity`` go (the least recently updated first), pending counts past
+        ``max_pending`` go (the lowest first), and a Bloom filter of another size than ``bloom_counters`` is not
+        taken (counting starts again)."""
+        self.clear()
+        self.load(keys, values, slots, freqs, steps, updates, slot_init)
+        self.updates = int(updates)
+        self.evicted = int(evicted)
+        if pending_keys is not None and pending_counts is not None and pending_keys.size \
+                and self.config.filter_freq > 1 and not self._bloom.size:
+            keep = np.argsort(-pending_counts, kind="stable")[: self.config.max_pending]
+            self._pending_counts = pending_counts[keep].astype(np.int64)
+            self._pending.insert(pending_keys[keep], np.arange(keep.size))
+        if bloom is not None and bloom.shape == self._bloom.shape:
+            self._bloom[...] = bloom
