@@ -2,7 +2,8 @@
 process for a table made outside ``strategy.scope()``), with admission, eviction and optimizer slots.
 
 Storage: live rows are packed in ``values[:size]`` (and the same rows of every slot array and of the metadata
-``keys``, ``freqs``, ``steps``); a :class:`~kubeps.runtime.util.key_index.KeyIndex` maps a key to its row. The arrays
+``keys``, ``freqs``, ``steps``); a :class:`~kubeps.runtime.util.key_index.RowIndex` maps a key to its row (it holds
+only rows: a probe reads the key from ``keys``). Counts are int32 (saturating at :data:`FREQ_MAX`). The arrays
 grow by half when full (never past ``capacity`` when one is set); an evicted row's place is filled by the last rows,
 so live rows stay packed and a checkpoint or an export is a slice.
 
@@ -31,7 +32,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from kubeps.runtime.util.key_index import KeyIndex
+from kubeps.runtime.util.key_index import KeyIndex, RowIndex
 from kubeps.runtime.util.keyhash import key_normal, key_uniform, mix64
 
 __all__ = ["DynamicTable", "TableConfig"]
@@ -40,6 +41,8 @@ _INITIALIZERS = ("zeros", "constant", "uniform", "normal")
 _POLICIES = ("lru", "lfu")
 _DTYPES = ("float16", "float32", "float64")
 _DEFAULT_INITIALIZER = {"kind": "uniform", "minval": -0.05, "maxval": 0.05, "seed": 0}
+#: a row's count saturates here (counts are int32: 4 bytes a row, and LFU only compares them)
+FREQ_MAX = int(np.iinfo(np.int32).max)
 
 
 @dataclass(frozen=True)
@@ -130,14 +133,14 @@ class DynamicTable:
         self.config = config
         self.dtype = np.dtype(config.dtype)
         self.lock = threading.Lock()
-        self.index = KeyIndex()
         self.size = 0
         self.updates = 0
         self.evicted = 0
         self._cap = 0
         self.keys = np.zeros(0, dtype=np.int64)
+        self.index = RowIndex(self.keys)  # key -> row, the keys read from ``keys``
         self.values = np.zeros((0, config.dim), dtype=self.dtype)
-        self.freqs = np.zeros(0, dtype=np.int64)
+        self.freqs = np.zeros(0, dtype=np.int32)
         self.steps = np.zeros(0, dtype=np.int64)
         #: optimizer key -> slot name -> array shaped like ``values``; and the slots' initial row values
         self.slots: dict[str, dict[str, np.ndarray]] = {}
@@ -171,6 +174,7 @@ class DynamicTable:
         self.keys, self.values, self.freqs, self.steps = (grown(a) for a in (self.keys, self.values, self.freqs,
                                                                              self.steps))
         self.slots = {okey: {s: grown(a) for s, a in group.items()} for okey, group in self.slots.items()}
+        self.index.store = self.keys
         self._cap = cap
 
     # -- initial rows ----------------------------------------------------------------------------------------
@@ -196,7 +200,8 @@ class DynamicTable:
         if train:
             counts = np.ones(keys.size, dtype=np.int64) if counts is None else counts
             hit = rows >= 0
-            self.freqs[rows[hit]] += counts[hit]
+            seen = rows[hit]
+            self.freqs[seen] = np.minimum(self.freqs[seen] + counts[hit], FREQ_MAX)
             miss = np.flatnonzero(~hit)
             if miss.size:
                 chosen, totals = self._admit(keys[miss], counts[miss])
@@ -273,7 +278,7 @@ class DynamicTable:
         rows = np.arange(self.size, self.size + keys.size)
         self.keys[rows] = keys
         self.values[rows] = self.initial_rows(keys)
-        self.freqs[rows] = counts
+        self.freqs[rows] = np.minimum(counts, FREQ_MAX)
         self.steps[rows] = self.updates
         for okey, group in self.slots.items():
             for sname, arr in group.items():
@@ -401,7 +406,7 @@ class DynamicTable:
         rows = np.arange(self.size, self.size + keys.size)
         self.keys[rows] = keys
         self.values[rows] = values
-        self.freqs[rows] = freqs
+        self.freqs[rows] = np.minimum(freqs, FREQ_MAX)
         self.steps[rows] = steps
         for okey, group in self.slots.items():
             for s, arr in group.items():
