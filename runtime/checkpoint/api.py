@@ -11,7 +11,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from kubeps.runtime.util.storage import normalize_path, storage_for
-from kubeps.runtime.checkpoint.dynamic import TableSaveable, check_table, restore_tables, save_tables
+from kubeps.runtime.checkpoint.dynamic import TableSaveable, check_table, restore_tables, save_tables, verify_table
 from kubeps.runtime.checkpoint.format import (
     DYNAMIC_FORMAT_VERSION,
     FORMAT_VERSION,
@@ -243,11 +243,13 @@ class Checkpoint:
                 raise CheckpointMismatchError(
                     f"object {key!r} is not in checkpoint {path}; it holds objects {short_listing(manifest.objects)}"
                 )
+        for table in tables:  # a corrupt table is refused before any variable or table changes
+            verify_table(path, table.name, entries[table.name])
         if groups:
             with ThreadPoolExecutor(max_workers=len(groups), thread_name_prefix="ckpt-shards") as pool:
                 list(pool.map(lambda g: g[0].restore(path, g[1]), list(groups.values())))
         if tables:
-            restore_tables(tables, entries, path)
+            restore_tables(tables, entries, path, verify=False)
         for key, obj in stateful.items():
             obj.set_state(manifest.objects[key])
         return manifest.step

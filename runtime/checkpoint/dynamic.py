@@ -50,7 +50,7 @@ from kubeps.runtime.variables.dynamic import DynamicEmbedding
 from kubeps.runtime.variables.dynamic_table import DynamicTable
 
 __all__ = ["RestoreTableItem", "SaveTableItem", "TableSaveable", "check_table", "load_table", "prepare_restore",
-           "restore_table", "restore_tables", "save_table", "save_tables", "table_hash"]
+           "restore_table", "restore_tables", "save_table", "save_tables", "table_hash", "verify_table"]
 
 _INT32_MAX = np.iinfo(np.int32).max
 
@@ -322,12 +322,13 @@ def check_table(t: TableSaveable, entry: DynamicTableEntry | None, path: str, ho
 
 
 def restore_tables(tables: list[TableSaveable], entries: dict[str, DynamicTableEntry], directory: str,
-                   timeout: float | None = 600.0) -> None:
+                   timeout: float | None = 600.0, verify: bool = True) -> None:
     """Restore every shard of every table (checked with :func:`check_table` first) from ``entries``. Every file is
-    verified here first (:func:`verify_table`), so a corrupt checkpoint is refused before any shard changes; each
-    shard checks what it reads again."""
-    for t in tables:
-        verify_table(directory, t.name, entries[t.name])
+    verified first (:func:`verify_table`; ``verify=False``: the caller did), so a corrupt checkpoint is refused
+    before any shard changes; each shard checks what it reads again."""
+    if verify:
+        for t in tables:
+            verify_table(directory, t.name, entries[t.name])
 
     def one(t: TableSaveable, shard: int) -> Any:
         item = RestoreTableItem(key=t.table.key, name=t.name, shard=shard, num_shards=t.table.num_shards,

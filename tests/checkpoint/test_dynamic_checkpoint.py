@@ -260,3 +260,20 @@ def test_manifest_versions_and_export_name_the_table(tmp_path):
     open(os.path.join(path, "manifest.json"), "w").write(json.dumps(raw))
     with pytest.raises(Corrupt, match="dynamic.model/dyn.shards.0: .*keys has shape"):
         read_manifest(path)
+
+
+def test_a_corrupt_table_changes_no_variable_either(tmp_path):
+    table = _local_table(filter_freq=1)
+    weights = np.arange(4, dtype=np.float32)
+    _step(table, kp.Adagrad(0.1), [1, 2, 3], 0)
+    path = Checkpoint(t=table, w=weights).write(str(tmp_path / "ckpt-0"))
+    shard = CheckpointReader(path).manifest.dynamic["t"].shards[0]
+    victim = os.path.join(path, shard.freqs.slices[0].file)
+    raw = bytearray(open(victim, "rb").read())
+    raw[-1] ^= 0x01
+    open(victim, "wb").write(bytes(raw))
+    weights[:] = -1
+    rows = _rows(table)
+    with pytest.raises(CheckpointCorruptError, match="dynamic table 't' shard 0 freqs: .*sha256"):
+        Checkpoint(t=table, w=weights).restore(path)
+    assert (weights == -1).all() and _rows(table) == rows
