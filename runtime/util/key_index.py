@@ -157,9 +157,10 @@ class RowIndex(KeyIndex):
         return int(self._rows.nbytes)
 
     def _slot_keys(self, pos: np.ndarray, rows: np.ndarray) -> np.ndarray:  # noqa: ARG002 - the rows say it
-        if not self.store.size:
-            return np.zeros(rows.size, dtype=np.int64)
-        return self.store[np.maximum(rows, 0)]  # empty slots and tombstones (< 0) are not hits anyway
+        if self.store.size < 2:
+            return self.store[np.maximum(rows, 0)] if self.store.size else np.zeros(rows.size, dtype=np.int64)
+        # empty slots (-1) and tombstones (-2) index from the end: some key, never a hit (rows >= 0 is required)
+        return self.store[rows]
 
     def _set_keys(self, slots: np.ndarray, keys: np.ndarray) -> None:
         pass  # the owner holds them
