@@ -43,8 +43,9 @@ class Checkpoint:
     """The objects a checkpoint holds, by name: ``Checkpoint(model=..., optimizer=..., step=StepCounter())``.
 
     Accepted objects: numpy arrays (restored in place), kubeps variables and sharded variables (any type with an
-    adapter from :func:`register_saveable`), dynamic embedding tables (their live rows, :mod:`.dynamic`), objects with ``get_state()``/``set_state(state)`` (JSON state), and
-    dicts, lists and objects with a ``variables`` attribute holding any of these.
+    adapter from :func:`register_saveable`), dynamic embedding tables (their live rows, :mod:`.dynamic`), objects
+    with ``get_state()``/``set_state(state)`` (JSON state), and dicts, lists and objects with a ``variables``
+    attribute holding any of these.
     """
 
     def __init__(self, **objects: Any):
