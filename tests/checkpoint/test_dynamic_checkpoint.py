@@ -277,3 +277,44 @@ def test_a_corrupt_table_changes_no_variable_either(tmp_path):
     with pytest.raises(CheckpointCorruptError, match="dynamic table 't' shard 0 freqs: .*sha256"):
         Checkpoint(t=table, w=weights).restore(path)
     assert (weights == -1).all() and _rows(table) == rows
+
+
+def _narrow(shard: dict, dim: int) -> dict:
+    """A saved shard's entry claiming rows of ``dim`` (values and slots), consistent in itself."""
+    def narrow(t: dict) -> dict:
+        return {**t, "shape": [t["shape"][0], dim]}
+
+    slots = {o: {n: narrow(t) for n, t in g.items()} for o, g in shard["slots"].items()}
+    init = {o: {n: v[:dim] for n, v in g.items()} for o, g in shard["slot_init"].items()}
+    return {**shard, "values": narrow(shard["values"]), "slots": slots, "slot_init": init}
+
+
+def test_hostile_restore_requests_are_refused_and_change_nothing(trained):
+    """RestoreDynamic asked directly with one thing off: refused with a message naming it; the table keeps its rows."""
+    from kubeps.runtime.checkpoint.dynamic import RestoreTableItem  # noqa: PLC0415
+
+    strategy, table, _, path, _, _ = trained
+    table.lookup(np.array([1_000_003], dtype=np.int64), train=True)
+    live = _rows(table)
+    good = CheckpointReader(path).manifest.dynamic["model/dyn"].model_dump(mode="json")
+    shard0 = good["shards"][0]
+    okey = next(iter(shard0["slot_init"]))
+    cases = [
+        ({"shard": 2}, "shard 2 of 2 does not exist"),
+        ({"num_shards": 0}, "shard 0 of 0 does not exist"),
+        ({"key": "nope"}, "no dynamic table named 'nope'"),
+        ({"table": {**good, "dim": 3, "shards": [_narrow(s, 3) for s in good["shards"]]}}, "holds rows of dim 3"),
+        ({"table": {**good, "shards": [{**shard0, "slot_init": {okey: {"accumulator": [0.1]}}},
+                                       good["shards"][1]]}}, r"initial row of slot .*accumulator has 1 values"),
+        ({"table": {**good, "shards": [{**shard0, "rows": shard0["rows"] + 1}, good["shards"][1]]}},
+         "keys has shape"),
+    ]
+    for change, message in cases:
+        raw = {"key": table.key, "name": "model/dyn", "shard": 0, "num_shards": 2, "table": good, **change}
+        with pytest.raises(RemoteError, match=message):
+            strategy.transport.call(0, "RestoreDynamic", {"directory": path, "items": [raw]})
+        assert _rows(table) == live, change
+    item = RestoreTableItem(key=table.key, name="model/dyn", shard=0, num_shards=2, table=good)
+    with pytest.raises(RemoteError, match="names a shard more than once"):
+        strategy.transport.call(0, "RestoreDynamic", {"directory": path, "items": [item.model_dump(mode="json")] * 2})
+    assert _rows(table) == live
