@@ -9,9 +9,11 @@
    dynamic table holding the same rows; prints steps/s of both and the ratio (goal: >= 0.7x).
 3. **Memory per live row** on the ps: the dynamic table's bytes (rows, Adagrad slots, keys, counts, steps, index)
    over its live rows, against the fixed table's value + slot bytes per row (goal: <= 1.5x).
+4. With ``--memory-sweep``: the same ratio for one table in this process at every size from 15k to 800k rows (5k
+   rows admitted at a time): min, median and max, since the figure moves as the arrays and the index grow.
 
 Usage: python bench/dynamic_embedding.py [--rows 200000] [--dim 16] [--batch 512] [--fields 6] [--steps 200]
-       [--skip-quality]
+       [--skip-quality] [--memory-sweep]
 """
 
 from __future__ import annotations
@@ -116,6 +118,27 @@ def throughput_and_memory(a: argparse.Namespace) -> dict:
             s.stop(grace=None)
 
 
+def memory_sweep(a: argparse.Namespace) -> dict:
+    from kubeps.runtime.ops.optimizers import Adagrad
+    from kubeps.runtime.rpc.protocol import slot_key
+    from kubeps.runtime.variables.dynamic_table import DynamicTable, TableConfig
+
+    opt = Adagrad(0.05)
+    table = DynamicTable("sweep", TableConfig(dim=a.dim))
+    rng = np.random.default_rng(0)
+    keys = np.unique(rng.integers(0, 2**40, 900_000))
+    rng.shuffle(keys)
+    table.lookup(keys[:10], None, True)  # the Adagrad slots exist from the first update on, as in training
+    table.apply_push(opt, slot_key(opt.get_config()), keys[:10], np.zeros((10, a.dim), table.dtype))
+    fixed = a.dim * 4 * 2
+    ratios = []
+    for i in range(10, 800_000, 5_000):
+        table.lookup(keys[i: i + 5_000], None, True)
+        ratios.append(table.nbytes / table.size / fixed)
+    r = np.array(ratios)
+    return {"sweep_min": float(r.min()), "sweep_median": float(np.median(r)), "sweep_max": float(r.max())}
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=int, default=200_000)
@@ -124,6 +147,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--fields", type=int, default=6)
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--skip-quality", action="store_true", help="skip the two CTR runs (figure 1)")
+    p.add_argument("--memory-sweep", action="store_true", help="also the memory ratio over table sizes (figure 4)")
     a = p.parse_args(argv)
     out: dict = {}
     if not a.skip_quality:
@@ -138,6 +162,10 @@ def main(argv: list[str] | None = None) -> dict:
           f"{out['throughput_ratio']:.2f}x (goal >= 0.7x)")
     print(f"ps memory per live row: dynamic {out['bytes_per_live_row']:.1f} B ({out['live_rows']} rows), fixed "
           f"{out['fixed_bytes_per_row']} B: ratio {out['memory_ratio']:.2f}x (goal <= 1.5x)")
+    if a.memory_sweep:
+        out.update(memory_sweep(a))
+        print(f"memory per live row over sizes 15k..800k rows on one ps: min {out['sweep_min']:.2f}x, median "
+              f"{out['sweep_median']:.2f}x, max {out['sweep_max']:.2f}x")
     print("RESULT " + json.dumps(out))
     return out
 

@@ -314,6 +314,10 @@ def _run_export(args: argparse.Namespace, script_args: list[str]) -> int:
             parser.error(f"--format keras: {args.model} builds a ServingFunction (a jax.numpy model), which has no "
                          "Keras form; allowed: onnx")
         print(f"exporting {checkpoint}")
+        tables = export.dynamic_tables(checkpoint)
+        if tables:  # rows by key have no place in a fixed-shape serving model: said, not silently dropped
+            print(f"skipping dynamic embedding table(s) {', '.join(tables)}: a serving model holds fixed-shape "
+                  "weights only; CheckpointReader(path).table(name).export() gives a table's keys and rows")
         if "keras" in formats:
             print("wrote " + export.export_keras(model, checkpoint, os.path.join(args.output, "model.keras"),
                                                  prefix=args.prefix))

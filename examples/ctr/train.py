@@ -469,8 +469,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="hashed: ids hashed into --vocab-size rows; exact: one row per (field, value), a collision-"
                         "free fixed table; raw40: raw ids from a 2**40 space into a DynamicEmbedding")
     args = p.parse_args(argv)
-    if args.ids == "raw40" and args.checkpoint_dir:
-        p.error("--ids raw40 trains a DynamicEmbedding, which checkpoints do not hold yet: drop --checkpoint-dir")
     for name in ("steps", "steps_per_execution", "batch_size", "vocab_size", "embedding_dim", "train_examples",
                  "eval_examples"):
         if getattr(args, name) < 1:

@@ -5,6 +5,7 @@ Layout of a checkpoint directory (local path, shared filesystem or an fsspec URL
     <directory>/ckpt-<N>/manifest.json                         committed last, atomically: the checkpoint exists
     <directory>/ckpt-<N>/<variable>-<hash>.value.<a>-<b>.npy   rows a..b-1 (axis 0) of a logical variable
     <directory>/ckpt-<N>/<variable>-<hash>.<slot>-<h>.<a>-<b>.npy  the same rows of an optimizer slot
+    <directory>/ckpt-<N>/<table>-<hash>.dyn<s>.<part>.npy            shard s of a dynamic table: keys, values, ...
 
 Data files are plain ``.npy`` arrays (``numpy.load`` reads them); the manifest (:class:`Manifest`, JSON) lists
 every logical variable with its full shape and dtype, the slices ``(start, stop)`` of axis 0 that make it up, the
@@ -25,6 +26,8 @@ The package, one module per part (importing it registers the adapters for kubeps
 * ``format``: errors, the manifest, file names, verified ``.npy`` files, listing checkpoint directories;
 * ``shards``: saving and restoring shards where they live, and the PS methods;
 * ``saveables``: where each shard of a logical variable lives, ``register_saveable``, ``StepCounter``;
+* ``dynamic``: dynamic embedding tables (their live rows per shard, restored into any number of shards) and the
+  shard side of the PS methods ``SaveDynamic``/``RestoreDynamic``;
 * ``api``: ``Checkpoint``; ``manager``: ``CheckpointManager``; ``reader``: ``CheckpointReader``;
 * ``adapters``: kubeps ``Variable`` and ``ShardedVariable`` as checkpoint variables.
 """

@@ -11,7 +11,9 @@ from typing import Any, Mapping
 import numpy as np
 
 from kubeps.runtime.util.storage import normalize_path, storage_for
+from kubeps.runtime.checkpoint.dynamic import TableSaveable, check_table, restore_tables, save_tables, verify_table
 from kubeps.runtime.checkpoint.format import (
+    DYNAMIC_FORMAT_VERSION,
     FORMAT_VERSION,
     MANIFEST_NAME,
     CheckpointError,
@@ -28,6 +30,7 @@ from kubeps.runtime.checkpoint.format import (
 )
 from kubeps.runtime.checkpoint.saveables import SAVEABLE_ADAPTERS, ArrayAccess, LocalExecutor, Saveable, ShardExecutor, ShardRef, group_key
 from kubeps.runtime.checkpoint.shards import RestoreItem, SavedShard, SaveItem
+from kubeps.runtime.variables.dynamic import DynamicEmbedding
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +43,9 @@ class Checkpoint:
     """The objects a checkpoint holds, by name: ``Checkpoint(model=..., optimizer=..., step=StepCounter())``.
 
     Accepted objects: numpy arrays (restored in place), kubeps variables and sharded variables (any type with an
-    adapter from :func:`register_saveable`), objects with ``get_state()``/``set_state(state)`` (JSON state), and
-    dicts, lists and objects with a ``variables`` attribute holding any of these.
+    adapter from :func:`register_saveable`), dynamic embedding tables (their live rows, :mod:`.dynamic`), objects
+    with ``get_state()``/``set_state(state)`` (JSON state), and dicts, lists and objects with a ``variables``
+    attribute holding any of these.
     """
 
     def __init__(self, **objects: Any):
@@ -59,8 +63,9 @@ class Checkpoint:
             raise AttributeError(name) from None
 
     # -- flattening --------------------------------------------------------------------------------------------
-    def _flatten(self) -> tuple[list[Saveable], dict[str, Any], ArrayAccess]:
+    def _flatten(self) -> tuple[list[Saveable], dict[str, Any], ArrayAccess, list[TableSaveable]]:
         saveables: list[Saveable] = []
+        tables: list[TableSaveable] = []
         stateful: dict[str, Any] = {}
         local = ArrayAccess()
         local_exec = LocalExecutor(local)
@@ -70,6 +75,9 @@ class Checkpoint:
             if id(obj) in seen and not isinstance(obj, (int, str)):
                 return  # the same object reachable twice (an optimizer's and a model's reference)
             seen[id(obj)] = path
+            if isinstance(obj, DynamicEmbedding):
+                tables.append(TableSaveable(path, obj))
+                return
             for cls in type(obj).__mro__:
                 adapter = SAVEABLE_ADAPTERS.get(cls)
                 if adapter is not None:
@@ -103,11 +111,11 @@ class Checkpoint:
 
         for key, obj in self._objects.items():
             visit(key, obj)
-        names = [s.name for s in saveables]
+        names = [s.name for s in saveables] + [t.name for t in tables]
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise CheckpointError(f"two checkpoint variables share the name(s) {sorted(dup)}")
-        return saveables, stateful, local
+        return saveables, stateful, local, tables
 
     def _step_value(self) -> int | None:
         for key in ("step", "global_step", "iterations"):
@@ -125,7 +133,7 @@ class Checkpoint:
         """Write a complete checkpoint to the directory ``path`` (a ``ckpt-N`` directory); returns ``path``."""
         path = normalize_path(path)
         storage = storage_for(path)
-        saveables, stateful, _ = self._flatten()
+        saveables, stateful, _, tables = self._flatten()
         if storage.exists(storage.join(path, MANIFEST_NAME)):
             raise CheckpointError(f"checkpoint {path} already exists; refusing to overwrite a committed checkpoint")
         storage.remove_tree(path)  # the remains of an interrupted save of the same number
@@ -169,6 +177,7 @@ class Checkpoint:
             variables[sv.name] = VariableEntry(
                 shape=list(sv.shape), dtype=dtype, slices=[p.value for p in parts], slots=slots
             )
+        dynamic = save_tables(tables, path) if tables else {}
         objects = {}
         for key, obj in stateful.items():
             state = obj.get_state()
@@ -179,8 +188,9 @@ class Checkpoint:
             objects[key] = state
         if step is None:
             step = self._step_value()
-        manifest = Manifest(format_version=FORMAT_VERSION, checkpoint_number=checkpoint_number, step=step,
-                            final=final, created=time.time(), variables=variables, objects=objects)
+        manifest = Manifest(format_version=DYNAMIC_FORMAT_VERSION if dynamic else FORMAT_VERSION,
+                            checkpoint_number=checkpoint_number, step=step, final=final, created=time.time(),
+                            variables=variables, dynamic=dynamic, objects=objects)
         commit_manifest(path, manifest)
         return path
 
@@ -189,13 +199,16 @@ class Checkpoint:
         """Restore every object from the checkpoint at ``path``; returns the checkpoint's training step."""
         path = normalize_path(path)
         manifest = read_manifest(path)
-        saveables, stateful, _ = self._flatten()
+        saveables, stateful, _, tables = self._flatten()
+        entries = {t.name: check_table(t, manifest.dynamic.get(t.name), path, manifest.dynamic) for t in tables}
         groups: dict[Any, tuple[ShardExecutor, list[RestoreItem]]] = {}
         for sv in saveables:
             entry = manifest.variables.get(sv.name)
             if entry is None:
+                also = f" (and dynamic tables {short_listing(manifest.dynamic)})" if manifest.dynamic else ""
                 raise CheckpointMismatchError(
                     f"variable {sv.name!r} is not in checkpoint {path}; it holds {short_listing(manifest.variables)}"
+                    + also
                 )
             dtype = np.dtype(sv.dtype).name
             if list(sv.shape) != entry.shape or dtype != entry.dtype:
@@ -231,9 +244,13 @@ class Checkpoint:
                 raise CheckpointMismatchError(
                     f"object {key!r} is not in checkpoint {path}; it holds objects {short_listing(manifest.objects)}"
                 )
+        for table in tables:  # a corrupt table is refused before any variable or table changes
+            verify_table(path, table.name, entries[table.name])
         if groups:
             with ThreadPoolExecutor(max_workers=len(groups), thread_name_prefix="ckpt-shards") as pool:
                 list(pool.map(lambda g: g[0].restore(path, g[1]), list(groups.values())))
+        if tables:
+            restore_tables(tables, entries, path, verify=False)
         for key, obj in stateful.items():
             obj.set_state(manifest.objects[key])
         return manifest.step

@@ -39,6 +39,8 @@ from kubeps.runtime.checkpoint import (
     CheckpointReader,
     list_checkpoints,
 )
+from kubeps.runtime.checkpoint.reader import CheckpointTable
+from kubeps.runtime.variables.context import frozen_lookups
 from kubeps.runtime.observe.summary import SummaryWriter, resolve_logdir
 from kubeps.runtime.util.storage import normalize_path, storage_for
 
@@ -48,11 +50,13 @@ log = logging.getLogger(__name__)
 
 
 class CheckpointValues(Mapping):
-    """Variables of one checkpoint by name, read from the files on first access (and cached)."""
+    """Variables of one checkpoint by name, read from the files on first access (and cached); a dynamic embedding
+    table's name gives a :class:`~kubeps.runtime.checkpoint.reader.CheckpointTable` (``lookup(ids)``: its rows,
+    the default row for ids it does not hold)."""
 
     def __init__(self, reader: CheckpointReader):
         self.reader = reader
-        self._cache: dict[str, np.ndarray] = {}
+        self._cache: dict[str, Any] = {}
 
     @property
     def step(self) -> int | None:
@@ -66,18 +70,21 @@ class CheckpointValues(Mapping):
     def objects(self) -> dict[str, Any]:
         return self.reader.objects()
 
-    def __getitem__(self, name: str) -> np.ndarray:
+    def __getitem__(self, name: str) -> np.ndarray | CheckpointTable:
         if name not in self._cache:
-            if name not in self.reader.manifest.variables:
+            if name in self.reader.manifest.dynamic:
+                self._cache[name] = self.reader.table(name)
+            elif name in self.reader.manifest.variables:
+                self._cache[name] = self.reader.get(name)
+            else:
                 raise KeyError(name)
-            self._cache[name] = self.reader.get(name)
         return self._cache[name]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self.reader.names())
+        return iter(self.reader.names() + self.reader.tables())
 
     def __len__(self) -> int:
-        return len(self.reader.manifest.variables)
+        return len(self.reader.manifest.variables) + len(self.reader.manifest.dynamic)
 
     def slot(self, name: str, slot: str) -> np.ndarray:
         return self.reader.get(name, slot=slot)
@@ -205,7 +212,8 @@ class SidecarEvaluator:
         reader = CheckpointReader(path)
         values = CheckpointValues(reader)
         start = time.monotonic()
-        metrics = self.eval_fn(values, self._batches())
+        with frozen_lookups():  # a table restored into this process reads as in evaluation: nothing is admitted
+            metrics = self.eval_fn(values, self._batches())
         if not isinstance(metrics, Mapping):
             raise TypeError(f"eval_fn returned {type(metrics).__name__}; it must return a dict of metric -> number")
         number = int(re.search(r"(\d+)$", reader.path).group(1))  # type: ignore[union-attr]  # ckpt-N always matches

@@ -19,8 +19,12 @@ from kubeps.runtime.util.storage import Storage, normalize_path, storage_for
 log = logging.getLogger("kubeps.runtime.checkpoint.format")
 
 
-#: Version of the manifest format this module writes and reads.
+#: Version of the manifest format this module writes for checkpoints without dynamic tables (readable by every
+#: kubeps); :data:`DYNAMIC_FORMAT_VERSION` for checkpoints holding one, so that an older kubeps refuses them with
+#: "format_version 2 is not supported" instead of misreading them. Both are read.
 FORMAT_VERSION = 1
+DYNAMIC_FORMAT_VERSION = 2
+READABLE_VERSIONS = (FORMAT_VERSION, DYNAMIC_FORMAT_VERSION)
 MANIFEST_NAME = "manifest.json"
 CHECKPOINT_PREFIX = "ckpt-"
 _CKPT_DIR = re.compile(r"^ckpt-(\d+)$")
@@ -186,6 +190,110 @@ class VariableEntry(TensorEntry):
         return self
 
 
+#: the parts of a dynamic table's shard that are not one entry per live row (the admission state)
+_UNALIGNED = ("pending_keys", "pending_counts", "bloom")
+
+
+class DynamicShardEntry(BaseModel):
+    """The live rows of one parameter server's shard of a dynamic table (shard ``shard`` of ``num_shards``):
+    ``keys`` (int64, ``rows``), ``values`` (``rows x dim``), ``freqs`` (how often each key was seen), ``steps`` (the
+    shard's update that last changed each row), the optimizer slots (``rows x dim`` each) with each slot's initial
+    row (``slot_init``: what a row admitted later starts from), and the admission state: the counts of keys seen but
+    not admitted (``pending_keys``/``pending_counts``, exact counting) or the counting Bloom filter (``bloom``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    shard: StrictInt
+    rows: StrictInt
+    #: the shard's update count (the ``step`` its optimizer sees) and how many rows it had evicted
+    updates: StrictInt
+    evicted: StrictInt = 0
+    keys: TensorEntry
+    values: TensorEntry
+    freqs: TensorEntry
+    steps: TensorEntry
+    slots: dict[str, dict[str, TensorEntry]] = {}
+    slot_init: dict[str, dict[str, list[float]]] = {}
+    pending_keys: TensorEntry | None = None
+    pending_counts: TensorEntry | None = None
+    bloom: TensorEntry | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "DynamicShardEntry":
+        if self.shard < 0 or self.rows < 0 or self.updates < 0 or self.evicted < 0:
+            raise ValueError("shard, rows, updates and evicted must be >= 0")
+        for part, t in self.tensors().items():
+            t.covers_all_rows()
+            if part not in _UNALIGNED and (tensor_rows(t.shape) != self.rows or not t.shape):
+                raise ValueError(f"{part} has shape {t.shape}; the shard holds {self.rows} rows")
+        for part, key_part in (("keys", self.keys), ("pending_keys", self.pending_keys)):
+            if key_part is not None and (key_part.dtype != "int64" or len(key_part.shape) != 1):
+                raise ValueError(f"{part} must be a 1-D int64 array, got shape {key_part.shape} dtype "
+                                 f"{key_part.dtype}")
+        if (self.pending_keys is None) != (self.pending_counts is None) or (
+                self.pending_keys is not None and self.pending_counts is not None
+                and self.pending_keys.shape != self.pending_counts.shape):
+            raise ValueError("pending_keys and pending_counts go together, one count per key")
+        for okey, group in self.slots.items():
+            if set(group) != set(self.slot_init.get(okey, {})):
+                raise ValueError(f"slots of {okey!r} are {sorted(group)} but their initial rows (slot_init) are "
+                                 f"{sorted(self.slot_init.get(okey, {}))}")
+        return self
+
+    def tensors(self) -> dict[str, TensorEntry]:
+        """Every data file of the shard by what it holds (``values``, ``slot <optimizer>/<slot>``, ...)."""
+        out = {"keys": self.keys, "values": self.values, "freqs": self.freqs, "steps": self.steps}
+        out.update({f"slot {o}/{n}": t for o, g in self.slots.items() for n, t in g.items()})
+        for part in _UNALIGNED:
+            t = getattr(self, part)
+            if t is not None:
+                out[part] = t
+        return out
+
+
+class DynamicTableEntry(BaseModel):
+    """A dynamic embedding table: its settings and one :class:`DynamicShardEntry` per shard it was saved from. Which
+    shard a key was on is ``hash`` (the high 32 bits of SplitMix64 with the table's shard seed, mod
+    ``num_shards``); a restore re-hashes every key onto the shards it restores into."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dim: StrictInt
+    dtype: str
+    key_dtype: str
+    #: the table's settings when it was saved (``TableConfig.as_dict()``)
+    config: dict[str, Any]
+    hash: str
+    num_shards: StrictInt
+    shards: list[DynamicShardEntry]
+
+    @field_validator("dtype")
+    @classmethod
+    def _float(cls, value: str) -> str:
+        if value not in ("float16", "float32", "float64"):
+            raise ValueError(f"dtype {value!r} is not a dynamic table's; allowed: float16, float32, float64")
+        return value
+
+    @model_validator(mode="after")
+    def _complete(self) -> "DynamicTableEntry":
+        if self.dim < 1 or self.num_shards < 1:
+            raise ValueError(f"dim ({self.dim}) and num_shards ({self.num_shards}) must be >= 1")
+        if [s.shard for s in self.shards] != list(range(self.num_shards)):
+            raise ValueError(f"shards are {[s.shard for s in self.shards]}; expected one per shard "
+                             f"0..{self.num_shards - 1}, in order")
+        for s in self.shards:
+            for part, t in s.tensors().items():
+                if part == "values" or part.startswith("slot "):
+                    if t.shape[1:] != [self.dim] or t.dtype != self.dtype:
+                        raise ValueError(f"shard {s.shard} {part} is shape {t.shape} dtype {t.dtype}; expected "
+                                         f"rows of dim {self.dim} dtype {self.dtype}")
+        return self
+
+    @property
+    def rows(self) -> int:
+        return sum(s.rows for s in self.shards)
+
+
 class Manifest(BaseModel):
     """The committed description of one checkpoint (``manifest.json``)."""
 
@@ -197,15 +305,25 @@ class Manifest(BaseModel):
     final: bool = False
     created: float
     variables: dict[str, VariableEntry] = {}
+    #: dynamic embedding tables: only their live rows, per shard (format version 2)
+    dynamic: dict[str, DynamicTableEntry] = {}
     #: JSON state of objects with ``get_state``/``set_state`` (step counters, dataset positions, ...)
     objects: dict[str, Any] = {}
 
     @field_validator("format_version")
     @classmethod
     def _version(cls, value: int) -> int:
-        if value != FORMAT_VERSION:
-            raise ValueError(f"format_version {value} is not supported; this kubeps reads version {FORMAT_VERSION}")
+        if value not in READABLE_VERSIONS:
+            raise ValueError(f"format_version {value} is not supported; this kubeps reads versions "
+                             f"{list(READABLE_VERSIONS)}")
         return value
+
+    @model_validator(mode="after")
+    def _dynamic_needs_v2(self) -> "Manifest":
+        if self.dynamic and self.format_version < DYNAMIC_FORMAT_VERSION:
+            raise ValueError(f"format_version {self.format_version} cannot hold dynamic tables; they need version "
+                             f"{DYNAMIC_FORMAT_VERSION}")
+        return self
 
 
 # -- names -----------------------------------------------------------------------------------------------------
@@ -218,6 +336,13 @@ def slice_file_name(name: str, start: int, stop: int, optimizer: str | None = No
     """The data file name of rows ``start..stop-1`` of variable ``name`` (or of one of its slots)."""
     part = "value" if slot is None else _safe(f"{optimizer}\0{slot}", 24)
     return f"{_safe(name)}.{part}.{start}-{stop}.npy"
+
+
+def dynamic_file_name(name: str, shard: int, part: str, optimizer: str | None = None) -> str:
+    """The data file name of one part (``keys``, ``values``, ..., or a slot with ``optimizer``) of shard ``shard`` of
+    dynamic table ``name``."""
+    label = part if optimizer is None else _safe(f"{optimizer}\0{part}", 24)
+    return f"{_safe(name)}.dyn{shard}.{label}.npy"
 
 
 # -- data files ------------------------------------------------------------------------------------------------
@@ -417,6 +542,10 @@ def verify_checkpoint(path: str) -> Manifest:
         for okey, slots in var.slots.items():
             for sname, slot in slots.items():
                 read_rows(storage, path, slot, 0, tensor_rows(slot.shape), f"variable {name!r} slot {sname!r}")
+    for name, table in manifest.dynamic.items():
+        for shard in table.shards:
+            for part, t in shard.tensors().items():
+                read_rows(storage, path, t, 0, tensor_rows(t.shape), f"dynamic table {name!r} shard {shard.shard} {part}")
     return manifest
 
 

@@ -176,7 +176,7 @@ def restore_items(access: ShardAccess, directory: str, items: Sequence[RestoreIt
     return len(loaded)
 
 
-def _request_list(meta: Mapping[str, Any], model: type[BaseModel], method: str) -> tuple[str, list]:
+def request_items(meta: Mapping[str, Any], model: type[BaseModel], method: str) -> tuple[str, list]:
     """The request's directory -- normalised, and confined to the ps's checkpoint roots
     (``KUBEPS_CHECKPOINT_ROOT``) before anything touches the file system -- and its items."""
     directory = meta.get("directory")
@@ -201,14 +201,14 @@ def _request_list(meta: Mapping[str, Any], model: type[BaseModel], method: str) 
 
 def rpc_save_shards(state: ShardAccess, meta: dict[str, Any], arrays: list) -> tuple[dict[str, Any], list]:  # noqa: ARG001
     """PS method ``SaveShards``: ``{"directory", "items": [SaveItem]}`` -> ``{"saved": [SavedShard]}``."""
-    directory, items = _request_list(meta, SaveItem, "SaveShards")
+    directory, items = request_items(meta, SaveItem, "SaveShards")
     saved = save_items(state, directory, items)
     return {"saved": [s.model_dump(mode="json") for s in saved]}, []
 
 
 def rpc_restore_shards(state: ShardAccess, meta: dict[str, Any], arrays: list) -> tuple[dict[str, Any], list]:  # noqa: ARG001
     """PS method ``RestoreShards``: ``{"directory", "items": [RestoreItem]}`` -> ``{"restored": n}``."""
-    directory, items = _request_list(meta, RestoreItem, "RestoreShards")
+    directory, items = request_items(meta, RestoreItem, "RestoreShards")
     return {"restored": restore_items(state, directory, items)}, []
 
 

@@ -35,7 +35,7 @@ from kubeps.runtime.checkpoint.reader import CheckpointReader
 from kubeps.runtime.errors import RuntimeConfigError
 from kubeps.runtime.util.storage import normalize_path, storage_for
 
-__all__ = ["ServingFunction", "export_keras", "export_onnx", "keras_serving_model", "load_params",
+__all__ = ["ServingFunction", "dynamic_tables", "export_keras", "export_onnx", "keras_serving_model", "load_params",
            "resolve_checkpoint"]
 
 #: what ``ServingFunction`` inputs may be (the dtypes ONNX serving takes without 64-bit JAX)
@@ -64,6 +64,12 @@ def resolve_checkpoint(path: str) -> str:
 
 def _reader(checkpoint: str | CheckpointReader) -> CheckpointReader:
     return checkpoint if isinstance(checkpoint, CheckpointReader) else CheckpointReader(resolve_checkpoint(checkpoint))
+
+
+def dynamic_tables(checkpoint: str | CheckpointReader) -> list[str]:
+    """The dynamic embedding tables of a checkpoint: an export skips them (a serving model's weights have fixed
+    shapes; a table's rows are keyed by id), and a parameter naming one is refused naming it."""
+    return _reader(checkpoint).tables()
 
 
 def _checked_value(reader: CheckpointReader, name: str, shape: Sequence[int], what: str) -> np.ndarray:

@@ -22,6 +22,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from kubeps.runtime.checkpoint.dynamic import RestoreTableItem, SaveTableItem, load_table, prepare_restore, save_table
+from kubeps.runtime.checkpoint.shards import request_items
 from kubeps.runtime.contract import MAX_ANSWER_BYTES_ENV, MAX_SLOT_SETS_ENV
 from kubeps.runtime.errors import LimitExceededError
 from kubeps.runtime.ps import methods as _methods
@@ -281,6 +283,29 @@ def rpc_export_dynamic(state: ParameterServerState, meta: Meta, arrays: list) ->
             [keys, values, freqs, steps] + [slots[okey][s] for okey, s in order])
 
 
+def rpc_save_dynamic(state: ParameterServerState, meta: Meta, arrays: list) -> tuple[Meta, list]:
+    """``SaveDynamic``: ``{"directory", "items": [SaveTableItem]}`` -> ``{"saved": [DynamicShardEntry]}``: this
+    ps's shard of each table written to the checkpoint directory."""
+    _methods._expect_arrays(PS.SAVE_DYNAMIC, arrays, 0)
+    directory, items = request_items(meta, SaveTableItem, "SaveDynamic")
+    registry = tables_of(state)
+    tables = [registry.get(i.key) for i in items]  # every table known before the first file is written
+    saved = [save_table(t, directory, i) for t, i in zip(tables, items)]
+    return {"saved": [s.model_dump(mode="json") for s in saved]}, []
+
+
+def rpc_restore_dynamic(state: ParameterServerState, meta: Meta, arrays: list) -> tuple[Meta, list]:
+    """``RestoreDynamic``: ``{"directory", "items": [RestoreTableItem]}`` -> ``{"restored": [rows]}``: each table
+    replaced by the checkpointed keys that hash to this ps (read and checked before it changes)."""
+    _methods._expect_arrays(PS.RESTORE_DYNAMIC, arrays, 0)
+    directory, items = request_items(meta, RestoreTableItem, "RestoreDynamic")
+    registry = tables_of(state)
+    tables = [registry.get(i.key) for i in items]
+    prepared = [prepare_restore(t, directory, i, state.max_slot_sets) for t, i in zip(tables, items)]
+    # every table's part was read and checked: nothing below is refused
+    return {"restored": [load_table(t, loaded) for t, loaded in zip(tables, prepared)]}, []
+
+
 #: the dynamic-table methods of the parameter-server service, and the ``Push``/``PushRead`` that accept table
 #: updates (:mod:`kubeps.runtime.server.methods` serves them in place of the plain ones)
 DYNAMIC_METHODS = {
@@ -289,6 +314,8 @@ DYNAMIC_METHODS = {
     PS.PUSH_LOOKUP_DYNAMIC: rpc_push_lookup_dynamic,
     PS.DYNAMIC_INFO: rpc_dynamic_info,
     PS.EXPORT_DYNAMIC: rpc_export_dynamic,
+    PS.SAVE_DYNAMIC: rpc_save_dynamic,
+    PS.RESTORE_DYNAMIC: rpc_restore_dynamic,
     PS.PUSH: rpc_push,
     PS.PUSH_READ: rpc_push_read,
 }

@@ -86,6 +86,10 @@ class PS:
     #: ``{"name"}`` -> ``{"slots": [[optimizer key, slot]]}`` + keys, values, freqs, steps, then one array per slot
     EXPORT_DYNAMIC = "ExportDynamic"
     RESTORE_SHARDS = "RestoreShards"  #: :class:`RestoreShardsRequest` -> ``{"restored": n}``
+    #: checkpoints of dynamic tables: ``{"directory", "items": [SaveTableItem]}`` -> ``{"saved": [DynamicShardEntry]}``
+    SAVE_DYNAMIC = "SaveDynamic"
+    #: ``{"directory", "items": [RestoreTableItem]}`` -> ``{"restored": [rows loaded per item]}``
+    RESTORE_DYNAMIC = "RestoreDynamic"
 
     #: the methods that only read: a worker's closure context may batch them
     READS = frozenset({READ, READ_ROWS, READ_MANY})

@@ -15,8 +15,9 @@ The parameter servers are reached through :class:`~kubeps.runtime.rpc.transport.
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Iterator, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -198,6 +199,23 @@ def set_closure_context(ctx: ClosureContext | None) -> ClosureContext | None:
     previous = getattr(_local, "closure", None)
     _local.closure = ctx
     return previous
+
+
+@contextlib.contextmanager
+def frozen_lookups() -> Iterator[None]:
+    """In this thread, dynamic-table lookups that do not say ``train=`` count nothing and create nothing (unknown
+    ids read the default row), even for a table in this process: evaluation, as the sidecar evaluator runs it."""
+    previous = getattr(_local, "frozen", False)
+    _local.frozen = True
+    try:
+        yield
+    finally:
+        _local.frozen = previous
+
+
+def lookups_frozen() -> bool:
+    """Inside :func:`frozen_lookups` in this thread."""
+    return bool(getattr(_local, "frozen", False))
 
 
 def register_worker_process(worker_index: int) -> None:

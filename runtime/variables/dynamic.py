@@ -133,6 +133,11 @@ class DynamicEmbedding:
         return self._local is None
 
     @property
+    def local_table(self) -> DynamicTable | None:
+        """The rows of a table made outside ``strategy.scope()`` (``None`` for a table on the parameter servers)."""
+        return self._local
+
+    @property
     def num_shards(self) -> int:
         return self._num_ps if self.is_remote else 1
 
@@ -174,7 +179,8 @@ class DynamicEmbedding:
         unique, inverse, counts = np.unique(keys.reshape(-1), return_inverse=True, return_counts=True)
         inverse = inverse.reshape(-1)
         if train is None:  # training where training runs: in a scheduled function, or in-process for a local table
-            train = self._local is not None or _context.current_closure_context() is not None
+            train = (self._local is not None or _context.current_closure_context() is not None) \
+                and not _context.lookups_frozen()
         if self._local is not None:
             with self._local.lock:
                 return keys, unique, inverse, self._local.lookup(unique, counts, train)

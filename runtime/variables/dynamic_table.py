@@ -2,7 +2,8 @@
 process for a table made outside ``strategy.scope()``), with admission, eviction and optimizer slots.
 
 Storage: live rows are packed in ``values[:size]`` (and the same rows of every slot array and of the metadata
-``keys``, ``freqs``, ``steps``); a :class:`~kubeps.runtime.util.key_index.KeyIndex` maps a key to its row. The arrays
+``keys``, ``freqs``, ``steps``); a :class:`~kubeps.runtime.util.key_index.RowIndex` maps a key to its row (it holds
+only rows: a probe reads the key from ``keys``). Counts are int32 (saturating at :data:`FREQ_MAX`). The arrays
 grow by half when full (never past ``capacity`` when one is set); an evicted row's place is filled by the last rows,
 so live rows stay packed and a checkpoint or an export is a slice.
 
@@ -31,7 +32,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from kubeps.runtime.util.key_index import KeyIndex
+from kubeps.runtime.util.key_index import KeyIndex, RowIndex
 from kubeps.runtime.util.keyhash import key_normal, key_uniform, mix64
 
 __all__ = ["DynamicTable", "TableConfig"]
@@ -40,6 +41,8 @@ _INITIALIZERS = ("zeros", "constant", "uniform", "normal")
 _POLICIES = ("lru", "lfu")
 _DTYPES = ("float16", "float32", "float64")
 _DEFAULT_INITIALIZER = {"kind": "uniform", "minval": -0.05, "maxval": 0.05, "seed": 0}
+#: a row's count saturates here (counts are int32: 4 bytes a row, and LFU only compares them)
+FREQ_MAX = int(np.iinfo(np.int32).max)
 
 
 @dataclass(frozen=True)
@@ -130,14 +133,14 @@ class DynamicTable:
         self.config = config
         self.dtype = np.dtype(config.dtype)
         self.lock = threading.Lock()
-        self.index = KeyIndex()
         self.size = 0
         self.updates = 0
         self.evicted = 0
         self._cap = 0
         self.keys = np.zeros(0, dtype=np.int64)
+        self.index = RowIndex(self.keys)  # key -> row, the keys read from ``keys``
         self.values = np.zeros((0, config.dim), dtype=self.dtype)
-        self.freqs = np.zeros(0, dtype=np.int64)
+        self.freqs = np.zeros(0, dtype=np.int32)
         self.steps = np.zeros(0, dtype=np.int64)
         #: optimizer key -> slot name -> array shaped like ``values``; and the slots' initial row values
         self.slots: dict[str, dict[str, np.ndarray]] = {}
@@ -171,6 +174,7 @@ class DynamicTable:
         self.keys, self.values, self.freqs, self.steps = (grown(a) for a in (self.keys, self.values, self.freqs,
                                                                              self.steps))
         self.slots = {okey: {s: grown(a) for s, a in group.items()} for okey, group in self.slots.items()}
+        self.index.store = self.keys
         self._cap = cap
 
     # -- initial rows ----------------------------------------------------------------------------------------
@@ -196,7 +200,8 @@ class DynamicTable:
         if train:
             counts = np.ones(keys.size, dtype=np.int64) if counts is None else counts
             hit = rows >= 0
-            self.freqs[rows[hit]] += counts[hit]
+            seen = rows[hit]
+            self.freqs[seen] = np.minimum(self.freqs[seen] + counts[hit], FREQ_MAX)
             miss = np.flatnonzero(~hit)
             if miss.size:
                 chosen, totals = self._admit(keys[miss], counts[miss])
@@ -273,7 +278,7 @@ class DynamicTable:
         rows = np.arange(self.size, self.size + keys.size)
         self.keys[rows] = keys
         self.values[rows] = self.initial_rows(keys)
-        self.freqs[rows] = counts
+        self.freqs[rows] = np.minimum(counts, FREQ_MAX)
         self.steps[rows] = self.updates
         for okey, group in self.slots.items():
             for sname, arr in group.items():
@@ -401,7 +406,7 @@ class DynamicTable:
         rows = np.arange(self.size, self.size + keys.size)
         self.keys[rows] = keys
         self.values[rows] = values
-        self.freqs[rows] = freqs
+        self.freqs[rows] = np.minimum(freqs, FREQ_MAX)
         self.steps[rows] = steps
         for okey, group in self.slots.items():
             for s, arr in group.items():
@@ -412,3 +417,38 @@ class DynamicTable:
 
     def slot_init(self) -> dict[str, dict[str, np.ndarray]]:
         return {okey: {s: v.copy() for s, v in group.items()} for okey, group in self._slot_init.items()}
+
+    # -- checkpoints -----------------------------------------------------------------------------------------
+    def checkpoint_state(self) -> dict[str, Any]:
+        """A copy of what a checkpoint holds of this table: the live rows (``keys``, ``values``, ``freqs``,
+        ``steps``), ``slots`` and their initial rows (``slot_init``), the ``updates`` and ``evicted`` counts, and the
+        admission state: ``pending_keys``/``pending_counts`` (exact counting) or ``bloom`` (counting Bloom filter),
+        ``None`` where the table does not count that way."""
+        keys, values, slots, freqs, steps = self.export()
+        exact = self.config.filter_freq > 1 and not self._bloom.size
+        pending_keys, pos = self._pending.items() if exact else (None, None)
+        return {"keys": keys, "values": values, "slots": slots, "freqs": freqs, "steps": steps,
+                "slot_init": self.slot_init(), "updates": self.updates, "evicted": self.evicted,
+                "pending_keys": pending_keys,
+                "pending_counts": None if pos is None else self._pending_counts[pos].astype(np.int64),
+                "bloom": self._bloom.copy() if self._bloom.size else None}
+
+    def restore_checkpoint(self, keys: np.ndarray, values: np.ndarray, slots: dict[str, dict[str, np.ndarray]],
+                           freqs: np.ndarray, steps: np.ndarray, updates: int, evicted: int,
+                           slot_init: dict[str, dict[str, np.ndarray]], pending_keys: np.ndarray | None,
+                           pending_counts: np.ndarray | None, bloom: np.ndarray | None) -> None:
+        """Replace everything with checkpointed state (keys distinct, arrays checked by the caller). Settings of
+        this table win: rows past ``capacity`` go (the least recently updated first), pending counts past
+        ``max_pending`` go (the lowest first), and a Bloom filter of another size than ``bloom_counters`` is not
+        taken (counting starts again)."""
+        self.clear()
+        self.load(keys, values, slots, freqs, steps, updates, slot_init)
+        self.updates = int(updates)
+        self.evicted = int(evicted)
+        if pending_keys is not None and pending_counts is not None and pending_keys.size \
+                and self.config.filter_freq > 1 and not self._bloom.size:
+            keep = np.argsort(-pending_counts, kind="stable")[: self.config.max_pending]
+            self._pending_counts = pending_counts[keep].astype(np.int64)
+            self._pending.insert(pending_keys[keep], np.arange(keep.size))
+        if bloom is not None and bloom.shape == self._bloom.shape:
+            self._bloom[...] = bloom

@@ -113,3 +113,19 @@ def test_kubeps_local_gives_each_task_a_checkpoint_root(tmp_path: Path, monkeypa
     script.write_text("pass\n")
     launcher = Launcher(str(script), num_ps=1, num_workers=1)
     assert launcher.task_env("ps", 0)[CHECKPOINT_ROOT_ENV].split(",")[0] == os.getcwd()
+
+
+def test_a_dynamic_tables_shards_keep_to_the_root_too(rooted_ps, tmp_path: Path):
+    root, client = rooted_ps
+    client.call(PS.CREATE_DYNAMIC, {"name": "t", "config": {"dim": 2}})
+    client.call(PS.LOOKUP_DYNAMIC, {"names": [], "rows": [], "dynamic": [{"name": "t", "train": True}]},
+                [np.array([5, 9], dtype=np.int64), np.ones(2, dtype=np.int64)])
+    item = {"key": "t", "name": "t", "shard": 0}
+    before = _files(tmp_path)
+    for method in (PS.SAVE_DYNAMIC, PS.RESTORE_DYNAMIC):
+        with pytest.raises(RemoteError) as info:
+            client.call(method, {"directory": str(tmp_path / "elsewhere"), "items": [item]})
+        assert info.value.code == "INVALID_ARGUMENT" and f"{method}: " in str(info.value)
+    assert _files(tmp_path) == before
+    meta, _ = client.call(PS.SAVE_DYNAMIC, {"directory": f"{root}/ckpt-1", "items": [item]})
+    assert [s["rows"] for s in meta["saved"]] == [2] and (root / "ckpt-1").is_dir()

@@ -121,8 +121,9 @@ arrays = st.lists(hnp.arrays(st.sampled_from(["float32", "float64", "int32", "in
                                               "uint8"]),
                              hnp.array_shapes(min_dims=0, max_dims=2, max_side=5)), max_size=3)
 PS_METHODS = [PS.CREATE_VARIABLES, PS.READ, PS.READ_ROWS, PS.READ_MANY, PS.ASSIGN, PS.PUSH, PS.PUSH_READ,
-              PS.LIST_VARIABLES, PS.SAVE_SHARDS, PS.RESTORE_SHARDS, "Ping", "Collect", "Nope"]
-MUTATING = {PS.CREATE_VARIABLES, PS.ASSIGN, PS.PUSH, PS.PUSH_READ, PS.RESTORE_SHARDS}
+              PS.LIST_VARIABLES, PS.SAVE_SHARDS, PS.RESTORE_SHARDS, PS.SAVE_DYNAMIC, PS.RESTORE_DYNAMIC, "Ping",
+              "Collect", "Nope"]
+MUTATING = {PS.CREATE_VARIABLES, PS.ASSIGN, PS.PUSH, PS.PUSH_READ, PS.RESTORE_SHARDS, PS.RESTORE_DYNAMIC}
 WORKER_METHODS = [WORKER.RUN_CLOSURE, WORKER.CREATE_RESOURCE, "Ping", "Collect", "Nope"]
 
 
@@ -199,6 +200,11 @@ def plausible(draw, method: str) -> tuple[dict, list]:
         return meta, tensors
     if method == PS.READ_ROWS:
         return {"names": chosen}, [np.array(draw(st.lists(st.integers(-1, 11), max_size=3))) for _ in chosen]
+    if method in (PS.SAVE_DYNAMIC, PS.RESTORE_DYNAMIC):  # no such table, or a shard or checkpoint entry off
+        item: dict = {"key": draw(names), "name": draw(names), "shard": draw(st.integers(-1, 3))}
+        if method == PS.RESTORE_DYNAMIC:
+            item.update(num_shards=draw(st.integers(0, 3)), table=draw(json_values))
+        return {"directory": draw(directories), "items": [item]}, []
     return {"names": chosen, "directory": draw(directories), "items": draw(items)}, []
 
 

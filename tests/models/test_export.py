@@ -231,3 +231,31 @@ def test_export_command_reports_a_missing_checkpoint_and_a_bad_model_flag(tmp_pa
         done = subprocess.run([*cli, str(tmp_path / "good"), "--model", flag, "--output", str(tmp_path / "out")],
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 2 and message in done.stderr, done.stderr
+
+
+def test_export_command_names_the_dynamic_tables_it_skips(tmp_path):
+    """A checkpoint with a dynamic embedding table beside the model's weights: the Keras export writes the model and
+    says which table it skipped (a serving model holds fixed-shape weights)."""
+    import kubeps.runtime as kp
+    from kubeps.runtime.models import export
+
+    table = kp.DynamicEmbedding("ids", dim=2)
+    table.lookup(np.array([1, 2**40]))
+    weights = {"out/kernel": kp.Variable(np.ones((3, 1), np.float32), name="out/kernel"),
+               "out/bias": kp.Variable(np.zeros(1, np.float32), name="out/bias"), "ids": table}
+    path = kp.CheckpointManager(kp.Checkpoint(model=weights), str(tmp_path / "ckpt")).save()
+    builder = tmp_path / "build.py"
+    builder.write_text(textwrap.dedent("""
+        import keras
+
+        def model(args):
+            inputs = keras.Input((3,), name="x")
+            return keras.Model(inputs, keras.layers.Dense(1, name="out")(inputs))
+    """))
+    done = subprocess.run([sys.executable, "-m", "kubeps.runtime.cli", "export", path, "--model",
+                           f"{builder}:model", "--output", str(tmp_path / "out"), "--format", "keras"],
+                          capture_output=True, text=True, timeout=180, env={**os.environ, "KERAS_BACKEND": "jax"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "skipping dynamic embedding table(s) model/ids: a serving model holds fixed-shape weights" in done.stdout
+    assert (tmp_path / "out" / "model.keras").exists()
+    assert export.dynamic_tables(path) == ["model/ids"]  # a parameter naming it is refused: test_dynamic_checkpoint

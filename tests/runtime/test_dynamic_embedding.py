@@ -12,7 +12,7 @@ from kubeps.runtime.cluster import TFConfig, TFConfigClusterResolver
 from kubeps.runtime.coordinator.strategy import ParameterServerStrategy
 from kubeps.runtime.errors import RemoteError, RuntimeConfigError
 from kubeps.runtime.rpc.protocol import PS
-from kubeps.runtime.util.key_index import KeyIndex
+from kubeps.runtime.util.key_index import KeyIndex, RowIndex
 from kubeps.runtime.util.keyhash import shard_of
 from kubeps.runtime.variables import context as _context
 from kubeps.runtime.variables.indexed_slices import IndexedSlices
@@ -39,12 +39,15 @@ def _table(strategy, **kwargs):
         return kp.DynamicEmbedding("dyn", **{"dim": 4, **kwargs})
 
 
-def test_key_index_matches_a_dict_under_inserts_and_removals():
+@pytest.mark.parametrize("kind", ["keys", "rows"])
+def test_key_index_matches_a_dict_under_inserts_and_removals(kind):
     rng = np.random.default_rng(1)
-    index, truth = KeyIndex(), {}
+    store = np.zeros(30 * 1000, dtype=np.int64)  # RowIndex: the owner's keys, by row
+    index, truth = (KeyIndex() if kind == "keys" else RowIndex(store)), {}
     for step in range(30):
         fresh = np.setdiff1d(np.unique(rng.integers(-2**62, 2**62, 500)), np.fromiter(truth, np.int64))
         rows = np.arange(step * 1000, step * 1000 + fresh.size)
+        store[rows] = fresh
         index.insert(fresh, rows)
         truth.update(zip(fresh.tolist(), rows.tolist()))
         gone = np.array(list(truth)[::3], dtype=np.int64)
@@ -252,3 +255,24 @@ def test_memory_stays_bounded_under_an_unbounded_id_stream(strategy):
     assert sum(i["evicted"] for i in final) > 30_000
     for first, now in zip(at_capacity, (i["nbytes"] for i in final)):
         assert now <= 1.1 * first, (first, now)
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu"])
+def test_the_index_follows_rows_moved_by_eviction(policy):
+    """The index holds only rows and reads keys from the table's ``keys``: after evictions moved rows into the
+    holes, every live key still finds its own row and no evicted key finds one."""
+    table = kp.DynamicEmbedding("moving", dim=2, capacity=300, evict_policy=policy, steps_to_live=40, sweep_every=7)
+    local = table.local_table
+    opt = kp.SGD(0.1)
+    rng = np.random.default_rng(5)
+    seen: set[int] = set()
+    for step in range(60):
+        keys = np.unique(rng.integers(0, 3000, 64))
+        seen.update(keys.tolist())
+        table.lookup(keys)
+        table.apply_local_update(opt, IndexedSlices(np.ones((keys.size, 2), np.float32), keys))
+        live = local.keys[: local.size]
+        assert (local.index.lookup(live) == np.arange(local.size)).all(), step
+    gone = np.array(sorted(seen - set(local.keys[: local.size].tolist())), dtype=np.int64)
+    assert gone.size and (local.index.lookup(gone) == -1).all()
+    assert local.evicted > 0 and local.freqs.dtype == np.int32
