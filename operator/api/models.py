@@ -79,6 +79,11 @@ class CleanPodPolicy(str, Enum):
     NONE = "None"
 
 
+class DisruptionBudgetPolicy(str, Enum):
+    NONE = "None"
+    CHIEF_AND_PS = "ChiefAndPS"
+
+
 # ---------------------------------------------------------------------------------------------- pod template
 _PRESERVE: JsonDict = {"x-kubernetes-preserve-unknown-fields": True}
 
@@ -207,6 +212,12 @@ class RunPolicy(BaseModel):
         None, ge=0, description="Seconds after the job finished when it is deleted, with its children."
     )
     suspend: bool = Field(False, description="Delete the pods and Services and keep the job; false resumes it.")
+    podDisruptionBudget: DisruptionBudgetPolicy = Field(
+        DisruptionBudgetPolicy.NONE,
+        description="ChiefAndPS: a PodDisruptionBudget (minAvailable: all of them) over the chief and parameter servers while "
+        "the job runs, so that a drain or another eviction waits instead of restarting the job from its checkpoint; "
+        "None (default): no budget.",
+    )
     retryableExitCodes: list[ExitCode] | None = Field(
         None,
         max_length=255,

@@ -7,7 +7,8 @@ restart counted once is never counted again, and a stale cache only costs a re-r
 
 :class:`Reconciler` is the sum of its collaborators, named as fields as Kubeflow's ``JobController`` names its
 own: :attr:`~Reconciler.cache` (what is known), :attr:`~Reconciler.queue` (when to reconcile),
-:attr:`~Reconciler.scopes` (the watches that feed the cache), :attr:`~Reconciler.control` (the actuator) and
+:attr:`~Reconciler.scopes` (the watches that feed the cache), :attr:`~Reconciler.nodes` (the watch of Nodes and
+their Leases, for pods on lost nodes), :attr:`~Reconciler.control` (the actuator) and
 :attr:`~Reconciler.recorder` (Events and metrics). What it keeps for itself is one reconcile and the status write.
 """
 
@@ -17,13 +18,14 @@ import time
 from datetime import datetime, timezone
 
 from kubeps.operator.api.models import NetworkPolicyMode
-from kubeps.operator.core import planner
+from kubeps.operator.core import disruption, nodes, planner
 from kubeps.operator.core.actions import CreatePod
 from kubeps.operator.core.children import ANNOTATION_NETWORK_POLICY, PlanConfig, secret_name
 from kubeps.operator.kube.client import ApiError, KubeClient
 
 from .cache import Body, Cache, Key, job_key
 from .control import Control
+from .nodes import NodeWatch
 from .queue import WorkQueue
 from .recorder import Recorder
 from .scope import Scopes
@@ -47,6 +49,10 @@ class Reconciler:
         self.scopes = Scopes(self.kube, settings, self.cache, on_list=self.children_listed,
                              on_event=self.child_event, on_gate=self.gate_changed)
         self.control = Control(self.kube, self.cache, self.recorder, retry=self.queue.schedule, fail=self.fail)
+        self.nodes: NodeWatch | None = None
+        if settings.node_lost_after >= 0:
+            self.nodes = NodeWatch(self.kube, settings.node_lost_after, self.scopes.timeouts(),
+                                   on_change=self.node_changed)
         self.reconciles = 0
 
     def configure(self, clusterwide: bool, peering: tuple[str, int] | None) -> None:
@@ -60,6 +66,9 @@ class Reconciler:
             self.forget(key)
             return
         self.scopes.enter(key[0])
+        if self.nodes is not None and self.nodes.nodes.task is None:
+            # Started here, as the scopes' watches are, so that what it triggers runs in kopf's context (Events).
+            self.nodes.start()
         if self.cache.store_job(key, body):
             self.queue.trigger(key)
 
@@ -82,6 +91,11 @@ class Reconciler:
         if not now_open:
             for key in self.cache.jobs_within(where):
                 self.forget(key)
+
+    def node_changed(self, node: str) -> None:
+        """A node's verdict may have changed (lost, back): reconcile the jobs with pods on it."""
+        for key in self.cache.jobs_on_node(node):
+            self.queue.trigger(key)
 
     def forget(self, key: Key) -> None:
         self.cache.forget_job(key)
@@ -118,12 +132,15 @@ class Reconciler:
             secret = {**secret, "metadata": {**secret["metadata"], "annotations": {
                 **(secret["metadata"].get("annotations") or {}), ANNOTATION_NETWORK_POLICY: "present"}}}
         now = datetime.now(timezone.utc)
-        plan = planner.plan(job, pods, services, secret, now, self.config)
+        # Pods on lost nodes are shown to the planner as deleted, and force-deleted below.
+        loss = nodes.replace_lost_pods(pods, self.nodes.view() if self.nodes is not None else None, now,
+                                       self.settings.node_lost_after)
+        plan = planner.plan(job, loss.pods, services, secret, now, self.config)
         if cached and plan.of(CreatePod) and await self.control.read_own_secret(key, uid) is None:
             # A new pod reads its token from the Secret, which someone may have deleted since it was made (Secrets
             # are not watched: that would need rights to read every Secret). Without it the planner restarts the
             # pods that hold the old token, with a new Secret.
-            plan = planner.plan(job, pods, services, None, now, self.config)
+            plan = planner.plan(job, loss.pods, services, None, now, self.config)
         self.reconciles += 1
 
         old_status = job.get("status") or {}
@@ -133,7 +150,10 @@ class Reconciler:
                 return  # conflict or gone: re-read and re-planned by the next pass
             self.recorder.transitions(old_status, plan.status)
             job = written
+        plan.actions.extend(loss.events)
         await self.control.apply(key, job, plan)
+        await self.control.force_delete_pods(key, loss.deletes)
+        await self.control.sync_disruption_budget(key, job, disruption.wanted(job, plan.terminal))
         if plan.all_children_present:
             self.recorder.all_children_present(job)
         if plan.requeue_after is not None:
@@ -182,4 +202,6 @@ class Reconciler:
     async def close(self) -> None:
         self.queue.close()
         await self.scopes.close()
+        if self.nodes is not None:
+            await self.nodes.stop()
         await self.kube.close()
