@@ -38,6 +38,9 @@ class Cache:
         self.network_policies: set[Key] = set()
         #: job key -> whether its PodDisruptionBudget is known to exist (not watched either)
         self.disruption_budgets: dict[Key, bool] = {}
+        #: UIDs of pods force-deleted (lost nodes) whose DELETED event has not come yet: their NodeLost Event is
+        #: posted once
+        self.force_deleted: set[str] = set()
 
     # -- jobs ---------------------------------------------------------------------------------------------------
     def store_job(self, key: Key, body: Body) -> bool:
@@ -79,6 +82,7 @@ class Cache:
         known = store.get(key)
         uid: Any = meta.get("uid")
         if kind == "DELETED":
+            self.force_deleted.discard(uid)
             if known is None or known.pop(uid, None) is None:
                 return None
             if not known:

@@ -274,6 +274,8 @@ class Control:
                     return  # gone, or replaced
                 self.recorder.api_error("delete-pod", err.status)
                 raise
+            if action.uid:
+                self.cache.force_deleted.add(action.uid)
             self.recorder.pod_deleted("node lost")
             log.info("force-deleted pod %s/%s: %s", key[0], action.name, action.reason)
 

@@ -133,8 +133,8 @@ class Reconciler:
                 **(secret["metadata"].get("annotations") or {}), ANNOTATION_NETWORK_POLICY: "present"}}}
         now = datetime.now(timezone.utc)
         # Pods on lost nodes are shown to the planner as deleted, and force-deleted below.
-        loss = nodes.replace_lost_pods(pods, self.nodes.view() if self.nodes is not None else None, now,
-                                       self.settings.node_lost_after)
+        view = self.nodes.view() if self.nodes is not None else None
+        loss = nodes.replace_lost_pods(pods, view, now, self.settings.node_lost_after)
         plan = planner.plan(job, loss.pods, services, secret, now, self.config)
         if cached and plan.of(CreatePod) and await self.control.read_own_secret(key, uid) is None:
             # A new pod reads its token from the Secret, which someone may have deleted since it was made (Secrets
@@ -142,6 +142,9 @@ class Reconciler:
             # pods that hold the old token, with a new Secret.
             plan = planner.plan(job, loss.pods, services, None, now, self.config)
         self.reconciles += 1
+        if plan.of(CreatePod):
+            # New pods stay off lost nodes: the scheduler takes one for Ready until the node controller marks it.
+            plan.actions = nodes.keep_off(plan.actions, nodes.lost_nodes(view, now, self.settings.node_lost_after))
 
         old_status = job.get("status") or {}
         if plan.status != old_status:
@@ -150,7 +153,7 @@ class Reconciler:
                 return  # conflict or gone: re-read and re-planned by the next pass
             self.recorder.transitions(old_status, plan.status)
             job = written
-        plan.actions.extend(loss.events)
+        plan.actions.extend(e for uid, e in loss.events.items() if uid not in self.cache.force_deleted)
         await self.control.apply(key, job, plan)
         await self.control.force_delete_pods(key, loss.deletes)
         await self.control.sync_disruption_budget(key, job, disruption.wanted(job, plan.terminal))

@@ -16,7 +16,10 @@ there, so the operator replaces such pods itself:
   latest checkpoint, a chief a chief restart, a worker a new worker, all recreated once gone, whatever the
   restart policy (as after an eviction);
 * every pod of the job on a lost node that is (or is now taken as) being deleted is force-deleted (grace period
-  0, its UID a precondition): :class:`ForceDeletePod`.
+  0, its UID a precondition): :class:`ForceDeletePod`;
+* a pod made while nodes are lost gets a required node affinity that keeps it off them
+  (:func:`keep_off`): a node whose Lease went stale still reads ``Ready`` for the scheduler until the node
+  controller marks it (~50 s), and a replacement bound there would be lost again at once.
 
 Pure: no I/O, no clock (``now`` is given). The shell (:mod:`kubeps.operator.controller.nodes`) watches Nodes and
 Leases and says when to look again (:attr:`Verdict.recheck_after`).
@@ -25,11 +28,11 @@ Leases and says when to look again (:attr:`Verdict.recheck_after`).
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Mapping, Sequence
 
-from .actions import Event
+from .actions import Action, CreatePod, Event
 from .observed import fmt_time, parse_time
 
 TAINT_UNREACHABLE = "node.kubernetes.io/unreachable"
@@ -118,7 +121,8 @@ class NodeLoss:
 
     pods: list[Mapping[str, Any]]
     deletes: list[ForceDeletePod] = field(default_factory=list)
-    events: list[Event] = field(default_factory=list)
+    #: a Warning Event per pod newly taken as deleted, by the pod's UID (the shell posts it once per UID)
+    events: dict[str | None, Event] = field(default_factory=dict)
     #: node name -> why it is lost, for the nodes of the job's pods that are
     lost: dict[str, str] = field(default_factory=dict)
 
@@ -154,8 +158,38 @@ def replace_lost_pods(pods: Sequence[Mapping[str, Any]], nodes: Mapping[str, Nod
             pod["metadata"]["deletionTimestamp"] = fmt_time(now)
             message = (f"Pod {name} runs on node {node}, which {loss.lost[node]}: deleting it at once (grace "
                        f"period 0) to replace it")
-            loss.events.append(Event("Warning", R_NODE_LOST, message))
+            loss.events[meta.get("uid")] = Event("Warning", R_NODE_LOST, message)
         loss.deletes.append(ForceDeletePod(name, meta.get("uid"), node, f"node {node} {loss.lost[node]}"))
         shown.append(pod)
     loss.pods = shown
     return loss
+
+
+def lost_nodes(nodes: Mapping[str, NodeState] | None, now: datetime, lost_after: float) -> list[str]:
+    """The names of the known nodes that are lost now (sorted)."""
+    if nodes is None:
+        return []
+    return sorted(name for name, state in nodes.items() if assess(state, now, lost_after).lost)
+
+
+def keep_off(actions: list[Action], lost: Sequence[str]) -> list[Action]:
+    """The actions with every pod to create kept off the ``lost`` nodes: ``metadata.name NotIn lost`` added to each
+    of its template's required node selector terms (terms are ORed, a term's requirements ANDed), or one term of
+    its own when the template has none."""
+    if not lost:
+        return actions
+    requirement = {"key": "metadata.name", "operator": "NotIn", "values": list(lost)}
+    out: list[Action] = []
+    for action in actions:
+        if isinstance(action, CreatePod):
+            body = copy.deepcopy(action.body)
+            spec = body.setdefault("spec", {})
+            node_affinity = spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
+            required = node_affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+            terms = required.get("nodeSelectorTerms") or [{}]
+            for term in terms:
+                term["matchFields"] = [*(term.get("matchFields") or []), requirement]
+            required["nodeSelectorTerms"] = terms
+            action = replace(action, body=body)
+        out.append(action)
+    return out

@@ -43,11 +43,10 @@ def test_pods_on_a_lost_node_are_replaced_and_the_ps_restarts_the_chief(kube, ns
         placed = {n: p.spec.node_name for n, p in pods_of(kube, ns, "lost").items()}
         assert placed["lost-ps-0"] == placed["lost-worker-0"] == node != placed["lost-chief-0"], placed
 
-        # The node stops answering: no kubelet (kwok lets it go), no new pods (cordoned), and the node controller's
-        # verdict written as it would after node-monitor-grace-period.
+        # The node stops answering: no kubelet (kwok lets it go), and the node controller's verdict written as it
+        # would after node-monitor-grace-period.
         core = kube.core()
-        core.patch_node(node, {"metadata": {"annotations": {"kwok.x-k8s.io/node": None}},
-                               "spec": {"unschedulable": True}})
+        core.patch_node(node, {"metadata": {"annotations": {"kwok.x-k8s.io/node": None}}})
         status = core.read_node(node).status
         for c in status.conditions:
             if c.type == "Ready":
@@ -68,6 +67,11 @@ def test_pods_on_a_lost_node_are_replaced_and_the_ps_restarts_the_chief(kube, ns
         events = core.list_namespaced_event(ns, field_selector="reason=NodeLost").items
         assert {e.message.split()[1] for e in events} == {"lost-ps-0", "lost-worker-0"}, [e.message for e in events]
         assert all(node in e.message and "Ready=Unknown" in e.message for e in events)
+        # The replacements are kept off the lost node (their template pins them there: they wait, unscheduled).
+        ps = core.read_namespaced_pod("lost-ps-0", ns)
+        terms = ps.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution.node_selector_terms
+        assert [(f.key, f.operator, f.values) for f in terms[0].match_fields] == [("metadata.name", "NotIn", [node])]
+        assert ps.spec.node_name is None
         # The old pods are gone, not Terminating on the dead node.
         left = core.list_namespaced_pod(ns, label_selector="kubeps.dev/job-name=lost").items
         assert not [p.metadata.name for p in left if p.metadata.uid in before.values()]

@@ -85,8 +85,9 @@ def test_pods_on_a_lost_node_are_shown_deleted_and_force_deleted():
     assert "deletionTimestamp" not in shown["j-chief-0"]["metadata"]  # finished: the planner's to decide
     assert [(d.name, d.uid, d.node) for d in loss.deletes] == [("j-ps-0", "uid-j-ps-0", "dead"),
                                                                 ("j-worker-1", "uid-j-worker-1", "dead")]
-    assert [e.reason for e in loss.events] == [N.R_NODE_LOST]  # one per pod newly taken as deleted
-    assert "j-ps-0" in loss.events[0].message and "did not renew its Lease" in loss.events[0].message
+    assert [(uid, e.reason) for uid, e in loss.events.items()] == [("uid-j-ps-0", N.R_NODE_LOST)]  # newly deleted
+    assert "j-ps-0" in loss.events["uid-j-ps-0"].message
+    assert "did not renew its Lease" in loss.events["uid-j-ps-0"].message
     assert set(loss.lost) == {"dead"}
 
 
@@ -100,6 +101,37 @@ def test_nothing_is_decided_without_the_nodes():
     pods = [pod("j-ps-0", "dead")]
     loss = N.replace_lost_pods(pods, None, NOW, 20)
     assert loss.pods == pods and not loss.deletes and not loss.events
+
+
+def test_lost_nodes_are_named():
+    view = {"a": state(name="a"), "b": state(lease_age=60, name="b"), "c": state(ready="Unknown", name="c")}
+    assert N.lost_nodes(view, NOW, 20) == ["b", "c"]
+    assert N.lost_nodes(None, NOW, 20) == []
+
+
+def create(body: dict) -> A.CreatePod:
+    return A.CreatePod("j-ps-0", body, "PS", 0)
+
+
+def test_new_pods_are_kept_off_lost_nodes():
+    off = {"key": "metadata.name", "operator": "NotIn", "values": ["b", "c"]}
+    [made] = N.keep_off([create({"spec": {"containers": []}})], ["b", "c"])
+    assert made.body["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == {
+        "nodeSelectorTerms": [{"matchFields": [off]}]}
+    # The template's own terms keep their meaning (ORed terms, each ANDed with ours); the plan's body is not changed.
+    zone = {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z1"]}]}
+    body = {"spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [zone, {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["a"]}]}]}}}}}
+    event = A.Event("Normal", "x", "y")
+    made, same = N.keep_off([create(body), event], ["b", "c"])
+    terms = made.body["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"]
+    assert terms == [{**zone, "matchFields": [off]},
+                     {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["a"]}, off]}]
+    assert same is event
+    assert "matchFields" not in body["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+    assert N.keep_off([create(body)], [])[0].body is body
 
 
 # ---------------------------------------------------------------------------------------------- with the planner
