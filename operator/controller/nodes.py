@@ -41,6 +41,7 @@ class NodeWatch:
         self.lost_after = lost_after
         self.on_change = on_change
         self.clock = clock
+        #: every known node, with when its Lease was last seen renewed (kept up to date, read as is: no copy)
         self.states: dict[str, NodeState] = {}
         self.renewed: dict[str, tuple[Any, datetime]] = {}  # node -> (the Lease's renewTime, when we saw it)
         self.timers: dict[str, asyncio.TimerHandle] = {}
@@ -60,22 +61,24 @@ class NodeWatch:
         await asyncio.gather(self.nodes.stop(), self.leases.stop())
 
     def view(self) -> dict[str, NodeState] | None:
-        """Every known node with its Lease's renewal time, or None before the Nodes are listed."""
-        if not self.nodes.synced.is_set():
-            return None
-        return {name: replace(state, lease_seen=self.renewed[name][1] if name in self.renewed else None)
-                for name, state in self.states.items()}
+        """Every known node with its Lease's renewal time (to be read, not changed), or None before the Nodes
+        are listed."""
+        return self.states if self.nodes.synced.is_set() else None
+
+    def _with_lease(self, state: NodeState) -> NodeState:
+        seen = self.renewed.get(state.name)
+        return replace(state, lease_seen=seen[1] if seen is not None else None)
 
     # -- Nodes ----------------------------------------------------------------------------------------------------
     def _nodes_listed(self, items: list[Body]) -> None:
-        fresh = {s.name: s for s in map(node_state, items)}
+        fresh = {s.name: self._with_lease(s) for s in map(node_state, items)}
         changed = {n for n in set(fresh) | set(self.states) if fresh.get(n) != self.states.get(n)}
         self.states = fresh
         for name in changed:
             self._changed(name)
 
     def _node_event(self, kind: str, obj: Body) -> None:
-        state = node_state(obj)
+        state = self._with_lease(node_state(obj))
         if kind == "DELETED":
             if self.states.pop(state.name, None) is not None:
                 self._changed(state.name)
@@ -99,6 +102,8 @@ class NodeWatch:
         if known is not None and known[0] == renew:
             return
         self.renewed[name] = (renew, self.clock())
+        if name in self.states:
+            self.states[name] = self._with_lease(self.states[name])
         self._schedule(name)
 
     # -- timers ---------------------------------------------------------------------------------------------------

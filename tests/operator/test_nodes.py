@@ -227,3 +227,42 @@ def test_a_bad_budget_value_is_refused_naming_the_field():
     assert world.is_true("Failed")
     assert "podDisruptionBudget" in world.cond("Failed")["message"]
     assert not plan.of(A.CreatePod)
+
+
+# ---------------------------------------------------------------------------------------------- the shell's watch
+def test_node_watch_stamps_renewals_with_its_own_clock_and_looks_again_when_a_lease_goes_stale():
+    import asyncio
+
+    from kubeps.operator.controller.nodes import NodeWatch
+
+    async def main():
+        clock = [NOW]
+        changed: list[str] = []
+        watch = NodeWatch(None, 0.3, {}, on_change=changed.append, clock=lambda: clock[0])
+        assert watch.view() is None  # not listed yet: nothing is decided
+        watch._lease_event("ADDED", {"metadata": {"name": "n1"}, "spec": {"renewTime": "2020-01-01T00:00:00.000000Z"}})
+        watch.nodes.synced.set()
+        watch._nodes_listed([node("n1"), node("n2")])
+        assert sorted(changed) == ["n1", "n2"]
+        assert watch.view()["n1"].lease_seen == NOW and watch.view()["n2"].lease_seen is None
+        clock[0] = NOW + timedelta(seconds=5)
+        # the same renewTime again is no renewal; a new one is stamped with the operator's clock, not the kubelet's
+        watch._lease_event("MODIFIED", {"metadata": {"name": "n1"}, "spec": {"renewTime": "2020-01-01T00:00:00.000000Z"}})
+        assert watch.view()["n1"].lease_seen == NOW
+        watch._lease_event("MODIFIED", {"metadata": {"name": "n1"}, "spec": {"renewTime": "1999-01-01T00:00:00.000000Z"}})
+        assert watch.view()["n1"].lease_seen == NOW + timedelta(seconds=5)
+        changed.clear()
+        await asyncio.sleep(0.7)  # lost_after 0.3 s + 0.2 s: the timer reconciles the node's jobs
+        assert changed == ["n1"]
+        assert N.assess(watch.view()["n1"], NOW + timedelta(seconds=6), 0.3).lost
+        # a node event that changes nothing the verdict reads triggers nothing
+        changed.clear()
+        watch._node_event("MODIFIED", node("n2"))
+        assert changed == []
+        watch._node_event("MODIFIED", node("n2", ready="Unknown"))
+        assert changed == ["n2"]
+        watch._node_event("DELETED", node("n2"))
+        assert "n2" not in watch.view()
+        await watch.stop()
+
+    asyncio.run(main())
