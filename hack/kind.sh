@@ -584,8 +584,16 @@ cmd_up() {
   log "cluster $CLUSTER created in $((SECONDS - start)) s ($((WORKERS + 1)) node(s))"
 }
 
+# `kind load` arguments naming the nodes that run job pods: the workers (the control-plane node keeps its
+# NoSchedule taint when there are workers), or every node of a one-node cluster.
+pod_nodes() {
+  POD_NODES=()
+  if [[ "$WORKERS" -gt 0 ]]; then POD_NODES=(--nodes "$(cluster_nodes | tail -n +2 | paste -sd, -)"); fi
+}
+
 cmd_images() {
   docker_up || die "no Docker engine: run hack/kind.sh up first"
+  pod_nodes
   local start=$SECONDS args=()
   if offline; then
     docker image inspect "$PYTHON_BASE" >/dev/null 2>&1 || die "$PYTHON_BASE missing: run hack/kind.sh build"
@@ -596,7 +604,9 @@ cmd_images() {
   log "images built in $((SECONDS - start)) s"
   if cluster_exists; then
     start=$SECONDS
-    "$KIND" load docker-image --name "$CLUSTER" "$RUNTIME_IMAGE" "$OPERATOR_IMAGE"
+    # The operator may run anywhere (the e2e puts it on the control-plane node); job pods only where pods go.
+    "$KIND" load docker-image --name "$CLUSTER" "$OPERATOR_IMAGE"
+    "$KIND" load docker-image --name "$CLUSTER" "${POD_NODES[@]}" "$RUNTIME_IMAGE"
     log "images loaded in $((SECONDS - start)) s"
   fi
 }
@@ -604,11 +614,12 @@ cmd_images() {
 # The TensorFlow example's image (examples/tf/Dockerfile, tensorflow-cpu from PyPI), loaded into the cluster.
 cmd_tf_image() {
   docker_up || die "no Docker engine: run hack/kind.sh up first"
+  pod_nodes
   local start=$SECONDS args=()
   if offline; then args=(--build-arg "PYTHON_IMAGE=$PYTHON_BASE"); fi
   docker_build "$TF_IMAGE" "$ROOT" -f "$ROOT/examples/tf/Dockerfile" "${args[@]}" || die "TensorFlow image build failed"
   log "TensorFlow image built in $((SECONDS - start)) s"
-  if cluster_exists; then "$KIND" load docker-image --name "$CLUSTER" "$TF_IMAGE"; fi
+  if cluster_exists; then "$KIND" load docker-image --name "$CLUSTER" "${POD_NODES[@]}" "$TF_IMAGE"; fi
 }
 
 cmd_down() {

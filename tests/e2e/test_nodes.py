@@ -82,7 +82,7 @@ def test_job_spreads_over_nodes_and_trains_across_them(kind: Kind, ns: str):
 def test_drain_waits_for_the_budget_then_moves_the_pods(kind: Kind, ns: str):
     """runPolicy.podDisruptionBudget ChiefAndPS: a drain evicts the workers of the node but not its chief or ps
     (the budget refuses); without the budget the drain moves them all, and the job resumes and finishes."""
-    job = spread_job("drained", ns, steps=12000, every=500)
+    job = spread_job("drained", ns, steps=8000, every=500)  # still training after the refused drain's 25 s
     job["spec"]["runPolicy"]["podDisruptionBudget"] = "ChiefAndPS"
     where = start_spread(kind, ns, job)
     pdb = kind.json("-n", ns, "get", "pdb", "drained-chief-ps")
@@ -129,7 +129,8 @@ def test_node_lost_mid_training(kind: Kind, ns: str):
     """The node container of a parameter server stopped (`docker stop`): the operator sees its Lease go stale,
     force-deletes the pods there, the chief restarts from the checkpoint and the job succeeds. Timed: node stop ->
     pods replaced -> training resumed (the restarted chief's `resumed from step N`)."""
-    job = spread_job("node-lost", ns, steps=12000, every=500)
+    # Short: the chief cannot train on without the lost ps, so the job still runs when the node is found lost.
+    job = spread_job("node-lost", ns, steps=3000, every=500)
     where = start_spread(kind, ns, job)
     chief_node = where["node-lost-chief-0"]
     victim = next(where[p] for p in ("node-lost-ps-0", "node-lost-ps-1") if where[p] != chief_node)
@@ -169,9 +170,7 @@ def test_node_lost_mid_training(kind: Kind, ns: str):
         learned(log)
         assert took <= 60, f"training resumed {took:.0f} s after the node stopped (goal: 60 s)"
     finally:
-        # Back for the tests after this one: the node restarts, its kubelet comes back, routes are set again.
+        # Back for what runs after (a kept cluster too): the node restarts, its kubelet comes back by itself (not
+        # waited for), and the routes are set again (its address may have changed).
         subprocess.run(["docker", "start", victim], capture_output=True, timeout=60)
         subprocess.run([str(KIND_SH), "network"], env=kind.env, timeout=60)
-        wait(lambda: "True" in kind.kubectl("get", "node", victim, "-o",
-                                            "jsonpath={.status.conditions[?(@.type=='Ready')].status}"),
-             120, f"{victim} Ready again")
