@@ -212,11 +212,11 @@ class RunPolicy(BaseModel):
         None, ge=0, description="Seconds after the job finished when it is deleted, with its children."
     )
     suspend: bool = Field(False, description="Delete the pods and Services and keep the job; false resumes it.")
-    podDisruptionBudget: DisruptionBudgetPolicy = Field(
-        DisruptionBudgetPolicy.NONE,
+    podDisruptionBudget: DisruptionBudgetPolicy | None = Field(
+        None,
         description="ChiefAndPS: a PodDisruptionBudget (minAvailable: all of them) over the chief and parameter servers while "
         "the job runs, so that a drain or another eviction waits instead of restarting the job from its checkpoint; "
-        "None (default): no budget.",
+        "None or unset (default): no budget.",
     )
     retryableExitCodes: list[ExitCode] | None = Field(
         None,
