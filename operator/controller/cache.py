@@ -5,8 +5,9 @@ pods and Services, and whose token Secrets are known to exist (Kubeflow's inform
   status write returned is ignored.
 * Pods and Services come from the scopes' watches (:mod:`.scope`): a full list replaces what was known in the
   scope (:meth:`Cache.children_listed`: what is missing was deleted while the watch was away), each event updates
-  one copy (:meth:`Cache.child_event`). A copy keeps only what the planner reads (:func:`_slim`), so a change
-  that the planner cannot see (the scheduler binding a pod, say) triggers no reconcile.
+  one copy (:meth:`Cache.child_event`). A copy keeps only what the planner reads (:func:`_slim`) and the node a
+  pod is bound to (for :mod:`kubeps.operator.core.nodes`), so a change that neither can see triggers no
+  reconcile.
 
 Plain dicts, no I/O: the methods say which jobs' children changed; the reconciler decides what to do about it.
 """
@@ -39,6 +40,11 @@ class Cache:
         self.workloads: dict[Key, Body] = {}
         #: job key -> (uid of the job, whether its own PodGroup exists), once read or made (PodGroups are not watched)
         self.pod_groups: dict[Key, tuple[str | None, bool]] = {}
+        #: job key -> whether its PodDisruptionBudget is known to exist (not watched either)
+        self.disruption_budgets: dict[Key, bool] = {}
+        #: UIDs of pods force-deleted (lost nodes) whose DELETED event has not come yet: their NodeLost Event is
+        #: posted once
+        self.force_deleted: set[str] = set()
 
     # -- jobs ---------------------------------------------------------------------------------------------------
     def store_job(self, key: Key, body: Body) -> bool:
@@ -58,6 +64,7 @@ class Cache:
         self.secret_annotations.pop(key, None)
         self.network_policies.discard(key)
         self.pod_groups.pop(key, None)
+        self.disruption_budgets.pop(key, None)
 
     def has_job(self, key: Key) -> bool:
         return key in self.jobs
@@ -80,6 +87,7 @@ class Cache:
         known = store.get(key)
         uid: Any = meta.get("uid")
         if kind == "DELETED":
+            self.force_deleted.discard(uid)
             if known is None or known.pop(uid, None) is None:
                 return None
             if not known:
@@ -112,6 +120,11 @@ class Cache:
                 del store[key]
             changed.append(key)
         return changed
+
+    def jobs_on_node(self, node: str) -> list[Key]:
+        """The known jobs with a pod bound to ``node``."""
+        return [key for key, pods in self.pods.items() if key in self.jobs
+                and any((p.get("spec") or {}).get("nodeName") == node for p in pods.values())]
 
     def drop_children(self, where: str | None) -> None:
         """Forget the children of a scope whose watches stopped."""
@@ -189,6 +202,9 @@ def _slim(body: Mapping[str, Any], with_status: bool) -> Body:
     if epoch is not None:
         slim_meta["annotations"] = {ANNOTATION_EPOCH: epoch}
     slim: Body = {"metadata": slim_meta}
+    node = (body.get("spec") or {}).get("nodeName")
+    if node:
+        slim["spec"] = {"nodeName": node}
     if with_status:
         status = body.get("status") or {}
         slim["status"] = {

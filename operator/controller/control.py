@@ -46,6 +46,8 @@ from kubeps.operator.core.actions import (
     Plan,
     ReissueCertificate,
 )
+from kubeps.operator.core import disruption
+from kubeps.operator.core.nodes import ForceDeletePod
 from kubeps.operator.core.children import ANNOTATION_TLS_WORKERS, LABEL_ROLE, TOKEN_KEY, secret_name
 from kubeps.operator.core.observed import controlled_by
 from kubeps.operator.kube.client import ApiError, KubeClient
@@ -347,6 +349,58 @@ class Control:
                                 f"Created Kueue Workload {action.name} in LocalQueue {action.body['spec']['queueName']}")
         elif isinstance(action, DeleteWorkload):
             self.recorder.event(job, "Normal", "WorkloadDeleted", f"Deleted Workload {action.name}: {action.reason}")
+
+    async def sync_disruption_budget(self, key: Key, job: Body, wanted: bool | None) -> None:
+        """Create the job's PodDisruptionBudget while it is wanted (True), delete it once the job finished (False)
+        or no longer asks for one (None, after this operator made it); once known either way, nothing more is
+        asked of the API server (budgets are not watched; a restarted operator checks once more)."""
+        known = self.cache.disruption_budgets.get(key)
+        if wanted is None:
+            if known is not True:
+                return  # never asked for, as far as this operator knows: no API call
+            wanted = False
+        if known is wanted:
+            return
+        name = disruption.pdb_name(key[1])
+        try:
+            if wanted:
+                await self.kube.create_pod_disruption_budget(key[0], disruption.pdb_body(job))
+            else:
+                await self.kube.delete_pod_disruption_budget(key[0], name)
+        except ApiError as err:
+            if err.status not in (404, 409):
+                self.recorder.api_error("create-pdb" if wanted else "delete-pdb", err.status)
+                self.recorder.event(job, "Warning", "DisruptionBudgetFailed",
+                                    f"Could not {'create' if wanted else 'delete'} PodDisruptionBudget {name}: "
+                                    f"{_api_message(err)}; retrying")
+                self.retry(key, RETRY_CREATE_AFTER)
+                return
+        else:
+            self.recorder.event(job, "Normal", "DisruptionBudgetCreated" if wanted else "DisruptionBudgetDeleted",
+                                f"{'Created' if wanted else 'Deleted'} PodDisruptionBudget {name} (chief and "
+                                f"parameter servers)")
+        self.cache.disruption_budgets[key] = wanted
+
+    async def force_delete_pods(self, key: Key, deletes: list[ForceDeletePod]) -> None:
+        """Delete pods of lost nodes at once (grace period 0, the UID a precondition): their kubelets will never
+        confirm a graceful delete, and the pods' names are needed for their replacements."""
+        async def one(action: ForceDeletePod) -> None:
+            try:
+                await self.kube.delete_pod(key[0], action.name, action.uid, grace_seconds=0)
+            except ApiError as err:
+                if err.status in (404, 409):
+                    return  # gone, or replaced
+                self.recorder.api_error("delete-pod", err.status)
+                raise
+            if action.uid:
+                self.cache.force_deleted.add(action.uid)
+            self.recorder.pod_deleted("node lost")
+            log.info("force-deleted pod %s/%s: %s", key[0], action.name, action.reason)
+
+        results = await asyncio.gather(*(one(a) for a in deletes), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
 
     async def delete_job(self, key: Key, job: Body, action: DeleteJob) -> None:
         try:

@@ -7,7 +7,8 @@ restart counted once is never counted again, and a stale cache only costs a re-r
 
 :class:`Reconciler` is the sum of its collaborators, named as fields as Kubeflow's ``JobController`` names its
 own: :attr:`~Reconciler.cache` (what is known), :attr:`~Reconciler.queue` (when to reconcile),
-:attr:`~Reconciler.scopes` (the watches that feed the cache), :attr:`~Reconciler.control` (the actuator) and
+:attr:`~Reconciler.scopes` (the watches that feed the cache), :attr:`~Reconciler.nodes` (the watch of Nodes and
+their Leases, for pods on lost nodes), :attr:`~Reconciler.control` (the actuator) and
 :attr:`~Reconciler.recorder` (Events and metrics). What it keeps for itself is one reconcile and the status write.
 """
 
@@ -20,7 +21,7 @@ from datetime import datetime, timezone
 from typing import Awaitable, Callable
 
 from kubeps.operator.api.models import GangScheduler, NetworkPolicyMode
-from kubeps.operator.core import gang, kueue, planner
+from kubeps.operator.core import disruption, gang, kueue, nodes, planner
 from kubeps.operator.core.actions import CreatePod
 from kubeps.operator.core.children import ANNOTATION_NETWORK_POLICY, PlanConfig, secret_name
 from kubeps.operator.core.observed import controlled_by
@@ -28,6 +29,7 @@ from kubeps.operator.kube.client import ApiError, KubeClient
 
 from .cache import Body, Cache, Key, job_key
 from .control import Control
+from .nodes import NodeWatch
 from .queue import WorkQueue
 from .recorder import Recorder
 from .scope import Scopes
@@ -61,6 +63,10 @@ class Reconciler:
         #: ResourceFlavors and priority classes read for queued jobs: (kind, name) -> (read at, object or None)
         self._kueue_objects: dict[tuple[str, str], tuple[float, Body | None]] = {}
         self.control = Control(self.kube, self.cache, self.recorder, retry=self.queue.schedule, fail=self.fail)
+        self.nodes: NodeWatch | None = None
+        if settings.node_lost_after >= 0:
+            self.nodes = NodeWatch(self.kube, settings.node_lost_after, self.scopes.timeouts(),
+                                   on_change=self.node_changed)
         self.reconciles = 0
 
     def configure(self, clusterwide: bool, peering: tuple[str, int] | None) -> None:
@@ -84,6 +90,9 @@ class Reconciler:
             self.forget(key)
             return
         self.scopes.enter(key[0])
+        if self.nodes is not None and self.nodes.nodes.task is None:
+            # Started here, as the scopes' watches are, so that what it triggers runs in kopf's context (Events).
+            self.nodes.start()
         if self.cache.store_job(key, body):
             self.queue.trigger(key)
 
@@ -116,6 +125,11 @@ class Reconciler:
         for key in self.cache.workloads_listed(where, items):
             if key in self.cache.jobs:
                 self.queue.trigger(key)
+
+    def node_changed(self, node: str) -> None:
+        """A node's verdict may have changed (lost, back): reconcile the jobs with pods on it."""
+        for key in self.cache.jobs_on_node(node):
+            self.queue.trigger(key)
 
     def forget(self, key: Key) -> None:
         self.cache.forget_job(key)
@@ -157,13 +171,19 @@ class Reconciler:
             # (a job never reconciled has none: one fewer GET per new job, as for the Secret)
             pod_group = await self.control.read_own_pod_group(key, uid, gang.API_VERSIONS[self.config.gang_scheduler])
         now = datetime.now(timezone.utc)
-        plan = planner.plan(job, pods, services, secret, now, self.config, pod_group=pod_group, queue=queue)
+        # Pods on lost nodes are shown to the planner as deleted, and force-deleted below.
+        view = self.nodes.view() if self.nodes is not None else None
+        loss = nodes.replace_lost_pods(pods, view, now, self.settings.node_lost_after)
+        plan = planner.plan(job, loss.pods, services, secret, now, self.config, pod_group=pod_group, queue=queue)
         if cached and plan.of(CreatePod) and await self.control.read_own_secret(key, uid) is None:
             # A new pod reads its token from the Secret, which someone may have deleted since it was made (Secrets
             # are not watched: that would need rights to read every Secret). Without it the planner restarts the
             # pods that hold the old token, with a new Secret.
-            plan = planner.plan(job, pods, services, None, now, self.config, pod_group=pod_group, queue=queue)
+            plan = planner.plan(job, loss.pods, services, None, now, self.config, pod_group=pod_group, queue=queue)
         self.reconciles += 1
+        if plan.of(CreatePod):
+            # New pods stay off lost nodes: the scheduler takes one for Ready until the node controller marks it.
+            plan.actions = nodes.keep_off(plan.actions, nodes.lost_nodes(view, now, self.settings.node_lost_after))
 
         old_status = job.get("status") or {}
         if plan.status != old_status:
@@ -172,7 +192,10 @@ class Reconciler:
                 return  # conflict or gone: re-read and re-planned by the next pass
             self.recorder.transitions(old_status, plan.status)
             job = written
+        plan.actions.extend(e for uid, e in loss.events.items() if uid not in self.cache.force_deleted)
         await self.control.apply(key, job, plan)
+        await self.control.force_delete_pods(key, loss.deletes)
+        await self.control.sync_disruption_budget(key, job, disruption.wanted(job, plan.terminal))
         if plan.all_children_present:
             self.recorder.all_children_present(job)
         if plan.requeue_after is not None:
@@ -271,4 +294,6 @@ class Reconciler:
     async def close(self) -> None:
         self.queue.close()
         await self.scopes.close()
+        if self.nodes is not None:
+            await self.nodes.stop()
         await self.kube.close()

@@ -121,6 +121,12 @@ class Scopes:
         """The key of the scope that holds ``namespace``'s children (None: the whole cluster)."""
         return None if self.clusterwide else namespace
 
+    def timeouts(self) -> Timeouts:
+        """The watch timeouts of the settings, for a watch outside the scopes."""
+        s = self.settings
+        return Timeouts(server_timeout=s.watch_server_timeout, client_timeout=s.watch_client_timeout,
+                        connect_timeout=s.watch_connect_timeout, inactivity_timeout=s.watch_inactivity_timeout)
+
     def get(self, namespace: str) -> Scope | None:
         return self.active.get(self.where(namespace))
 

@@ -35,6 +35,11 @@ KUBEPS_WATCH_SERVER_TIMEOUT    (env only)                   watch request timeou
 KUBEPS_WATCH_CLIENT_TIMEOUT    (env only)                   client-side watch timeout (150 s)
 KUBEPS_WATCH_CONNECT_TIMEOUT   (env only)                   connection timeout of watches (10 s)
 KUBEPS_WATCH_INACTIVITY        (env only)                   restart a watch silent this long (180 s)
+KUBEPS_NODE_LOST_AFTER         --node-lost-after            seconds without a Lease renewal (or with
+                                                            Ready=False) after which a node is lost and
+                                                            its pods are replaced; 0: only the node
+                                                            controller's Ready=Unknown; negative: Nodes
+                                                            are not watched at all (20; docs/nodes.md)
 =============================  ===========================  ==========================================
 """
 
@@ -70,6 +75,17 @@ def _float(env: Mapping[str, str], name: str, default: float) -> float:
     if value <= 0:
         raise ValueError(f"{name}={raw!r}: must be > 0")
     return value
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    """A number of seconds that may also be 0 or negative (each with its own meaning)."""
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: expected a number of seconds") from None
 
 
 def _int(env: Mapping[str, str], name: str, default: int, minimum: int | None = 0) -> int:
@@ -132,6 +148,7 @@ class Settings:
     watch_client_timeout: float = 150.0
     watch_connect_timeout: float = 10.0
     watch_inactivity_timeout: float = 180.0
+    node_lost_after: float = 20.0
     extra: dict = field(default_factory=dict)
 
     @property
@@ -167,6 +184,7 @@ class Settings:
             watch_client_timeout=_float(env, "KUBEPS_WATCH_CLIENT_TIMEOUT", 150.0),
             watch_connect_timeout=_float(env, "KUBEPS_WATCH_CONNECT_TIMEOUT", 10.0),
             watch_inactivity_timeout=_float(env, "KUBEPS_WATCH_INACTIVITY", 180.0),
+            node_lost_after=_seconds(env, "KUBEPS_NODE_LOST_AFTER", 20.0),
         )
 
     def with_overrides(self, **overrides: Any) -> "Settings":

@@ -322,6 +322,13 @@ class KubeClient:
             raise
         return found
 
+    async def create_pod_disruption_budget(self, namespace: str, body: dict) -> None:
+        await self.request("POST", f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets", body)
+
+    async def delete_pod_disruption_budget(self, namespace: str, name: str) -> None:
+        await self.request("DELETE", f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets/{name}",
+                           _delete_options(None))
+
 
 def _delete_options(uid: str | None, grace_seconds: int | None = None) -> dict:
     body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}

@@ -45,7 +45,8 @@ def ctr_job(name: str, *, steps: int = 600, checkpoint: str | None = None, every
 
 
 def pvc(kind: Kind, ns: str, name: str = "ckpt") -> str:
-    # kind's local-path provisioner; one node, so ReadWriteOnce is shared by every pod of the job.
+    # kind's local-path provisioner: the volume is bound to one node, and every pod that mounts it is scheduled
+    # there (ReadWriteOnce is per node), so the job's pods share it.
     kind.apply(ns, {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name},
                     "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}})
     return name

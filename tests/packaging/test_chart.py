@@ -174,7 +174,10 @@ def crd_group_plural() -> tuple[str, str]:
 
 def test_cluster_wide_rbac(render):
     objects = render.template()
-    assert not render.by_kind(objects, "Role") and not render.by_kind(objects, "RoleBinding")
+    # The one Role: the kubelets' Leases, read in kube-node-lease (lost nodes, docs/nodes.md).
+    assert [(r["metadata"]["namespace"], rules_of(r)) for r in render.by_kind(objects, "Role")] == [
+        ("kube-node-lease", {("coordination.k8s.io", "leases", v) for v in ("get", "list", "watch")})]
+    assert [b["metadata"]["namespace"] for b in render.by_kind(objects, "RoleBinding")] == ["kube-node-lease"]
     role = render.one(objects, "ClusterRole")
     binding = render.one(objects, "ClusterRoleBinding")
     sa = render.one(objects, "ServiceAccount")
@@ -194,23 +197,25 @@ def test_cluster_wide_rbac(render):
     # Least privilege: no wildcards, no escalation, nothing on workloads other than pods.
     assert not any("*" in r for r in rules), rules
     assert not {res for _, res, _ in rules} & {"roles", "rolebindings", "clusterroles", "clusterrolebindings",
-                                                "deployments", "nodes", "serviceaccounts", "configmaps"}
+                                                "deployments", "serviceaccounts", "configmaps"}
+    assert {v for _, res, v in rules if res == "nodes"} == {"get", "list", "watch"}  # read only
     assert not {v for _, _, v in rules} & {"escalate", "bind", "impersonate", "deletecollection", "update"}
 
 
 def test_namespaced_mode_rbac(render):
     objects = render.template("--values", str(VARIANTS["namespaced"]))
     cluster_rules = rules_of(render.one(objects, "ClusterRole"))
-    # Cluster-wide only what kopf needs to discover its resource and the watched namespaces, and the cluster-scoped
-    # Kueue objects a queued job names (read only).
+    # Cluster-wide only what kopf needs to discover its resource and the watched namespaces, the cluster-scoped
+    # Kueue objects a queued job names (read only), and the nodes read to replace the pods of lost ones.
     assert cluster_rules == {("apiextensions.k8s.io", "customresourcedefinitions", "list"),
                              ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
                              ("", "namespaces", "list"), ("", "namespaces", "watch"),
                              ("kueue.x-k8s.io", "resourceflavors", "get"),
                              ("kueue.x-k8s.io", "workloadpriorityclasses", "get"),
-                             ("scheduling.k8s.io", "priorityclasses", "get")}
-    roles = render.by_kind(objects, "Role")
-    bindings = render.by_kind(objects, "RoleBinding")
+                             ("scheduling.k8s.io", "priorityclasses", "get"),
+                             ("", "nodes", "get"), ("", "nodes", "list"), ("", "nodes", "watch")}
+    roles = [r for r in render.by_kind(objects, "Role") if r["metadata"]["namespace"] != "kube-node-lease"]
+    bindings = [b for b in render.by_kind(objects, "RoleBinding") if b["metadata"]["namespace"] != "kube-node-lease"]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     group, plural = crd_group_plural()
@@ -220,7 +225,8 @@ def test_namespaced_mode_rbac(render):
         assert not any(res == "namespaces" or g == "kopf.dev" for g, res, _ in rules)
     objects = render.template("--values", str(VARIANTS["namespaced"]), "--set", "peering.enabled=true")
     for role in render.by_kind(objects, "Role"):
-        assert ("kopf.dev", "kopfpeerings", "patch") in rules_of(role)
+        if role["metadata"]["namespace"] != "kube-node-lease":
+            assert ("kopf.dev", "kopfpeerings", "patch") in rules_of(role)
 
 
 def test_replicas_with_peering_roll_and_stand_by(render):

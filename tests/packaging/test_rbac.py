@@ -4,7 +4,10 @@ The operator's calls are read from its source: the REST requests of operator/kub
 (``self.request("POST", f"/api/v1/namespaces/{namespace}/pods", ...)`` -> create pods; ``/apis/<group>/<version>/namespaces/...``
 likewise; ``/apis/{api_version}/...``, the gang scheduler's PodGroups, in the group of every backend, compared with the
 chart's rights for all backends), the resources of its kopf watch handlers and of its own
-watches (``kopf.on.event(models.GROUP, ...)``, ``self._watch("pods", ...)`` -> list, watch) and ``kopf.event(...)`` (create events).
+watches (``kopf.on.event(models.GROUP, ...)``, ``self._watch("pods", ...)`` -> list, watch), the cluster-wide watches of
+operator/controller/nodes.py (``Watcher(kube, "/api/v1/nodes", ...)``, and ``LEASES``, the Leases of kube-node-lease,
+which the chart grants with a Role there), the cluster-scoped reads of Kueue's objects and ``kopf.event(...)`` (create
+events).
 """
 
 from __future__ import annotations
@@ -54,6 +57,11 @@ def required_permissions() -> set[tuple[str, str, str]]:
     for group, resource in re.findall(r'self\._watch\(f"/apis/([\w.-]+)/\w+\{self\._where\(\)\}/(\w+)"', source):
         needed |= {(group, resource, "list"), (group, resource, "watch")}
     needed |= cluster_scoped_reads(source)
+    # operator/controller/nodes.py: Watcher(kube, "/api/v1/nodes", ...) and LEASES = "/apis/<group>/v1/namespaces/..."
+    for resource in re.findall(r'Watcher\(kube, "/api/v1/(\w+)"', source):
+        needed |= {("", resource, "get"), ("", resource, "list"), ("", resource, "watch")}
+    for group, resource in re.findall(r'LEASES = "/apis/([\w.-]+)/\w+/namespaces/kube-node-lease/(\w+)"', source):
+        needed |= {(group, resource, "get"), (group, resource, "list"), (group, resource, "watch")}
     if re.search(r"kopf\.(event|info|warn|exception)\(", source):
         needed.add(("", "events", "create"))
     return needed
@@ -82,10 +90,16 @@ def test_the_scan_reads_every_operator_module():
         assert module in scanned, module
 
 
-def granted(render) -> set[tuple[str, str, str]]:
-    role = render.one(render.template("--set", "gangScheduling.rbacForAllBackends=true"), "ClusterRole")
+def rules_of(role: dict) -> set[tuple[str, str, str]]:
     return {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
-            for v in rule["verbs"]
+            for v in rule["verbs"]}
+
+
+def granted(render) -> set[tuple[str, str, str]]:
+    objects = render.template("--set", "gangScheduling.rbacForAllBackends=true")
+    role = render.one(objects, "ClusterRole")
+    leases = [r for r in render.by_kind(objects, "Role") if r["metadata"]["namespace"] == "kube-node-lease"]
+    return {(g, r, v) for g, r, v in rules_of(role).union(*map(rules_of, leases))
             if g not in ("apiextensions.k8s.io", "kopf.dev")}  # kopf's own discovery and peering, tested elsewhere
 
 
@@ -102,18 +116,32 @@ def test_rbac_is_exactly_what_the_operator_uses(render):
 
 
 def test_namespaced_roles_grant_the_same(render):
-    """Each watched namespace's Role grants the namespaced rules; the cluster-scoped reads stay in the ClusterRole."""
+    """Each watched namespace's Role grants the namespaced rules; the cluster-scoped reads (Kueue's objects, nodes)
+    stay in the ClusterRole, the Leases in kube-node-lease's Role."""
     objects = render.template("--set", "watchNamespaces={a,b}", "--set", "gangScheduling.rbacForAllBackends=true")
-    cluster_wide = granted(render)
     scoped_reads = cluster_scoped_reads("\n".join(p.read_text() for p in operator_sources()))
     assert scoped_reads, "found no cluster-scoped read to check"
-    for role in render.by_kind(objects, "Role"):
-        rules = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
-                 for v in rule["verbs"]}
-        assert rules == cluster_wide - scoped_reads
-    cluster_role = render.one(objects, "ClusterRole")
-    assert scoped_reads <= {(g, r, v) for rule in cluster_role["rules"] for g in rule["apiGroups"]
-                            for r in rule["resources"] for v in rule["verbs"]}
+    cluster_wide = granted(render) - NODE_RULES - scoped_reads
+    roles = [r for r in render.by_kind(objects, "Role") if r["metadata"]["namespace"] != "kube-node-lease"]
+    assert len(roles) == 2
+    for role in roles:
+        assert rules_of(role) == cluster_wide
+    cluster_role = rules_of(render.one(objects, "ClusterRole"))
+    assert scoped_reads <= cluster_role
+    # Lost nodes are watched in both modes: Nodes in the ClusterRole, Leases in kube-node-lease.
+    assert NODE_RULES <= cluster_role.union(
+        *(rules_of(r) for r in render.by_kind(objects, "Role") if r["metadata"]["namespace"] == "kube-node-lease"))
+
+
+NODE_RULES = {(g, r, v) for g, r in (("", "nodes"), ("coordination.k8s.io", "leases")) for v in ("get", "list", "watch")}
+
+
+def test_node_rights_only_with_node_loss_watch(render):
+    objects = render.template("--set", "nodeLoss.watch=false")
+    assert not NODE_RULES & rules_of(render.one(objects, "ClusterRole"))
+    assert not [r for r in render.by_kind(objects, "Role") if r["metadata"]["namespace"] == "kube-node-lease"]
+    args = render.one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--node-lost-after=-1" in args
 
 
 def test_kueue_off_grants_nothing_of_kueue(render):

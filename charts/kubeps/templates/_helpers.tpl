@@ -80,6 +80,10 @@ operator/kube/client.py and the resources of its kopf handlers (tests/packaging/
   resources: ["podgroups"]
   verbs: ["get", "create", "delete"]
 {{- end }}
+# The per-job PodDisruptionBudget (spec.runPolicy.podDisruptionBudget ChiefAndPS), deleted when the job finishes.
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["create", "delete"]
 # kopf.event() posts the job's lifecycle as core v1 Events.
 - apiGroups: [""]
   resources: ["events"]
