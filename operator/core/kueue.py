@@ -27,7 +27,7 @@ from __future__ import annotations
 import copy
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from kubeps.operator.api import models
 from kubeps.operator.api.models import PSTrainingJobSpec, ReplicaType
@@ -250,7 +250,7 @@ class Queueing:
     the admission adds to each podSet's pods; ``actions`` the Workload's creation and updates."""
 
     def __init__(self, job: Mapping[str, Any], spec: PSTrainingJobSpec, view: QueueView,
-                 templates: Mapping[ReplicaType, Mapping[str, Any]], pods_left: int, now: str):
+                 templates: Callable[[], Mapping[ReplicaType, Mapping[str, Any]]], pods_left: int, now: str):
         self.job, self.spec, self.view, self.now = job, spec, view, now
         self.actions: list[Any] = []
         self.infos: dict[str, PodSetInfo] = {}
@@ -258,8 +258,8 @@ class Queueing:
         workload = view.workload
         queue = queue_name(job) or ""
         active = not spec.runPolicy.suspend
-        sets = pod_sets(spec, templates)
         if workload is None:
+            sets = pod_sets(spec, templates())
             self.actions.append(CreateWorkload(workload_name(job), workload_body(job, sets, active, view.priority)))
             self.hold = (R_QUEUED, f"Waiting for Kueue: Workload {workload_name(job)} was created in LocalQueue "
                                    f"{queue}.")
@@ -277,12 +277,13 @@ class Queueing:
             self.hold = (R_EVICTED, f"Workload {name} is finished ({reason}); delete and resubmit the job to run "
                                     f"it again.")
             return
-        if _pod_set_shape(wspec.get("podSets")) != _pod_set_shape(sets):
+        # The pod bodies are made only when the Workload is written: most reconciles compare the counts alone.
+        if _pod_set_shape(wspec.get("podSets")) != _spec_shape(spec):
             if reserved:
                 self.actions.append(DeleteWorkload(name, uid, "the job's replicas changed while it was admitted"))
                 self.hold = (R_QUEUED, f"The job's replicas changed: Workload {name} is replaced and queued anew.")
                 return
-            self.actions.append(PatchWorkload(name, {"spec": {"podSets": sets}}))
+            self.actions.append(PatchWorkload(name, {"spec": {"podSets": pod_sets(spec, templates())}}))
         patch: dict[str, Any] = {}
         if wspec.get("active", True) != active:
             patch["active"] = active
@@ -346,6 +347,12 @@ def finish(view: QueueView, succeeded: bool, message: str, now: str) -> ApplyWor
     name = str((workload.get("metadata") or {}).get("name"))
     return ApplyWorkloadStatus(name, status_apply(workload, [
         _condition(FINISHED, True, "Succeeded" if succeeded else "Failed", message, generation, now)]))
+
+
+def _spec_shape(spec: PSTrainingJobSpec) -> list[tuple[str, int]]:
+    """The podSets' names and counts the spec asks for (what :func:`pod_sets` makes, without the templates)."""
+    return [(rt.task_type, rs.replicas) for rt in models.REPLICA_TYPES
+            if (rs := spec.replicaSpecs.get(rt)) is not None and rs.replicas]
 
 
 def _pod_set_shape(sets: Any) -> list[tuple[str, int]]:

@@ -338,8 +338,10 @@ class _Planner:
         # Kueue: a queued job runs only once its Workload is admitted.
         hold: tuple[str, str] | None = None
         if self.queued():
-            templates = {rt: pod_body(self.job, spec, rt, 0, self.status.chiefEpoch, self.config)
-                         for rt in models.REPLICA_TYPES if spec.replicaSpecs.get(rt) is not None}
+            def templates() -> dict[ReplicaType, dict[str, Any]]:
+                return {rt: pod_body(self.job, spec, rt, 0, self.status.chiefEpoch, self.config)
+                        for rt in models.REPLICA_TYPES if spec.replicaSpecs.get(rt) is not None}
+
             self.queueing = kueue.Queueing(self.job, spec, self.queue_view, templates, len(self.pods),
                                            self.book.now_text)
             self.plan.actions.extend(self.queueing.actions)

@@ -46,6 +46,14 @@ class QueueWorld(World):
             elif isinstance(action, A.DeleteWorkload):
                 self.workload = None
 
+    def admitted_and_running(self) -> None:
+        """Queued, admitted by Kueue, every pod running."""
+        self.converge()
+        self.admit()
+        self.converge()
+        self.run_all()
+        self.converge()
+
     # -- Kueue's side ----------------------------------------------------------------------------------------
     def admit(self, checks: list | None = None) -> None:
         sets = self.workload["spec"]["podSets"]
@@ -138,11 +146,7 @@ def test_pods_ready_is_reported_started_then_recovery():
 
 def test_eviction_stops_the_pods_then_clears_the_admission_and_requeues():
     world = QueueWorld(make_job(ps=1, workers=1))
-    world.converge()
-    world.admit()
-    world.converge()
-    world.run_all()
-    world.converge()
+    world.admitted_and_running()
     world.evict("Preempted")
     plan = world.step()
     assert len(plan.of(A.DeletePod)) == 3 and not plan.of(A.ApplyWorkloadStatus)  # pods first
@@ -176,11 +180,7 @@ def test_requeued_is_true_only_after_preemption_or_node_failures(reason, requeue
 
 def test_finished_is_written_once_when_the_chief_succeeds():
     world = QueueWorld(make_job(ps=1, workers=1))
-    world.converge()
-    world.admit()
-    world.converge()
-    world.run_all()
-    world.converge()
+    world.admitted_and_running()
     world.exit("ctr-chief-0", 0)
     plan = world.step()
     [apply] = plan.of(A.ApplyWorkloadStatus)
