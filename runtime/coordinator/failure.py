@@ -208,10 +208,12 @@ class FailureDetector:
         if beat.due(now, self.heartbeat_interval):
             beat.sent_at = now
             beat.future = self._ping_submit(self.strategy.transport.call, ps, PING, timeout=self.ping_timeout)
-        if not beat.answered and getattr(self.strategy, "ps_waiting", False):
-            # a ps that never answered while the strategy waits for every ps to start is starting, not dead: the
-            # strategy waits for it (ps_startup_timeout) and says so itself; one that was never waited for (no
-            # variable created yet) and stops answering is dead after the usual silence
+        if not beat.answered and (getattr(self.strategy, "ps_waiting", False)
+                                  or not getattr(self.strategy, "ps_ready", True)):
+            # a ps that never answered is starting, not dead, while the strategy waits for every ps to start or has
+            # not yet waited (no variable created: e.g. per-worker resources built first, on a loaded machine where
+            # a ps takes seconds to listen): the strategy's wait bounds it (ps_startup_timeout) and says so itself.
+            # One that answered once and then stops answering is dead after the usual silence.
             beat.last_ok = now
             return
         silent = now - beat.last_ok
