@@ -4,6 +4,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kubeps-installed
 PYTEST_ARGS ?=
+# `make test` runs the suite in this many pytest-xdist workers: the API-server tests beside the training tests (the
+# groups in tests/conftest.py); PYTEST_WORKERS=0 runs it in one process.
+PYTEST_WORKERS ?= 2
 
 ACTIONLINT_VERSION := v1.7.12
 
@@ -73,7 +76,7 @@ lint: $(STAMP)
 	MYPY=$(abspath $(BIN))/mypy hack/mypy.sh
 
 test: $(STAMP) controlplane s3server kueue gang-crds tools
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # End-to-end tests with real pods on a kind cluster: hack/kind.sh builds (cached under ~/.cache/kubeps/kind) what
 # the cluster needs, starts dockerd if none runs, creates the cluster, builds and loads the images; the tests install

@@ -17,6 +17,12 @@ Fixtures (see docs/testing.md):
 
 Every test that uses ``kube`` (directly or through ``namespace``) gets the ``kube`` marker,
 so ``pytest -m "not kube"`` runs everything else.
+
+``make test`` runs the suite in two pytest-xdist workers (``-n 2 --dist loadgroup``): the tests against the API
+server (``kube`` users and tests/operator, tests/controlplane, tests/packaging) are one group, the tests that start
+training processes (the runtime, models, chaos, checkpoint, ... directories) another, so each group runs in order on
+one worker (one control plane, one training job at a time, never two on 2 cores) and the two groups side by side; the
+rest (kernels, code checks) fills whichever worker is free.
 """
 
 from __future__ import annotations
@@ -54,10 +60,46 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+#: Test directories whose tests talk to the API server: one xdist group (one control plane, one Kueue).
+_API_SERVER_DIRS = frozenset({"operator", "controlplane", "packaging"})
+#: Test directories whose tests start parameter servers, workers or whole training jobs: one xdist group, so two
+#: training jobs never share the 2 cores (their timing assertions: heartbeats, deadlines, at load ~3, not ~10).
+_TRAINING_DIRS = frozenset({"runtime", "models", "chaos", "checkpoint", "cluster", "fault_tolerance", "observe",
+                            "readme", "fuzz"})
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tests = Path(__file__).resolve().parent
     for item in items:
-        if "kube" in getattr(item, "fixturenames", ()):
+        uses_kube = "kube" in getattr(item, "fixturenames", ())
+        if uses_kube:
             item.add_marker(pytest.mark.kube)
+        path = Path(str(item.fspath)).resolve()
+        top = path.relative_to(tests).parts[0] if tests in path.parents else ""
+        if uses_kube or top in _API_SERVER_DIRS:
+            item.add_marker(pytest.mark.xdist_group("api-server"))
+        elif top in _TRAINING_DIRS:
+            item.add_marker(pytest.mark.xdist_group("training"))
+
+
+CTR_EXAMPLE = REPO / "examples" / "ctr" / "train.py"
+
+
+@pytest.fixture(scope="session")
+def ctr_default_run() -> tuple[subprocess.CompletedProcess, dict]:
+    """``kubeps local --ps 2 --workers 2 examples/ctr/train.py`` with the default flags, run once per session (per
+    xdist worker) and shared by the tests that check it or measure other paths against it: ``(process, RESULT)``.
+    The run is deterministic in its data and seed, so sharing it changes no assertion."""
+    import json
+
+    result = subprocess.run(
+        [sys.executable, "-m", "kubeps.runtime.cli", "local", "--ps", "2", "--workers", "2", str(CTR_EXAMPLE)],
+        capture_output=True, text=True, timeout=170, cwd=REPO,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    lines = [line for line in result.stdout.splitlines() if line.startswith("[chief-0] RESULT ")]
+    assert len(lines) == 1, result.stdout[-3000:]
+    return result, json.loads(lines[0].split(" RESULT ", 1)[1])
 
 
 class WaitTimeout(AssertionError):

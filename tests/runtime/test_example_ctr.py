@@ -37,9 +37,9 @@ def run_example(*script_args: str, evaluator: bool = False,
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_ctr_example_gets_within_2_percent_of_the_teacher_under_kubeps_local():
+def test_ctr_example_gets_within_2_percent_of_the_teacher_under_kubeps_local(ctr_default_run):
     """The README's claim, with the README's command (default flags: 2400 steps of 512, ~4 passes, ~20 s)."""
-    result, metrics = run_example()
+    result, metrics = ctr_default_run
     assert metrics["embedding_shards"] == 2  # MinSizePartitioner split the one table across both ps
     assert metrics["logloss"] <= 1.02 * metrics["teacher_logloss"], metrics
     assert metrics["gap_pct"] == pytest.approx(100 * (metrics["logloss"] / metrics["teacher_logloss"] - 1))

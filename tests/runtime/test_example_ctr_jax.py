@@ -16,11 +16,11 @@ JAX_EXAMPLE = EXAMPLE.with_name("train_jax.py")
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_jax_example_matches_the_numpy_example_within_half_a_percent():
+def test_jax_example_matches_the_numpy_example_within_half_a_percent(ctr_default_run):
     """``kubeps local --ps 2 --workers 2 examples/ctr/train_jax.py`` with the default flags (2400 steps of 512):
     its eval log-loss is within 0.5% of the numpy example's, measured here with the same flags."""
     result, jax_metrics = run_example(script=JAX_EXAMPLE)
-    _, numpy_metrics = run_example()
+    _, numpy_metrics = ctr_default_run
     assert jax_metrics["logloss"] == pytest.approx(numpy_metrics["logloss"], rel=0.005), (jax_metrics, numpy_metrics)
     assert jax_metrics["teacher_logloss"] == numpy_metrics["teacher_logloss"]  # the same held-out data
     assert jax_metrics["logloss"] <= 1.02 * jax_metrics["teacher_logloss"]
