@@ -242,7 +242,9 @@ def test_server_bad_arguments_and_insecure(tmp_path):
 def test_killed_worker_closure_reruns_elsewhere_and_worker_comes_back(make_cluster):
     cluster = make_cluster(num_ps=1, num_workers=2)
     strategy = cluster.strategy()
-    coordinator = ClusterCoordinator(strategy, heartbeat_interval=0.5)
+    # the killed worker's call breaks at once; 6 missed pings (3 s) before the untouched ps counts as dead keeps a
+    # loaded machine (the other pytest-xdist worker busy) from failing the job on a slow ping
+    coordinator = ClusterCoordinator(strategy, heartbeat_interval=0.5, heartbeat_failures=6)
     try:
         dataset = coordinator.create_per_worker_dataset(_counting_dataset)
         iterator = iter(dataset)
