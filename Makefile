@@ -76,7 +76,7 @@ lint: $(STAMP)
 	MYPY=$(abspath $(BIN))/mypy hack/mypy.sh
 
 test: $(STAMP) controlplane s3server kueue gang-crds tools
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 # End-to-end tests with real pods on a kind cluster: hack/kind.sh builds (cached under ~/.cache/kubeps/kind) what
 # the cluster needs, starts dockerd if none runs, creates the cluster, builds and loads the images; the tests install
