@@ -208,12 +208,13 @@ class FailureDetector:
         if beat.due(now, self.heartbeat_interval):
             beat.sent_at = now
             beat.future = self._ping_submit(self.strategy.transport.call, ps, PING, timeout=self.ping_timeout)
-        if not beat.answered and (getattr(self.strategy, "ps_waiting", False)
-                                  or not getattr(self.strategy, "ps_ready", True)):
-            # a ps that never answered is starting, not dead, while the strategy waits for every ps to start or has
-            # not yet waited (no variable created: e.g. per-worker resources built first, on a loaded machine where
-            # a ps takes seconds to listen): the strategy's wait bounds it (ps_startup_timeout) and says so itself.
-            # One that answered once and then stops answering is dead after the usual silence.
+        if not beat.answered and (getattr(self.strategy, "ps_waiting", False) or (
+                not getattr(self.strategy, "ps_ready", True) and _not_listening(beat.last_error))):
+            # a ps that never answered is starting, not dead, while the strategy waits for every ps to start, or
+            # before it has waited (no variable created yet: e.g. per-worker resources built first) while nothing
+            # listens at its address (on a loaded machine a ps takes seconds to listen): the strategy's wait bounds
+            # it (ps_startup_timeout) and says so itself. One that listens but does not answer (hung) or answered
+            # once and then stops answering is dead after the usual silence.
             beat.last_ok = now
             return
         silent = now - beat.last_ok
@@ -243,3 +244,12 @@ class FailureDetector:
                         self.heartbeat_interval, beat.last_error)
             beat.last_ok = now  # cancelled once; the dispatch thread re-queues the closure
             call.cancel()
+
+
+def _not_listening(error: BaseException | None) -> bool:
+    """Whether a ping failed because nothing listens at the address yet (connection refused; in Kubernetes also a
+    name that does not resolve until the pod has an address), not because a peer that listens was silent (a hung
+    process accepts the connection and never answers: "timed out before receiving SETTINGS frame")."""
+    text = str(error).lower()
+    return getattr(error, "code", None) == "UNAVAILABLE" and any(
+        sign in text for sign in ("connection refused", "dns resolution failed", "name resolution"))

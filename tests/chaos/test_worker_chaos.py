@@ -14,7 +14,7 @@ import pytest
 
 from .conftest import STEPS_PER_EXECUTION, report, wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 # Long enough for the 4+ kills the test asks for at 1.5-3 s apart: 3600 steps were over in ~5 s on a quiet
 # machine once the runtime got faster, after 3 kills.
@@ -26,7 +26,7 @@ ARGS = ("--steps", str(STEPS), "--checkpoint-every", "2400", "--eval-examples", 
 def test_random_worker_kills_do_not_stop_training(chaos_run):
     baseline = chaos_run("baseline", program_args=ARGS)
     baseline.start()
-    assert baseline.join(120) == 0
+    assert baseline.join(200) == 0  # ~20 s on an idle machine; generous for a loaded one (a bound, not a goal)
     base_loss = baseline.result()["logloss"]
 
     run = chaos_run("chaos", evaluator=True, program_args=ARGS)
