@@ -271,6 +271,83 @@ def test_tfrecord_corruption_is_detected_named_or_skipped(tmp_path):
         list(TFRecordDataset(str(path)))
 
 
+def _reference_records(data: bytes, skip: bool):
+    """Records of a TFRecord file read one frame at a time, written independently of kubeps: (offsets, records,
+    warnings, error)."""
+    offsets, records, notes, at = [], [], [], 0
+    while at < len(data):
+        if len(data) - at < 12 or len(data) - at < 16 + struct.unpack_from("<Q", data, at)[0] and (
+                struct.unpack_from("<I", data, at + 8)[0] == _masked(data[at : at + 8])):
+            what = f"offset {at}: the file ends inside a record"
+            if not skip:
+                return offsets, records, notes, what
+            notes.append(what)
+            break
+        (length,) = struct.unpack_from("<Q", data, at)
+        if struct.unpack_from("<I", data, at + 8)[0] != _masked(data[at : at + 8]):
+            what = f"offset {at}: the length's CRC"
+            if not skip:
+                return offsets, records, notes, what
+            notes.append(what)
+            break
+        record = data[at + 12 : at + 12 + length]
+        if struct.unpack_from("<I", data, at + 12 + length)[0] != _masked(record):
+            if not skip:
+                return offsets, records, notes, f"offset {at}: the data's CRC"
+            notes.append(f"offset {at}: the data's CRC")
+        else:
+            offsets.append(at)
+            records.append(record)
+        at += 16 + length
+    return offsets, records, notes, None
+
+
+@pytest.mark.parametrize("damage", ["none", "data", "two data", "length", "truncated"])
+@pytest.mark.parametrize("skip", [False, True])
+def test_read_records_matches_a_frame_by_frame_reader_across_buffers(tmp_path, monkeypatch, caplog, damage, skip):
+    """Records of many lengths (a length's CRC is checked once per length, the data's CRCs a buffer at a time)
+    across buffers that end inside frames: the same records, offsets, chunks and errors, in file order, as a
+    reader of one frame at a time."""
+    from kubeps.runtime.data import tfrecord
+
+    monkeypatch.setattr(tfrecord, "_CHUNK", 97)
+    records = [bytes([i % 251]) * (i % 40) for i in range(300)]
+    frames = [_frame(r) for r in records]
+    data = bytearray(b"".join(frames))
+    starts = np.cumsum([0] + [len(f) for f in frames]).tolist()
+    if damage in ("data", "two data"):
+        data[starts[120] + 12 + 5] ^= 0x10
+    if damage == "two data":
+        data[starts[250] + 12] ^= 0x01
+    if damage == "length":
+        data[starts[200] + 1] ^= 0x01
+    if damage == "truncated":
+        data = data[:-7]
+    path = tmp_path / "r.tfrecord"
+    path.write_bytes(bytes(data))
+    want_offsets, want_records, want_notes, want_error = _reference_records(bytes(data), skip)
+    got_offsets, got_records, chunks = [], [], []
+    with caplog.at_level("WARNING", logger="kubeps.data"):
+        try:
+            for offsets, chunk in tfrecord.read_records(str(path), skip_corrupt=skip, chunk_records=64):
+                chunks.append(len(chunk))
+                got_offsets += offsets
+                got_records += chunk
+            error = None
+        except CorruptRecordError as err:
+            error = str(err)
+    if want_error is not None:  # the error ends the reading: the chunk it was filling is not handed out
+        whole = len(want_records) // 64 * 64
+        want_offsets, want_records = want_offsets[:whole], want_records[:whole]
+    assert got_offsets == want_offsets and got_records == want_records
+    assert chunks[:-1] == [64] * (len(chunks) - 1)  # full chunks but the last (and none empty)
+    if want_error is None:
+        assert error is None
+    else:
+        assert error is not None and want_error in error and error.startswith(f"{path}: corrupt TFRecord record at byte")
+    assert [n for n in want_notes if not any(n in r.getMessage() for r in caplog.records)] == []
+
+
 def test_tfrecord_parse_errors_name_the_record_and_feature(tmp_path):
     path = tmp_path / "x.tfrecord"
     path.write_bytes(_frame(_record(0)) + _frame(_example({"ids": ("int64", [1, 2, 3]), "dense": ("float", [0.0])})))
