@@ -248,11 +248,7 @@ def parse_example(
     return out
 
 
-# `_parse_columns` appends to every record an entry of this key: where a record ends among the merged keys (a
-# record with a feature of this name merely goes the record-by-record way)
-_END_KEY = "\x00"
 _TAG = {"bytes_list": 1 << 3 | 2, "float_list": 2 << 3 | 2, "int64_list": 3 << 3 | 2}  # a Feature's list fields
-_end_record: list[bytes] = []
 
 
 def _parse_columns(serialized: Sequence[bytes], spec: Mapping[str, FixedLenFeature | VarLenFeature]) -> dict[str, np.ndarray] | None:
@@ -277,17 +273,17 @@ def _parse_columns(serialized: Sequence[bytes], spec: Mapping[str, FixedLenFeatu
       float, decoded by protobuf; ``ListsFeatures`` (each list field as one ``bytes``) and ``ChunksFeatures``
       (each packed run of values as one ``bytes``) count the lists and runs.
 
-    That the merged values are columns is checked, not assumed. An entry of a reserved key (and an empty Feature)
-    is appended to every record, so the merged keys must be the first record's keys and that key, N times over
-    (same features, same order, each once), and the reserved entries' Features must be where they belong. The
-    views must have no unknown fields (an unpacked list, which TensorFlow never writes, would be one), the count
-    of lists must be the count of non-empty ``Feature`` s and the count of runs that of non-empty lists, and their
-    sizes as protobuf writes them (``ByteSize``) the bytes they came in (no tag or length written long): so every
-    entry holds exactly one list, whose tag is the first byte of its ``Feature``, and every non-empty list one
-    packed run, whose bytes follow from the Feature's. A run's count of values is its bytes / 4 (float) or its
-    bytes below 0x80 (int64: a varint ends at such a byte): counts, computed by numpy to check the layout and cut
-    the columns; every value itself is decoded by protobuf. A record with 2 values for one feature and 0 for the
-    next thus fails its feature's count instead of shifting the columns.
+    That the merged values are columns is checked, not assumed. The merged keys must be the first record's keys
+    (each once) N times over, and every record as many bytes as it would take with those entries in that order,
+    each a key and a Feature, written as protobuf writes them (a record short of an entry, or with one more, has
+    other bytes). The views must have no unknown fields (an unpacked list, which TensorFlow never writes, would
+    be one), the count of lists must be the count of non-empty ``Feature`` s and the count of runs that of
+    non-empty lists, and their sizes as protobuf writes them (``ByteSize``) the bytes they came in (no tag or
+    length written long): so every entry holds exactly one list, whose tag is the first byte of its ``Feature``,
+    and every non-empty list one packed run, whose bytes follow from the Feature's. A run's count of values is
+    its bytes / 4 (float) or its bytes below 0x80 (int64: a varint ends at such a byte): counts, computed by
+    numpy to check the layout and cut the columns; every value itself is decoded by protobuf. A record with 2
+    values for one feature and 0 for the next thus fails its feature's count instead of shifting the columns.
 
     A map entry is taken to be one key and one value, as every protobuf serializer writes it: an entry of no
     value next to an entry of two values *in the same record* (wire-legal, written by no serializer) is the one
@@ -298,25 +294,23 @@ def _parse_columns(serialized: Sequence[bytes], spec: Mapping[str, FixedLenFeatu
     from google.protobuf.unknown_fields import UnknownFieldSet  # noqa: PLC0415 - protobuf is optional (_messages)
 
     m = _messages()
-    if not _end_record:
-        end = m["RawExample"]()
-        end.features.feature.key.append(_END_KEY)
-        end.features.feature.value.append(b"")
-        _end_record.append(end.SerializeToString())
     n = len(serialized)
-    framed = _end_record * (2 * n)
-    framed[::2] = serialized
     try:
-        names = [*m["RawExample"].FromString(serialized[0]).features.feature.key, _END_KEY]
-        entries = m["RawExamples"].FromString(m["Records"](record=framed).SerializeToString()).example.features.feature
+        names = list(m["RawExample"].FromString(serialized[0]).features.feature.key)
+        entries = m["RawExamples"].FromString(m["Records"](record=serialized).SerializeToString()).example.features.feature
     except Exception:  # noqa: BLE001 - protobuf's DecodeError: the record-by-record path names the record
         return None
     width = len(names)
-    if len(set(names)) != width or len(entries.key) != n * width or len(entries.value) != n * width:
-        return None
+    if not width or len(set(names)) != width or len(entries.key) != n * width or len(entries.value) != n * width:
+        return None  # no features, or the first record's twice: decided record by record
     sizes = np.array(list(map(len, entries.value)), dtype=np.int64)  # each entry's Feature's bytes
-    if sizes[width - 1 :: width].any():
-        return None  # the end entries' empty Features are not where they belong: an entry of no value, or two
+    # each record's bytes if its entries are the first record's keys with the Features in their order, each entry
+    # a key and a Feature, written as protobuf writes them: a record of other entries has other bytes
+    key_bytes = np.array([len(name.encode()) for name in names], dtype=np.int64)
+    entry = np.tile(1 + _varint_size(key_bytes) + key_bytes, n) + 1 + _varint_size(sizes) + sizes
+    features = (1 + _varint_size(entry) + entry).reshape(n, width).sum(axis=1)
+    if ((1 + _varint_size(features) + features) != np.array(list(map(len, serialized)), dtype=np.int64)).any():
+        return None  # records of other features (or the same ones, other lengths), or written otherwise
     # the merged entry serialized: its keys (field 1), then its Features (field 2), each as protobuf writes a
     # length-delimited field: a one-byte tag, the length as a varint no longer than it must be, the bytes
     merged = entries.SerializeToString()
@@ -372,7 +366,7 @@ def _parse_columns(serialized: Sequence[bytes], spec: Mapping[str, FixedLenFeatu
     for name, s in spec.items():
         kind = _list_kind(s.dtype)
         wire = np.int64 if kind == "int64_list" else np.float32
-        if name not in names[:-1]:  # in no record: its default, or no values
+        if name not in names:  # in no record: its default, or no values
             if isinstance(s, FixedLenFeature):
                 if s.default_value is None:
                     return None  # an error: the record-by-record path names the record

@@ -497,6 +497,8 @@ def test_columnar_path_leaves_other_blocks_to_the_record_by_record_path():
     same_cases = {
         "key order differs, same kinds": [_record_of(a1, b1), _record_of(b1, a1)],
         "a feature twice in every record (the last one counts)": [_record_of(a1, b1, ("a", _list("int64", [9])))] * 2,
+        "a record of two records' entries, then one of none": [_record_of(a1, b1), _record_of(a1, b1, a1, b1),
+                                                                 _record_of()],
         "packed and unpacked values in one list": [_record_of(a1, b1), _record_of(("a", packed_and_not), b1)],
         "a tag written long": [_record_of(a1, b1), _record_of(("a", long_tag), b1)],
         "a length written long": [_record_of(a1, b1), _record_of(("a", long_length), b1)],
