@@ -86,9 +86,27 @@ def _messages() -> dict[str, Any]:
     # a block of records parsed by one call: `Records` (bytes) serialized is, on the wire, `Examples` (messages)
     message("Records", ("record", 1, F.TYPE_BYTES, F.LABEL_REPEATED, ""))
     message("Examples", ("example", 1, F.TYPE_MESSAGE, F.LABEL_REPEATED, ".tensorflow.Example"))
+    # the columnar views of a block (see _parse_columns): the same wire, declared so that the records merge
+    message("RawEntry", ("key", 1, F.TYPE_STRING, F.LABEL_REPEATED, ""), ("value", 2, F.TYPE_BYTES, F.LABEL_REPEATED, ""))
+    message("RawFeatures", ("feature", 1, F.TYPE_MESSAGE, F.LABEL_OPTIONAL, ".tensorflow.RawEntry"))
+    message("RawExample", ("features", 1, F.TYPE_MESSAGE, F.LABEL_OPTIONAL, ".tensorflow.RawFeatures"))
+    message("RawExamples", ("example", 1, F.TYPE_MESSAGE, F.LABEL_OPTIONAL, ".tensorflow.RawExample"))
+    message("FlatFeature", ("bytes_list", 1, F.TYPE_MESSAGE, F.LABEL_OPTIONAL, ".tensorflow.BytesList"),
+            ("float_list", 2, F.TYPE_MESSAGE, F.LABEL_OPTIONAL, ".tensorflow.FloatList"),
+            ("int64_list", 3, F.TYPE_MESSAGE, F.LABEL_OPTIONAL, ".tensorflow.Int64List"))
+    message("ListsFeature", ("bytes_list", 1, F.TYPE_BYTES, F.LABEL_REPEATED, ""),
+            ("float_list", 2, F.TYPE_BYTES, F.LABEL_REPEATED, ""), ("int64_list", 3, F.TYPE_BYTES, F.LABEL_REPEATED, ""))
+    message("FlatFeatures", ("feature", 2, F.TYPE_MESSAGE, F.LABEL_OPTIONAL, ".tensorflow.FlatFeature"))
+    message("ListsFeatures", ("feature", 2, F.TYPE_MESSAGE, F.LABEL_OPTIONAL, ".tensorflow.ListsFeature"))
+    message("Chunks", ("value", 1, F.TYPE_BYTES, F.LABEL_REPEATED, ""))
+    message("ChunksFeature", *((kind, number, F.TYPE_MESSAGE, F.LABEL_OPTIONAL, ".tensorflow.Chunks")
+                               for kind, number in (("bytes_list", 1), ("float_list", 2), ("int64_list", 3))))
+    message("ChunksFeatures", ("feature", 2, F.TYPE_MESSAGE, F.LABEL_OPTIONAL, ".tensorflow.ChunksFeature"))
     pool = descriptor_pool.DescriptorPool()
     pool.Add(proto)
-    for name in ("Example", "Features", "Feature", "BytesList", "FloatList", "Int64List", "Records", "Examples"):
+    for name in ("Example", "Features", "Feature", "BytesList", "FloatList", "Int64List", "Records", "Examples",
+                 "RawEntry", "RawExample", "RawExamples", "FlatFeatures", "ListsFeatures",
+                 "ChunksFeatures"):
         _message_classes[name] = message_factory.GetMessageClass(pool.FindMessageTypeByName(f"tensorflow.{name}"))
     return _message_classes
 
@@ -165,7 +183,7 @@ def parse_example(
     """``tf.io.parse_example`` for numpy: serialized ``tf.Example`` records -> ``{feature: column}`` (see the
     module's docstring for the columns' forms). ``path`` and ``offsets`` name where a bad record is."""
     spec = feature_spec(features)
-    block = _parse_block(serialized, spec) if len(serialized) else None
+    block = (_parse_columns(serialized, spec) or _parse_block(serialized, spec)) if len(serialized) else None
     if block is not None:
         return block
     parse = example_class().FromString
@@ -230,6 +248,171 @@ def parse_example(
     return out
 
 
+_TAG = {"bytes_list": 1 << 3 | 2, "float_list": 2 << 3 | 2, "int64_list": 3 << 3 | 2}  # a Feature's list fields
+
+
+def _parse_columns(serialized: Sequence[bytes], spec: Mapping[str, FixedLenFeature | VarLenFeature]) -> dict[str, np.ndarray] | None:
+    """The block's columns with no Python step per record or value: protobuf's C parser decodes the block into a
+    few messages, one per *view*, and numpy cuts the columns out of them. ``None`` when the block is anything but
+    plain: then :func:`_parse_block`, then the record-by-record path, decide (and name the record in an error).
+
+    Still protobuf parsing, by protobuf's documented merge rule: parsing a concatenation of messages is merging
+    them -- a singular embedded message merges recursively, a repeated field appends. The views are messages
+    declared here with the wire numbers and types of ``tf.Example`` but other labels, so that the merge of a
+    block's records *is* its columns:
+
+    - ``RawExamples{RawExample example = 1}`` over the ``Records`` message of the block (each record a
+      length-delimited field 1, as in :func:`_parse_block`'s trick): ``example`` *singular*, so the records merge
+      into one; ``RawExample{RawFeatures features = 1}``, ``RawFeatures{RawEntry feature = 1}`` -- the map's entry
+      singular, so all N x F entries merge into one -- and ``RawEntry{repeated string key = 1; repeated bytes
+      value = 2}``: every entry's key, and its ``Feature`` undecoded, in wire order.
+    - that merged entry serialized is its keys, then its ``Feature`` s, each a length-delimited field 2 (parsed
+      on its own below, so a malformed one is a DecodeError): ``FlatFeatures{FlatFeature feature = 2}`` with
+      ``FlatFeature{BytesList bytes_list = 1; FloatList float_list = 2; Int64List int64_list = 3}`` (no oneof):
+      ``int64_list.value`` then holds every int64 of the block in wire order and ``float_list.value`` every
+      float, decoded by protobuf; ``ListsFeatures`` (each list field as one ``bytes``) and ``ChunksFeatures``
+      (each packed run of values as one ``bytes``) count the lists and runs.
+
+    That the merged values are columns is checked, not assumed. The merged keys must be the first record's keys
+    (each once) N times over, and every record as many bytes as it would take with those entries in that order,
+    each a key and a Feature, written as protobuf writes them (a record short of an entry, or with one more, has
+    other bytes). The views must have no unknown fields (an unpacked list, which TensorFlow never writes, would
+    be one), the count of lists must be the count of non-empty ``Feature`` s and the count of runs that of
+    non-empty lists, and their sizes as protobuf writes them (``ByteSize``) the bytes they came in (no tag or
+    length written long): so every entry holds exactly one list, whose tag is the first byte of its ``Feature``,
+    and every non-empty list one packed run, whose bytes follow from the Feature's. A run's count of values is
+    its bytes / 4 (float) or its bytes below 0x80 (int64: a varint ends at such a byte): counts, computed by
+    numpy to check the layout and cut the columns; every value itself is decoded by protobuf. A record with 2
+    values for one feature and 0 for the next thus fails its feature's count instead of shifting the columns.
+
+    A map entry is taken to be one key and one value, as every protobuf serializer writes it: an entry of no
+    value next to an entry of two values *in the same record* (wire-legal, written by no serializer) is the one
+    input these checks do not tell apart from a plain record.
+    """
+    if any(_list_kind(s.dtype) == "bytes_list" for s in spec.values()):
+        return None  # bytes lists: left to _parse_block
+    from google.protobuf.unknown_fields import UnknownFieldSet  # noqa: PLC0415 - protobuf is optional (_messages)
+
+    m = _messages()
+    n = len(serialized)
+    try:
+        names = list(m["RawExample"].FromString(serialized[0]).features.feature.key)
+        entries = m["RawExamples"].FromString(m["Records"](record=serialized).SerializeToString()).example.features.feature
+    except Exception:  # noqa: BLE001 - protobuf's DecodeError: the record-by-record path names the record
+        return None
+    width = len(names)
+    if not width or len(set(names)) != width or len(entries.key) != n * width or len(entries.value) != n * width:
+        return None  # no features, or the first record's twice: decided record by record
+    sizes = np.array(list(map(len, entries.value)), dtype=np.int64)  # each entry's Feature's bytes
+    # each record's bytes if its entries are the first record's keys with the Features in their order, each entry
+    # a key and a Feature, written as protobuf writes them: a record of other entries has other bytes
+    key_bytes = np.array([len(name.encode()) for name in names], dtype=np.int64)
+    entry = np.tile(1 + _varint_size(key_bytes) + key_bytes, n) + 1 + _varint_size(sizes) + sizes
+    features = (1 + _varint_size(entry) + entry).reshape(n, width).sum(axis=1)
+    if ((1 + _varint_size(features) + features) != np.array(list(map(len, serialized)), dtype=np.int64)).any():
+        return None  # records of other features (or the same ones, other lengths), or written otherwise
+    # the merged entry serialized: its keys (field 1), then its Features (field 2), each as protobuf writes a
+    # length-delimited field: a one-byte tag, the length as a varint no longer than it must be, the bytes
+    merged = entries.SerializeToString()
+    keys = m["RawEntry"](key=names).SerializeToString() * n
+    if merged[: len(keys)] != keys:
+        return None  # records with other features, or in another order: decided record by record
+    blob = memoryview(merged)[len(keys) :]
+    try:
+        decoded = m["FlatFeatures"].FromString(blob).feature  # each Feature parsed on its own (bounded), merged
+    except Exception:  # noqa: BLE001 - a Feature that does not parse
+        return None
+    lists = m["ListsFeatures"].FromString(blob).feature
+    runs = m["ChunksFeatures"].FromString(blob).feature
+    starts = np.cumsum(1 + _varint_size(sizes) + sizes) - sizes  # each Feature's first byte in `blob`
+    present = sizes > 0
+    tags = np.zeros(len(sizes), dtype=np.uint8)
+    tags[present] = np.frombuffer(blob, dtype=np.uint8)[starts[present]]
+    if (len(UnknownFieldSet(lists)) or len(UnknownFieldSet(runs))
+            or sum(map(len, (lists.bytes_list, lists.float_list, lists.int64_list))) != int(present.sum())
+            or lists.ByteSize() != int(sizes.sum())):
+        return None  # an entry with two lists or another field; or a list's tag or length written long
+    counts = np.zeros(len(sizes), dtype=np.int64)
+    offsets: dict[str, np.ndarray] = {}
+    columns: dict[str, np.ndarray] = {}
+    for kind, tag in _TAG.items():
+        held = tags == tag
+        if int(held.sum()) != len(getattr(lists, kind)):
+            return None  # a Feature that starts with no list's tag (a tag written long: legal, never written)
+        content = _content_size(sizes[held])  # the list's bytes
+        if kind == "bytes_list":
+            counts[held] = content  # not zero for a list that is not empty: enough to refuse it as another kind
+            continue
+        run = getattr(runs, kind)
+        if (len(UnknownFieldSet(run)) or len(run.value) != int((content > 0).sum())
+                or run.ByteSize() != int(content.sum())):
+            return None  # an unpacked list (its values are unknown fields of Chunks), a list of several runs
+        payload = _content_size(content)  # the packed run's bytes (0 for an empty list)
+        if kind == "float_list":
+            per_list = payload // 4
+        else:  # a varint ends at a byte below 0x80
+            first = starts[held] + 1 + _varint_size(content) + 1 + _varint_size(payload)
+            last = np.flatnonzero(np.frombuffer(blob, dtype=np.uint8) < 0x80)
+            per_list = np.searchsorted(last, first + payload) - np.searchsorted(last, first)
+        counts[held] = per_list
+        column = np.array(getattr(decoded, kind).value, dtype=np.int64 if kind == "int64_list" else np.float32)
+        if column.size != int(per_list.sum()):
+            return None
+        columns[kind] = column
+        in_kind = np.where(held, counts, 0)
+        offsets[kind] = (np.cumsum(in_kind) - in_kind).reshape(n, width)
+    counts_at, tags_at = counts.reshape(n, width), tags.reshape(n, width)  # [record, entry]
+    out: dict[str, np.ndarray] = {}
+    for name, s in spec.items():
+        kind = _list_kind(s.dtype)
+        wire = np.int64 if kind == "int64_list" else np.float32
+        if name not in names:  # in no record: its default, or no values
+            if isinstance(s, FixedLenFeature):
+                if s.default_value is None:
+                    return None  # an error: the record-by-record path names the record
+                flat = np.tile(np.array(s.default_value.reshape(-1).tolist(), dtype=wire), n)
+            else:
+                flat = np.empty(0, dtype=wire)
+            lengths = np.full(n, flat.size // n, dtype=np.int64)
+        else:
+            j = names.index(name)
+            lengths, other_kind = counts_at[:, j], tags_at[:, j] != _TAG[kind]
+            if isinstance(s, FixedLenFeature):
+                size = int(np.prod(s.shape)) if len(s.shape) else 1
+                if (lengths != size).any() or (size and other_kind.any()):
+                    return None  # a list of another length or kind: an error named record by record
+            elif (other_kind & (lengths > 0)).any():
+                return None
+            at, values = offsets[kind][:, j], columns[kind]
+            stride = values.size // n
+            if isinstance(s, FixedLenFeature) and stride * n == values.size and at[0] + size <= stride and (
+                    at == at[0] + stride * np.arange(n)).all():  # the kind's values laid out alike in every record
+                flat = np.ascontiguousarray(values.reshape(n, stride)[:, at[0] : at[0] + size])
+            else:
+                rows = np.cumsum(lengths) - lengths
+                flat = values[np.repeat(at - rows, lengths) + np.arange(int(lengths.sum()))]
+        shaped = _block_column(flat, s, lengths)
+        if shaped is None:
+            return None
+        out[name] = shaped
+    return out
+
+
+def _varint_size(n: np.ndarray) -> np.ndarray:
+    """Bytes of the varint of each of ``n`` (>= 0, < 2**35), as protobuf writes it (no longer than it must)."""
+    return 1 + (n >= 1 << 7) + (n >= 1 << 14) + (n >= 1 << 21) + (n >= 1 << 28)
+
+
+def _content_size(total: np.ndarray) -> np.ndarray:
+    """The payload's bytes of each length-delimited field of a one-byte tag and ``total`` bytes in all, its length
+    written as protobuf writes it: ``total = 1 + _varint_size(payload) + payload`` (0 for ``total`` 0)."""
+    payload = np.maximum(total - 2, 0)
+    for width in (2, 3, 4, 5):
+        longer = total - 1 - width >= 1 << 7 * (width - 1)
+        payload[longer] = total[longer] - 1 - width
+    return payload
+
+
 def _parse_block(serialized: Sequence[bytes], spec: Mapping[str, FixedLenFeature | VarLenFeature]) -> dict[str, np.ndarray] | None:
     """The block's columns, with no Python step per value: the records are parsed by one call of protobuf's C
     parser (a ``Records`` message of ``bytes`` fields is, on the wire, an ``Examples`` message of ``Example``
@@ -269,15 +452,25 @@ def _parse_block(serialized: Sequence[bytes], spec: Mapping[str, FixedLenFeature
             for v in values:
                 extend(v)
             wire = np.fromiter(into, dtype=np.int64 if kind == "int64_list" else np.float32, count=total)
-            try:
-                column = cast(wire, s.dtype, str)
-            except ColumnValueError:
-                return None
-        if isinstance(s, FixedLenFeature):
-            out[name] = column.reshape((n, *s.shape))
-        else:
-            out[name] = varlen_column(np.split(column, np.cumsum(lengths)[:-1]))
+            column = wire
+        shaped = _block_column(column, s, lengths)
+        if shaped is None:
+            return None
+        out[name] = shaped
     return out
+
+
+def _block_column(values: np.ndarray, spec: FixedLenFeature | VarLenFeature, lengths: np.ndarray) -> np.ndarray | None:
+    """A feature's values in a block (flat, in record order) as its column -- ``[records, *shape]``, or one array
+    per record of ``lengths`` values -- in the spec's dtype; ``None`` for a value the dtype does not hold (the
+    record-by-record path names it)."""
+    try:
+        column = cast(values, spec.dtype, str)
+    except ColumnValueError:
+        return None
+    if isinstance(spec, FixedLenFeature):
+        return column.reshape((len(lengths), *spec.shape))
+    return varlen_column(np.split(column, np.cumsum(lengths)[:-1]))
 
 
 def _column(values: list[Any], dtype: np.dtype, kind: str, name: str, where: Any, per_row: int) -> np.ndarray:

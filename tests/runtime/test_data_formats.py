@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import kubeps.runtime as kp
 from kubeps.runtime.data import (
@@ -271,6 +273,83 @@ def test_tfrecord_corruption_is_detected_named_or_skipped(tmp_path):
         list(TFRecordDataset(str(path)))
 
 
+def _reference_records(data: bytes, skip: bool):
+    """Records of a TFRecord file read one frame at a time, written independently of kubeps: (offsets, records,
+    warnings, error)."""
+    offsets, records, notes, at = [], [], [], 0
+    while at < len(data):
+        if len(data) - at < 12 or len(data) - at < 16 + struct.unpack_from("<Q", data, at)[0] and (
+                struct.unpack_from("<I", data, at + 8)[0] == _masked(data[at : at + 8])):
+            what = f"offset {at}: the file ends inside a record"
+            if not skip:
+                return offsets, records, notes, what
+            notes.append(what)
+            break
+        (length,) = struct.unpack_from("<Q", data, at)
+        if struct.unpack_from("<I", data, at + 8)[0] != _masked(data[at : at + 8]):
+            what = f"offset {at}: the length's CRC"
+            if not skip:
+                return offsets, records, notes, what
+            notes.append(what)
+            break
+        record = data[at + 12 : at + 12 + length]
+        if struct.unpack_from("<I", data, at + 12 + length)[0] != _masked(record):
+            if not skip:
+                return offsets, records, notes, f"offset {at}: the data's CRC"
+            notes.append(f"offset {at}: the data's CRC")
+        else:
+            offsets.append(at)
+            records.append(record)
+        at += 16 + length
+    return offsets, records, notes, None
+
+
+@pytest.mark.parametrize("damage", ["none", "data", "two data", "length", "truncated"])
+@pytest.mark.parametrize("skip", [False, True])
+def test_read_records_matches_a_frame_by_frame_reader_across_buffers(tmp_path, monkeypatch, caplog, damage, skip):
+    """Records of many lengths (a length's CRC is checked once per length, the data's CRCs a buffer at a time)
+    across buffers that end inside frames: the same records, offsets, chunks and errors, in file order, as a
+    reader of one frame at a time."""
+    from kubeps.runtime.data import tfrecord
+
+    monkeypatch.setattr(tfrecord, "_CHUNK", 97)
+    records = [bytes([i % 251]) * (i % 40) for i in range(300)]
+    frames = [_frame(r) for r in records]
+    data = bytearray(b"".join(frames))
+    starts = np.cumsum([0] + [len(f) for f in frames]).tolist()
+    if damage in ("data", "two data"):
+        data[starts[120] + 12 + 5] ^= 0x10
+    if damage == "two data":
+        data[starts[250] + 12] ^= 0x01
+    if damage == "length":
+        data[starts[200] + 1] ^= 0x01
+    if damage == "truncated":
+        data = data[:-7]
+    path = tmp_path / "r.tfrecord"
+    path.write_bytes(bytes(data))
+    want_offsets, want_records, want_notes, want_error = _reference_records(bytes(data), skip)
+    got_offsets, got_records, chunks = [], [], []
+    with caplog.at_level("WARNING", logger="kubeps.data"):
+        try:
+            for offsets, chunk in tfrecord.read_records(str(path), skip_corrupt=skip, chunk_records=64):
+                chunks.append(len(chunk))
+                got_offsets += offsets
+                got_records += chunk
+            error = None
+        except CorruptRecordError as err:
+            error = str(err)
+    if want_error is not None:  # the error ends the reading: the chunk it was filling is not handed out
+        whole = len(want_records) // 64 * 64
+        want_offsets, want_records = want_offsets[:whole], want_records[:whole]
+    assert got_offsets == want_offsets and got_records == want_records
+    assert chunks[:-1] == [64] * (len(chunks) - 1)  # full chunks but the last (and none empty)
+    if want_error is None:
+        assert error is None
+    else:
+        assert error is not None and want_error in error and error.startswith(f"{path}: corrupt TFRecord record at byte")
+    assert [n for n in want_notes if not any(n in r.getMessage() for r in caplog.records)] == []
+
+
 def test_tfrecord_parse_errors_name_the_record_and_feature(tmp_path):
     path = tmp_path / "x.tfrecord"
     path.write_bytes(_frame(_record(0)) + _frame(_example({"ids": ("int64", [1, 2, 3]), "dense": ("float", [0.0])})))
@@ -305,6 +384,227 @@ def test_parse_example_block_path_matches_the_record_by_record_path(monkeypatch)
     # a default to fill, or a value the dtype does not hold: left to the record-by-record path
     assert example._parse_block(records, example.feature_spec({"x": FixedLenFeature([], np.int64, 0)})) is None
     assert example._parse_block(records, example.feature_spec({"ids": FixedLenFeature([4], np.int8)})) is None
+
+
+# -- the columnar path of parse_example: protobuf's merge of a block, checked, or the record-by-record path --------
+def _list(kind: str, values: list, packed: bool = True, runs: int = 1) -> bytes:
+    """A Feature holding one list (``kind``: int64, float, bytes; None: no list), packed in ``runs`` runs or
+    unpacked, as a hand-made writer may."""
+    if kind is None:
+        return b""
+    if kind == "bytes":
+        return _ld(1, b"".join(_ld(1, v) for v in values))
+    number, item = (3, _varint) if kind == "int64" else (2, lambda v: struct.pack("<f", v))
+    if not packed:
+        return _ld(number, b"".join(_varint(1 << 3 | (0 if kind == "int64" else 5)) + item(v) for v in values))
+    cut = -(-len(values) // runs) if values else 1
+    return _ld(number, b"".join(_ld(1, b"".join(item(v) for v in values[i : i + cut]))
+                                for i in range(0, max(len(values), 1), cut) if values or runs))
+
+
+def _record_of(*entries: tuple[str, bytes]) -> bytes:
+    """A tf.Example of ``(name, Feature bytes)`` entries in this order (a map's order is the writer's)."""
+    return _ld(1, b"".join(_ld(1, _ld(1, name.encode()) + _ld(2, feature)) for name, feature in entries))
+
+
+def _each(records, spec):
+    """parse_example's record-by-record path alone: its columns, or its error's message."""
+    from unittest import mock
+
+    from kubeps.runtime.data import example
+
+    with mock.patch.object(example, "_parse_columns", lambda *a: None), mock.patch.object(example, "_parse_block",
+                                                                                          lambda *a: None):
+        try:
+            return parse_example(records, spec)
+        except ColumnValueError as err:
+            return str(err)
+
+
+def _columnar(records, spec):
+    from kubeps.runtime.data import example
+
+    return example._parse_columns(records, example.feature_spec(spec))
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, str) or isinstance(b, str):
+        return a == b
+    if a.keys() != b.keys():
+        return False
+    for name in a:
+        if a[name].dtype != b[name].dtype or a[name].shape != b[name].shape:
+            return False
+        for x, y in zip(a[name].reshape(-1), b[name].reshape(-1)):
+            if not np.array_equal(x, y) or np.asarray(x).dtype != np.asarray(y).dtype:
+                return False
+    return True
+
+
+def test_columnar_path_parses_plain_blocks_as_the_record_by_record_path():
+    """A block from one writer (serialize_example: same features, same order) goes the columnar way -- ids that take
+    1-byte and 10-byte varints (negative), multi-hot ids of 0..5 values, narrower and wider dtypes, a feature no
+    record has (its default) -- and gives exactly the record-by-record path's columns."""
+    rng = np.random.default_rng(5)
+    records = [serialize_example({
+        "ids": np.array([i % 100, -i - 1, rng.integers(-(1 << 63), 1 << 63, dtype=np.int64), (1 << 63) - 1]),
+        "dense": rng.random(3).astype(np.float32), "tags": rng.integers(0, 1 << 40, i % 6), "label": [i % 2]})
+        for i in range(300)]
+    spec = {"ids": FixedLenFeature([2, 2], np.int64), "dense": FixedLenFeature([3], np.float64),
+            "tags": VarLenFeature(np.int64), "label": FixedLenFeature([], np.int8),
+            "missing": FixedLenFeature([2], np.float32, default_value=[0.5, 1.5]),
+            "absent_tags": VarLenFeature(np.int32)}
+    fast = _columnar(records, spec)
+    assert fast is not None
+    assert _same(fast, _each(records, spec))
+    assert _same(parse_example(records, spec), fast)
+    assert fast["ids"][7, 0].tolist() == [7, -8] and fast["ids"][7, 1, 1] == (1 << 63) - 1
+    assert [len(r) for r in fast["tags"][:7]] == [0, 1, 2, 3, 4, 5, 0]
+    assert fast["missing"].tolist() == [[0.5, 1.5]] * 300
+
+
+def test_columnar_path_leaves_other_blocks_to_the_record_by_record_path():
+    """Whatever the merge would not tell apart goes the record-by-record way, with the same columns or error."""
+    one = ("a", _list("int64", [1, 2]))
+    two = ("b", _list("float", [0.5]))
+    spec = {"a": FixedLenFeature([2], np.int64), "b": FixedLenFeature([], np.float32)}
+    cases = {
+        "key order differs": [_record_of(one, two), _record_of(two, one)],
+        "a feature missing in one record": [_record_of(one, two), _record_of(one)],
+        "a feature twice in one record": [_record_of(one, two), _record_of(one, two, one)],
+        "an entry of no value": [_record_of(one, two), _ld(1, _ld(1, _ld(1, b"a")) + _ld(1, _ld(1, b"b") + _ld(2, two[1])))],
+        # 'a' one value short and 'b' one value long in the same record: the block's counts add up, the columns
+        # would shift by one value
+        "short and long in one record": [_record_of(one, two),
+                                         _record_of(("a", _list("int64", [3])), ("b", _list("float", [1.0, 2.0])))],
+        "unpacked list": [_record_of(one, two), _record_of(("a", _list("int64", [5, 6], packed=False)), two)],
+        "list in two runs": [_record_of(one, two), _record_of(("a", _list("int64", [5, 6], runs=2)), two)],
+        "list of another kind": [_record_of(one, two), _record_of(("a", _list("float", [5.0, 6.0])), two)],
+        "two lists in one feature": [_record_of(one, two),
+                                     _record_of(("a", _list("int64", [7]) + _list("int64", [8])), two)],
+        "kinds swapped, same sizes": [_record_of(one, two),
+                                      _record_of(("a", _list("float", [1.0])), ("b", _list("int64", [1, 2, 3, 4])))],
+        "no list": [_record_of(one, two), _record_of(("a", b""), two)],
+        "empty list": [_record_of(one, two), _record_of(("a", _list("int64", [])), two)],
+        "not a tf.Example": [_record_of(one, two), b"\x0a\x05\x0a"],
+    }
+    # features of one kind and size: only the keys tell a record's order, or a shifted value, apart
+    a1, b1 = ("a", _list("int64", [1])), ("b", _list("int64", [2]))
+    same = {"a": FixedLenFeature([], np.int64), "b": FixedLenFeature([], np.int64)}
+    packed_and_not = _ld(3, _ld(1, _varint(5)) + _varint(1 << 3) + _varint(6))  # one packed run, one unpacked value
+    long_tag = b"\x9a\x00" + _list("int64", [5])[1:]  # int64_list's tag as a 2-byte varint
+    long_length = b"\x1a\x83\x00" + _list("int64", [5])[2:]  # the list's length as a 2-byte varint
+    same_cases = {
+        "key order differs, same kinds": [_record_of(a1, b1), _record_of(b1, a1)],
+        "a feature twice in every record (the last one counts)": [_record_of(a1, b1, ("a", _list("int64", [9])))] * 2,
+        "a record of two records' entries, then one of none": [_record_of(a1, b1), _record_of(a1, b1, a1, b1),
+                                                                 _record_of()],
+        "packed and unpacked values in one list": [_record_of(a1, b1), _record_of(("a", packed_and_not), b1)],
+        "a tag written long": [_record_of(a1, b1), _record_of(("a", long_tag), b1)],
+        "a length written long": [_record_of(a1, b1), _record_of(("a", long_length), b1)],
+    }
+    for what, (records, case_spec) in [*((w, (r, spec)) for w, r in cases.items()),
+                                       *((w, (r, same)) for w, r in same_cases.items())]:
+        assert _columnar(records, case_spec) is None, what
+        each = _each(records, case_spec)
+        try:
+            got = parse_example(records, case_spec)
+        except ColumnValueError as err:
+            got = str(err)
+        assert _same(got, each), what
+    assert _each(same_cases["key order differs, same kinds"], same)["a"].tolist() == [1, 1]
+    assert _each(same_cases["a feature twice in every record (the last one counts)"], same)["a"].tolist() == [9, 9]
+    assert _each(same_cases["packed and unpacked values in one list"], same).startswith("<records>: record 1: feature 'a' holds a int64_list of 2")
+    assert _each(cases["key order differs"], spec)["a"].tolist() == [[1, 2], [1, 2]]
+    assert _each(cases["unpacked list"], spec)["a"].tolist() == [[1, 2], [5, 6]]
+    assert "record 1: feature 'a' holds a int64_list of 1 values" in _each(cases["short and long in one record"], spec)
+    assert "record 1: feature 'a' holds a float_list of 1 values" in _each(cases["kinds swapped, same sizes"], spec)
+
+
+def test_columnar_path_takes_empty_lists_no_lists_and_other_kinds_where_the_spec_allows_them():
+    """Empty lists (of any kind) and Features of no list are rows of no values for a VarLenFeature and values for
+    a FixedLenFeature of size 0; a feature the spec does not read may hold anything, bytes included."""
+    records = [_record_of(("tags", _list("int64", list(range(i % 3))) if i % 4 else _list(["float", None][i % 8 // 4], [])),
+                          ("none", _list("float", [])), ("raw", _list("bytes", [b"x" * i])),
+                          ("id", _list("int64", [-i])))
+               for i in range(16)]
+    spec = {"tags": VarLenFeature(np.int64), "none": FixedLenFeature([0], np.float32), "id": FixedLenFeature([], np.int64)}
+    fast = _columnar(records, spec)
+    assert fast is not None and _same(fast, _each(records, spec))
+    assert [r.tolist() for r in fast["tags"][:6]] == [[], [0], [0, 1], [], [], [0, 1]] and fast["id"][3] == -3
+    # a bytes feature read: left to the block path, same columns
+    with_bytes = {**spec, "raw": FixedLenFeature([], bytes)}
+    assert _columnar(records, with_bytes) is None and _same(parse_example(records, with_bytes), _each(records, with_bytes))
+    # a value the dtype does not hold: the record-by-record path names it
+    narrow = {"id": FixedLenFeature([], np.int8), "tags": VarLenFeature(np.int64)}
+    big = records + [_record_of(("tags", _list("int64", [])), ("none", _list("float", [])), ("raw", _list("bytes", [])),
+                                ("id", _list("int64", [300])))]
+    assert _columnar(big, narrow) is None
+    with pytest.raises(ColumnValueError, match=r"record 16, feature 'id': value 300 \(int64\) does not fit"):
+        parse_example(big, narrow)
+
+
+_KINDS = ("int64", "float", "bytes", None)
+
+
+@st.composite
+def _blocks(draw):
+    """A parse spec and a block of records for it: mostly alike (one writer: same features, order, kinds and
+    lengths), sometimes not (another order, a missing feature, another kind or length, an unpacked list, a list
+    in two runs), with 1-byte to 10-byte varints, floats, bytes, empty lists and Features of no list."""
+    names = draw(st.lists(st.sampled_from("abcde"), min_size=1, max_size=4, unique=True))
+    template = {name: (draw(st.sampled_from(_KINDS)), draw(st.integers(0, 4))) for name in names}
+    spec = {}
+    for name in draw(st.lists(st.sampled_from(names + ["z"]), min_size=1, max_size=3, unique=True)):
+        kind, length = template.get(name, (None, 0))
+        if kind in ("int64", "float") and draw(st.integers(0, 3)):  # mostly a spec that fits the writer's records
+            dtype = draw(st.sampled_from([np.int64, np.int32, np.uint8] if kind == "int64" else [np.float32, np.float64]))
+            shape = draw(st.sampled_from([[length], [1, length]] + ([[]] if length == 1 else [])))
+        else:
+            dtype = draw(st.sampled_from([np.int64, np.int32, np.uint8, np.float32, np.float64]))
+            shape = draw(st.sampled_from([[], [0], [1], [2], [2, 2]]))
+        if draw(st.booleans()):
+            default = draw(st.sampled_from([None, 0, 1]))
+            spec[name] = FixedLenFeature(shape, dtype, None if default is None else np.full(shape, default))
+        else:
+            spec[name] = VarLenFeature(dtype)
+    ints = st.one_of(st.integers(-3, 300), st.integers(-(1 << 63), (1 << 63) - 1))
+    floats = st.floats(width=32, allow_nan=False)
+    records = []
+    one_writer = draw(st.integers(0, 2)) > 0
+    for _ in range(draw(st.integers(1, 12))):
+        alike = one_writer or draw(st.integers(0, 9)) > 1
+        order = names if alike else draw(st.permutations(names))
+        entries = []
+        for name in order:
+            kind, length = template[name] if alike else (draw(st.sampled_from(_KINDS)), draw(st.integers(0, 4)))
+            if not alike and draw(st.integers(0, 5)) == 0:
+                continue  # the feature is missing from this record
+            values = draw(st.lists(ints if kind == "int64" else floats if kind == "float" else st.binary(max_size=3),
+                                   min_size=length, max_size=length))
+            packed, runs = True, 1
+            if not alike and kind in ("int64", "float") and values:
+                packed, runs = draw(st.booleans()), draw(st.integers(1, 2))
+            entries.append((name, _list(kind, values, packed=packed, runs=runs)))
+        records.append(_record_of(*entries))
+    return spec, records
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_blocks())
+def test_columnar_path_gives_the_record_by_record_columns_or_leaves_the_block(block):
+    """For any spec and block: the columnar path gives the record-by-record path's columns, or nothing (then
+    parse_example gives the record-by-record path's columns or error)."""
+    spec, records = block
+    each = _each(records, spec)
+    fast = _columnar(records, spec)
+    if fast is not None:
+        assert not isinstance(each, str) and _same(fast, each)
+    try:
+        got = parse_example(records, spec)
+    except ColumnValueError as err:
+        got = str(err)
+    assert _same(got, each)
 
 
 # -- every record once per epoch across workers, for each format and both policies ------------------------------------
