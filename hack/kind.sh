@@ -7,7 +7,8 @@
 #                         pause, local-path-provisioner images, a debootstrapped base image and the
 #                         kind node image; plus the local Python base for the project's images
 #   hack/kind.sh up       start dockerd if none runs (recorded, stopped again by `down`), create the
-#                         cluster; idempotent
+#                         cluster; idempotent. `up --images`: also build the project's images (as `images`)
+#                         while the cluster is created, and load them once it is up
 #   hack/kind.sh images   build the project's runtime and operator images and `kind load` them
 #   hack/kind.sh tf-image build examples/tf/Dockerfile (tensorflow-cpu) as kubeps-tf:e2e and load it
 #   hack/kind.sh kueue-image  put hack/kueue.sh's Kueue build in an image (FROM scratch: a static binary, no
@@ -541,34 +542,57 @@ cluster_nodes() {
 
 # What kindnetd does, once, from the host: on every node a route to each other node's pod subnet via that node's
 # address, and a masquerade for pod traffic that leaves the pod range. Inside the nodes' network namespaces: gone
-# with the nodes.
+# with the nodes. One `docker exec` per node, the nodes at once.
 set_up_pod_network() {
-  local -a nodes ips
-  local i j
+  local -a nodes ips pids
+  local i j script p masq
   mapfile -t nodes < <(cluster_nodes)
   for i in "${!nodes[@]}"; do
     ips[i]="$(docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}' "${nodes[i]}")"
   done
   for i in "${!nodes[@]}"; do
+    script="set -e"
     for j in "${!nodes[@]}"; do
       [[ $i -eq $j ]] && continue
-      docker exec "${nodes[i]}" ip route replace "$(node_subnet "$j")" via "${ips[j]}"
+      script+="; ip route replace $(node_subnet "$j") via ${ips[j]}"
     done
-    local masq=(POSTROUTING -s "$(node_subnet "$i")" ! -d "$POD_SUBNET" -j MASQUERADE)
-    docker exec "${nodes[i]}" iptables -t nat -C "${masq[@]}" 2>/dev/null ||
-      docker exec "${nodes[i]}" iptables -t nat -A "${masq[@]}"
+    masq="POSTROUTING -s $(node_subnet "$i") ! -d $POD_SUBNET -j MASQUERADE"
+    script+="; iptables -t nat -C $masq 2>/dev/null || iptables -t nat -A $masq"
+    docker exec "${nodes[i]}" sh -c "$script" & pids+=("$!")
   done
+  for p in "${pids[@]}"; do wait "$p" || die "setting the pod routes failed"; done
   log "pod routes set on ${#nodes[@]} nodes"
 }
 
 cmd_up() {
+  local with_images=0
+  case "${1:-}" in
+    --images) with_images=1 ;;
+    "") ;;
+    *) die "usage: hack/kind.sh up [--images]" ;;
+  esac
   [[ -x "$KIND" ]] || die "kind not built: run hack/kind.sh build"
   lock
   start_dockerd
+  local build_pid=""
+  if [[ $with_images -eq 1 ]]; then
+    # The images are built while kind creates the cluster (both need only dockerd), loaded once it is up.
+    mkdir -p "$STATE/logs"
+    build_images 2>"$STATE/logs/build-images.log" & build_pid=$!
+  fi
   if cluster_exists && kubectl --kubeconfig "$KUBECONFIG_FILE" get --raw /readyz >/dev/null 2>&1; then
     log "cluster $CLUSTER already up"
-    return 0
+  else
+    create_cluster
   fi
+  if [[ -n "$build_pid" ]]; then
+    wait "$build_pid" || { cat "$STATE/logs/build-images.log" >&2; die "image build failed"; }
+    cat "$STATE/logs/build-images.log" >&2
+    load_project_images
+  fi
+}
+
+create_cluster() {
   "$KIND" delete cluster --name "$CLUSTER" >/dev/null 2>&1 || true
   local image="${KIND_NODE_IMAGE:-}"
   if [[ -z "$image" ]] && offline; then
@@ -587,16 +611,42 @@ cmd_up() {
   log "cluster $CLUSTER created in $((SECONDS - start)) s ($((WORKERS + 1)) node(s))"
 }
 
-# `kind load` arguments naming the nodes that run job pods: the workers (the control-plane node keeps its
-# NoSchedule taint when there are workers), or every node of a one-node cluster.
+# The nodes that run job pods, comma-separated: the workers (the control-plane node keeps its NoSchedule taint when
+# there are workers), or the one node of a one-node cluster.
 pod_nodes() {
-  POD_NODES=()
-  if [[ "$WORKERS" -gt 0 ]]; then POD_NODES=(--nodes "$(cluster_nodes | tail -n +2 | paste -sd, -)"); fi
+  if [[ "$WORKERS" -gt 0 ]]; then cluster_nodes | tail -n +2 | paste -sd, -; else cluster_nodes; fi
 }
 
-cmd_images() {
-  docker_up || die "no Docker engine: run hack/kind.sh up first"
-  pod_nodes
+# load_images NODES IMAGE...: the images into those nodes (comma-separated), all nodes at once. With workers: one
+# `docker save` into the folder every node mounts ($STATE/shared at $SHARED_PATH), which each node's containerd
+# imports from there, as `kind load` would (same `ctr images import`) but without streaming the archive to every
+# node through `docker exec`'s standard input. A one-node cluster (no such mount): `kind load docker-image`.
+load_images() {
+  local targets="$1" start=$SECONDS
+  shift
+  if [[ "$WORKERS" -eq 0 ]]; then
+    "$KIND" load docker-image --name "$CLUSTER" --nodes "$targets" "$@"
+    log "loaded $* in $((SECONDS - start)) s"
+    return
+  fi
+  local dir="$STATE/shared/.images" archive n p rc=0
+  local -a pids=()
+  mkdir -p "$dir"
+  archive="$(mktemp "$dir/XXXXXX.tar")"
+  docker save -o "$archive" "$@" || { rm -f "$archive"; die "docker save $* failed"; }
+  for n in ${targets//,/ }; do
+    docker exec "$n" ctr --namespace=k8s.io images import --all-platforms --digests --snapshotter=overlayfs \
+      "$SHARED_PATH/.images/${archive##*/}" >/dev/null & pids+=("$!")
+  done
+  for p in "${pids[@]}"; do wait "$p" || rc=1; done
+  rm -f "$archive"
+  [[ $rc -eq 0 ]] || die "importing $* into $targets failed"
+  log "loaded $* into $targets in $((SECONDS - start)) s"
+}
+
+# The project's runtime and operator images, built from the Dockerfile (docker's layer cache makes a rebuild of
+# unchanged sources a few seconds).
+build_images() {
   local start=$SECONDS args=()
   if offline; then
     docker image inspect "$PYTHON_BASE" >/dev/null 2>&1 || die "$PYTHON_BASE missing: run hack/kind.sh build"
@@ -605,24 +655,30 @@ cmd_images() {
   docker_build "$RUNTIME_IMAGE" "$ROOT" --target runtime "${args[@]}" || die "runtime image build failed"
   docker_build "$OPERATOR_IMAGE" "$ROOT" --target operator "${args[@]}" || die "operator image build failed"
   log "images built in $((SECONDS - start)) s"
-  if cluster_exists; then
-    start=$SECONDS
-    # The operator may run anywhere (the e2e puts it on the control-plane node); job pods only where pods go.
-    "$KIND" load docker-image --name "$CLUSTER" "$OPERATOR_IMAGE"
-    "$KIND" load docker-image --name "$CLUSTER" "${POD_NODES[@]}" "$RUNTIME_IMAGE"
-    log "images loaded in $((SECONDS - start)) s"
-  fi
+}
+
+# Both images in one load: the operator may run on any node (the e2e puts it on the control-plane node), job pods
+# run on the workers; one archive holds their shared Python base once.
+load_project_images() {
+  local start=$SECONDS
+  load_images "$(cluster_nodes | paste -sd, -)" "$OPERATOR_IMAGE" "$RUNTIME_IMAGE"
+  echo "$((SECONDS - start))" >"$STATE/load-seconds"
+}
+
+cmd_images() {
+  docker_up || die "no Docker engine: run hack/kind.sh up first"
+  build_images
+  if cluster_exists; then load_project_images; fi
 }
 
 # The TensorFlow example's image (examples/tf/Dockerfile, tensorflow-cpu from PyPI), loaded into the cluster.
 cmd_tf_image() {
   docker_up || die "no Docker engine: run hack/kind.sh up first"
-  pod_nodes
   local start=$SECONDS args=()
   if offline; then args=(--build-arg "PYTHON_IMAGE=$PYTHON_BASE"); fi
   docker_build "$TF_IMAGE" "$ROOT" -f "$ROOT/examples/tf/Dockerfile" "${args[@]}" || die "TensorFlow image build failed"
   log "TensorFlow image built in $((SECONDS - start)) s"
-  if cluster_exists; then "$KIND" load docker-image --name "$CLUSTER" "${POD_NODES[@]}" "$TF_IMAGE"; fi
+  if cluster_exists; then load_images "$(pod_nodes)" "$TF_IMAGE"; fi
 }
 
 # Kueue's manager (hack/kueue.sh build) as an image of one static binary, loaded into the cluster.
@@ -636,7 +692,7 @@ cmd_kueue_image() {
   printf 'FROM scratch\nCOPY kueue /kueue\nUSER 65532:65532\nENTRYPOINT ["/kueue"]\n' >"$context/Dockerfile"
   docker_build "$KUEUE_IMAGE" "$context" || { rm -rf "$context"; die "Kueue image build failed"; }
   rm -rf "$context"
-  if cluster_exists; then "$KIND" load docker-image --name "$CLUSTER" "$KUEUE_IMAGE"; fi
+  if cluster_exists; then load_images "$(cluster_nodes | paste -sd, -)" "$KUEUE_IMAGE"; fi
 }
 
 cmd_down() {
@@ -647,7 +703,7 @@ cmd_down() {
     if we_started_dockerd; then docker network rm kind >/dev/null 2>&1 || true; fi
   fi
   stop_dockerd
-  rm -f "$KUBECONFIG_FILE" "$STATE/create-seconds" "$STATE/cluster.yaml"
+  rm -f "$KUBECONFIG_FILE" "$STATE/create-seconds" "$STATE/load-seconds" "$STATE/cluster.yaml"
   rm -rf "$STATE/cni" "$STATE/shared"
   log "down"
 }
@@ -668,7 +724,7 @@ cmd_status() {
 main() {
   case "${1:-}" in
     build) cmd_build ;;
-    up) cmd_up ;;
+    up) cmd_up "${@:2}" ;;
     images) cmd_images ;;
     tf-image) cmd_tf_image ;;
     kueue-image) cmd_kueue_image ;;

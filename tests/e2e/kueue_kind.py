@@ -18,7 +18,7 @@ import yaml
 
 from kubeps.runtime import certs
 
-from .conftest import KIND_SH, NAMESPACE, RELEASE, REPO, Kind, wait
+from .conftest import KIND_SH, NAMESPACE, RELEASE, REPO, Background, Kind, wait
 
 KUEUE_NS = "kueue-system"
 SERVICE = "kueue-webhook-service"
@@ -33,10 +33,19 @@ def kueue_home() -> Path:
     return Path(out.stdout.strip())
 
 
-def install(kind: Kind) -> None:
+def start_image(kind: Kind) -> Background:
+    """`hack/kind.sh kueue-image` in the background (the test's ``start_early``): built and loaded meanwhile."""
+    return kind.background("Kueue image", str(KIND_SH), "kueue-image")
+
+
+def install(kind: Kind, image: Background | None = None) -> None:
+    """Kueue into the cluster; ``image``: the ``start_image`` already under way."""
     home = kueue_home()
     assert (home / "kueue").is_file(), "Kueue is not built: run hack/kueue.sh build (make kueue)"
-    kind.run(str(KIND_SH), "kueue-image", timeout=600)
+    if image is None:
+        kind.run(str(KIND_SH), "kueue-image", timeout=600)
+    else:
+        image.wait(timeout=600)
     crds = sorted((home / "crds").glob("*.yaml"))
     kind.kubectl("apply", "--server-side", "--force-conflicts", *[a for p in crds for a in ("-f", str(p))],
                  timeout=180)

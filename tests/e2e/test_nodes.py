@@ -25,6 +25,12 @@ pytestmark = pytest.mark.skipif(WORKERS < 2, reason="needs a kind cluster with 2
 SHARED = "/kubeps-shared"
 
 
+@pytest.fixture(autouse=True)
+def _settled(kind: Kind) -> None:
+    """No image load of an earlier test still under way: these tests stop and drain nodes."""
+    kind.settle()
+
+
 def spread_job(name: str, ns: str, *, steps: int, every: int) -> dict:
     """The CTR job with checkpoints on the shared folder and its parameter servers and its workers each spread
     over the nodes: a topologySpreadConstraint per role, as users write it (docs/nodes.md)."""
