@@ -88,7 +88,7 @@ def test_job_spreads_over_nodes_and_trains_across_them(kind: Kind, ns: str):
 def test_drain_waits_for_the_budget_then_moves_the_pods(kind: Kind, ns: str):
     """runPolicy.podDisruptionBudget ChiefAndPS: a drain evicts the workers of the node but not its chief or ps
     (the budget refuses); without the budget the drain moves them all, and the job resumes and finishes."""
-    job = spread_job("drained", ns, steps=8000, every=500)  # still training after the refused drain's 25 s
+    job = spread_job("drained", ns, steps=8000, every=500)  # still training after the refused drain's 12 s
     job["spec"]["runPolicy"]["podDisruptionBudget"] = "ChiefAndPS"
     where = start_spread(kind, ns, job)
     pdb = kind.json("-n", ns, "get", "pdb", "drained-chief-ps")
@@ -101,7 +101,7 @@ def test_drain_waits_for_the_budget_then_moves_the_pods(kind: Kind, ns: str):
     try:
         start = time.monotonic()
         proc = subprocess.run(["kubectl", "drain", node, "--ignore-daemonsets", "--delete-emptydir-data",
-                               "--timeout=25s"], env=kind.env, capture_output=True, text=True, timeout=90)
+                               "--timeout=12s"], env=kind.env, capture_output=True, text=True, timeout=90)
         print(proc.stdout[-1500:], proc.stderr[-1500:])
         assert proc.returncode != 0, "the drain went through the PodDisruptionBudget"
         assert "disruption budget" in (proc.stdout + proc.stderr), proc.stderr[-1500:]
