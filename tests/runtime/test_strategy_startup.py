@@ -79,8 +79,9 @@ def test_the_chief_says_it_waits_for_how_long_and_for_which_ps(free_port_list, c
         strategy.close()
 
 
-def test_a_coordinator_started_before_its_ps_does_not_declare_them_dead(free_port_list):
-    """The heartbeat declared a ps that was not listening yet dead after 3 s, failing the job once it came."""
+def _train_with_a_ps_that_starts_late(free_port_list, idle_before_first_variable: float) -> None:
+    """A coordinator whose only ps starts listening 4.5 s after it, and a variable created after
+    ``idle_before_first_variable`` s: the job must go on once the ps is there (sum of the variable: 6)."""
     from kubeps.runtime.coordinator.cluster_coordinator import ClusterCoordinator
 
     cluster = _cluster(free_port_list(3))
@@ -90,6 +91,7 @@ def test_a_coordinator_started_before_its_ps_does_not_declare_them_dead(free_por
     starter = threading.Timer(4.5, lambda: servers.append(Server(cluster, "ps", 0, token=TOKEN, bind_host="127.0.0.1")))
     starter.start()
     try:
+        time.sleep(idle_before_first_variable)
         with strategy.scope():
             v = strategy_variable(strategy)
         result = coordinator.schedule(lambda: v.read_value().sum())
@@ -101,33 +103,19 @@ def test_a_coordinator_started_before_its_ps_does_not_declare_them_dead(free_por
         for s in servers:
             s.stop()
         strategy.close()
+
+
+def test_a_coordinator_started_before_its_ps_does_not_declare_them_dead(free_port_list):
+    """The heartbeat declared a ps that was not listening yet dead after 3 s, failing the job once it came."""
+    _train_with_a_ps_that_starts_late(free_port_list, idle_before_first_variable=0)
 
 
 def test_a_ps_still_starting_before_the_first_variable_is_not_declared_dead(free_port_list):
     """The Keras ``fit`` path builds per-worker resources before any variable: on a loaded machine a ps that took more
     than 3 s to listen was declared dead by the heartbeat (nobody had waited for it yet), failing the job. Here
-    the coordinator runs 5.5 s before the first variable while the ps starts at 4.5 s."""
-    from kubeps.runtime.coordinator.cluster_coordinator import ClusterCoordinator
-
-    cluster = _cluster(free_port_list(3))
-    strategy = _strategy(cluster, ps_startup_timeout=30)
-    servers = [Server(cluster, "worker", 0, token=TOKEN, bind_host="127.0.0.1")]
-    coordinator = ClusterCoordinator(strategy)
-    starter = threading.Timer(4.5, lambda: servers.append(Server(cluster, "ps", 0, token=TOKEN, bind_host="127.0.0.1")))
-    starter.start()
-    try:
-        time.sleep(5.5)  # no variable yet; past the heartbeat's 3 s of silence, and the ps came up meanwhile
-        with strategy.scope():
-            v = strategy_variable(strategy)
-        result = coordinator.schedule(lambda: v.read_value().sum())
-        coordinator.join()
-        assert result.fetch() == 6
-    finally:
-        starter.join()
-        coordinator.shutdown()
-        for s in servers:
-            s.stop()
-        strategy.close()
+    the coordinator runs 5.5 s before the first variable (past the heartbeat's 3 s of silence) while the ps starts
+    at 4.5 s."""
+    _train_with_a_ps_that_starts_late(free_port_list, idle_before_first_variable=5.5)
 
 
 def test_startup_timeout_must_be_positive(free_port_list):
