@@ -20,6 +20,7 @@ from __future__ import annotations
 
 __all__ = [
     "BIND_HOST_ENV",
+    "CHECKPOINT_DIR_ENV",
     "CHECKPOINT_ROOT_ENV",
     "CHUNK_BYTES_ENV",
     "CPUS_ENV",
@@ -119,9 +120,13 @@ MAX_SLOT_SETS_ENV = "KUBEPS_MAX_SLOT_SETS"
 NONFINITE_GRADIENTS_ENV = "KUBEPS_NONFINITE_GRADIENTS"
 
 #: where a ps may read and write checkpoint shards: a directory or URL (several separated by ``,``); a
-#: ``SaveShards``/``RestoreShards`` naming anything else is refused. ``kubeps local`` sets it; unset, checkpoint
-#: paths are only normalised (no ``..``, no relative paths), not confined
+#: ``SaveShards``/``RestoreShards`` naming anything else is refused. ``kubeps local`` and the operator set it;
+#: unset, checkpoint paths are only normalised (no ``..``, no relative paths), not confined
 CHECKPOINT_ROOT_ENV = "KUBEPS_CHECKPOINT_ROOT"
+
+#: the checkpoint directory the examples default to (``--checkpoint-dir``); the operator adds it to a task's
+#: :data:`CHECKPOINT_ROOT_ENV`
+CHECKPOINT_DIR_ENV = "KUBEPS_CHECKPOINT_DIR"
 
 #: Exit status of a chief that lost a parameter server: retryable (>= 128), and not a status the kernel gives a
 #: crash kubeps can cause by itself (134 abort, 137 kill/OOM, 139 segfault, 143 term).

@@ -10,6 +10,9 @@ state machine that decides *when* to create or delete them is :mod:`kubeps.opera
 * With ``spec.security.tls.mode: MutualTLS`` (the default) the main container mounts the Secret's ``ca.crt``,
   ``tls.crt`` and ``tls.key`` (never ``ca.key``) at :data:`~kubeps.runtime.contract.TLS_MOUNT_PATH` and gets the
   ``KUBEPS_TLS_*_FILE`` variables naming them.
+* The main container gets ``KUBEPS_CHECKPOINT_ROOT`` (:func:`checkpoint_root`): a parameter server reads and writes
+  checkpoint shards only below its ``KUBEPS_CHECKPOINT_DIR`` and the data volumes it mounts; a template that sets
+  the variable keeps its own.
 * Every container gets the ``restricted`` Pod Security Standard's settings where the template leaves them unset
   (:func:`restricted_defaults`); what the template sets is kept.
 * With ``spec.security.networkPolicy.mode: SameJob`` (or the operator's default) a NetworkPolicy ``<job>-kubeps``
@@ -27,8 +30,8 @@ from typing import Any, Mapping
 
 from kubeps.runtime import certs
 from kubeps.runtime.cluster import TaskSpec, TFConfig
-from kubeps.runtime.contract import (JOB_TOKEN_ENV, TF_CONFIG_ENV, TLS_CA_FILE_ENV, TLS_CERT_FILE_ENV,
-                                     TLS_KEY_FILE_ENV, TLS_MOUNT_PATH)
+from kubeps.runtime.contract import (CHECKPOINT_DIR_ENV, CHECKPOINT_ROOT_ENV, JOB_TOKEN_ENV, TF_CONFIG_ENV,
+                                     TLS_CA_FILE_ENV, TLS_CERT_FILE_ENV, TLS_KEY_FILE_ENV, TLS_MOUNT_PATH)
 
 from kubeps.operator.api import models
 from kubeps.operator.api.models import GangScheduler, NetworkPolicyMode, PSTrainingJobSpec, ReplicaType, TLSMode
@@ -52,6 +55,11 @@ TLS_VOLUME = "kubeps-tls"
 #: the Secret's keys a pod mounts (the CA's key stays in the Secret: only the operator issues certificates)
 TLS_MOUNTED_KEYS = {TLS_CA_FILE_ENV: certs.CA_CERT_KEY, TLS_CERT_FILE_ENV: certs.TLS_CERT_KEY,
                     TLS_KEY_FILE_ENV: certs.TLS_KEY_KEY}
+#: volume sources that hold configuration, not data: their mounts are never part of a checkpoint root
+CONFIG_VOLUME_SOURCES = ("configMap", "secret", "downwardAPI", "projected")
+#: the checkpoint root of a task that mounts no data volume and names no ``KUBEPS_CHECKPOINT_DIR``: the container's
+#: scratch directory (a checkpoint there does not outlive the pod, so a job that keeps checkpoints mounts a volume)
+SCRATCH_CHECKPOINT_ROOT = "/tmp"
 
 
 @dataclass(frozen=True)
@@ -204,6 +212,29 @@ def _mount_tls(pod_spec: dict[str, Any], main: dict[str, Any], secret: str) -> N
     main["volumeMounts"] = mounts
 
 
+def checkpoint_root(pod_spec: Mapping[str, Any], main: Mapping[str, Any]) -> str | None:
+    """The ``KUBEPS_CHECKPOINT_ROOT`` the operator gives a task (the parameter servers confine ``SaveShards`` and
+    ``RestoreShards`` to it, :func:`kubeps.runtime.util.storage.confine`), or None when the template sets the
+    variable itself. The roots, comma-separated: the container's ``KUBEPS_CHECKPOINT_DIR`` (a path or URL; one set
+    by ``valueFrom`` as ``$(KUBEPS_CHECKPOINT_DIR)``, which the kubelet expands) and the mount paths of its data volumes (every volume but configMap, secret, downwardAPI, projected
+    and the operator's TLS volume); neither: :data:`SCRATCH_CHECKPOINT_ROOT`."""
+    env = {e.get("name"): e for e in main.get("env") or []}
+    if CHECKPOINT_ROOT_ENV in env:
+        return None
+    roots: list[str] = []
+    directory = env.get(CHECKPOINT_DIR_ENV) or {}
+    if directory.get("value"):
+        roots.append(directory["value"])
+    elif directory.get("valueFrom"):  # the kubelet expands it (variables defined earlier in `env`)
+        roots.append(f"$({CHECKPOINT_DIR_ENV})")
+    config = {v.get("name") for v in pod_spec.get("volumes") or [] if any(k in v for k in CONFIG_VOLUME_SOURCES)}
+    for mount in main.get("volumeMounts") or []:
+        path = mount.get("mountPath")
+        if path and mount.get("name") != TLS_VOLUME and mount.get("name") not in config and path not in roots:
+            roots.append(path)
+    return ",".join(roots) or SCRATCH_CHECKPOINT_ROOT
+
+
 def tf_config_json(job: Mapping[str, Any], spec: PSTrainingJobSpec, replica_type: ReplicaType, index: int,
                    config: PlanConfig) -> str:
     addresses = cluster_addresses(job, spec, config)
@@ -258,6 +289,9 @@ def pod_body(job: Mapping[str, Any], job_spec: PSTrainingJobSpec, replica_type: 
         },
         "GRPC_FAIL_FAST": {"name": "GRPC_FAIL_FAST", "value": "use_caller"},
     }
+    root = checkpoint_root(spec, main)
+    if root is not None:
+        injected[CHECKPOINT_ROOT_ENV] = {"name": CHECKPOINT_ROOT_ENV, "value": root}
     if tls_enabled(job_spec):
         _mount_tls(spec, main, secret_name(name))
         for env_name, key in TLS_MOUNTED_KEYS.items():

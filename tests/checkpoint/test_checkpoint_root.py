@@ -1,9 +1,10 @@
-"""Issue 24: a ps reads and writes checkpoint shards only below its checkpoint root (``KUBEPS_CHECKPOINT_ROOT``);
-paths are normalised the same way on the chief and on a ps; a refused ``SaveShards`` writes nothing; a refusal
-says the same whether or not the path exists."""
+"""Issue 24: a ps reads and writes checkpoint shards only below its checkpoint root (``KUBEPS_CHECKPOINT_ROOT``,
+given by ``kubeps local`` and by the operator); paths are normalised the same way on the chief and on a ps; a refused
+``SaveShards`` writes nothing; a refusal says the same whether or not the path exists."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from pathlib import Path
@@ -11,7 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kubeps.runtime.contract import CHECKPOINT_ROOT_ENV
+from kubeps.operator.api.models import ReplicaType, parse_spec
+from kubeps.operator.core import children
+from kubeps.runtime.contract import CHECKPOINT_DIR_ENV, CHECKPOINT_ROOT_ENV
 from kubeps.runtime.errors import RemoteError
 from kubeps.runtime.local.launcher import LocalCluster as Launcher
 from kubeps.runtime.rpc.client import Client
@@ -33,15 +36,24 @@ def _port() -> int:
 def rooted_ps(tmp_path: Path, monkeypatch):
     root = tmp_path / "root"
     root.mkdir()
-    monkeypatch.setenv(CHECKPOINT_ROOT_ENV, str(root))
+    with _ps_confined_to(str(root), root, tmp_path, monkeypatch) as ps:
+        yield ps
+
+
+@contextlib.contextmanager
+def _ps_confined_to(value: str, root: Path, tmp_path: Path, monkeypatch):
+    """A ps server in this process with ``KUBEPS_CHECKPOINT_ROOT=value``, and a client of it."""
+    monkeypatch.setenv(CHECKPOINT_ROOT_ENV, value)
     monkeypatch.chdir(tmp_path)
     port = _port()
     server = Server({"ps": [f"127.0.0.1:{port}"]}, "ps", 0, token=TOKEN, bind_host="127.0.0.1")
     server.state.create("w", np.arange(6, dtype=np.float32).reshape(3, 2))
     client = Client(f"127.0.0.1:{port}", PS_SERVICE, TOKEN, timeout=10)
-    yield root, client
-    client.close()
-    server.stop(grace=None)
+    try:
+        yield root, client
+    finally:
+        client.close()
+        server.stop(grace=None)
 
 
 def _files(top: Path) -> set[str]:
@@ -129,3 +141,57 @@ def test_a_dynamic_tables_shards_keep_to_the_root_too(rooted_ps, tmp_path: Path)
     assert _files(tmp_path) == before
     meta, _ = client.call(PS.SAVE_DYNAMIC, {"directory": f"{root}/ckpt-1", "items": [item]})
     assert [s["rows"] for s in meta["saved"]] == [2] and (root / "ckpt-1").is_dir()
+
+
+def _operator_ps_container(volumes: list[dict], mounts: list[dict], env: list[dict] | None = None) -> dict:
+    """The main container of ps 0 as the operator makes it, from a PS template with these volumes and mounts."""
+    container = {"name": "kubeps", "env": env or [], "volumeMounts": mounts}
+    job = {"apiVersion": "kubeps.dev/v1alpha1", "kind": "PSTrainingJob",
+           "metadata": {"name": "ckpt", "namespace": "ns", "uid": "uid-1", "generation": 1},
+           "spec": {"replicaSpecs": {
+               "Chief": {"replicas": 1, "template": {"spec": {"containers": [{"name": "kubeps"}]}}},
+               "PS": {"replicas": 1, "template": {"spec": {"volumes": volumes, "containers": [container]}}},
+               "Worker": {"replicas": 1, "template": {"spec": {"containers": [{"name": "kubeps"}]}}}}}}
+    pod = children.pod_body(job, parse_spec(job["spec"]), ReplicaType.PS, 0, 0, children.PlanConfig())
+    return children.main_container(pod["spec"]["containers"])
+
+
+def _env(container: dict) -> dict[str, dict]:
+    return {e["name"]: e for e in container["env"]}
+
+
+def test_the_operator_gives_each_ps_its_checkpoint_dir_and_data_volumes_as_root():
+    volumes = [{"name": "ckpt", "persistentVolumeClaim": {"claimName": "c"}}, {"name": "cfg", "configMap": {"name": "x"}},
+               {"name": "scratch", "emptyDir": {}}]
+    mounts = [{"name": "ckpt", "mountPath": "/ckpt"}, {"name": "cfg", "mountPath": "/etc/cfg"},
+              {"name": "scratch", "mountPath": "/scratch"}]
+    main = _operator_ps_container(volumes, mounts, [{"name": CHECKPOINT_DIR_ENV, "value": "s3://bucket/run"}])
+    # the data volumes and the checkpoint directory; not the ConfigMap, not the operator's TLS mount
+    assert _env(main)[CHECKPOINT_ROOT_ENV]["value"] == "s3://bucket/run,/ckpt,/scratch"
+    assert children.TLS_VOLUME in {m["name"] for m in main["volumeMounts"]}
+    # no data volume, no checkpoint directory: the container's scratch directory only
+    assert _env(_operator_ps_container([], []))[CHECKPOINT_ROOT_ENV]["value"] == children.SCRATCH_CHECKPOINT_ROOT
+    # a directory from a ConfigMap or Secret: the kubelet expands the reference (defined before it in env)
+    by_ref = [{"name": CHECKPOINT_DIR_ENV, "valueFrom": {"configMapKeyRef": {"name": "run", "key": "dir"}}}]
+    names = [e["name"] for e in _operator_ps_container([], [], by_ref)["env"]]
+    root = _env(_operator_ps_container([], [], by_ref))[CHECKPOINT_ROOT_ENV]["value"]
+    assert root == f"$({CHECKPOINT_DIR_ENV})" and names.index(CHECKPOINT_DIR_ENV) < names.index(CHECKPOINT_ROOT_ENV)
+    # the template's own root is kept as written, once
+    own = _operator_ps_container(volumes, mounts, [{"name": CHECKPOINT_ROOT_ENV, "value": "gs://b/x"}])
+    assert [e for e in own["env"] if e["name"] == CHECKPOINT_ROOT_ENV] == [{"name": CHECKPOINT_ROOT_ENV,
+                                                                             "value": "gs://b/x"}]
+
+
+def test_a_ps_with_the_operators_root_saves_on_its_volume_and_nowhere_else(tmp_path: Path, monkeypatch):
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    main = _operator_ps_container([{"name": "ckpt", "emptyDir": {}}], [{"name": "ckpt", "mountPath": str(volume)}])
+    value = _env(main)[CHECKPOINT_ROOT_ENV]["value"]
+    assert value == str(volume)
+    with _ps_confined_to(value, volume, tmp_path, monkeypatch) as (_, client):
+        before = _files(tmp_path)
+        with pytest.raises(RemoteError, match="confined to") as info:
+            client.call(PS.SAVE_SHARDS, {"directory": str(tmp_path / "image-filesystem"), "items": [ITEM]})
+        assert info.value.code == "INVALID_ARGUMENT" and _files(tmp_path) == before
+        meta, _ = client.call(PS.SAVE_SHARDS, {"directory": str(volume / "ckpt-1"), "items": [ITEM]})
+        assert meta["saved"] and (volume / "ckpt-1").is_dir()

@@ -229,7 +229,8 @@ def test_default_image_custom_port_cluster_domain_and_user_tf_config_replaced():
     assert worker[0]["name"] == "sidecar" and worker[0]["image"] == "reg/rt:2" and "env" not in worker[0]
     env = worker[1]["env"]
     assert [e["name"] for e in env] == ["KEEP", "TF_CONFIG", "KUBEPS_JOB_TOKEN", "GRPC_FAIL_FAST",
-                                        "KUBEPS_TLS_CA_FILE", "KUBEPS_TLS_CERT_FILE", "KUBEPS_TLS_KEY_FILE"]
+                                        "KUBEPS_CHECKPOINT_ROOT", "KUBEPS_TLS_CA_FILE", "KUBEPS_TLS_CERT_FILE",
+                                        "KUBEPS_TLS_KEY_FILE"]
     tf = json.loads(env[1]["value"])
     assert tf["cluster"]["ps"] == ["ctr-ps-0.ns.svc.cluster.local:5000", "ctr-ps-1.ns.svc.cluster.local:5000"]
     svc = next(a.body for a in plan.of(A.CreateService) if a.name == "ctr-ps-1")
