@@ -4,6 +4,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kubeps-installed
 PYTEST_ARGS ?=
+# the slowest tests, in every run's log: where CI's time goes (docs/testing.md)
+DURATIONS := --durations=30
 # `make test` runs the suite in this many pytest-xdist workers: the API-server tests beside the training tests (the
 # groups in tests/conftest.py); PYTEST_WORKERS=0 runs it in one process.
 PYTEST_WORKERS ?= 2
@@ -76,14 +78,14 @@ lint: $(STAMP)
 	MYPY=$(abspath $(BIN))/mypy hack/mypy.sh
 
 test: $(STAMP) controlplane s3server kueue gang-crds tools
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(DURATIONS) $(PYTEST_ARGS)
 
 # End-to-end tests with real pods on a kind cluster: hack/kind.sh builds (cached under ~/.cache/kubeps/kind) what
 # the cluster needs, starts dockerd if none runs, creates the cluster, builds and loads the images; the tests install
 # the operator with Helm; the cluster (and a dockerd we started) is removed at the end. See docs/testing.md.
 e2e: $(STAMP)
 	PATH="$$PATH:/usr/local/go/bin" hack/kind.sh build
-	KUBEPS_E2E=1 PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest tests/e2e $(PYTEST_ARGS)
+	KUBEPS_E2E=1 PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest tests/e2e $(DURATIONS) $(PYTEST_ARGS)
 
 # Remove the e2e cluster (and stop the dockerd hack/kind.sh started) after KUBEPS_E2E_KEEP=1 or an interrupted run.
 kind-down:

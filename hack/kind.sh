@@ -698,14 +698,16 @@ cmd_kueue_image() {
 cmd_down() {
   mkdir -p "$STATE"
   lock
+  local start=$SECONDS
   if docker_up && [[ -x "$KIND" ]]; then
     "$KIND" delete cluster --name "$CLUSTER" >/dev/null 2>&1 || true
     if we_started_dockerd; then docker network rm kind >/dev/null 2>&1 || true; fi
+    log "cluster deleted in $((SECONDS - start)) s"
   fi
   stop_dockerd
   rm -f "$KUBECONFIG_FILE" "$STATE/create-seconds" "$STATE/load-seconds" "$STATE/cluster.yaml"
   rm -rf "$STATE/cni" "$STATE/shared"
-  log "down"
+  log "down in $((SECONDS - start)) s"
 }
 
 cmd_env() {

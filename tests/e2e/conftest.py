@@ -282,7 +282,9 @@ def kind(request: pytest.FixtureRequest) -> Kind:
             if isinstance(value, Background):
                 value.stop()
         if not keep:
+            start = time.monotonic()
             subprocess.run([str(KIND_SH), "down"], env=env, timeout=300)
+            record("kind.sh down", time.monotonic() - start)
 
 
 def new_namespace(kind: Kind, test: str) -> str:

@@ -121,9 +121,10 @@ def test_worker_deleted_mid_training(kind: Kind, ns: str):
     # Alone (no job of a run_early test beside it): under a loaded machine, two jobs at once made a chief miss its
     # parameter servers' heartbeats (3 x 1 s) and exhaust backoffLimit.
     kind.settle(loads=False)
-    # Long enough (~25 s at the ~460 steps/s seen on kind) that the job is still training when the replacement
-    # worker runs: 1600 steps were over in 3.5 s, before the deleted worker was even gone.
-    job = ctr_job("lost-worker", steps=12000)
+    # The delete starts at the chief's first step line (a fifth of the steps); the other four fifths must outlast
+    # the delete (1-2.5 s) and the replacement's start (2.5-4 s): 4,000 steps, ~8.5 s at the ~460 steps/s of an idle
+    # machine, ~35 s at CI's ~110. 1600 steps in all were over in 3.5 s, before the deleted worker was even gone.
+    job = ctr_job("lost-worker", steps=5000)
     start_and_time(kind, ns, job, pods=5)
     wait(lambda: re.search(r"^step\s+\d+/", chief_log(kind, ns, "lost-worker"), re.M), 180, "training steps")
     delete_and_time(kind, ns, "lost-worker", "lost-worker-worker-0")
