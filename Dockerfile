@@ -24,21 +24,34 @@ RUN python -m pip wheel --no-deps --wheel-dir /wheels .
 # (/opt/venv: a venv's scripts name their interpreter by absolute path, so it is never moved).
 FROM ${PYTHON_IMAGE} AS runtime-venv
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
+# The dependencies first, from pyproject.toml alone (images/requirements.py): this layer stays cached while only the
+# source changes. The tensorboard extra (tensorboardX, ~1 MB with protobuf): a job that sets KUBEPS_LOGDIR writes
+# event files.
+COPY pyproject.toml images/requirements.py /tmp/deps/
+RUN python -m venv /opt/venv \
+ && python /tmp/deps/requirements.py /tmp/deps/pyproject.toml tensorboard >/tmp/deps/requirements.txt \
+ && /opt/venv/bin/pip install -r /tmp/deps/requirements.txt \
+ && rm -rf /tmp/deps
 COPY --from=builder /wheels /wheels
 # kubeps_pid1: a pod's main process (PID 1) exits on SIGTERM instead of ignoring it (see the file).
 COPY images/runtime/ /tmp/pid1/
-# The tensorboard extra (tensorboardX, ~1 MB with protobuf): a job that sets KUBEPS_LOGDIR writes event files.
-RUN python -m venv /opt/venv \
- && WHEEL="$(ls /wheels/kubeps-*.whl)" \
- && /opt/venv/bin/pip install "kubeps[tensorboard] @ file://${WHEEL}" \
+# kubeps itself; `pip check`: the layer above holds what the wheel requires
+RUN WHEEL="$(ls /wheels/kubeps-*.whl)" \
+ && /opt/venv/bin/pip install --no-deps "${WHEEL}" \
+ && /opt/venv/bin/pip check \
  && mv /tmp/pid1/kubeps_pid1.py /tmp/pid1/kubeps_pid1.pth "$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"
 
 FROM ${PYTHON_IMAGE} AS operator-venv
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
-COPY --from=builder /wheels /wheels
+COPY pyproject.toml images/requirements.py /tmp/deps/
 RUN python -m venv /opt/venv \
- && WHEEL="$(ls /wheels/kubeps-*.whl)" \
- && /opt/venv/bin/pip install "kubeps[operator] @ file://${WHEEL}"
+ && python /tmp/deps/requirements.py /tmp/deps/pyproject.toml operator >/tmp/deps/requirements.txt \
+ && /opt/venv/bin/pip install -r /tmp/deps/requirements.txt \
+ && rm -rf /tmp/deps
+COPY --from=builder /wheels /wheels
+RUN WHEEL="$(ls /wheels/kubeps-*.whl)" \
+ && /opt/venv/bin/pip install --no-deps "${WHEEL}" \
+ && /opt/venv/bin/pip check
 
 # ---------------------------------------------------------------- runtime (CPU)
 FROM ${PYTHON_IMAGE} AS runtime

@@ -204,3 +204,20 @@ def test_crd_generator_runs_from_the_wheel(installed):
     proc = run_in(installed, str(installed["bin"] / "python"), "-m", "kubeps.operator.api.crd")
     assert proc.returncode == 0, proc.stderr
     assert yaml.safe_load(proc.stdout)["kind"] == "CustomResourceDefinition"
+
+
+def test_the_dependency_layer_lists_what_pyproject_requires():
+    """images/requirements.py: the Dockerfile's dependency layer (cached while only the source changes) installs
+    exactly the base requirements and the named extras; an unknown extra is refused by name."""
+    import tomllib
+
+    script = REPO / "images" / "requirements.py"
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    for extra in ("tensorboard", "operator"):
+        assert re.search(rf"requirements\.py /tmp/deps/pyproject\.toml {extra} ", DOCKERFILE.read_text()), extra
+        done = subprocess.run([sys.executable, str(script), str(REPO / "pyproject.toml"), extra],
+                              capture_output=True, text=True, check=True)
+        assert done.stdout.splitlines() == project["dependencies"] + project["optional-dependencies"][extra]
+    done = subprocess.run([sys.executable, str(script), str(REPO / "pyproject.toml"), "tensorbord"],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and "no extra tensorbord" in done.stderr and "tensorboard" in done.stderr
