@@ -126,9 +126,11 @@ def manifests(draw) -> bytes:
                 target = target[key]
         except (KeyError, IndexError, TypeError):  # an earlier mutation replaced a parent
             continue
-        if not isinstance(target, (dict, list)):
+        last = path[-1]
+        # a dict takes any key; a list (an earlier mutation may have put one where a dict was) only an index in it
+        if not (isinstance(target, dict) or (isinstance(target, list) and isinstance(last, int) and last < len(target))):
             continue
-        target[path[-1]] = draw(st.one_of(json_values, dims, st.sampled_from(["../../etc/passwd", "/abs.npy",
+        target[last] = draw(st.one_of(json_values, dims, st.sampled_from(["../../etc/passwd", "/abs.npy",
                                                                                ".hidden.npy", "x.npy"])))
     return json.dumps(doc).encode()
 
