@@ -216,8 +216,9 @@ def checkpoint_root(pod_spec: Mapping[str, Any], main: Mapping[str, Any]) -> str
     """The ``KUBEPS_CHECKPOINT_ROOT`` the operator gives a task (the parameter servers confine ``SaveShards`` and
     ``RestoreShards`` to it, :func:`kubeps.runtime.util.storage.confine`), or None when the template sets the
     variable itself. The roots, comma-separated: the container's ``KUBEPS_CHECKPOINT_DIR`` (a path or URL; one set
-    by ``valueFrom`` as ``$(KUBEPS_CHECKPOINT_DIR)``, which the kubelet expands) and the mount paths of its data volumes (every volume but configMap, secret, downwardAPI, projected
-    and the operator's TLS volume); neither: :data:`SCRATCH_CHECKPOINT_ROOT`."""
+    by ``valueFrom`` as ``$(KUBEPS_CHECKPOINT_DIR)``, which the kubelet expands) and the mount paths of its data
+    volumes (every volume but configMap, secret, downwardAPI, projected and the operator's TLS volume); neither:
+    :data:`SCRATCH_CHECKPOINT_ROOT`."""
     env = {e.get("name"): e for e in main.get("env") or []}
     if CHECKPOINT_ROOT_ENV in env:
         return None

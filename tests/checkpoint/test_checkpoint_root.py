@@ -173,8 +173,9 @@ def test_the_operator_gives_each_ps_its_checkpoint_dir_and_data_volumes_as_root(
     assert _env(_operator_ps_container([], []))[CHECKPOINT_ROOT_ENV]["value"] == children.SCRATCH_CHECKPOINT_ROOT
     # a directory from a ConfigMap or Secret: the kubelet expands the reference (defined before it in env)
     by_ref = [{"name": CHECKPOINT_DIR_ENV, "valueFrom": {"configMapKeyRef": {"name": "run", "key": "dir"}}}]
-    names = [e["name"] for e in _operator_ps_container([], [], by_ref)["env"]]
-    root = _env(_operator_ps_container([], [], by_ref))[CHECKPOINT_ROOT_ENV]["value"]
+    env = _operator_ps_container([], [], by_ref)["env"]
+    names = [e["name"] for e in env]
+    root = next(e["value"] for e in env if e["name"] == CHECKPOINT_ROOT_ENV)
     assert root == f"$({CHECKPOINT_DIR_ENV})" and names.index(CHECKPOINT_DIR_ENV) < names.index(CHECKPOINT_ROOT_ENV)
     # the template's own root is kept as written, once
     own = _operator_ps_container(volumes, mounts, [{"name": CHECKPOINT_ROOT_ENV, "value": "gs://b/x"}])

@@ -131,7 +131,7 @@ def manifests(draw) -> bytes:
         if not (isinstance(target, dict) or (isinstance(target, list) and isinstance(last, int) and last < len(target))):
             continue
         target[last] = draw(st.one_of(json_values, dims, st.sampled_from(["../../etc/passwd", "/abs.npy",
-                                                                               ".hidden.npy", "x.npy"])))
+                                                                          ".hidden.npy", "x.npy"])))
     return json.dumps(doc).encode()
 
 
