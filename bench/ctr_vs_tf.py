@@ -18,8 +18,10 @@ Each round runs, with 1 chief + ``--ps`` (2) ps + ``--workers`` (2) workers as l
   the table sharded over the ps by ``FixedShardsPartitioner``, ``tf.data`` per worker), run by ``--tf-python``;
 
 and with ``--jax`` the same model written with ``jax.numpy`` (``bench/ctr/jax_ctr.py``, gradients from
-``kp.value_and_grad``; its baseline is the kubeps numpy side of the same run), rotating which side goes first. Both programs time from after ``--warmup-executions`` executions to the final
-``join()``, and score their final weights with the same numpy scorer (``workload.evaluate``). The driver samples every
+``kp.value_and_grad``), with ``--keras`` as a Keras 3 model trained with kubeps's ``fit`` entry point
+(``bench/ctr/keras_ctr.py``: ``KubepsEmbedding``, ``keras.optimizers.Adagrad`` applied on the ps); each variant's
+ratios are to the kubeps numpy side and to TF of the same run, rotating which side goes first. Every program
+times from after ``--warmup-executions`` executions to the final ``join()``, and score their final weights with the same numpy scorer (``workload.evaluate``). The driver samples every
 task's peak RSS (``VmHWM``) and reads every task's CPU time (``/proc/PID/stat``) when the chief prints ``TIMED
 START`` and ``TIMED END``: CPU milliseconds per step, all tasks together, is the figure a busy shared machine moves
 least. It prints one line per round and a table: examples/s (median of the rounds) of both and the ratio kubeps/TF
@@ -57,7 +59,10 @@ CTR = REPO / "bench" / "ctr"
 sys.path.insert(0, str(CTR))
 import workload as wl  # noqa: E402 - only numpy
 
-SIDES = {"kubeps": CTR / "kubeps_ctr.py", "plaintext": CTR / "kubeps_ctr.py", "jax": CTR / "jax_ctr.py", "tf": CTR / "tf_ctr.py"}
+SIDES = {"kubeps": CTR / "kubeps_ctr.py", "plaintext": CTR / "kubeps_ctr.py", "jax": CTR / "jax_ctr.py",
+         "keras": CTR / "keras_ctr.py", "tf": CTR / "tf_ctr.py"}
+#: the same model written another way, each compared with the numpy layers (and TF) of the same run
+VARIANTS = {"jax": "JAX", "keras": "Keras fit"}
 TASK_LINE = re.compile(r"\[kubeps\] (?P<name>(?P<type>[a-z]+)-\d+) pid (?P<pid>\d+)")
 RESULT_LINE = re.compile(r"^(?:\[chief-0\] )?RESULT (?P<json>\{.*\})\s*$")
 POLL_S = 0.3
@@ -271,14 +276,17 @@ def main(argv=None) -> int:
     p.add_argument("--jax", action="store_true",
                    help="also run the model written with jax.numpy (bench/ctr/jax_ctr.py), with its ratio to kubeps's "
                         "numpy layers measured in the same run")
+    p.add_argument("--keras", action="store_true",
+                   help="also run the model as a Keras 3 model trained with kubeps's fit (bench/ctr/keras_ctr.py), "
+                        "with its ratios to kubeps's numpy layers and to TF measured in the same run")
     p.add_argument("--plaintext", action="store_true",
                    help="also run the kubeps side with plaintext between the tasks (--insecure-plaintext), to measure "
                         "what mutual TLS costs in the same run")
     args = p.parse_args(argv)
 
     tf_version, why = tensorflow_version(args.tf_python)
-    sides = (["kubeps"] + (["plaintext"] if args.plaintext else []) + (["jax"] if args.jax else [])
-             + (["tf"] if tf_version else []))
+    variants = [v for v in VARIANTS if getattr(args, v)]
+    sides = ["kubeps"] + (["plaintext"] if args.plaintext else []) + variants + (["tf"] if tf_version else [])
     if not tf_version:
         print(f"TensorFlow skipped: {why} (see this file's docstring to install it)", flush=True)
     data = data_folder(args)
@@ -300,13 +308,14 @@ def main(argv=None) -> int:
             line += f" | ratio {runs['kubeps'][-1]['examples_per_s'] / runs['tf'][-1]['examples_per_s']:.2f}x"
         if args.plaintext:
             line += f" | TLS/plaintext {runs['kubeps'][-1]['examples_per_s'] / runs['plaintext'][-1]['examples_per_s']:.3f}"
-        if args.jax:
-            line += f" | jax/numpy {runs['jax'][-1]['examples_per_s'] / runs['kubeps'][-1]['examples_per_s']:.2f}x"
+        for v in variants:
+            line += f" | {v}/numpy {runs[v][-1]['examples_per_s'] / runs['kubeps'][-1]['examples_per_s']:.2f}x"
         print(line + f"  (first: {order[0]})", flush=True)
 
     summary = {side: summarize(runs[side]) for side in sides}
     mb = 1 << 20
-    names = {"kubeps": "kubeps (mutual TLS)", "plaintext": "kubeps (plaintext)", "jax": "kubeps + JAX", "tf": f"TensorFlow {tf_version}"}
+    names = {"kubeps": "kubeps (mutual TLS)", "plaintext": "kubeps (plaintext)", "jax": "kubeps + JAX",
+             "keras": "kubeps Keras fit", "tf": f"TensorFlow {tf_version}"}
     print(f"\nmedian of {args.rounds} round(s), {args.steps} steps, batch {args.batch_size}, "
           f"{args.ps} ps + {args.workers} workers:")
     print(f"{'':22}{'examples/s':>12}{'eval log-loss':>15}{'eval AUC':>10}"
@@ -323,13 +332,15 @@ def main(argv=None) -> int:
     if args.plaintext:
         summary["tls_cost"] = 1 - summary["kubeps"]["examples_per_s"] / summary["plaintext"]["examples_per_s"]
         print(f"mutual TLS costs {summary['tls_cost']:.1%} of plaintext's examples/s (goal <= 15%)")
-    if args.jax:
-        j, k = summary["jax"], summary["kubeps"]
-        summary["jax_ratio"] = j["examples_per_s"] / k["examples_per_s"]
-        print(f"ratio JAX/numpy layers: {summary['jax_ratio']:.2f}x examples/s; eval log-loss JAX/numpy "
-              f"{j['eval_logloss'] / k['eval_logloss']:.4f}")
+    for v in variants:
+        j, k = summary[v], summary["kubeps"]
+        summary[f"{v}_ratio"] = j["examples_per_s"] / k["examples_per_s"]
+        print(f"ratio {VARIANTS[v]}/numpy layers: {summary[f'{v}_ratio']:.2f}x examples/s; eval log-loss "
+              f"{VARIANTS[v]}/numpy {j['eval_logloss'] / k['eval_logloss']:.4f}")
         if tf_version:
-            print(f"ratio JAX/TF: {j['examples_per_s'] / summary['tf']['examples_per_s']:.2f}x examples/s")
+            summary[f"{v}_tf_ratio"] = j["examples_per_s"] / summary["tf"]["examples_per_s"]
+            print(f"ratio {VARIANTS[v]}/TF: {summary[f'{v}_tf_ratio']:.2f}x examples/s (goal >= 2x); eval log-loss "
+                  f"{VARIANTS[v]}/TF {j['eval_logloss'] / summary['tf']['eval_logloss']:.4f}")
     if tf_version:
         k, t = summary["kubeps"], summary["tf"]
         ratio = k["examples_per_s"] / t["examples_per_s"]

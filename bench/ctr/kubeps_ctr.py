@@ -12,6 +12,7 @@ weights back and scores them with ``workload.evaluate``, and prints one line ``R
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 
@@ -77,13 +78,24 @@ def make_dataset(folder: str, batch: int, ctx: kp.InputContext) -> kp.Dataset:
             .prefetch(2))
 
 
-def run_chief(args: argparse.Namespace, build=Model) -> int:
-    """The chief with the model ``build(init)`` (``jax_ctr.py`` passes the JAX one)."""
+@contextlib.contextmanager
+def chief_cluster():
+    """The chief's strategy (the table sharded over the ps by ``FixedShardsPartitioner``) and coordinator, shut
+    down at the end of the block."""
     resolver = kp.TFConfigClusterResolver()
     num_ps = resolver.cluster_spec().num_tasks("ps")
     strategy = kp.ParameterServerStrategy(resolver, variable_partitioner=kp.FixedShardsPartitioner(num_ps))
     coordinator = kp.ClusterCoordinator(strategy)
     try:
+        yield strategy, coordinator
+    finally:
+        coordinator.shutdown()
+        strategy.close()
+
+
+def run_chief(args: argparse.Namespace, build=Model) -> int:
+    """The chief with the model ``build(init)`` (``jax_ctr.py`` passes the JAX one)."""
+    with chief_cluster() as (strategy, coordinator):
         init = wl.load(args.data, "init")
         with strategy.scope():
             model = build(init)
@@ -106,18 +118,16 @@ def run_chief(args: argparse.Namespace, build=Model) -> int:
 
         wl.timed_training(coordinator, train_fn, iterator, args, model.weights, model.side)
         return 0
-    finally:
-        coordinator.shutdown()
-        strategy.close()
 
 
-def main(build=Model) -> int:
+def main(build=Model, chief=run_chief) -> int:
+    """ps and worker tasks serve; the chief runs ``chief(args, build)`` (``keras_ctr.py`` passes its own)."""
     args = wl.parse_args(__doc__.splitlines()[0])
     resolver = kp.TFConfigClusterResolver()
     if resolver.task_type in ("ps", "worker"):
         kp.Server(resolver.cluster_spec(), job_name=resolver.task_type, task_index=resolver.task_id).join()
         return 0
-    return run_chief(args, build)
+    return chief(args, build)
 
 
 if __name__ == "__main__":

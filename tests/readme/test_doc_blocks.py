@@ -65,6 +65,8 @@ NOT_RUN = {
         "a benchmark of minutes (make bench); tests/models runs the Keras example",
     ("docs/benchmarks.md", ".venv/bin/python bench/ctr_vs_tf.py --jax --rounds 3 --steps 1000"):
         "a benchmark of minutes (make bench)",
+    ("docs/benchmarks.md", ".venv/bin/python bench/ctr_vs_tf.py --tf-python /tmp/tfenv/bin/python --keras --rounds 3"):
+        "a benchmark of minutes (make bench) with TensorFlow beside it",
     ("docs/benchmarks.md", ".venv/bin/python bench/ctr_vs_tf.py --plaintext --rounds 3 --steps 1500"):
         "a benchmark of minutes (make bench)",
     ("docs/benchmarks.md", ".venv/bin/python bench/dynamic_embedding.py                  # all three figures (two kubeps local runs, ~1.5 min)"):
