@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
 # kubeps images. Targets:
 #   runtime       CPU runtime for chief/ps/worker/evaluator pods (numpy, grpcio, kubeps.runtime, tensorboardX)
+#   runtime-keras runtime + Keras 3 and JAX (pip install kubeps[keras,tensorboard]): Keras models trained with fit
 #   runtime-gpu   CUDA 12 runtime + CuPy (pip install kubeps[gpu,tensorboard])
 #   operator      the kopf operator (pip install kubeps[operator]); ENTRYPOINT `kubeps operator`
 # Build: docker build --target runtime -t kubeps-runtime .   (same for runtime-gpu, operator)
@@ -76,6 +77,22 @@ USER 65532:65532
 EXPOSE 8080 9090
 ENTRYPOINT ["kubeps", "operator"]
 CMD ["--all-namespaces"]
+
+# ---------------------------------------------------------------- runtime-keras (runtime + Keras 3, JAX)
+# Keras models trained with kubeps's fit, models written with jax.numpy (examples/keras, examples/ctr/train_jax.py).
+# A stage of its own: jax's CPU wheel alone is ~350 MB installed, which jobs of numpy models need not pull. Built on
+# the runtime image, so a node holding both stores the shared layers once; this layer holds only the keras extra's
+# packages (pyproject.toml's list for the extra, as the runtime's dependency layer; what is installed already is
+# kept), checked against the installed kubeps.
+FROM runtime AS runtime-keras
+USER 0
+COPY pyproject.toml images/requirements.py /tmp/deps/
+RUN python /tmp/deps/requirements.py /tmp/deps/pyproject.toml keras >/tmp/deps/requirements.txt \
+ && PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 /opt/venv/bin/pip install -r /tmp/deps/requirements.txt \
+ && /opt/venv/bin/pip check \
+ && rm -rf /tmp/deps
+ENV KERAS_BACKEND=jax
+USER 65532:65532
 
 # ---------------------------------------------------------------- runtime-gpu (CUDA 12 + CuPy)
 FROM ${CUDA_IMAGE} AS runtime-gpu

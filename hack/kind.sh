@@ -11,6 +11,8 @@
 #                         while the cluster is created, and load them once it is up
 #   hack/kind.sh images   build the project's runtime and operator images and `kind load` them
 #   hack/kind.sh tf-image build examples/tf/Dockerfile (tensorflow-cpu) as kubeps-tf:e2e and load it
+#   hack/kind.sh keras-image  build the Dockerfile's runtime-keras target (runtime + Keras 3, JAX) as
+#                         kubeps-runtime-keras:e2e and load it
 #   hack/kind.sh kueue-image  put hack/kueue.sh's Kueue build in an image (FROM scratch: a static binary, no
 #                         registry) as kubeps-kueue:e2e and load it
 #   hack/kind.sh down     delete the cluster; if `up` started dockerd: stop it and remove what it left
@@ -49,6 +51,7 @@ TAG=e2e
 RUNTIME_IMAGE="kubeps-runtime:$TAG"
 OPERATOR_IMAGE="kubeps-operator:$TAG"
 TF_IMAGE="kubeps-tf:$TAG"
+KERAS_IMAGE="kubeps-runtime-keras:$TAG"
 KUEUE_IMAGE="kubeps-kueue:$TAG"
 
 log() { printf '[kind] %s\n' "$*" >&2; }
@@ -681,6 +684,17 @@ cmd_tf_image() {
   if cluster_exists; then load_images "$(pod_nodes)" "$TF_IMAGE"; fi
 }
 
+# The runtime image with Keras 3 and JAX (the Dockerfile's runtime-keras target, on the runtime image's cached
+# layers), loaded into the nodes that run job pods.
+cmd_keras_image() {
+  docker_up || die "no Docker engine: run hack/kind.sh up first"
+  local start=$SECONDS args=()
+  if offline; then args=(--build-arg "PYTHON_IMAGE=$PYTHON_BASE"); fi
+  docker_build "$KERAS_IMAGE" "$ROOT" --target runtime-keras "${args[@]}" || die "runtime-keras image build failed"
+  log "runtime-keras image built in $((SECONDS - start)) s"
+  if cluster_exists; then load_images "$(pod_nodes)" "$KERAS_IMAGE"; fi
+}
+
 # Kueue's manager (hack/kueue.sh build) as an image of one static binary, loaded into the cluster.
 cmd_kueue_image() {
   docker_up || die "no Docker engine: run hack/kind.sh up first"
@@ -736,12 +750,13 @@ main() {
     up) cmd_up "${@:2}" ;;
     images) cmd_images ;;
     tf-image) cmd_tf_image ;;
+    keras-image) cmd_keras_image ;;
     kueue-image) cmd_kueue_image ;;
     down) cmd_down ;;
     env) cmd_env ;;
     status) cmd_status ;;
     network) set_up_pod_network ;;
-    *) echo "usage: $0 {build|up|images|tf-image|kueue-image|down|env|status|network}" >&2; exit 2 ;;
+    *) echo "usage: $0 {build|up|images|tf-image|keras-image|kueue-image|down|env|status|network}" >&2; exit 2 ;;
   esac
 }
 

@@ -1,5 +1,6 @@
 """PSTrainingJobs with real pods on kind: the CTR example, lost workers and parameter servers, bad jobs, the
-sidecar evaluator, and `helm uninstall` (last). See tests/e2e/conftest.py for how the cluster is made."""
+sidecar evaluator, TensorFlow and Keras programs, and `helm uninstall` (last). See tests/e2e/conftest.py for how
+the cluster is made."""
 
 from __future__ import annotations
 
@@ -263,6 +264,44 @@ def test_tensorflow_program_succeeds(kind: Kind, ns: str):
     print(log[-1500:])
     assert re.search(r"variables on /job:ps/replica:0/task:\d", log), log[-2000:]
     assert re.search(r"trained \d+ steps: loss", log), log[-2000:]
+
+
+def start_keras_image(kind: Kind) -> Background:
+    """`hack/kind.sh keras-image` (the Dockerfile's runtime-keras target on the runtime image's cached layers, then
+    into the 2 workers) in the background from the start, as the TensorFlow image."""
+    return kind.background("runtime-keras image", str(KIND_SH), "keras-image")
+
+
+@pytest.mark.start_early.with_args(start_keras_image)
+def test_keras_fit_job_resumes_after_a_lost_ps(kind: Kind, ns: str):
+    """The seed's model.fit flow on kind: examples/keras/job.yaml -- a Keras 3 model trained with kubeps's fit (a
+    dataset function, steps_per_execution, BackupAndRestore checkpoints on a claim) in the runtime-keras image. ps-0
+    is deleted after the first checkpoint; the chief loses it, exits 133 and is started again, resumes from the
+    latest checkpoint, and the job Succeeds with a model that learned."""
+    image = kind.started(start_keras_image)
+    start = time.monotonic()
+    record("runtime-keras image build + kind load", image.wait(timeout=1800))
+    record("runtime-keras image: waited for it", time.monotonic() - start)
+    kind.settle(loads=False)  # alone, as test_ps_deleted_chief_resumes_from_checkpoint
+    job = yaml.safe_load((REPO / "examples" / "keras" / "job.yaml").read_text())
+    for spec in job["spec"]["replicaSpecs"].values():
+        c = spec["template"]["spec"]["containers"][0]
+        c["image"] = "kubeps-runtime-keras:e2e"
+        c["imagePullPolicy"] = "Never"
+    pvc(kind, ns, "keras-checkpoints")  # ReadWriteOnce on kind's local-path: the chief and the ps share its node
+    start_and_time(kind, ns, job, pods=5)
+    wait(lambda: re.search(r"saved \S+", chief_log(kind, ns, "keras-fit")), 300, "a checkpoint saved")
+    first_chief = pod_uid(kind, ns, "keras-fit-chief-0")
+    delete_and_time(kind, ns, "keras-fit", "keras-fit-ps-0")
+    wait(lambda: pod_uid(kind, ns, "keras-fit-chief-0") != first_chief
+         or "resumed from step" in chief_log(kind, ns, "keras-fit"), 180, "the chief restarted")
+    assert kind.wait_finished(ns, "keras-fit") == "Succeeded"
+    log = chief_log(kind, ns, "keras-fit")
+    m = re.search(r"resumed from step (\d+)", log)
+    assert m and int(m.group(1)) > 0, f"the chief did not resume from a checkpoint:\n{log[-2000:]}"
+    assert re.search(r"step 4000: saved \S+ \(final\)", log), log[-2000:]
+    learned(log)
+    print("restarts:", kind.json("-n", ns, "get", "psjob", "keras-fit")["status"].get("restarts"))
 
 
 def _start_kueue_image(kind: Kind) -> Background:

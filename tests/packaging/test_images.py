@@ -20,7 +20,7 @@ from .conftest import find_tool
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "Dockerfile"
-TARGETS = ("runtime", "runtime-gpu", "operator")
+TARGETS = ("runtime", "runtime-keras", "runtime-gpu", "operator")
 NON_ROOT_UID = 65532
 
 
@@ -213,7 +213,7 @@ def test_the_dependency_layer_lists_what_pyproject_requires():
 
     script = REPO / "images" / "requirements.py"
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    for extra in ("tensorboard", "operator"):
+    for extra in ("tensorboard", "operator", "keras"):
         assert re.search(rf"requirements\.py /tmp/deps/pyproject\.toml {extra} ", DOCKERFILE.read_text()), extra
         done = subprocess.run([sys.executable, str(script), str(REPO / "pyproject.toml"), extra],
                               capture_output=True, text=True, check=True)
