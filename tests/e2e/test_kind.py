@@ -140,20 +140,26 @@ def test_ps_deleted_chief_resumes_from_checkpoint(kind: Kind, ns: str):
     # to 30 s) and exit 133 again: each of those restarts counts against backoffLimit (2 in the example); 6 were
     # seen on kind.
     job["spec"]["runPolicy"]["backoffLimit"] = 10
+    learned(lose_ps_and_resume(kind, ns, job))
+
+
+def lose_ps_and_resume(kind: Kind, ns: str, job: dict) -> str:
+    """Start ``job`` (checkpoints on), delete ps-0 once the chief has saved one, and check the chief restarted and
+    resumed from a checkpoint past step 0 and the job Succeeded; returns the chief's log."""
+    name = job["metadata"]["name"]
     start_and_time(kind, ns, job, pods=5)
-    wait(lambda: re.search(r"saved \S+", chief_log(kind, ns, "lost-ps")), 240, "a checkpoint saved")
-    first_chief = pod_uid(kind, ns, "lost-ps-chief-0")
-    delete_and_time(kind, ns, "lost-ps", "lost-ps-ps-0")
+    wait(lambda: re.search(r"saved \S+", chief_log(kind, ns, name)), 300, "a checkpoint saved")
+    first_chief = pod_uid(kind, ns, f"{name}-chief-0")
+    delete_and_time(kind, ns, name, f"{name}-ps-0")
     # The chief loses its parameter server, exits 133 and is started again; it resumes from the checkpoint.
-    wait(lambda: pod_uid(kind, ns, "lost-ps-chief-0") != first_chief
-         or "resumed from step" in chief_log(kind, ns, "lost-ps"), 180, "the chief restarted")
-    assert kind.wait_finished(ns, "lost-ps") == "Succeeded"
-    log = chief_log(kind, ns, "lost-ps")
+    wait(lambda: pod_uid(kind, ns, f"{name}-chief-0") != first_chief
+         or "resumed from step" in chief_log(kind, ns, name), 180, "the chief restarted")
+    assert kind.wait_finished(ns, name) == "Succeeded"
+    log = chief_log(kind, ns, name)
     m = re.search(r"resumed from step (\d+)", log)
     assert m and int(m.group(1)) > 0, f"the chief did not resume from a checkpoint:\n{log[-2000:]}"
-    learned(log)
-    status = kind.json("-n", ns, "get", "psjob", "lost-ps")["status"]
-    print("restarts:", status.get("restarts"))
+    print("restarts:", kind.json("-n", ns, "get", "psjob", name)["status"].get("restarts"))
+    return log
 
 
 def start_no_image_job(kind: Kind) -> tuple[str, float]:
@@ -289,19 +295,9 @@ def test_keras_fit_job_resumes_after_a_lost_ps(kind: Kind, ns: str):
         c["image"] = "kubeps-runtime-keras:e2e"
         c["imagePullPolicy"] = "Never"
     pvc(kind, ns, "keras-checkpoints")  # ReadWriteOnce on kind's local-path: the chief and the ps share its node
-    start_and_time(kind, ns, job, pods=5)
-    wait(lambda: re.search(r"saved \S+", chief_log(kind, ns, "keras-fit")), 300, "a checkpoint saved")
-    first_chief = pod_uid(kind, ns, "keras-fit-chief-0")
-    delete_and_time(kind, ns, "keras-fit", "keras-fit-ps-0")
-    wait(lambda: pod_uid(kind, ns, "keras-fit-chief-0") != first_chief
-         or "resumed from step" in chief_log(kind, ns, "keras-fit"), 180, "the chief restarted")
-    assert kind.wait_finished(ns, "keras-fit") == "Succeeded"
-    log = chief_log(kind, ns, "keras-fit")
-    m = re.search(r"resumed from step (\d+)", log)
-    assert m and int(m.group(1)) > 0, f"the chief did not resume from a checkpoint:\n{log[-2000:]}"
+    log = lose_ps_and_resume(kind, ns, job)
     assert re.search(r"step 4000: saved \S+ \(final\)", log), log[-2000:]
     learned(log)
-    print("restarts:", kind.json("-n", ns, "get", "psjob", "keras-fit")["status"].get("restarts"))
 
 
 def _start_kueue_image(kind: Kind) -> Background:
