@@ -352,8 +352,11 @@ def _parse_columns(serialized: Sequence[bytes], spec: Mapping[str, FixedLenFeatu
             per_list = payload // 4
         else:  # a varint ends at a byte below 0x80
             first = starts[held] + 1 + _varint_size(content) + 1 + _varint_size(payload)
-            last = np.flatnonzero(np.frombuffer(blob, dtype=np.uint8) < 0x80)
-            per_list = np.searchsorted(last, first + payload) - np.searchsorted(last, first)
+            # the runs' bytes gathered (not the whole blob's), and each run's count of those below 0x80
+            bounds = np.cumsum(payload)
+            at_byte = np.repeat(first - (bounds - payload), payload) + np.arange(int(bounds[-1]) if bounds.size else 0)
+            ends = np.concatenate(([0], np.cumsum(np.frombuffer(blob, dtype=np.uint8)[at_byte] < 0x80)))
+            per_list = ends[bounds] - ends[bounds - payload]
         counts[held] = per_list
         column = np.array(getattr(decoded, kind).value, dtype=np.int64 if kind == "int64_list" else np.float32)
         if column.size != int(per_list.sum()):

@@ -9,13 +9,16 @@ step per record. ``cycle_length`` files are open at once and one block is taken 
 block of every open file, and of the next files to open, while the consumer works. The order is deterministic:
 exactly the order of the single-threaded interleave, whatever the thread timing (as ``tf.data`` with
 ``deterministic=True``, its default). Readers release the GIL in their bulk work (pyarrow's decoding, file reads,
-numpy's parsing), which is where the threads overlap. The thread pool lives for one pass: the node holds none, so a
-pipeline still pickles.
+numpy's parsing), which is where the threads overlap. A reader whose work holds the GIL (its class sets
+``in_processes = True``: TFRecord) is run in child processes instead, one per open file
+(:mod:`~kubeps.runtime.data.reader_processes`), in the same order. The thread pool lives for one pass: the node
+holds none, so a pipeline still pickles.
 """
 
 from __future__ import annotations
 
 import collections
+import functools
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Iterator
@@ -51,6 +54,31 @@ class _Now:
         pass
 
 
+class _Later:
+    """A call made when its result is asked for (a child process works ahead instead of a thread)."""
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]):
+        self._call: tuple[Callable[..., Any], tuple[Any, ...]] | None = (fn, args)
+        self._value: Any = None
+
+    def result(self) -> Any:
+        if self._call is not None:
+            fn, args = self._call
+            self._call = None
+            self._value = fn(*args)
+        return self._value
+
+
+class _OnDemand:
+    """An executor of :class:`_Later` calls."""
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> _Later:
+        return _Later(fn, args)
+
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        pass
+
+
 class FileBlocksNode(Node):
     """Blocks of ``read_blocks(path)`` for every path of the parent node, interleaved over ``cycle_length`` open
     files, read ahead by ``num_parallel_calls`` threads (1: in the consumer's thread)."""
@@ -80,7 +108,16 @@ class FileBlocksNode(Node):
     def blocks(self) -> Iterator[Any]:
         cycle = self._cycle_length
         threads = self._num_parallel_calls
-        pool: Any = ThreadPoolExecutor(threads, thread_name_prefix="kubeps-read") if threads > 1 else _Now()
+        read_blocks = self._read_blocks
+        pool: Any
+        opened_ahead = cycle if threads > 1 else 1  # files opened (their first block read) before their turn
+        if threads > 1 and getattr(read_blocks, "in_processes", False):
+            from kubeps.runtime.data.reader_processes import RemoteBlocks  # noqa: PLC0415 - only for such readers
+
+            # a child per open file, and one for the next file to open: cycle + 1 processes
+            pool, read_blocks, opened_ahead = _OnDemand(), functools.partial(RemoteBlocks, read_blocks), 1
+        else:
+            pool = ThreadPoolExecutor(threads, thread_name_prefix="kubeps-read") if threads > 1 else _Now()
         outer = self.upstream.iterate()
         ahead: collections.deque[list[Any]] = collections.deque()  # [blocks, future of the next block], opened early
         slots: list[list[Any] | None] = [None] * cycle
@@ -90,13 +127,13 @@ class FileBlocksNode(Node):
             # the next files are opened (and their first block read) before the cycle reaches them; they are
             # handed to the slots in input order, so the order stays that of the sequential interleave
             nonlocal end_of_input
-            while not end_of_input and len(ahead) < (cycle if threads > 1 else 1):
+            while not end_of_input and len(ahead) < opened_ahead:
                 try:
                     path = next(outer)
                 except StopIteration:
                     end_of_input = True
                     return
-                blocks = self._read_blocks(path)
+                blocks = read_blocks(path)
                 ahead.append([blocks, pool.submit(_advance, blocks)])
 
         num_open = 0

@@ -9,7 +9,9 @@ reading the files in blocks, so:
 - ``batch``, ``shard``, ``shuffle``, ``take``/``skip``/``repeat`` above it work on blocks (array slicing and
   gathers), never one Python step per record;
 - ``num_parallel_reads`` files are read at once by as many threads, block by block in turn, in a deterministic
-  order (``tf.data``'s ``interleave(cycle_length=n, num_parallel_calls=n)``; ``AUTOTUNE``: one per CPU, at most 8).
+  order (``tf.data``'s ``interleave(cycle_length=n, num_parallel_calls=n)``; ``AUTOTUNE``: one per CPU, at most 8);
+  TFRecord files by as many child processes instead (:mod:`~kubeps.runtime.data.reader_processes`: their reading
+  holds the GIL, so threads would take turns).
 """
 
 from __future__ import annotations
@@ -57,6 +59,9 @@ def ParquetDataset(
 
 
 class _TFRecordReader:
+    #: the framing walk and the decoding hold the GIL: with num_parallel_reads > 1, files are read in processes
+    in_processes = True
+
     def __init__(self, compression_type: str, skip_corrupt: bool, features: Mapping[str, Any] | None,
                  block_records: int):
         self._compression = compression_type
@@ -95,7 +100,9 @@ def TFRecordDataset(
     :func:`~kubeps.runtime.data.example.parse_example`, as TF programs do. With ``features`` (a parse spec of
     ``FixedLenFeature``/``VarLenFeature``) each block of ``block_records`` records is parsed as it is read,
     and the elements are ``{feature: value}``. A corrupt record is an error naming the file and byte offset, unless
-    ``skip_corrupt``."""
+    ``skip_corrupt`` (the warning is then logged by the process that read it). With ``num_parallel_reads`` > 1 the
+    files are read and parsed in that many child processes (:mod:`~kubeps.runtime.data.reader_processes`), in the
+    same deterministic order as with one."""
     reader = _TFRecordReader(
         compression_arg(compression_type), bool(skip_corrupt), None if features is None else feature_spec(features),
         int_arg("block_records", block_records, 1),

@@ -659,6 +659,87 @@ def test_parallel_reads_keep_the_sequential_interleave_order(tmp_path):
     assert sorted(int(e["id"]) for e in ids) == list(range(180))
 
 
+def _reader_children() -> set[int]:
+    """PIDs of this process's living reader children (from /proc)."""
+    pids = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[1]) == os.getpid() and fields[0] != "Z" and b"reader_processes" in cmdline:
+            pids.add(int(entry.name))
+    return pids
+
+
+def _elements(ds) -> list:
+    return [{k: np.asarray(v).tolist() for k, v in e.items()} if isinstance(e, dict) else e for e in ds]
+
+
+def _write_records(folder: Path, files: int, rows: int) -> str:
+    for f in range(files):
+        (folder / f"part-{f}.tfrecord").write_bytes(b"".join(_frame(_record(f * rows + i)) for i in range(rows)))
+    return str(folder / "part-*.tfrecord")
+
+
+def test_tfrecord_files_are_read_in_child_processes_in_the_threads_order(tmp_path, monkeypatch):
+    """num_parallel_reads > 1: TFRecord files are read and parsed in child processes (that work holds the GIL).
+    The elements -- fixed, variable-length and bytes features, and raw records -- are those of the same reading in
+    threads, in the same order; the next pass reuses the children."""
+    from kubeps.runtime.data import formats, reader_processes
+
+    pattern = _write_records(tmp_path, files=5, rows=23)
+    parsed = TFRecordDataset(pattern, features=SPEC, num_parallel_reads=2, block_records=7)
+    raw = TFRecordDataset(pattern, num_parallel_reads=3)
+    in_children = [_elements(parsed), _elements(raw)]
+    idle = {c.proc.pid for c in reader_processes._idle}
+    assert len(idle) >= 2
+    assert _elements(parsed) == in_children[0]
+    assert {c.proc.pid for c in reader_processes._idle} & idle  # children of the first passes read again
+    monkeypatch.setattr(formats._TFRecordReader, "in_processes", False)
+    assert [_elements(parsed), _elements(raw)] == in_children
+    assert len(in_children[0]) == 115 and in_children[0][0]["ids"] == [0, 0]
+
+
+def test_a_child_readers_error_names_the_record_and_an_early_close_stops_the_children(tmp_path):
+    """A corrupt record read in a child is the same error, named the same way, where its block would be; with
+    skip_corrupt the child skips it. A pass closed mid-file kills the children reading it; a child that dies is
+    an error naming it, not a hang."""
+    from kubeps.runtime.data import reader_processes
+
+    pattern = _write_records(tmp_path, files=3, rows=10)
+    bad = tmp_path / "part-1.tfrecord"
+    data = bytearray(bad.read_bytes())
+    third = len(_frame(_record(10))) + len(_frame(_record(11)))  # record 12's frame
+    data[third + 14] ^= 0x01
+    bad.write_bytes(bytes(data))
+    ds = TFRecordDataset(pattern, features=SPEC, num_parallel_reads=2, block_records=4)
+    seen = []
+    with pytest.raises(CorruptRecordError, match=rf"{bad}: corrupt TFRecord record at byte offset {third}: the data"):
+        for e in ds:
+            seen.append(int(e["ids"][0]))
+    assert seen[:4] == [0, 1, 2, 3]  # file 0's first block, before file 1's first (the bad one)
+    kept = [int(e["ids"][0]) for e in TFRecordDataset(pattern, features=SPEC, num_parallel_reads=2, skip_corrupt=True)]
+    assert sorted(kept) == sorted(set(range(30)) - {12})
+
+    it = iter(TFRecordDataset(pattern, features=SPEC, num_parallel_reads=2, block_records=2, skip_corrupt=True))
+    next(it)
+    busy = _reader_children() - {c.proc.pid for c in reader_processes._idle}  # reading a file for this pass
+    assert busy
+    it.close()
+    assert not busy & _reader_children()  # killed (and reaped): their files were not read to the end
+
+    child = reader_processes._Child()
+    child.proc.kill()
+    child.proc.wait()
+    remote = reader_processes.RemoteBlocks.__new__(reader_processes.RemoteBlocks)
+    remote._child = child
+    with pytest.raises(RuntimeError, match=rf"reader process \(pid {child.proc.pid}\) ended with status -9"):
+        next(remote)
+
+
 def test_a_reader_error_reaches_the_consumer_and_the_pass_can_be_closed(tmp_path):
     pattern = _write_format("csv", tmp_path, files=4, rows=20)
     (tmp_path / "part-2.csv").write_text("1,x\n")
