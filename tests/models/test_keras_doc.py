@@ -1,5 +1,6 @@
 """Every code block of docs/keras.md runs: the install line names the extra pyproject declares, the command is the
-one this test runs, and the program trains, checkpoints and is evaluated under it."""
+one this test runs, and the program trains, checkpoints and is evaluated under it (the Kubernetes block: the kind
+e2e)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,9 @@ def test_the_doc_has_an_install_line_a_command_and_a_program():
     assert kinds == [("", "pip install 'kubeps[keras]'        # keras>=3.15, jax>=0.10.2 (the versions tested); "
                           "KERAS_BACKEND=jax"),
                      ("", "kubeps local --ps 2 --workers 2 --evaluator --restart train.py"),
-                     ("python", "import os")]
+                     ("python", "import os"),
+                     # On Kubernetes: run by tests/e2e/test_kind.py (the image and examples/keras/job.yaml)
+                     ("sh", "docker build --target runtime-keras -t kubeps-runtime-keras:latest .")]
     extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["keras"]
     assert extra == ["keras>=3.15", "jax>=0.10.2"]
 
@@ -37,7 +40,7 @@ def test_the_doc_has_an_install_line_a_command_and_a_program():
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_doc_program_trains_checkpoints_and_is_evaluated_under_kubeps_local(tmp_path):
-    (_, _), (_, command), (_, program) = blocks()
+    (_, _), (_, command), (_, program), _ = blocks()
     (tmp_path / "train.py").write_text(program)
     args = command.split()
     assert args[:1] == ["kubeps"] and args[-1] == "train.py"
