@@ -11,8 +11,6 @@
 #                         while the cluster is created, and load them once it is up
 #   hack/kind.sh images   build the project's runtime and operator images and `kind load` them
 #   hack/kind.sh tf-image build examples/tf/Dockerfile (tensorflow-cpu) as kubeps-tf:e2e and load it
-#   hack/kind.sh keras-image  build the Dockerfile's runtime-keras target (runtime + Keras 3, JAX) as
-#                         kubeps-runtime-keras:e2e and load it
 #   hack/kind.sh kueue-image  put hack/kueue.sh's Kueue build in an image (FROM scratch: a static binary, no
 #                         registry) as kubeps-kueue:e2e and load it
 #   hack/kind.sh down     delete the cluster; if `up` started dockerd: stop it and remove what it left
@@ -31,6 +29,9 @@
 #   KUBEPS_KIND_OFFLINE 1: build everything locally; 0: use kind's published node image and the
 #                       public Python image (a GitHub runner); default: 0 under GitHub Actions, else 1
 #   KIND_NODE_IMAGE     a node image to use as is (skips the node build)
+#   KUBEPS_KIND_KERAS_IMAGE  1: `images` and `up --images` also build the Dockerfile's runtime-keras target
+#                       (runtime + Keras 3, JAX) as kubeps-runtime-keras:e2e and load it with the others (the e2e
+#                       tests set it); default 0
 #   DEBIAN_MIRROR       apt mirror for debootstrap (default: the host's, else deb.debian.org)
 set -euo pipefail
 
@@ -647,8 +648,10 @@ load_images() {
   log "loaded $* into $targets in $((SECONDS - start)) s"
 }
 
-# The project's runtime and operator images, built from the Dockerfile (docker's layer cache makes a rebuild of
-# unchanged sources a few seconds).
+keras_image() { [[ "${KUBEPS_KIND_KERAS_IMAGE:-0}" == 1 ]]; }
+
+# The project's runtime and operator images (and runtime-keras with KUBEPS_KIND_KERAS_IMAGE=1), built from the
+# Dockerfile (docker's layer cache makes a rebuild of unchanged sources a few seconds).
 build_images() {
   local start=$SECONDS args=()
   if offline; then
@@ -656,15 +659,20 @@ build_images() {
     args=(--build-arg "PYTHON_IMAGE=$PYTHON_BASE")
   fi
   docker_build "$RUNTIME_IMAGE" "$ROOT" --target runtime "${args[@]}" || die "runtime image build failed"
+  if keras_image; then
+    docker_build "$KERAS_IMAGE" "$ROOT" --target runtime-keras "${args[@]}" || die "runtime-keras image build failed"
+  fi
   docker_build "$OPERATOR_IMAGE" "$ROOT" --target operator "${args[@]}" || die "operator image build failed"
   log "images built in $((SECONDS - start)) s"
 }
 
-# Both images in one load: the operator may run on any node (the e2e puts it on the control-plane node), job pods
-# run on the workers; one archive holds their shared Python base once.
+# The images in one load: the operator may run on any node (the e2e puts it on the control-plane node), job pods
+# run on the workers; one archive holds their shared layers once (the Python base; runtime-keras is the runtime
+# image and one layer more).
 load_project_images() {
-  local start=$SECONDS
-  load_images "$(cluster_nodes | paste -sd, -)" "$OPERATOR_IMAGE" "$RUNTIME_IMAGE"
+  local start=$SECONDS images=("$OPERATOR_IMAGE" "$RUNTIME_IMAGE")
+  if keras_image; then images+=("$KERAS_IMAGE"); fi
+  load_images "$(cluster_nodes | paste -sd, -)" "${images[@]}"
   echo "$((SECONDS - start))" >"$STATE/load-seconds"
 }
 
@@ -682,17 +690,6 @@ cmd_tf_image() {
   docker_build "$TF_IMAGE" "$ROOT" -f "$ROOT/examples/tf/Dockerfile" "${args[@]}" || die "TensorFlow image build failed"
   log "TensorFlow image built in $((SECONDS - start)) s"
   if cluster_exists; then load_images "$(pod_nodes)" "$TF_IMAGE"; fi
-}
-
-# The runtime image with Keras 3 and JAX (the Dockerfile's runtime-keras target, on the runtime image's cached
-# layers), loaded into the nodes that run job pods.
-cmd_keras_image() {
-  docker_up || die "no Docker engine: run hack/kind.sh up first"
-  local start=$SECONDS args=()
-  if offline; then args=(--build-arg "PYTHON_IMAGE=$PYTHON_BASE"); fi
-  docker_build "$KERAS_IMAGE" "$ROOT" --target runtime-keras "${args[@]}" || die "runtime-keras image build failed"
-  log "runtime-keras image built in $((SECONDS - start)) s"
-  if cluster_exists; then load_images "$(pod_nodes)" "$KERAS_IMAGE"; fi
 }
 
 # Kueue's manager (hack/kueue.sh build) as an image of one static binary, loaded into the cluster.
@@ -750,13 +747,12 @@ main() {
     up) cmd_up "${@:2}" ;;
     images) cmd_images ;;
     tf-image) cmd_tf_image ;;
-    keras-image) cmd_keras_image ;;
     kueue-image) cmd_kueue_image ;;
     down) cmd_down ;;
     env) cmd_env ;;
     status) cmd_status ;;
     network) set_up_pod_network ;;
-    *) echo "usage: $0 {build|up|images|tf-image|keras-image|kueue-image|down|env|status|network}" >&2; exit 2 ;;
+    *) echo "usage: $0 {build|up|images|tf-image|kueue-image|down|env|status|network}" >&2; exit 2 ;;
   esac
 }
 

@@ -272,22 +272,11 @@ def test_tensorflow_program_succeeds(kind: Kind, ns: str):
     assert re.search(r"trained \d+ steps: loss", log), log[-2000:]
 
 
-def start_keras_image(kind: Kind) -> Background:
-    """`hack/kind.sh keras-image` (the Dockerfile's runtime-keras target on the runtime image's cached layers, then
-    into the 2 workers) in the background from the start, as the TensorFlow image."""
-    return kind.background("runtime-keras image", str(KIND_SH), "keras-image")
-
-
-@pytest.mark.start_early.with_args(start_keras_image)
 def test_keras_fit_job_resumes_after_a_lost_ps(kind: Kind, ns: str):
     """The seed's model.fit flow on kind: examples/keras/job.yaml -- a Keras 3 model trained with kubeps's fit (a
-    dataset function, steps_per_execution, BackupAndRestore checkpoints on a claim) in the runtime-keras image. ps-0
-    is deleted after the first checkpoint; the chief loses it, exits 133 and is started again, resumes from the
-    latest checkpoint, and the job Succeeds with a model that learned."""
-    image = kind.started(start_keras_image)
-    start = time.monotonic()
-    record("runtime-keras image build + kind load", image.wait(timeout=1800))
-    record("runtime-keras image: waited for it", time.monotonic() - start)
+    dataset function, steps_per_execution, BackupAndRestore checkpoints on a claim) in the runtime-keras image
+    (loaded with the project's images). ps-0 is deleted after the first checkpoint; the chief loses it, exits 133
+    and is started again, resumes from the latest checkpoint, and the job Succeeds with a model that learned."""
     kind.settle(loads=False)  # alone, as test_ps_deleted_chief_resumes_from_checkpoint
     job = yaml.safe_load((REPO / "examples" / "keras" / "job.yaml").read_text())
     for spec in job["spec"]["replicaSpecs"].values():
