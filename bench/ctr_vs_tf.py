@@ -21,13 +21,13 @@ and with ``--jax`` the same model written with ``jax.numpy`` (``bench/ctr/jax_ct
 ``kp.value_and_grad``), with ``--keras`` as a Keras 3 model trained with kubeps's ``fit`` entry point
 (``bench/ctr/keras_ctr.py``: ``KubepsEmbedding``, ``keras.optimizers.Adagrad`` applied on the ps); each variant's
 ratios are to the kubeps numpy side and to TF of the same run, rotating which side goes first. Every program
-times from after ``--warmup-executions`` executions to the final ``join()``, and score their final weights with the same numpy scorer (``workload.evaluate``). The driver samples every
-task's peak RSS (``VmHWM``) and reads every task's CPU time (``/proc/PID/stat``) when the chief prints ``TIMED
-START`` and ``TIMED END``: CPU milliseconds per step, all tasks together, is the figure a busy shared machine moves
-least. It prints one line per round and a table: examples/s (median of the rounds) of both and the ratio kubeps/TF
-(TF is this benchmark's baseline, measured in the same run), eval log-loss and AUC of both, the teacher's log-loss,
-CPU per step and peak RSS per task type. Exit status 1 when kubeps's median eval log-loss is worse than TF's
-by more than 1%.
+times from after ``--warmup-executions`` executions to the final ``join()`` and scores its final weights with the
+same numpy scorer (``workload.evaluate``). The driver samples every task's peak RSS (``VmHWM``) and reads every
+task's CPU time (``/proc/PID/stat``) when the chief prints ``TIMED START`` and ``TIMED END``: CPU milliseconds per
+step, all tasks together, is the figure a busy shared machine moves least. It prints one line per round and a
+table: examples/s (median of the rounds) of every side and the ratio kubeps/TF (TF is this benchmark's baseline,
+measured in the same run), eval log-loss and AUC, the teacher's log-loss, CPU per step and peak RSS per task type.
+Exit status 1 when kubeps's median eval log-loss is worse than TF's by more than 1%.
 
 Installing the TensorFlow side (kept out of kubeps's dependencies, in an environment of its own; it only needs
 TensorFlow and numpy, which TensorFlow brings)::

@@ -32,7 +32,6 @@ log = logging.getLogger("kubeps.data")
 _MASK_DELTA = 0xA282EAD8
 _HEADER = struct.Struct("<QI")
 _LENGTH = struct.Struct("<Q")
-_TRAILER = struct.Struct("<I")
 COMPRESSION_TYPES = ("", "GZIP", "ZLIB")
 _CHUNK = 1 << 20  # bytes read from the file per step (larger buffers walk slower: 0.90 vs 0.67 us a record at 4 MB)
 

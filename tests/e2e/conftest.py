@@ -5,9 +5,8 @@ Every test here gets the ``e2e`` marker and is skipped unless ``KUBEPS_E2E=1`` (
 starts the cluster while it builds the runtime, runtime-keras and operator images (``hack/kind.sh up --images``
 with ``KUBEPS_KIND_KERAS_IMAGE=1``), loads them, installs the operator with Helm, and at the end runs
 ``hack/kind.sh down`` (``KUBEPS_E2E_KEEP=1`` keeps the cluster for a look around; ``KUBECONFIG`` is then printed by
-``hack/kind.sh env``). Timings (cluster create, pods Running
-after a job is created, replacement pod Running after a delete) are appended to ``$KUBEPS_E2E_TIMINGS`` (default
-``/tmp/kubeps-e2e-timings.jsonl``).
+``hack/kind.sh env``). Timings (cluster create, pods Running after a job is created, replacement pod Running after
+a delete) are appended to ``$KUBEPS_E2E_TIMINGS`` (default ``/tmp/kubeps-e2e-timings.jsonl``).
 
 Most of the suite's time is waiting on the cluster, so what only waits starts before the first test: the marker
 ``start_early`` (a job that waits out its deadline, the TensorFlow and Kueue image loads in the background) and

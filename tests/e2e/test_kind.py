@@ -46,6 +46,16 @@ def ctr_job(name: str, *, steps: int = 600, checkpoint: str | None = None, every
     return job
 
 
+def local_image(job: dict, image: str) -> dict:
+    """``job`` with every replica's container running ``image`` from the nodes' own images (no registry is ever
+    asked: ``imagePullPolicy: Never``)."""
+    for spec in job["spec"]["replicaSpecs"].values():
+        container = spec["template"]["spec"]["containers"][0]
+        container["image"] = image
+        container["imagePullPolicy"] = "Never"
+    return job
+
+
 def pvc(kind: Kind, ns: str, name: str = "ckpt") -> str:
     # kind's local-path provisioner: the volume is bound to one node, and every pod that mounts it is scheduled
     # there (ReadWriteOnce is per node), so the job's pods share it.
@@ -168,10 +178,7 @@ def start_no_image_job(kind: Kind) -> tuple[str, float]:
     ns = new_namespace(kind, "test_image_that_does_not_exist")
     job = ctr_job("no-image")
     job["spec"]["runPolicy"]["activeDeadlineSeconds"] = 45
-    for spec in job["spec"]["replicaSpecs"].values():
-        c = spec["template"]["spec"]["containers"][0]
-        c["image"] = "kubeps-runtime:does-not-exist"
-        c["imagePullPolicy"] = "Never"  # no registry is ever asked
+    local_image(job, "kubeps-runtime:does-not-exist")
     start = time.monotonic()
     kind.apply(ns, job)
     return ns, start
@@ -259,11 +266,7 @@ def test_tensorflow_program_succeeds(kind: Kind, ns: str):
     start = time.monotonic()
     record("TensorFlow image build + kind load", image.wait(timeout=1800))
     record("TensorFlow image: waited for it", time.monotonic() - start)
-    job = yaml.safe_load((REPO / "examples" / "tf" / "job.yaml").read_text())
-    for spec in job["spec"]["replicaSpecs"].values():
-        c = spec["template"]["spec"]["containers"][0]
-        c["image"] = "kubeps-tf:e2e"
-        c["imagePullPolicy"] = "Never"
+    job = local_image(yaml.safe_load((REPO / "examples" / "tf" / "job.yaml").read_text()), "kubeps-tf:e2e")
     start_and_time(kind, ns, job, pods=4)
     assert kind.wait_finished(ns, "tf-ps", timeout=600) == "Succeeded"
     log = chief_log(kind, ns, "tf-ps")
@@ -278,11 +281,8 @@ def test_keras_fit_job_resumes_after_a_lost_ps(kind: Kind, ns: str):
     (loaded with the project's images). ps-0 is deleted after the first checkpoint; the chief loses it, exits 133
     and is started again, resumes from the latest checkpoint, and the job Succeeds with a model that learned."""
     kind.settle(loads=False)  # alone, as test_ps_deleted_chief_resumes_from_checkpoint
-    job = yaml.safe_load((REPO / "examples" / "keras" / "job.yaml").read_text())
-    for spec in job["spec"]["replicaSpecs"].values():
-        c = spec["template"]["spec"]["containers"][0]
-        c["image"] = "kubeps-runtime-keras:e2e"
-        c["imagePullPolicy"] = "Never"
+    job = local_image(yaml.safe_load((REPO / "examples" / "keras" / "job.yaml").read_text()),
+                      "kubeps-runtime-keras:e2e")
     pvc(kind, ns, "keras-checkpoints")  # ReadWriteOnce on kind's local-path: the chief and the ps share its node
     log = lose_ps_and_resume(kind, ns, job)
     assert re.search(r"step 4000: saved \S+ \(final\)", log), log[-2000:]
