@@ -234,7 +234,28 @@ def wait_state(kube, namespace: str, name: str, state: str, timeout: float = 60)
         job = get_job(kube, namespace, name)
         return job if (job.get("status") or {}).get("state") == state else None
 
-    return kube.wait_for(check, timeout=timeout, what=f"job {namespace}/{name} state {state}")
+    try:
+        return kube.wait_for(check, timeout=timeout, what=f"job {namespace}/{name} state {state}")
+    except AssertionError as timed_out:  # tests.conftest.WaitTimeout
+        raise AssertionError(f"{timed_out}\n{job_report(kube, namespace, name)}") from None
+
+
+def job_report(kube, namespace: str, name: str) -> str:
+    """What a test that waited in vain for a job prints: its status, its pods (phase, node, conditions) and the
+    namespace's Events."""
+    lines = []
+    try:
+        lines.append(f"status: {get_job(kube, namespace, name).get('status')}")
+        for pod_name, pod in sorted(pods_of(kube, namespace, name).items()):
+            conds = ", ".join(f"{c.type}={c.status}{f' ({c.reason})' if c.reason else ''}"
+                              for c in pod.status.conditions or [])
+            lines.append(f"pod {pod_name}: {pod.status.phase} on {pod.spec.node_name}: {conds}")
+        for event in kube.core().list_namespaced_event(namespace).items[-20:]:
+            lines.append(f"event {event.involved_object.kind}/{event.involved_object.name}: {event.type} "
+                         f"{event.reason}: {event.message}")
+    except Exception as exc:  # noqa: BLE001 - a report, not the failure
+        lines.append(f"(report failed: {exc!r})")
+    return "\n".join(lines)
 
 
 def pods_of(kube, namespace: str, name: str) -> dict:
