@@ -21,7 +21,7 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any, Callable
 
-from kubeps.operator.core.nodes import NodeState, assess, node_state
+from kubeps.operator.core.nodes import NodeState, all_lost, assess, node_state
 from kubeps.operator.kube.client import KubeClient
 from kubeps.operator.kube.watch import Timeouts, Watcher
 
@@ -44,6 +44,9 @@ class NodeWatch:
         #: every known node, with when its Lease was last seen renewed (kept up to date, read as is: no copy)
         self.states: dict[str, NodeState] = {}
         self.renewed: dict[str, tuple[Any, datetime]] = {}  # node -> (the Lease's renewTime, when we saw it)
+        #: when a renewal of any node's Lease was last seen (the reference of the Lease rule, see nodes.assess)
+        self.leases_until: datetime | None = None
+        self.disrupted = False  # every known node looked lost when last looked at (nodes.all_lost)
         self.timers: dict[str, asyncio.TimerHandle] = {}
         self.nodes = Watcher(kube, "/api/v1/nodes", on_list=self._nodes_listed, on_event=self._node_event,
                              **timeouts)
@@ -101,15 +104,30 @@ class NodeWatch:
         known = self.renewed.get(name)
         if known is not None and known[0] == renew:
             return
-        self.renewed[name] = (renew, self.clock())
+        seen = self.clock()
+        self.renewed[name] = (renew, seen)
+        self.leases_until = seen if self.leases_until is None else max(self.leases_until, seen)
         if name in self.states:
             self.states[name] = self._with_lease(self.states[name])
         self._schedule(name)
 
     # -- timers ---------------------------------------------------------------------------------------------------
     def _changed(self, name: str) -> None:
+        self._note_disruption()
         self.on_change(name)
         self._schedule(name)
+
+    def _note_disruption(self) -> None:
+        """Log when every node starts (or stops) looking lost: nothing is decided on that basis meanwhile."""
+        view = self.view()
+        now = all_lost(view, self.clock(), self.lost_after, self.leases_until)
+        if now != self.disrupted:
+            self.disrupted = now
+            if now:
+                log.warning("all %d nodes look lost: the operator takes it that its own view of them failed and "
+                            "replaces no pod until one is seen healthy again", len(view or ()))
+            else:
+                log.info("not every node looks lost any more: lost nodes are acted on again")
 
     def _schedule(self, name: str) -> None:
         """Look at the node again when its verdict may change with nothing else seen."""
@@ -119,10 +137,15 @@ class NodeWatch:
         view = self.view()
         if view is None:
             return
-        verdict = assess(view.get(name), self.clock(), self.lost_after)
+        verdict = assess(view.get(name), self.clock(), self.lost_after, self.leases_until)
         if verdict.recheck_after is not None:
             self.timers[name] = asyncio.get_running_loop().call_later(verdict.recheck_after + 0.2, self._fire, name)
 
     def _fire(self, name: str) -> None:
+        """The node's verdict may have changed with nothing seen: its jobs are reconciled if it is lost now."""
         self.timers.pop(name, None)
-        self._changed(name)
+        view = self.view()
+        if view is not None and assess(view.get(name), self.clock(), self.lost_after, self.leases_until).lost:
+            self._changed(name)
+        else:
+            self._schedule(name)

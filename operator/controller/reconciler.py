@@ -173,7 +173,8 @@ class Reconciler:
         now = datetime.now(timezone.utc)
         # Pods on lost nodes are shown to the planner as deleted, and force-deleted below.
         view = self.nodes.view() if self.nodes is not None else None
-        loss = nodes.replace_lost_pods(pods, view, now, self.settings.node_lost_after)
+        leases_until = self.nodes.leases_until if self.nodes is not None else None
+        loss = nodes.replace_lost_pods(pods, view, now, self.settings.node_lost_after, leases_until)
         plan = planner.plan(job, loss.pods, services, secret, now, self.config, pod_group=pod_group, queue=queue)
         if cached and plan.of(CreatePod) and await self.control.read_own_secret(key, uid) is None:
             # A new pod reads its token from the Secret, which someone may have deleted since it was made (Secrets
@@ -183,7 +184,8 @@ class Reconciler:
         self.reconciles += 1
         if plan.of(CreatePod):
             # New pods stay off lost nodes: the scheduler takes one for Ready until the node controller marks it.
-            plan.actions = nodes.keep_off(plan.actions, nodes.lost_nodes(view, now, self.settings.node_lost_after))
+            lost = nodes.lost_nodes(view, now, self.settings.node_lost_after, leases_until)
+            plan.actions = nodes.keep_off(plan.actions, lost)
 
         old_status = job.get("status") or {}
         if plan.status != old_status:

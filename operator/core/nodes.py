@@ -8,9 +8,10 @@ there, so the operator replaces such pods itself:
 
 * a node is *lost* when its ``Ready`` condition is ``Unknown``, when it carries the
   ``node.kubernetes.io/unreachable`` taint, when its Node object is gone, when its Lease in ``kube-node-lease``
-  was not renewed for ``lost_after`` seconds (the kubelet renews it every ~10 s; the time is the operator's own
-  clock of when it saw the renewal, so clocks need not agree), or when it is ``Ready=False`` (or tainted
-  ``not-ready``) for ``lost_after`` seconds;
+  was not renewed for ``lost_after`` seconds while other nodes' were (the kubelet renews it every ~10 s; the
+  times are the operator's own clock of when it saw the renewals, so clocks need not agree, and the newest
+  renewal seen of any node is the reference, so a lagging or stalled operator does not call every node lost),
+  or when it is ``Ready=False`` (or tainted ``not-ready``) for ``lost_after`` seconds;
 * a live pod of the job on a lost node is shown to the planner as deleted (``deletionTimestamp`` set), so the
   planner's rules for a pod deleted by someone else apply: a parameter server means a chief restart from the
   latest checkpoint, a chief a chief restart, a worker a new worker, all recreated once gone, whatever the
@@ -19,7 +20,11 @@ there, so the operator replaces such pods itself:
   0, its UID a precondition): :class:`ForceDeletePod`;
 * a pod made while nodes are lost gets a required node affinity that keeps it off them
   (:func:`keep_off`): a node whose Lease went stale still reads ``Ready`` for the scheduler until the node
-  controller marks it (~50 s), and a replacement bound there would be lost again at once.
+  controller marks it (~50 s), and a replacement bound there would be lost again at once;
+* when *every* known node is lost at once (:func:`all_lost`), nothing is decided on that basis (only a node
+  whose Node object is gone still counts): as the node lifecycle controller stops evicting in a full disruption,
+  the operator takes it that its own view is what failed (its watches lag, the API server is overloaded or cut
+  off), and replacing pods there, or keeping new ones off every node, could only leave them Pending.
 
 Pure: no I/O, no clock (``now`` is given). The shell (:mod:`kubeps.operator.controller.nodes`) watches Nodes and
 Leases and says when to look again (:attr:`Verdict.recheck_after`).
@@ -29,7 +34,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Mapping, Sequence
 
 from .actions import Action, CreatePod, Event
@@ -80,9 +85,17 @@ def node_state(node: Mapping[str, Any]) -> NodeState:
                      unreachable=TAINT_UNREACHABLE in taints, not_ready=TAINT_NOT_READY in taints)
 
 
-def assess(state: NodeState | None, now: datetime, lost_after: float) -> Verdict:
+def assess(state: NodeState | None, now: datetime, lost_after: float,
+           leases_until: datetime | None = None) -> Verdict:
     """Whether a node is lost; ``state`` None: the node (named by a pod) no longer exists. ``lost_after`` 0 turns
-    the time-based rules (stale Lease, long ``Ready=False``) off, leaving the node controller's verdict."""
+    the time-based rules (stale Lease, long ``Ready=False``) off, leaving the node controller's verdict.
+
+    ``leases_until``: when the operator last saw any node's Lease renewed. A Lease is stale when it was not
+    renewed for ``lost_after`` seconds before that moment plus ``lost_after / 2`` (or before ``now``, if
+    sooner): in a healthy cluster some kubelet renews every few seconds, so the reference follows the clock, but
+    an operator whose watch lags or that was stalled (CPU-throttled, paused) sees no renewal at all for a while,
+    and that must not make every node look lost. With one node the Lease rule never fires: the node
+    controller's verdict decides."""
     if state is None:
         return Verdict(True, "no longer exists")
     if state.ready == "Unknown":
@@ -92,10 +105,13 @@ def assess(state: NodeState | None, now: datetime, lost_after: float) -> Verdict
         return Verdict(True, f"is tainted {TAINT_UNREACHABLE}")
     recheck: float | None = None
     if lost_after > 0 and state.lease_seen is not None:
-        stale = (now - state.lease_seen).total_seconds()
+        until = now if leases_until is None else min(now, leases_until + timedelta(seconds=lost_after / 2))
+        stale = (until - state.lease_seen).total_seconds()
         if stale >= lost_after:
-            return Verdict(True, f"did not renew its Lease for {stale:.0f} s (lost after {lost_after:g} s)")
-        recheck = lost_after - stale
+            return Verdict(True, f"did not renew its Lease for {stale:.0f} s while other nodes did (lost after "
+                                 f"{lost_after:g} s)")
+        # (looked at again no sooner than a tenth of lost_after: while no renewal is seen at all, `until` stands)
+        recheck = max(lost_after - stale, lost_after / 10)
     if lost_after > 0 and (state.ready == "False" or state.not_ready):
         since = state.ready_since or now
         down = (now - since).total_seconds()
@@ -128,12 +144,14 @@ class NodeLoss:
 
 
 def replace_lost_pods(pods: Sequence[Mapping[str, Any]], nodes: Mapping[str, NodeState] | None, now: datetime,
-                      lost_after: float) -> NodeLoss:
+                      lost_after: float, leases_until: datetime | None = None) -> NodeLoss:
     """The job's pods with those on lost nodes taken as deleted, and their force deletes. ``nodes`` None: the
     operator does not know the nodes (not watched, or not listed yet): nothing is decided."""
     loss = NodeLoss(pods=list(pods))
     if nodes is None:
         return loss
+    if all_lost(nodes, now, lost_after, leases_until):
+        nodes = _none_lost(nodes)
     shown: list[Mapping[str, Any]] = []
     for pod in pods:
         node = (pod.get("spec") or {}).get("nodeName")
@@ -141,7 +159,7 @@ def replace_lost_pods(pods: Sequence[Mapping[str, Any]], nodes: Mapping[str, Nod
             shown.append(pod)
             continue
         if node not in loss.lost:
-            verdict = assess(nodes.get(node), now, lost_after)
+            verdict = assess(nodes.get(node), now, lost_after, leases_until)
             if not verdict.lost:
                 shown.append(pod)
                 continue
@@ -165,11 +183,25 @@ def replace_lost_pods(pods: Sequence[Mapping[str, Any]], nodes: Mapping[str, Nod
     return loss
 
 
-def lost_nodes(nodes: Mapping[str, NodeState] | None, now: datetime, lost_after: float) -> list[str]:
-    """The names of the known nodes that are lost now (sorted)."""
-    if nodes is None:
+def all_lost(nodes: Mapping[str, NodeState] | None, now: datetime, lost_after: float,
+             leases_until: datetime | None = None) -> bool:
+    """Whether every known node (one at least) is lost now: a full disruption, in which no node counts as lost
+    but one whose Node object is gone."""
+    return nodes is not None and len(nodes) > 0 and all(assess(state, now, lost_after, leases_until).lost
+                                                        for state in nodes.values())
+
+
+def _none_lost(nodes: Mapping[str, NodeState]) -> dict[str, NodeState]:
+    """The nodes as healthy ones: Ready, untainted, their Leases not watched."""
+    return {name: NodeState(name=name, ready="True") for name in nodes}
+
+
+def lost_nodes(nodes: Mapping[str, NodeState] | None, now: datetime, lost_after: float,
+               leases_until: datetime | None = None) -> list[str]:
+    """The names of the known nodes that are lost now (sorted); none in a full disruption (:func:`all_lost`)."""
+    if nodes is None or all_lost(nodes, now, lost_after, leases_until):
         return []
-    return sorted(name for name, state in nodes.items() if assess(state, now, lost_after).lost)
+    return sorted(name for name, state in nodes.items() if assess(state, now, lost_after, leases_until).lost)
 
 
 def keep_off(actions: list[Action], lost: Sequence[str]) -> list[Action]:

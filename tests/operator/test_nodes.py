@@ -109,6 +109,31 @@ def test_lost_nodes_are_named():
     assert N.lost_nodes(None, NOW, 20) == []
 
 
+def test_a_lease_is_stale_against_the_newest_renewal_seen_not_the_clock():
+    st = state(lease_age=30, name="a")
+    assert N.assess(st, NOW, 20).lost  # no reference given: the clock
+    # nothing seen for 25 s: stale by 15 s only (the newest renewal seen + lost_after / 2 is the reference)
+    assert not N.assess(st, NOW, 20, leases_until=NOW - timedelta(seconds=25)).lost
+    verdict = N.assess(st, NOW, 20, leases_until=NOW - timedelta(seconds=5))
+    assert verdict.lost and "did not renew its Lease for 30 s while other nodes did" in verdict.why
+    # the newest renewal is the node's own (one node): never stale by its Lease; the node controller decides
+    assert not N.assess(st, NOW, 20, leases_until=NOW - timedelta(seconds=30)).lost
+    assert N.assess(state(lease_age=30, ready="Unknown"), NOW, 20, leases_until=NOW - timedelta(seconds=30)).lost
+
+
+def test_every_node_lost_at_once_decides_nothing_but_a_node_that_is_gone():
+    view = {"a": state(lease_age=60, name="a"), "b": state(ready="Unknown", name="b")}
+    assert N.all_lost(view, NOW, 20) and not N.all_lost({}, NOW, 20) and not N.all_lost(None, NOW, 20)
+    pods = [pod("j-ps-0", "a"), pod("j-worker-0", "b"), pod("j-worker-1", "gone")]
+    loss = N.replace_lost_pods(pods, view, NOW, 20)
+    assert [d.name for d in loss.deletes] == ["j-worker-1"] and set(loss.lost) == {"gone"}
+    assert N.lost_nodes(view, NOW, 20) == []
+    # one node healthy again: the others are lost
+    view["c"] = state(name="c")
+    assert N.lost_nodes(view, NOW, 20) == ["a", "b"]
+    assert {d.name for d in N.replace_lost_pods(pods, view, NOW, 20).deletes} == {"j-ps-0", "j-worker-0", "j-worker-1"}
+
+
 def create(body: dict) -> A.CreatePod:
     return A.CreatePod("j-ps-0", body, "PS", 0)
 
@@ -251,10 +276,17 @@ def test_node_watch_stamps_renewals_with_its_own_clock_and_looks_again_when_a_le
         assert watch.view()["n1"].lease_seen == NOW
         watch._lease_event("MODIFIED", {"metadata": {"name": "n1"}, "spec": {"renewTime": "1999-01-01T00:00:00.000000Z"}})
         assert watch.view()["n1"].lease_seen == NOW + timedelta(seconds=5)
+        assert watch.leases_until == NOW + timedelta(seconds=5)
         changed.clear()
-        await asyncio.sleep(0.7)  # lost_after 0.3 s + 0.2 s: the timer reconciles the node's jobs
+        clock[0] = NOW + timedelta(seconds=6)
+        await asyncio.sleep(0.7)  # lost_after 0.3 s + 0.2 s: the timer looks again, but no other Lease was renewed
+        assert changed == [], "an operator that saw no renewal at all (lagging, stalled) calls no node lost"
+        watch._lease_event("ADDED", {"metadata": {"name": "n2"}, "spec": {"renewTime": "2020-01-01T00:00:01.000000Z"}})
+        assert watch.leases_until == NOW + timedelta(seconds=6)
+        await asyncio.sleep(0.5)  # n2 renews, n1 did not for 1 s before that: the timer reconciles n1's jobs
         assert changed == ["n1"]
-        assert N.assess(watch.view()["n1"], NOW + timedelta(seconds=6), 0.3).lost
+        assert N.assess(watch.view()["n1"], NOW + timedelta(seconds=6), 0.3, watch.leases_until).lost
+        assert not N.assess(watch.view()["n2"], NOW + timedelta(seconds=6), 0.3, watch.leases_until).lost
         # a node event that changes nothing the verdict reads triggers nothing
         changed.clear()
         watch._node_event("MODIFIED", node("n2"))
