@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import tempfile
 import sys
 import time
 import urllib.request
@@ -147,14 +146,14 @@ def ns(kube, operator, request):
 
 # -- Kueue (tests/operator/test_kueue.py) ---------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def kueue(kube, crd):
+def kueue(kube, crd, tmp_path_factory):
     home = kueue_cluster.kueue_dir()
     if home is None:
         message = f"Kueue {kueue_cluster.KUEUE_VERSION} is not built: run `hack/kueue.sh build` (needs Go)"
         if os.environ.get("KUBEPS_REQUIRE_KUEUE") == "1":
             pytest.fail(message + " (KUBEPS_REQUIRE_KUEUE=1)", pytrace=False)
         pytest.skip(message)
-    state = Path(tempfile.mkdtemp(prefix="kubeps-kueue-"))
+    state = tmp_path_factory.mktemp("kueue")  # certificates, config and log; pytest keeps the last few runs
     proc = kueue_cluster.KueueProcess(kube, home, state).start()
     yield proc
     proc.stop()
