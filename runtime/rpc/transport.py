@@ -56,7 +56,7 @@ class PSTransport:
     def __init__(self, ps_addresses: Sequence[str], token: str | None, timeout: float = DEFAULT_TIMEOUT_S,
                  tls: TLSConfig | None = None):
         self.ps_addresses = list(ps_addresses)
-        self._clients = [Client(a, PS_SERVICE, token, timeout, tls=tls) for a in self.ps_addresses]
+        self._clients = [Client(a, PS_SERVICE, token, timeout, tls=tls, sender_threads=True) for a in self.ps_addresses]
         #: calls started per ps (tests and benchmarks count RPCs per step with it)
         self.calls: collections.Counter[int] = collections.Counter()
         self._count_lock = threading.Lock()

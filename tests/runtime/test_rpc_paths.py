@@ -4,6 +4,9 @@ and the number of RPCs a training step makes."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import grpc
 import numpy as np
 import pytest
@@ -26,12 +29,14 @@ pytestmark = pytest.mark.timeout(120)
 CHUNK = 64 << 10  # small chunks keep the "big" messages small
 
 
-@pytest.fixture
-def ps_server():
+@pytest.fixture(params=[False, True], ids=["futures", "sender-threads"])
+def ps_server(request):
+    """A ps and a client of it whose unary calls are gRPC futures, or blocking calls on the client's sender
+    threads (what the ps transport of the step path uses)."""
     port = free_ports(1)[0]
     cluster = {"ps": [f"127.0.0.1:{port}"]}
     server = Server(cluster, "ps", 0, token=TOKEN, bind_host="127.0.0.1", chunk_bytes=CHUNK)
-    client = Client(cluster["ps"][0], PS_SERVICE, TOKEN, timeout=10, chunk_bytes=CHUNK)
+    client = Client(cluster["ps"][0], PS_SERVICE, TOKEN, timeout=10, chunk_bytes=CHUNK, sender_threads=request.param)
     yield server, client
     client.close()
     server.stop(grace=None)
@@ -46,6 +51,58 @@ def _recording(state, meta, arrays):
 
 
 register_ps_method("RecordForTest", _recording, replace=True)
+
+_RELEASE = threading.Event()
+
+
+def _waiting(state, meta, arrays):
+    _RELEASE.wait(10)
+    return {}, []
+
+
+register_ps_method("WaitForTest", _waiting, replace=True)
+
+
+def test_a_cancelled_call_releases_its_waiter_at_once_and_the_client_goes_on(ps_server):
+    server, client = ps_server
+    _RELEASE.clear()
+    try:
+        call = client.start("WaitForTest", {})
+        assert call.unary
+        time.sleep(0.2)
+        started = time.monotonic()
+        assert call.cancel()
+        with pytest.raises(RemoteError) as err:
+            call.result()
+        assert err.value.code == "CANCELLED" and time.monotonic() - started < 2
+        assert not call.cancel()  # a cancelled call is not cancelled again
+        meta, _ = client.call("Ping")  # another call while the cancelled one may still wait on the server
+        assert meta["job"] == "ps"
+    finally:
+        _RELEASE.set()
+
+
+def test_sender_threads_end_with_the_client():
+    port = free_ports(1)[0]
+    cluster = {"ps": [f"127.0.0.1:{port}"]}
+    server = Server(cluster, "ps", 0, token=TOKEN, bind_host="127.0.0.1")
+    before = {t for t in threading.enumerate() if t.name == "kubeps-rpc-sender"}
+    client = Client(cluster["ps"][0], PS_SERVICE, TOKEN, timeout=10, sender_threads=True)
+    try:
+        calls = [client.start("Ping") for _ in range(3)]  # three in flight at once: up to three threads
+        for call in calls:
+            assert call.result()[0]["job"] == "ps"
+        mine = {t for t in threading.enumerate() if t.name == "kubeps-rpc-sender"} - before
+        assert 1 <= len(mine) <= 3
+        for _ in range(20):
+            client.call("Ping")  # one at a time: the idle threads are reused, none are added
+        assert {t for t in threading.enumerate() if t.name == "kubeps-rpc-sender"} - before == mine
+    finally:
+        client.close()
+        server.stop(grace=None)
+    for thread in mine:
+        thread.join(5)
+        assert not thread.is_alive()
 
 
 def test_small_request_and_answer_take_the_unary_path(ps_server):
