@@ -110,6 +110,8 @@ class NodeWatch:
         if name in self.states:
             self.states[name] = self._with_lease(self.states[name])
         self._schedule(name)
+        if self.disrupted:  # (only then: a look at every node per renewal would cost a big cluster dearly)
+            self._note_disruption()
 
     # -- timers ---------------------------------------------------------------------------------------------------
     def _changed(self, name: str) -> None:
@@ -118,16 +120,23 @@ class NodeWatch:
         self._schedule(name)
 
     def _note_disruption(self) -> None:
-        """Log when every node starts (or stops) looking lost: nothing is decided on that basis meanwhile."""
+        """Note when every node starts (or stops) looking lost: nothing is decided on that basis meanwhile, so when
+        it stops, the jobs on the nodes still lost are reconciled (their timers ended when they were found lost)."""
         view = self.view()
-        now = all_lost(view, self.clock(), self.lost_after, self.leases_until)
-        if now != self.disrupted:
-            self.disrupted = now
-            if now:
-                log.warning("all %d nodes look lost: the operator takes it that its own view of them failed and "
-                            "replaces no pod until one is seen healthy again", len(view or ()))
-            else:
-                log.info("not every node looks lost any more: lost nodes are acted on again")
+        now = self.clock()
+        disrupted = all_lost(view, now, self.lost_after, self.leases_until)
+        if disrupted == self.disrupted:
+            return
+        self.disrupted = disrupted
+        if disrupted:
+            log.warning("all %d nodes look lost: the operator takes it that its own view of them failed and "
+                        "replaces no pod until one is seen healthy again", len(view or ()))
+            return
+        lost = [name for name, state in (view or {}).items()
+                if assess(state, now, self.lost_after, self.leases_until).lost]
+        log.info("not every node looks lost any more: acting on the %d lost ones", len(lost))
+        for name in lost:
+            self.on_change(name)
 
     def _schedule(self, name: str) -> None:
         """Look at the node again when its verdict may change with nothing else seen."""

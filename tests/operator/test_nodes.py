@@ -134,6 +134,28 @@ def test_every_node_lost_at_once_decides_nothing_but_a_node_that_is_gone():
     assert {d.name for d in N.replace_lost_pods(pods, view, NOW, 20).deletes} == {"j-ps-0", "j-worker-0", "j-worker-1"}
 
 
+def test_node_watch_acts_on_the_lost_nodes_when_a_full_disruption_ends():
+    import asyncio
+
+    from kubeps.operator.controller.nodes import NodeWatch
+
+    async def main():
+        changed: list[str] = []
+        watch = NodeWatch(None, 20, {}, on_change=changed.append, clock=lambda: NOW)
+        watch.nodes.synced.set()
+        watch._nodes_listed([node("a"), node("b", ready="Unknown")])
+        assert not watch.disrupted
+        changed.clear()
+        watch._node_event("MODIFIED", node("a", ready="Unknown"))  # every node looks lost
+        assert watch.disrupted and changed == ["a"]
+        changed.clear()
+        watch._node_event("MODIFIED", node("a"))  # a answers again: b is lost, and its jobs are reconciled now
+        assert not watch.disrupted and sorted(changed) == ["a", "b"]
+        await watch.stop()
+
+    asyncio.run(main())
+
+
 def create(body: dict) -> A.CreatePod:
     return A.CreatePod("j-ps-0", body, "PS", 0)
 
