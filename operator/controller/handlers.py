@@ -24,10 +24,13 @@ import kopf
 from kubeps.operator.api import models
 from kubeps.operator.kube import client
 
+from . import kopf_namespaces
 from .reconciler import Reconciler
 from .settings import Settings, kopf_settings
 
 log = logging.getLogger("kubeps.operator")
+
+kopf_namespaces.install()  # before kopf's observers start (this module is imported first)
 
 
 @kopf.on.login()
