@@ -14,6 +14,7 @@ import sys
 import time
 import urllib.request
 import uuid
+import warnings
 from pathlib import Path
 
 import pytest
@@ -112,8 +113,33 @@ def crd(kube):
 def operator(crd, kube, tmp_path_factory):
     log_path = tmp_path_factory.mktemp("operator") / "operator.log"
     proc = OperatorProcess(kube, [f"{NS_PREFIX}*"], log_path).start()
+    wait_reconciling(kube, proc)
     yield proc
     proc.stop()
+
+
+def wait_reconciling(kube, proc: OperatorProcess, tries: int = 4, each: float = 30.0) -> None:
+    """Wait until the operator reconciles a job in a namespace made after it started (its liveness probe answers
+    before kopf watches anything). In CI a job made right after the start was twice never seen (the job report
+    said: no status, no pod, no Event); a canary that is not reconciled in ``each`` seconds is reported as a
+    warning, with the operator's log, and another is tried in a new namespace."""
+    started = time.monotonic()
+    for attempt in range(tries):
+        namespace = make_namespace(kube)
+        try:
+            create_job(kube, namespace, job_manifest("canary", ps=1, workers=1))
+            try:
+                kube.wait_for(lambda: get_job(kube, namespace, "canary").get("status"), timeout=each,
+                              what="the canary job reconciled")
+            except AssertionError:
+                warnings.warn(f"the operator did not reconcile canary {attempt + 1} in {namespace} within {each:g} s "
+                              f"of its creation ({time.monotonic() - started:.0f} s after the operator started); "
+                              f"operator log:\n{proc.log_tail(40)}\n{job_report(kube, namespace, 'canary')}")
+                continue
+            return
+        finally:
+            delete_namespace(kube, namespace)
+    raise AssertionError(f"the operator reconciled none of {tries} canary jobs:\n{proc.log_tail()}")
 
 
 def make_namespace(kube, prefix: str = NS_PREFIX) -> str:
