@@ -21,7 +21,7 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any, Callable
 
-from kubeps.operator.core.nodes import NodeState, all_lost, assess, node_state
+from kubeps.operator.core.nodes import NodeState, all_lost, assess, lost_nodes, node_state
 from kubeps.operator.kube.client import KubeClient
 from kubeps.operator.kube.watch import Timeouts, Watcher
 
@@ -132,8 +132,7 @@ class NodeWatch:
             log.warning("all %d nodes look lost: the operator takes it that its own view of them failed and "
                         "replaces no pod until one is seen healthy again", len(view or ()))
             return
-        lost = [name for name, state in (view or {}).items()
-                if assess(state, now, self.lost_after, self.leases_until).lost]
+        lost = lost_nodes(view, now, self.lost_after, self.leases_until)
         log.info("not every node looks lost any more: acting on the %d lost ones", len(lost))
         for name in lost:
             self.on_change(name)
