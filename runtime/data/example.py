@@ -277,13 +277,17 @@ def _parse_columns(serialized: Sequence[bytes], spec: Mapping[str, FixedLenFeatu
     (each once) N times over, and every record as many bytes as it would take with those entries in that order,
     each a key and a Feature, written as protobuf writes them (a record short of an entry, or with one more, has
     other bytes). The views must have no unknown fields (an unpacked list, which TensorFlow never writes, would
-    be one), the count of lists must be the count of non-empty ``Feature`` s and the count of runs that of
-    non-empty lists, and their sizes as protobuf writes them (``ByteSize``) the bytes they came in (no tag or
-    length written long): so every entry holds exactly one list, whose tag is the first byte of its ``Feature``,
-    and every non-empty list one packed run, whose bytes follow from the Feature's. A run's count of values is
-    its bytes / 4 (float) or its bytes below 0x80 (int64: a varint ends at such a byte): counts, computed by
-    numpy to check the layout and cut the columns; every value itself is decoded by protobuf. A record with 2
-    values for one feature and 0 for the next thus fails its feature's count instead of shifting the columns.
+    be one), the count of lists must be the count of non-empty ``Feature`` s, so every entry holds exactly one
+    list, whose tag is the first byte of its ``Feature``; the count of a kind's runs must be that of its non-empty
+    lists, and the runs' sizes as protobuf writes them (``ByteSize``) the bytes their lists came in, so every
+    non-empty float or int64 list holds one packed run, its tag and length and the run's written no longer than
+    they must be, and the run's bytes follow from the Feature's. (A bytes list's size is not checked: it is only
+    read to refuse the list where the spec wants another kind.) A float run's count of values is its bytes / 4.
+    An int64 run's is taken from the values protobuf decoded: each value's varint as protobuf writes it must fill
+    the runs' bytes exactly (so none was written long), and then the values end where the runs do. Counts are
+    computed by numpy to check the layout and cut the columns; every value itself is decoded by protobuf. A record
+    with 2 values for one feature and 0 for the next thus fails its feature's count instead of shifting the
+    columns.
 
     A map entry is taken to be one key and one value, as every protobuf serializer writes it: an entry of no
     value next to an entry of two values *in the same record* (wire-legal, written by no serializer) is the one
@@ -309,7 +313,7 @@ def _parse_columns(serialized: Sequence[bytes], spec: Mapping[str, FixedLenFeatu
     key_bytes = np.array([len(name.encode()) for name in names], dtype=np.int64)
     entry = np.tile(1 + _varint_size(key_bytes) + key_bytes, n) + 1 + _varint_size(sizes) + sizes
     features = (1 + _varint_size(entry) + entry).reshape(n, width).sum(axis=1)
-    if ((1 + _varint_size(features) + features) != np.array(list(map(len, serialized)), dtype=np.int64)).any():
+    if ((1 + _varint_size(features) + features) != np.fromiter(map(len, serialized), dtype=np.int64, count=n)).any():
         return None  # records of other features (or the same ones, other lengths), or written otherwise
     # the merged entry serialized: its keys (field 1), then its Features (field 2), each as protobuf writes a
     # length-delimited field: a one-byte tag, the length as a varint no longer than it must be, the bytes
@@ -329,9 +333,8 @@ def _parse_columns(serialized: Sequence[bytes], spec: Mapping[str, FixedLenFeatu
     tags = np.zeros(len(sizes), dtype=np.uint8)
     tags[present] = np.frombuffer(blob, dtype=np.uint8)[starts[present]]
     if (len(UnknownFieldSet(lists)) or len(UnknownFieldSet(runs))
-            or sum(map(len, (lists.bytes_list, lists.float_list, lists.int64_list))) != int(present.sum())
-            or lists.ByteSize() != int(sizes.sum())):
-        return None  # an entry with two lists or another field; or a list's tag or length written long
+            or sum(map(len, (lists.bytes_list, lists.float_list, lists.int64_list))) != int(present.sum())):
+        return None  # an entry with two lists or another field
     counts = np.zeros(len(sizes), dtype=np.int64)
     offsets: dict[str, np.ndarray] = {}
     columns: dict[str, np.ndarray] = {}
@@ -348,17 +351,22 @@ def _parse_columns(serialized: Sequence[bytes], spec: Mapping[str, FixedLenFeatu
                 or run.ByteSize() != int(content.sum())):
             return None  # an unpacked list (its values are unknown fields of Chunks), a list of several runs
         payload = _content_size(content)  # the packed run's bytes (0 for an empty list)
+        column = np.array(getattr(decoded, kind).value, dtype=np.int64 if kind == "int64_list" else np.float32)
         if kind == "float_list":
             per_list = payload // 4
-        else:  # a varint ends at a byte below 0x80
-            first = starts[held] + 1 + _varint_size(content) + 1 + _varint_size(payload)
-            # the runs' bytes gathered (not the whole blob's), and each run's count of those below 0x80
+        else:
+            # each value's varint as protobuf writes it (no longer than it must be): if those fill the runs' bytes
+            # exactly, every varint was written so, and the values end where the runs end (protobuf parsed each
+            # run bounded: no varint crosses the end of one)
+            ends = np.cumsum(_varint_size(column.view(np.uint64), 10))
             bounds = np.cumsum(payload)
-            at_byte = np.repeat(first - (bounds - payload), payload) + np.arange(int(bounds[-1]) if bounds.size else 0)
-            ends = np.concatenate(([0], np.cumsum(np.frombuffer(blob, dtype=np.uint8)[at_byte] < 0x80)))
-            per_list = ends[bounds] - ends[bounds - payload]
+            if (int(ends[-1]) if ends.size else 0) != (int(bounds[-1]) if bounds.size else 0):
+                return None
+            taken = np.searchsorted(ends, bounds, side="right")  # the values that end by each run's end
+            if (ends[taken[bounds > 0] - 1] != bounds[bounds > 0]).any():
+                return None
+            per_list = np.diff(taken, prepend=0)
         counts[held] = per_list
-        column = np.array(getattr(decoded, kind).value, dtype=np.int64 if kind == "int64_list" else np.float32)
         if column.size != int(per_list.sum()):
             return None
         columns[kind] = column
@@ -401,9 +409,16 @@ def _parse_columns(serialized: Sequence[bytes], spec: Mapping[str, FixedLenFeatu
     return out
 
 
-def _varint_size(n: np.ndarray) -> np.ndarray:
-    """Bytes of the varint of each of ``n`` (>= 0, < 2**35), as protobuf writes it (no longer than it must)."""
-    return 1 + (n >= 1 << 7) + (n >= 1 << 14) + (n >= 1 << 21) + (n >= 1 << 28)
+def _varint_size(n: np.ndarray, longest: int = 5) -> np.ndarray:
+    """Bytes of the varint of each of ``n`` as protobuf writes it (no longer than it must): lengths (``n`` >= 0,
+    below 2**35), or with ``longest=10`` int64 values viewed as uint64 (a negative value takes 10 bytes)."""
+    size = np.ones(n.shape, dtype=np.int64)
+    for k in range(1, longest):
+        longer = n >= (np.uint64(1 << 7 * k) if n.dtype == np.uint64 else 1 << 7 * k)
+        if not longer.any():
+            break  # no value needs this byte, nor any later one
+        size += longer
+    return size
 
 
 def _content_size(total: np.ndarray) -> np.ndarray:
@@ -412,6 +427,8 @@ def _content_size(total: np.ndarray) -> np.ndarray:
     payload = np.maximum(total - 2, 0)
     for width in (2, 3, 4, 5):
         longer = total - 1 - width >= 1 << 7 * (width - 1)
+        if not longer.any():
+            break  # no field needs this length's byte, nor any later one
         payload[longer] = total[longer] - 1 - width
     return payload
 

@@ -25,6 +25,8 @@ import struct
 import zlib
 from typing import IO, Any, Iterable, Iterator
 
+import numpy as np
+
 from kubeps.runtime.data.filesystems import open_binary
 
 log = logging.getLogger("kubeps.data")
@@ -111,12 +113,12 @@ def read_records(
     ``offsets`` are the byte offsets of the records' frames (in the uncompressed stream).
 
     Both CRCs of every record are checked, with as little Python per record as can be: the walk over the frames
-    of a buffer reads each frame's length and nothing else; then numpy gathers every header of the buffer and
-    compares each length's CRC with the masked CRC of that length (computed once per distinct length: records of
-    one writer share a few), the records are sliced out and their data CRCs computed by Google's C code (one call
-    each, from ``map``), and numpy compares those with the trailers. A length the walk took before its CRC was
-    checked cannot mislead it: the buffer's frames are cut at the first bad length CRC. Corrupt records are
-    reported (or skipped) in file order, as a record-by-record check would."""
+    of a buffer reads each frame's length and nothing else; then numpy takes every length from the frames' starts
+    and gathers their stored CRCs, comparing each with the masked CRC of that length (computed once per distinct
+    length: records of one writer share a few); the records are sliced out and their data CRCs computed by
+    Google's C code (one call each, from ``map``), and numpy compares those with the trailers. A length the walk
+    took before its CRC was checked cannot mislead it: the buffer's frames are cut at the first bad length CRC.
+    Corrupt records are reported (or skipped) in file order, as a record-by-record check would."""
     crc = _crc32c().value
     length_at = _LENGTH.unpack_from
     known: dict[int, int] = {}  # length -> its masked CRC
@@ -140,22 +142,30 @@ def read_records(
                     break
                 take(at)
                 at = end
-            bad_length = _first_bad_length(buf, starts, known)
+            frames = np.array(starts, dtype=np.int64)
+            ends = np.append(frames[1:], at) if starts else frames  # each frame's end: the next one's start
+            bad_length = _first_bad_length(buf, frames, ends, known)
             if bad_length is not None:
                 at = starts[bad_length]
                 del starts[bad_length:]
+                frames, ends = frames[:bad_length], ends[:bad_length]
             elif at + 12 <= size and not _length_ok(buf, at, known):  # the frame the buffer ends inside
                 bad_length = len(starts)
             records = [buf[a + 12 : b - 4] for a, b in zip(starts, starts[1:] + [at])]
             crcs = list(map(crc, records))
-            for i in _bad_data(buf, starts, at, crcs):
-                pending_offsets += [pos + a for a in starts[:i]]
-                pending += records[:i]
-                yield from _full_chunks(pending_offsets, pending, chunk_records)
-                _corrupt(path, pos + starts[i], f"the data's CRC does not match (record of {len(records[i])} bytes "
-                         "skipped)", skip_corrupt)
-                starts, records = starts[i + 1 :], records[i + 1 :]
-            pending_offsets += [pos + a for a in starts]
+            bad = _bad_data(buf, ends, crcs)
+            if bad:
+                offsets = (frames + pos).tolist()
+                for i in bad:
+                    pending_offsets += offsets[:i]
+                    pending += records[:i]
+                    yield from _full_chunks(pending_offsets, pending, chunk_records)
+                    _corrupt(path, offsets[i], f"the data's CRC does not match (record of {len(records[i])} bytes "
+                             "skipped)", skip_corrupt)
+                    offsets, records = offsets[i + 1 :], records[i + 1 :]
+                pending_offsets += offsets
+            else:
+                pending_offsets += (frames + pos).tolist()
             pending += records
             yield from _full_chunks(pending_offsets, pending, chunk_records)
             if bad_length is not None:
@@ -184,34 +194,32 @@ def _length_ok(buf: bytes, at: int, known: dict[int, int]) -> bool:
     return _length_crc(length, known) == stored
 
 
-def _first_bad_length(buf: bytes, starts: list[int], known: dict[int, int]) -> int | None:
-    """The index in ``starts`` of the first frame whose length's CRC is not its header's, or None."""
-    if not starts:
-        return None
-    import numpy as np  # noqa: PLC0415 - kept beside its uses; numpy is a dependency of the runtime
+def _uint32_at(buf: bytes, at: np.ndarray) -> np.ndarray:
+    """The little-endian uint32 at each offset ``at`` of ``buf``."""
+    return np.frombuffer(buf, dtype=np.uint8)[at[:, None] + np.arange(4)].view("<u4").reshape(-1)
 
-    head = np.frombuffer(buf, dtype=np.uint8)[np.array(starts, dtype=np.int64)[:, None] + np.arange(12)]
-    lengths = np.ascontiguousarray(head[:, :8]).view("<u8").reshape(-1)
-    stored = np.ascontiguousarray(head[:, 8:]).view("<u4").reshape(-1)
-    distinct, which = np.unique(lengths, return_inverse=True)
+
+def _first_bad_length(buf: bytes, frames: np.ndarray, ends: np.ndarray, known: dict[int, int]) -> int | None:
+    """The index of the first frame (``frames``: their starts, ``ends``: their ends) whose length's CRC is not its
+    header's, or None. Each length is its frame's size less the 16 bytes of framing: the walk took it from the
+    header."""
+    if not frames.size:
+        return None
+    distinct, which = np.unique(ends - frames - 16, return_inverse=True)
     expected = np.array([_length_crc(int(n), known) for n in distinct], dtype=np.uint32)[which.reshape(-1)]
-    bad = np.flatnonzero(expected != stored)
+    bad = np.flatnonzero(expected != _uint32_at(buf, frames + 8))
     return int(bad[0]) if bad.size else None
 
 
-def _bad_data(buf: bytes, starts: list[int], end: int, crcs: list[int]) -> list[int]:
-    """The indices of the records whose masked data CRC (``crcs``: unmasked) is not their trailer's, in order;
-    each index counts from the record after the previous one (the caller drops what it has handled). The frames
-    at ``starts`` are back to back up to ``end``: each trailer is the 4 bytes before the next frame."""
-    if not starts:
+def _bad_data(buf: bytes, ends: np.ndarray, crcs: list[int]) -> list[int]:
+    """The indices of the records whose masked data CRC (``crcs``: unmasked) is not their trailer's (the 4 bytes
+    before each frame's end in ``ends``), in order; each index counts from the record after the previous one (the
+    caller drops what it has handled)."""
+    if not crcs:
         return []
-    import numpy as np  # noqa: PLC0415 - kept beside its only use; numpy is a dependency of the runtime
-
     c = np.array(crcs, dtype=np.uint64)
     masked = ((c >> np.uint64(15) | c << np.uint64(17)) + np.uint64(_MASK_DELTA)) & np.uint64(0xFFFFFFFF)
-    trailers = np.array(starts[1:] + [end], dtype=np.int64) - 4
-    stored = np.frombuffer(buf, dtype=np.uint8)[trailers[:, None] + np.arange(4)].view("<u4").reshape(-1)
-    bad = np.flatnonzero(masked != stored).tolist()
+    bad = np.flatnonzero(masked != _uint32_at(buf, ends - 4)).tolist()
     return [b - a - 1 for a, b in zip([-1, *bad], bad)]
 
 

@@ -502,6 +502,11 @@ def test_columnar_path_leaves_other_blocks_to_the_record_by_record_path():
         "packed and unpacked values in one list": [_record_of(a1, b1), _record_of(("a", packed_and_not), b1)],
         "a tag written long": [_record_of(a1, b1), _record_of(("a", long_tag), b1)],
         "a length written long": [_record_of(a1, b1), _record_of(("a", long_length), b1)],
+        "a value's varint written long": [_record_of(a1, b1), _record_of(("a", _ld(3, _ld(1, b"\x85\x00"))), b1)],
+        # 'a' a value short and 'b' one long in the same record, both int64: the block's values add up, the
+        # columns would shift by one value
+        "a value moved between int64 lists": [_record_of(a1, b1), _record_of(("a", _list("int64", [])),
+                                                                    ("b", _list("int64", [300, 300])))],
     }
     for what, (records, case_spec) in [*((w, (r, spec)) for w, r in cases.items()),
                                        *((w, (r, same)) for w, r in same_cases.items())]:
@@ -532,6 +537,12 @@ def test_columnar_path_takes_empty_lists_no_lists_and_other_kinds_where_the_spec
     fast = _columnar(records, spec)
     assert fast is not None and _same(fast, _each(records, spec))
     assert [r.tolist() for r in fast["tags"][:6]] == [[], [0], [0, 1], [], [], [0, 1]] and fast["id"][3] == -3
+    # a bytes list whose length is written long, in a feature the spec does not read: still the columnar way
+    long_raw = [_record_of(*entries) for entries in (
+        [("tags", _list("int64", [i])), ("none", _list("float", [])), ("raw", b"\x0a\x82\x00\x0a\x00"),
+         ("id", _list("int64", [-i]))] for i in range(4))]
+    fast = _columnar(long_raw, spec)
+    assert fast is not None and _same(fast, _each(long_raw, spec))
     # a bytes feature read: left to the block path, same columns
     with_bytes = {**spec, "raw": FixedLenFeature([], bytes)}
     assert _columnar(records, with_bytes) is None and _same(parse_example(records, with_bytes), _each(records, with_bytes))
