@@ -307,14 +307,6 @@ def _parse_columns(serialized: Sequence[bytes], spec: Mapping[str, FixedLenFeatu
     width = len(names)
     if not width or len(set(names)) != width or len(entries.key) != n * width or len(entries.value) != n * width:
         return None  # no features, or the first record's twice: decided record by record
-    sizes = np.array(list(map(len, entries.value)), dtype=np.int64)  # each entry's Feature's bytes
-    # each record's bytes if its entries are the first record's keys with the Features in their order, each entry
-    # a key and a Feature, written as protobuf writes them: a record of other entries has other bytes
-    key_bytes = np.array([len(name.encode()) for name in names], dtype=np.int64)
-    entry = np.tile(1 + _varint_size(key_bytes) + key_bytes, n) + 1 + _varint_size(sizes) + sizes
-    features = (1 + _varint_size(entry) + entry).reshape(n, width).sum(axis=1)
-    if ((1 + _varint_size(features) + features) != np.fromiter(map(len, serialized), dtype=np.int64, count=n)).any():
-        return None  # records of other features (or the same ones, other lengths), or written otherwise
     # the merged entry serialized: its keys (field 1), then its Features (field 2), each as protobuf writes a
     # length-delimited field: a one-byte tag, the length as a varint no longer than it must be, the bytes
     merged = entries.SerializeToString()
@@ -322,6 +314,17 @@ def _parse_columns(serialized: Sequence[bytes], spec: Mapping[str, FixedLenFeatu
     if merged[: len(keys)] != keys:
         return None  # records with other features, or in another order: decided record by record
     blob = memoryview(merged)[len(keys) :]
+    key_bytes = np.array([len(name.encode()) for name in names], dtype=np.int64)
+    lengths = np.fromiter(map(len, serialized), dtype=np.int64, count=n)
+    sizes = _feature_sizes(blob, lengths, 1 + _varint_size(key_bytes) + key_bytes)  # each entry's Feature's bytes
+    if sizes is None:
+        sizes = np.array(list(map(len, entries.value)), dtype=np.int64)
+    # each record's bytes if its entries are the first record's keys with the Features in their order, each entry
+    # a key and a Feature, written as protobuf writes them: a record of other entries has other bytes
+    entry = np.tile(1 + _varint_size(key_bytes) + key_bytes, n) + 1 + _varint_size(sizes) + sizes
+    features = (1 + _varint_size(entry) + entry).reshape(n, width).sum(axis=1)
+    if ((1 + _varint_size(features) + features) != lengths).any():
+        return None  # records of other features (or the same ones, other lengths), or written otherwise
     try:
         decoded = m["FlatFeatures"].FromString(blob).feature  # each Feature parsed on its own (bounded), merged
     except Exception:  # noqa: BLE001 - a Feature that does not parse
@@ -407,6 +410,45 @@ def _parse_columns(serialized: Sequence[bytes], spec: Mapping[str, FixedLenFeatu
             return None
         out[name] = shaped
     return out
+
+
+def _feature_sizes(blob: memoryview, lengths: np.ndarray, key_fields: np.ndarray) -> np.ndarray | None:
+    """Each entry's ``Feature`` bytes, read from ``blob`` (the Features of a block's merged map entry, as
+    protobuf serialized them: each a tag byte, its length as a varint no longer than it must be, its bytes) a
+    record at a time for all records at once; None where that does not work out (the caller then asks protobuf for
+    each Feature). ``lengths``: each record's bytes; ``key_fields``: each entry's key field's bytes.
+
+    Each record's Features take its bytes less the framing of the record and its entries, if every entry is below
+    128 bytes (a one-byte length): that places each record's first Feature in ``blob``. Then numpy reads the
+    records' first Feature's length, then their second, and so on. The placing is checked, not assumed: a
+    record's last Feature must end where the next record's first begins, and the last record's at the end of
+    ``blob``, so record 0's Features (which start at 0) are read right, then record 1's, and so on."""
+    width = key_fields.size
+    group = _content_size(lengths) - int(key_fields.sum()) - 2 * width  # each record's Features' bytes
+    ends = np.cumsum(group)
+    if not ends.size or int(ends[-1]) != len(blob) or (group < 2 * width).any():
+        return None
+    u8 = np.frombuffer(blob, dtype=np.uint8)
+    at = ends - group
+    sizes = np.empty((lengths.size, width), dtype=np.int64)
+    for j in range(width):
+        if (at >= ends).any() or (u8[at] != 0x12).any():  # not a Feature's tag (field 2, length-delimited)
+            return None
+        size, more, width_ = np.zeros_like(at), np.ones(at.size, dtype=bool), np.zeros_like(at)
+        for k in range(5):  # the length's varint, a byte at a time
+            byte = u8[np.minimum(at + 1 + k, ends - 1)].astype(np.int64)
+            size |= np.where(more, (byte & 0x7F) << 7 * k, 0)
+            width_ += more
+            more &= byte >= 0x80
+            if not more.any():
+                break
+        else:
+            return None
+        sizes[:, j] = size
+        at = at + 1 + width_ + size
+    if (at != ends).any():
+        return None
+    return sizes.reshape(-1)
 
 
 def _varint_size(n: np.ndarray, longest: int = 5) -> np.ndarray:

@@ -526,6 +526,36 @@ def test_columnar_path_leaves_other_blocks_to_the_record_by_record_path():
     assert "record 1: feature 'a' holds a float_list of 1 values" in _each(cases["kinds swapped, same sizes"], spec)
 
 
+def _sizes_both_ways(records):
+    """``_feature_sizes`` on a block's merged Features, and each Feature's bytes as protobuf hands them out."""
+    from kubeps.runtime.data import example
+
+    m = example._messages()
+    names = list(m["RawExample"].FromString(records[0]).features.feature.key)
+    entries = m["RawExamples"].FromString(m["Records"](record=records).SerializeToString()).example.features.feature
+    blob = memoryview(entries.SerializeToString())[len(m["RawEntry"](key=names).SerializeToString()) * len(records):]
+    key_fields = np.array([2 + len(name) for name in names])
+    read = example._feature_sizes(blob, np.array([len(r) for r in records]), key_fields)
+    return read, [len(v) for v in entries.value]
+
+
+def test_feature_sizes_read_from_the_blob_are_protobufs_or_none():
+    """The Features' sizes numpy reads a record at a time are protobuf's own; a block where the placing does not
+    work out (an entry of 128 bytes or more, records of other entries) gets None, and the columns are still the
+    record-by-record path's."""
+    plain = [serialize_example({"ids": [i, 1 << 40, i * 7], "dense": [0.5] * (i % 5), "label": [i % 2]})
+             for i in range(50)]
+    read, protobufs = _sizes_both_ways(plain)
+    assert read is not None and read.tolist() == protobufs
+    wide = [serialize_example({"ids": [i], "dense": [0.25] * (40 if i == 3 else 4)}) for i in range(8)]
+    spec = {"ids": FixedLenFeature([], np.int64), "dense": VarLenFeature(np.float32)}
+    assert _sizes_both_ways(wide)[0] is None
+    assert _same(_columnar(wide, spec), _each(wide, spec))
+    # a record of two records' entries, then one of none: the same keys in the same order, other records
+    a1, b1 = ("a", _list("int64", [1])), ("b", _list("int64", [2]))
+    assert _sizes_both_ways([_record_of(a1, b1), _record_of(a1, b1, a1, b1), _record_of()])[0] is None
+
+
 def test_columnar_path_takes_empty_lists_no_lists_and_other_kinds_where_the_spec_allows_them():
     """Empty lists (of any kind) and Features of no list are rows of no values for a VarLenFeature and values for
     a FixedLenFeature of size 0; a feature the spec does not read may hold anything, bytes included."""
@@ -609,6 +639,12 @@ def test_columnar_path_gives_the_record_by_record_columns_or_leaves_the_block(bl
     spec, records = block
     each = _each(records, spec)
     fast = _columnar(records, spec)
+    try:
+        read, protobufs = _sizes_both_ways(records)
+    except Exception:  # noqa: BLE001 - a block protobuf does not parse: nothing to compare
+        read = None
+    if read is not None:
+        assert read.tolist() == protobufs
     if fast is not None:
         assert not isinstance(each, str) and _same(fast, each)
     try:
