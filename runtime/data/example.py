@@ -279,15 +279,17 @@ def _parse_columns(serialized: Sequence[bytes], spec: Mapping[str, FixedLenFeatu
     other bytes). The views must have no unknown fields (an unpacked list, which TensorFlow never writes, would
     be one), the count of lists must be the count of non-empty ``Feature`` s, so every entry holds exactly one
     list, whose tag is the first byte of its ``Feature``; the count of a kind's runs must be that of its non-empty
-    lists, and the runs' sizes as protobuf writes them (``ByteSize``) the bytes their lists came in, so every
-    non-empty float or int64 list holds one packed run, its tag and length and the run's written no longer than
-    they must be, and the run's bytes follow from the Feature's. (A bytes list's size is not checked: it is only
-    read to refuse the list where the spec wants another kind.) A float run's count of values is its bytes / 4.
-    An int64 run's is taken from the values protobuf decoded: each value's varint as protobuf writes it must fill
-    the runs' bytes exactly (so none was written long), and then the values end where the runs do. Counts are
-    computed by numpy to check the layout and cut the columns; every value itself is decoded by protobuf. A record
-    with 2 values for one feature and 0 for the next thus fails its feature's count instead of shifting the
-    columns.
+    lists, so every non-empty list holds one packed run (a list of values and no unknown field has at least one).
+    Each run's bytes are then taken to be the Feature's less the fewest bytes its tags and lengths can take: its
+    true bytes, or more if a tag or length was written long (legal, never written). A float run's count of values
+    is those bytes / 4: each list's count comes out right, or, for a run taken 4 or more bytes too long, larger, and
+    as no run is taken short, the counts' sum is then more than the floats protobuf decoded. An int64 run's count
+    is taken from the values protobuf decoded: each value's varint as protobuf writes it must fill the runs' bytes
+    exactly (so no varint, tag or length was written long: those only add bytes), and then the values end where the
+    runs do. (A bytes list's size is not checked: it is only read to refuse the list where the spec wants another
+    kind.) Counts are computed by numpy to check the layout and cut the columns; every value itself is decoded by
+    protobuf. A record with 2 values for one feature and 0 for the next thus fails its feature's count instead of
+    shifting the columns.
 
     A map entry is taken to be one key and one value, as every protobuf serializer writes it: an entry of no
     value next to an entry of two values *in the same record* (wire-legal, written by no serializer) is the one
@@ -350,13 +352,14 @@ def _parse_columns(serialized: Sequence[bytes], spec: Mapping[str, FixedLenFeatu
             counts[held] = content  # not zero for a list that is not empty: enough to refuse it as another kind
             continue
         run = getattr(runs, kind)
-        if (len(UnknownFieldSet(run)) or len(run.value) != int((content > 0).sum())
-                or run.ByteSize() != int(content.sum())):
+        if len(UnknownFieldSet(run)) or len(run.value) != int((content > 0).sum()):
             return None  # an unpacked list (its values are unknown fields of Chunks), a list of several runs
-        payload = _content_size(content)  # the packed run's bytes (0 for an empty list)
+        # the packed run's bytes (0 for an empty list) if the list's and the run's tags and lengths take the fewest
+        # bytes they can; more than the run's true bytes if any takes more
+        payload = _content_size(content)
         column = np.array(getattr(decoded, kind).value, dtype=np.int64 if kind == "int64_list" else np.float32)
         if kind == "float_list":
-            per_list = payload // 4
+            per_list = payload // 4  # each run's true bytes a multiple of 4 (protobuf refuses others) up to 3 less
         else:
             # each value's varint as protobuf writes it (no longer than it must be): if those fill the runs' bytes
             # exactly, every varint was written so, and the values end where the runs end (protobuf parsed each

@@ -517,6 +517,16 @@ def test_columnar_path_leaves_other_blocks_to_the_record_by_record_path():
         except ColumnValueError as err:
             got = str(err)
         assert _same(got, each), what
+    # a float run's length written 1 byte long: the float's count still comes out right, and so do the columns
+    floats = {"a": FixedLenFeature([], np.float32), "b": FixedLenFeature([], np.int64)}
+    one_long = [_record_of(("a", _list("float", [1.0])), b1),
+                _record_of(("a", _ld(2, b"\x0a\x84\x00" + struct.pack("<f", 2.0))), b1)]
+    fast = _columnar(one_long, floats)
+    assert fast is not None and _same(fast, _each(one_long, floats)) and fast["a"].tolist() == [1.0, 2.0]
+    # ... written 4 bytes long: the run is taken a float longer than it is, and the block goes record by record
+    four_long = [one_long[0], _record_of(("a", _ld(2, b"\x0a\x84\x80\x80\x80\x00" + struct.pack("<f", 2.0))), b1)]
+    assert _columnar(four_long, floats) is None
+    assert _same(parse_example(four_long, floats), _each(four_long, floats))
     assert _each(same_cases["key order differs, same kinds"], same)["a"].tolist() == [1, 1]
     assert _each(same_cases["a feature twice in every record (the last one counts)"], same)["a"].tolist() == [9, 9]
     assert _each(same_cases["packed and unpacked values in one list"], same).startswith("<records>: record 1: feature 'a' holds a int64_list of 2")
