@@ -152,7 +152,7 @@ def read_records(
             elif at + 12 <= size and not _length_ok(buf, at, known):  # the frame the buffer ends inside
                 bad_length = len(starts)
             records = [buf[a + 12 : b - 4] for a, b in zip(starts, starts[1:] + [at])]
-            crcs = list(map(crc, records))
+            crcs = np.fromiter(map(crc, records), dtype=np.uint64, count=len(records))
             bad = _bad_data(buf, ends, crcs)
             if bad:
                 offsets = (frames + pos).tolist()
@@ -211,14 +211,13 @@ def _first_bad_length(buf: bytes, frames: np.ndarray, ends: np.ndarray, known: d
     return int(bad[0]) if bad.size else None
 
 
-def _bad_data(buf: bytes, ends: np.ndarray, crcs: list[int]) -> list[int]:
+def _bad_data(buf: bytes, ends: np.ndarray, crcs: np.ndarray) -> list[int]:
     """The indices of the records whose masked data CRC (``crcs``: unmasked) is not their trailer's (the 4 bytes
     before each frame's end in ``ends``), in order; each index counts from the record after the previous one (the
     caller drops what it has handled)."""
-    if not crcs:
+    if not crcs.size:
         return []
-    c = np.array(crcs, dtype=np.uint64)
-    masked = ((c >> np.uint64(15) | c << np.uint64(17)) + np.uint64(_MASK_DELTA)) & np.uint64(0xFFFFFFFF)
+    masked = ((crcs >> np.uint64(15) | crcs << np.uint64(17)) + np.uint64(_MASK_DELTA)) & np.uint64(0xFFFFFFFF)
     bad = np.flatnonzero(masked != _uint32_at(buf, ends - 4)).tolist()
     return [b - a - 1 for a, b in zip([-1, *bad], bad)]
 
