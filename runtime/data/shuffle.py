@@ -105,14 +105,17 @@ class ShuffleNode(RowwiseNode):
         previous_sorted[~same] = -1
         previous = np.empty(k, dtype=np.int64)
         previous[order] = previous_sorted  # the earlier incoming element in the same slot, or -1
-        from_buffer = previous < 0
+        from_incoming = np.flatnonzero(previous >= 0)
+        earlier = previous[from_incoming]
         last = np.ones(k, dtype=bool)
         last[:-1] = sorted_slots[1:] != sorted_slots[:-1]  # the last arrival per slot stays in the buffer
+        kept_slots, kept = sorted_slots[last], order[last]
 
+        # the indices above are the same for every leaf: computed once, used by each (a CSV row has a leaf per column)
         def exchange(b: np.ndarray, x: np.ndarray) -> np.ndarray:
             out = b[slots]
-            out[~from_buffer] = x[previous[~from_buffer]]
-            b[sorted_slots[last]] = x[order[last]]
+            out[from_incoming] = x[earlier]
+            b[kept_slots] = x[kept]
             return out
 
         return map_leaves(exchange, buf, incoming)
