@@ -13,9 +13,10 @@ of the parent -- its gRPC threads, its ``__main__`` -- is inherited; the child i
 ``(reader, path, environment)`` pickled on its standard input, one at a time, and answering on its standard output with
 ``("block", block)`` messages, then ``("end", None)`` or ``("error", exception)``. Children are kept for the next
 file and the next pass (a pool per process, up to :data:`MAX_IDLE`), so a child's start (about half a second:
-Python, numpy, protobuf) is paid once per reader, not per file. A child whose file is abandoned mid-way (a pass
-closed early: ``take``, an error elsewhere) is killed, not drained. A child ends when its standard input closes:
-when the parent exits, or dies, its children follow.
+Python, numpy, protobuf) is paid once per reader, not per file. A child's glibc malloc keeps a block's memory
+in its heap between blocks (:data:`_MALLOC`, unless the environment sets those variables). A child whose file is
+abandoned mid-way (a pass closed early: ``take``, an error elsewhere) is killed, not drained. A child ends when its
+standard input closes: when the parent exits, or dies, its children follow.
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ MAX_IDLE = 16
 _PIPE_BYTES = 1 << 20  # a block of a few thousand CTR records fits: the child works a block ahead
 _F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ (Linux), not named by every Python's fcntl
 
+#: glibc's malloc in a child (values the environment already has are kept): a block's arrays (hundreds of KB each)
+#: come from the heap, not an mmap each, and the heap keeps up to 128 MB free between blocks instead of handing
+#: pages back to be faulted in again for the next block. Measured: about 5 % more TFRecord examples/s.
+_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(128 << 20)}
+
 _idle: list["_Child"] = []
 _lock = threading.Lock()
 
@@ -44,7 +50,7 @@ class _Child:
     def __init__(self) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "kubeps.runtime.data.reader_processes"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env={**_MALLOC, **os.environ},
         )
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.to_child: IO[bytes] = self.proc.stdin
