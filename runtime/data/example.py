@@ -423,7 +423,8 @@ def _feature_sizes(blob: memoryview, lengths: np.ndarray, key_fields: np.ndarray
 
     Each record's Features take its bytes less the framing of the record and its entries, if every entry is below
     128 bytes (a one-byte length): that places each record's first Feature in ``blob``. Then numpy reads the
-    records' first Feature's length, then their second, and so on. The placing is checked, not assumed: a
+    records' first Feature's length (one byte too: a Feature is smaller than its entry), then their second, and so
+    on. The placing is checked, not assumed: a
     record's last Feature must end where the next record's first begins, and the last record's at the end of
     ``blob``, so record 0's Features (which start at 0) are read right, then record 1's, and so on."""
     width = key_fields.size
@@ -434,21 +435,16 @@ def _feature_sizes(blob: memoryview, lengths: np.ndarray, key_fields: np.ndarray
     u8 = np.frombuffer(blob, dtype=np.uint8)
     at = ends - group
     sizes = np.empty((lengths.size, width), dtype=np.int64)
+    last = ends - 1
     for j in range(width):
-        if (at >= ends).any() or (u8[at] != 0x12).any():  # not a Feature's tag (field 2, length-delimited)
+        # a tag and a length byte left in the record's bytes, and the tag a Feature's (field 2, length-delimited)
+        if (at >= last).any() or (u8[at] != 0x12).any():
             return None
-        size, more, width_ = np.zeros_like(at), np.ones(at.size, dtype=bool), np.zeros_like(at)
-        for k in range(5):  # the length's varint, a byte at a time
-            byte = u8[np.minimum(at + 1 + k, ends - 1)].astype(np.int64)
-            size |= np.where(more, (byte & 0x7F) << 7 * k, 0)
-            width_ += more
-            more &= byte >= 0x80
-            if not more.any():
-                break
-        else:
-            return None
+        size = u8[at + 1].astype(np.int64)
+        if (size >= 0x80).any():  # a length of two bytes or more: a Feature of 128 bytes or more, in an entry
+            return None  # of more than 128 bytes, which the placing above did not take
         sizes[:, j] = size
-        at = at + 1 + width_ + size
+        at = at + 2 + size
     if (at != ends).any():
         return None
     return sizes.reshape(-1)
