@@ -6,8 +6,9 @@ job as child processes of this one, each running ``python SCRIPT ARGS`` with its
 loopback ports. Every task's output is streamed line by line with a ``[type-index]`` prefix.
 
 The tasks talk mutual TLS: a throw-away CA and the tasks' certificate (for the ``--host`` address and
-``localhost``) are made in a temporary directory (mode 0700) that :meth:`LocalCluster.stop` removes; the CA's key is
-never written. ``tls=False`` (``--insecure-plaintext``) runs them plaintext; TLS files named in the environment
+``localhost``) are made in a temporary directory (mode 0700) that :meth:`LocalCluster.stop` removes (or the
+cluster's collection, or the interpreter's exit, for a cluster nothing stopped; a launcher killed by SIGKILL leaves
+it); the CA's key is never written. ``tls=False`` (``--insecure-plaintext``) runs them plaintext; TLS files named in the environment
 (``KUBEPS_TLS_*_FILE``) are used as they are.
 
 The chief decides the outcome: when it exits, every other task is stopped (SIGTERM to its process group, SIGKILL
@@ -36,6 +37,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import FrameType
@@ -233,14 +235,17 @@ class LocalCluster:
             # the machine's CPUs shared by the tasks that compute (ps and workers): math thread pools sized to
             # one task's share instead of every task starting one thread per core (see kubeps.runtime.util.threads)
             base_env[CPUS_ENV] = str(max(1, int(cpus) // (num_ps + num_workers)))
-        #: the throw-away directory of this run's CA and certificate (removed by stop()), if one was made
+        #: the throw-away directory of this run's CA and certificate (removed by stop(), or when the cluster is
+        #: garbage-collected or the interpreter exits without a stop()), if one was made
         self.tls_dir: str | None = None
+        self._remove_tls_dir: Callable[[], Any] = lambda: None
         tls_vars = (TLS_CA_FILE_ENV, TLS_CERT_FILE_ENV, TLS_KEY_FILE_ENV)
         if not tls:
             for name in tls_vars:
                 base_env.pop(name, None)
         elif not any(base_env.get(name) for name in tls_vars):
             self.tls_dir = _throwaway_credentials(base_env, host)
+            self._remove_tls_dir = weakref.finalize(self, shutil.rmtree, self.tls_dir, ignore_errors=True)
         self._base_env = base_env
 
         self.tasks: dict[tuple[str, int], TaskProcess] = {}
@@ -476,8 +481,7 @@ class LocalCluster:
         try:
             self._stop_tasks(tasks)
         finally:
-            if self.tls_dir is not None:
-                shutil.rmtree(self.tls_dir, ignore_errors=True)
+            self._remove_tls_dir()  # a finalizer runs once: later calls do nothing
 
     def _stop_tasks(self, tasks: list[TaskProcess]) -> None:
         if not tasks:

@@ -353,6 +353,26 @@ def test_local_cluster_start_task_checks(script, tmp_path):
     cluster.stop()  # never started: nothing to do
 
 
+def test_the_throw_away_tls_directory_goes_with_stop_or_with_the_cluster(script):
+    """The CA and key a cluster makes for its tasks are removed by stop(), and by the cluster's collection when
+    nothing stopped it (a cluster built only to look at its settings); a stopped cluster's second stop is a no-op."""
+    import gc
+
+    stopped = LocalCluster(str(script), num_ps=1, num_workers=1)
+    directory = Path(stopped.tls_dir)
+    assert sorted(p.name for p in directory.iterdir()) and oct(directory.stat().st_mode & 0o777) == "0o700"
+    stopped.stop()
+    assert not directory.exists()
+    stopped.stop()
+    dropped = LocalCluster(str(script), num_ps=1, num_workers=1)
+    directory = Path(dropped.tls_dir)
+    assert directory.is_dir()
+    del dropped
+    gc.collect()
+    assert not directory.exists()
+    assert LocalCluster(str(script), num_ps=1, num_workers=1, tls=False).tls_dir is None
+
+
 def test_free_ports_are_distinct_and_bindable():
     ports = free_ports(8)
     assert len(set(ports)) == 8
