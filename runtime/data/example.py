@@ -317,13 +317,14 @@ def _parse_columns(serialized: Sequence[bytes], spec: Mapping[str, FixedLenFeatu
         return None  # records with other features, or in another order: decided record by record
     blob = memoryview(merged)[len(keys) :]
     key_bytes = np.array([len(name.encode()) for name in names], dtype=np.int64)
+    key_fields = 1 + _varint_size(key_bytes) + key_bytes  # each entry's key, as a field
     lengths = np.fromiter(map(len, serialized), dtype=np.int64, count=n)
-    sizes = _feature_sizes(blob, lengths, 1 + _varint_size(key_bytes) + key_bytes)  # each entry's Feature's bytes
+    sizes = _feature_sizes(blob, lengths, key_fields)  # each entry's Feature's bytes
     if sizes is None:
         sizes = np.array(list(map(len, entries.value)), dtype=np.int64)
     # each record's bytes if its entries are the first record's keys with the Features in their order, each entry
     # a key and a Feature, written as protobuf writes them: a record of other entries has other bytes
-    entry = np.tile(1 + _varint_size(key_bytes) + key_bytes, n) + 1 + _varint_size(sizes) + sizes
+    entry = np.tile(key_fields, n) + 1 + _varint_size(sizes) + sizes
     features = (1 + _varint_size(entry) + entry).reshape(n, width).sum(axis=1)
     if ((1 + _varint_size(features) + features) != lengths).any():
         return None  # records of other features (or the same ones, other lengths), or written otherwise
@@ -424,9 +425,9 @@ def _feature_sizes(blob: memoryview, lengths: np.ndarray, key_fields: np.ndarray
     Each record's Features take its bytes less the framing of the record and its entries, if every entry is below
     128 bytes (a one-byte length): that places each record's first Feature in ``blob``. Then numpy reads the
     records' first Feature's length (one byte too: a Feature is smaller than its entry), then their second, and so
-    on. The placing is checked, not assumed: a
-    record's last Feature must end where the next record's first begins, and the last record's at the end of
-    ``blob``, so record 0's Features (which start at 0) are read right, then record 1's, and so on."""
+    on. The placing is checked, not assumed: a record's last Feature must end where the next record's first
+    begins, and the last record's at the end of ``blob``, so record 0's Features (which start at 0) are read
+    right, then record 1's, and so on."""
     width = key_fields.size
     group = _content_size(lengths) - int(key_fields.sum()) - 2 * width  # each record's Features' bytes
     ends = np.cumsum(group)

@@ -153,19 +153,15 @@ def read_records(
                 bad_length = len(starts)
             records = [buf[a + 12 : b - 4] for a, b in zip(starts, starts[1:] + [at])]
             crcs = np.fromiter(map(crc, records), dtype=np.uint64, count=len(records))
-            bad = _bad_data(buf, ends, crcs)
-            if bad:
-                offsets = (frames + pos).tolist()
-                for i in bad:
-                    pending_offsets += offsets[:i]
-                    pending += records[:i]
-                    yield from _full_chunks(pending_offsets, pending, chunk_records)
-                    _corrupt(path, offsets[i], f"the data's CRC does not match (record of {len(records[i])} bytes "
-                             "skipped)", skip_corrupt)
-                    offsets, records = offsets[i + 1 :], records[i + 1 :]
-                pending_offsets += offsets
-            else:
-                pending_offsets += (frames + pos).tolist()
+            offsets = (frames + pos).tolist()
+            for i in _bad_data(buf, ends, crcs):
+                pending_offsets += offsets[:i]
+                pending += records[:i]
+                yield from _full_chunks(pending_offsets, pending, chunk_records)
+                _corrupt(path, offsets[i], f"the data's CRC does not match (record of {len(records[i])} bytes "
+                         "skipped)", skip_corrupt)
+                offsets, records = offsets[i + 1 :], records[i + 1 :]
+            pending_offsets += offsets
             pending += records
             yield from _full_chunks(pending_offsets, pending, chunk_records)
             if bad_length is not None:

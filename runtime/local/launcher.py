@@ -8,8 +8,8 @@ loopback ports. Every task's output is streamed line by line with a ``[type-inde
 The tasks talk mutual TLS: a throw-away CA and the tasks' certificate (for the ``--host`` address and
 ``localhost``) are made in a temporary directory (mode 0700) that :meth:`LocalCluster.stop` removes (or the
 cluster's collection, or the interpreter's exit, for a cluster nothing stopped; a launcher killed by SIGKILL leaves
-it); the CA's key is never written. ``tls=False`` (``--insecure-plaintext``) runs them plaintext; TLS files named in the environment
-(``KUBEPS_TLS_*_FILE``) are used as they are.
+it); the CA's key is never written. ``tls=False`` (``--insecure-plaintext``) runs them plaintext; TLS files named
+in the environment (``KUBEPS_TLS_*_FILE``) are used as they are.
 
 The chief decides the outcome: when it exits, every other task is stopped (SIGTERM to its process group, SIGKILL
 after a grace period) and its exit status is the cluster's. After a chief that succeeded, a running sidecar
