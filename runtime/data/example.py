@@ -33,6 +33,7 @@ from typing import Any, Mapping, NamedTuple, Sequence
 import numpy as np
 
 from kubeps.runtime.data.columns import ColumnValueError, cast, varlen_column
+from kubeps.runtime.data.tfrecord import RecordRun
 
 
 class FixedLenFeature(NamedTuple):
@@ -87,26 +88,22 @@ def _messages() -> dict[str, Any]:
     message("Records", ("record", 1, F.TYPE_BYTES, F.LABEL_REPEATED, ""))
     message("Examples", ("example", 1, F.TYPE_MESSAGE, F.LABEL_REPEATED, ".tensorflow.Example"))
     # the columnar views of a block (see _parse_columns): the same wire, declared so that the records merge
-    message("RawEntry", ("key", 1, F.TYPE_STRING, F.LABEL_REPEATED, ""), ("value", 2, F.TYPE_BYTES, F.LABEL_REPEATED, ""))
+    message("RawEntry", ("key", 1, F.TYPE_STRING, F.LABEL_REPEATED, ""))
     message("RawFeatures", ("feature", 1, F.TYPE_MESSAGE, F.LABEL_OPTIONAL, ".tensorflow.RawEntry"))
     message("RawExample", ("features", 1, F.TYPE_MESSAGE, F.LABEL_OPTIONAL, ".tensorflow.RawFeatures"))
-    message("RawExamples", ("example", 1, F.TYPE_MESSAGE, F.LABEL_OPTIONAL, ".tensorflow.RawExample"))
     message("FlatFeature", ("bytes_list", 1, F.TYPE_MESSAGE, F.LABEL_OPTIONAL, ".tensorflow.BytesList"),
             ("float_list", 2, F.TYPE_MESSAGE, F.LABEL_OPTIONAL, ".tensorflow.FloatList"),
             ("int64_list", 3, F.TYPE_MESSAGE, F.LABEL_OPTIONAL, ".tensorflow.Int64List"))
-    message("ListsFeature", ("bytes_list", 1, F.TYPE_BYTES, F.LABEL_REPEATED, ""),
-            ("float_list", 2, F.TYPE_BYTES, F.LABEL_REPEATED, ""), ("int64_list", 3, F.TYPE_BYTES, F.LABEL_REPEATED, ""))
-    message("FlatFeatures", ("feature", 2, F.TYPE_MESSAGE, F.LABEL_OPTIONAL, ".tensorflow.FlatFeature"))
-    message("ListsFeatures", ("feature", 2, F.TYPE_MESSAGE, F.LABEL_OPTIONAL, ".tensorflow.ListsFeature"))
-    message("Chunks", ("value", 1, F.TYPE_BYTES, F.LABEL_REPEATED, ""))
-    message("ChunksFeature", *((kind, number, F.TYPE_MESSAGE, F.LABEL_OPTIONAL, ".tensorflow.Chunks")
-                               for kind, number in (("bytes_list", 1), ("float_list", 2), ("int64_list", 3))))
-    message("ChunksFeatures", ("feature", 2, F.TYPE_MESSAGE, F.LABEL_OPTIONAL, ".tensorflow.ChunksFeature"))
+    message("ValueEntry", ("key", 1, F.TYPE_BYTES, F.LABEL_REPEATED, ""),
+            ("value", 2, F.TYPE_MESSAGE, F.LABEL_OPTIONAL, ".tensorflow.FlatFeature"))
+    message("ValueFeatures", ("feature", 1, F.TYPE_MESSAGE, F.LABEL_OPTIONAL, ".tensorflow.ValueEntry"))
+    message("ValueExample", ("features", 1, F.TYPE_MESSAGE, F.LABEL_OPTIONAL, ".tensorflow.ValueFeatures"))
+    message("ValueExamples", ("example", 1, F.TYPE_MESSAGE, F.LABEL_OPTIONAL, ".tensorflow.ValueExample"),
+            ("gap", 2, F.TYPE_BYTES, F.LABEL_OPTIONAL, ""))
     pool = descriptor_pool.DescriptorPool()
     pool.Add(proto)
     for name in ("Example", "Features", "Feature", "BytesList", "FloatList", "Int64List", "Records", "Examples",
-                 "RawEntry", "RawExample", "RawExamples", "FlatFeatures", "ListsFeatures",
-                 "ChunksFeatures"):
+                 "RawExample", "ValueEntry", "ValueExamples"):
         _message_classes[name] = message_factory.GetMessageClass(pool.FindMessageTypeByName(f"tensorflow.{name}"))
     return _message_classes
 
@@ -182,8 +179,26 @@ def parse_example(
 ) -> dict[str, np.ndarray]:
     """``tf.io.parse_example`` for numpy: serialized ``tf.Example`` records -> ``{feature: column}`` (see the
     module's docstring for the columns' forms). ``path`` and ``offsets`` name where a bad record is."""
+    return _parse_records(serialized, feature_spec(features), path, offsets, _parse_columns)
+
+
+def parse_run(run: RecordRun, features: Mapping[str, FixedLenFeature | VarLenFeature], path: str = "<records>") -> dict[str, np.ndarray]:
+    """:func:`parse_example` of the records of a :class:`~kubeps.runtime.data.tfrecord.RecordRun`, read where they
+    lie in their buffer (:func:`_run_columns`: the run's framing bytes are rewritten)."""
     spec = feature_spec(features)
-    block = (_parse_columns(serialized, spec) or _parse_block(serialized, spec)) if len(serialized) else None
+    return _parse_records(run.records, spec, path, run.offsets.tolist, lambda _, spec: _run_columns(run, spec))
+
+
+def _parse_records(serialized: Any, spec: Mapping[str, FixedLenFeature | VarLenFeature], path: str, offsets: Any,
+                   columnar: Any) -> dict[str, np.ndarray]:
+    """The columns of ``serialized`` (the records, or a function that gives them): ``columnar(serialized, spec)``,
+    else :func:`_parse_block`, else record by record. ``offsets``: a list, a function giving one, or None."""
+    block = columnar(serialized, spec)
+    if block is not None:
+        return block
+    serialized = serialized() if callable(serialized) else serialized
+    offsets = offsets() if callable(offsets) else offsets
+    block = _parse_block(serialized, spec) if len(serialized) else None
     if block is not None:
         return block
     parse = example_class().FromString
@@ -252,119 +267,103 @@ _TAG = {"bytes_list": 1 << 3 | 2, "float_list": 2 << 3 | 2, "int64_list": 3 << 3
 
 
 def _parse_columns(serialized: Sequence[bytes], spec: Mapping[str, FixedLenFeature | VarLenFeature]) -> dict[str, np.ndarray] | None:
-    """The block's columns with no Python step per record or value: protobuf's C parser decodes the block into a
-    few messages, one per *view*, and numpy cuts the columns out of them. ``None`` when the block is anything but
-    plain: then :func:`_parse_block`, then the record-by-record path, decide (and name the record in an error).
+    """The block's columns with no Python step per record or value: numpy reads the block's layout, protobuf's C
+    parser decodes every value of the block in one call, and numpy cuts the columns out of them. ``None`` when the
+    block is anything but plain: then :func:`_parse_block`, then the record-by-record path, decide (and name the
+    record in an error).
 
-    Still protobuf parsing, by protobuf's documented merge rule: parsing a concatenation of messages is merging
-    them -- a singular embedded message merges recursively, a repeated field appends. The views are messages
-    declared here with the wire numbers and types of ``tf.Example`` but other labels, so that the merge of a
-    block's records *is* its columns:
+    The values are decoded by protobuf's documented merge rule: parsing a concatenation of messages is merging
+    them -- a singular embedded message merges recursively, a repeated field appends. The block's records, each a
+    length-delimited field 1 of a ``Records`` message (as in :func:`_parse_block`'s trick), are parsed as
+    ``ValueExamples{ValueExample example = 1}``, a view declared here with the wire numbers and types of
+    ``tf.Example`` but other labels: ``example`` *singular*, so the records merge into one;
+    ``ValueExample{ValueFeatures features = 1}``, ``ValueFeatures{ValueEntry feature = 1}`` -- the map's entry
+    singular, so all N x F entries merge into one -- ``ValueEntry{bytes key = 1; FlatFeature value = 2}`` and
+    ``FlatFeature{BytesList bytes_list = 1; FloatList float_list = 2; Int64List int64_list = 3}`` (no oneof):
+    ``int64_list.value`` then holds every int64 of the block in wire order and ``float_list.value`` every float.
 
-    - ``RawExamples{RawExample example = 1}`` over the ``Records`` message of the block (each record a
-      length-delimited field 1, as in :func:`_parse_block`'s trick): ``example`` *singular*, so the records merge
-      into one; ``RawExample{RawFeatures features = 1}``, ``RawFeatures{RawEntry feature = 1}`` -- the map's entry
-      singular, so all N x F entries merge into one -- and ``RawEntry{repeated string key = 1; repeated bytes
-      value = 2}``: every entry's key, and its ``Feature`` undecoded, in wire order.
-    - that merged entry serialized is its keys, then its ``Feature`` s, each a length-delimited field 2 (parsed
-      on its own below, so a malformed one is a DecodeError): ``FlatFeatures{FlatFeature feature = 2}`` with
-      ``FlatFeature{BytesList bytes_list = 1; FloatList float_list = 2; Int64List int64_list = 3}`` (no oneof):
-      ``int64_list.value`` then holds every int64 of the block in wire order and ``float_list.value`` every
-      float, decoded by protobuf; ``ListsFeatures`` (each list field as one ``bytes``) and ``ChunksFeatures``
-      (each packed run of values as one ``bytes``) count the lists and runs.
-
-    That the merged values are columns is checked, not assumed. The merged keys must be the first record's keys
-    (each once) N times over, and every record as many bytes as it would take with those entries in that order,
-    each a key and a Feature, written as protobuf writes them (a record short of an entry, or with one more, has
-    other bytes). The views must have no unknown fields (an unpacked list, which TensorFlow never writes, would
-    be one), the count of lists must be the count of non-empty ``Feature`` s, so every entry holds exactly one
-    list, whose tag is the first byte of its ``Feature``; the count of a kind's runs must be that of its non-empty
-    lists, so every non-empty list holds one packed run (a list of values and no unknown field has at least one).
-    Each run's bytes are then taken to be the Feature's less the fewest bytes its tags and lengths can take: its
-    true bytes, or more if a tag or length was written long (legal, never written). A float run's count of values
-    is those bytes / 4: each list's count comes out right, or, for a run taken 4 or more bytes too long, larger, and
-    as no run is taken short, the counts' sum is then more than the floats protobuf decoded. An int64 run's count
-    is taken from the values protobuf decoded: each value's varint as protobuf writes it must fill the runs' bytes
-    exactly (so no varint, tag or length was written long: those only add bytes), and then the values end where the
-    runs do. (A bytes list's size is not checked: it is only read to refuse the list where the spec wants another
-    kind.) Counts are computed by numpy to check the layout and cut the columns; every value itself is decoded by
+    That the merged values are columns is checked, not assumed: :func:`_layout` reads every record's fields and
+    lengths with numpy and requires each record to hold as many entries as the first record, each a key (as long
+    as that entry's key in the first record) and a ``Feature``, each non-empty ``Feature`` one list (of one of the
+    three kinds) and each non-empty list of floats or int64s one packed run -- every byte of the record accounted
+    for, so there is no other field, known or unknown, that the merge could take values from. The merged keys
+    (every entry's, in wire order) must then be the first record's, in the same order, in every record: compared
+    as protobuf serializes them, one bytes comparison. Each run's bytes are then known exactly.
+    A float run's count of values is its bytes / 4. An int64 run's count is taken from the values protobuf decoded:
+    each value's varint as protobuf writes it (no longer than it must be) must fill the runs' bytes exactly, and
+    then the values end where the runs do (protobuf parsed each run bounded: no varint crosses the end of one). A
+    bytes list's size is not checked: it is only read to refuse the list where the spec wants another kind.
+    Counts are computed by numpy to check the layout and cut the columns; every value itself is decoded by
     protobuf. A record with 2 values for one feature and 0 for the next thus fails its feature's count instead of
     shifting the columns.
-
-    A map entry is taken to be one key and one value, as every protobuf serializer writes it: an entry of no
-    value next to an entry of two values *in the same record* (wire-legal, written by no serializer) is the one
-    input these checks do not tell apart from a plain record.
     """
-    if any(_list_kind(s.dtype) == "bytes_list" for s in spec.values()):
+    if not len(serialized) or any(_list_kind(s.dtype) == "bytes_list" for s in spec.values()):
         return None  # bytes lists: left to _parse_block
-    from google.protobuf.unknown_fields import UnknownFieldSet  # noqa: PLC0415 - protobuf is optional (_messages)
+    lengths = np.fromiter(map(len, serialized), dtype=np.int64, count=len(serialized))
+    ends = np.cumsum(1 + _varint_size(lengths) + lengths)  # each record's end in the `Records` message
+    return _stream_columns(_messages()["Records"](record=serialized).SerializeToString(), ends - lengths, ends, spec)
 
+
+def _run_columns(run: RecordRun, spec: Mapping[str, FixedLenFeature | VarLenFeature]) -> dict[str, np.ndarray] | None:
+    """:func:`_parse_columns` of a run's records where they lie: the 6 bytes before each record (in its frame's
+    header) become its field 1 tag and its length, a varint written 5 bytes long (legal: protobuf reads lengths so
+    written, never writes them), and the 10 before those (the trailer of the record before, the start of the
+    header) a field 2 of 8 bytes, declared in the view ``ValueExamples`` (``bytes gap = 2``, singular: each one
+    replaces the last): the run's bytes are then a ``Records`` message, with no copy of a record."""
+    if any(_list_kind(s.dtype) == "bytes_list" for s in spec.values()):
+        return None
+    u8 = np.frombuffer(run.data, dtype=np.uint8)
+    starts, ends = run.starts, run.ends
+    lengths = ends - starts
+    for k in range(5):
+        u8[starts - 5 + k] = (lengths >> 7 * k) & 0x7F | (0x80 if k < 4 else 0)
+    u8[starts - 6] = 0x0A
+    u8[starts[1:] - 16] = 0x12
+    u8[starts[1:] - 15] = 8
+    base = int(starts[0]) - 6
+    return _stream_columns(memoryview(run.data)[base : int(ends[-1])], starts - base, ends - base, spec)
+
+
+def _stream_columns(stream: Any, starts: np.ndarray, ends: np.ndarray,
+                    spec: Mapping[str, FixedLenFeature | VarLenFeature]) -> dict[str, np.ndarray] | None:
+    """:func:`_parse_columns` of ``stream`` (bytes-like), a ``Records`` message whose record ``i`` is
+    ``stream[starts[i]:ends[i]]``."""
     m = _messages()
-    n = len(serialized)
+    n = len(starts)
     try:
-        names = list(m["RawExample"].FromString(serialized[0]).features.feature.key)
-        entries = m["RawExamples"].FromString(m["Records"](record=serialized).SerializeToString()).example.features.feature
+        names = list(m["RawExample"].FromString(stream[int(starts[0]) : int(ends[0])]).features.feature.key)
     except Exception:  # noqa: BLE001 - protobuf's DecodeError: the record-by-record path names the record
         return None
     width = len(names)
-    if not width or len(set(names)) != width or len(entries.key) != n * width or len(entries.value) != n * width:
+    if not width or len(set(names)) != width:
         return None  # no features, or the first record's twice: decided record by record
-    # the merged entry serialized: its keys (field 1), then its Features (field 2), each as protobuf writes a
-    # length-delimited field: a one-byte tag, the length as a varint no longer than it must be, the bytes
-    merged = entries.SerializeToString()
-    keys = m["RawEntry"](key=names).SerializeToString() * n
-    if merged[: len(keys)] != keys:
-        return None  # records with other features, or in another order: decided record by record
-    blob = memoryview(merged)[len(keys) :]
-    key_bytes = np.array([len(name.encode()) for name in names], dtype=np.int64)
-    key_fields = 1 + _varint_size(key_bytes) + key_bytes  # each entry's key, as a field
-    lengths = np.fromiter(map(len, serialized), dtype=np.int64, count=n)
-    sizes = _feature_sizes(blob, lengths, key_fields)  # each entry's Feature's bytes
-    if sizes is None:
-        sizes = np.array(list(map(len, entries.value)), dtype=np.int64)
-    # each record's bytes if its entries are the first record's keys with the Features in their order, each entry
-    # a key and a Feature, written as protobuf writes them: a record of other entries has other bytes
-    entry = np.tile(key_fields, n) + 1 + _varint_size(sizes) + sizes
-    features = (1 + _varint_size(entry) + entry).reshape(n, width).sum(axis=1)
-    if ((1 + _varint_size(features) + features) != lengths).any():
-        return None  # records of other features (or the same ones, other lengths), or written otherwise
+    keys = [name.encode() for name in names]
+    layout = _layout(np.frombuffer(stream, dtype=np.uint8), starts, ends, keys)
+    if layout is None:
+        return None  # records of other features, or in another order, or written otherwise
+    tags, runs = layout
     try:
-        decoded = m["FlatFeatures"].FromString(blob).feature  # each Feature parsed on its own (bounded), merged
-    except Exception:  # noqa: BLE001 - a Feature that does not parse
+        merged = m["ValueExamples"].FromString(stream).example.features.feature
+    except Exception:  # noqa: BLE001 - a run protobuf does not parse (a float run of 5 bytes, a varint cut short)
         return None
-    lists = m["ListsFeatures"].FromString(blob).feature
-    runs = m["ChunksFeatures"].FromString(blob).feature
-    starts = np.cumsum(1 + _varint_size(sizes) + sizes) - sizes  # each Feature's first byte in `blob`
-    present = sizes > 0
-    tags = np.zeros(len(sizes), dtype=np.uint8)
-    tags[present] = np.frombuffer(blob, dtype=np.uint8)[starts[present]]
-    if (len(UnknownFieldSet(lists)) or len(UnknownFieldSet(runs))
-            or sum(map(len, (lists.bytes_list, lists.float_list, lists.int64_list))) != int(present.sum())):
-        return None  # an entry with two lists or another field
-    counts = np.zeros(len(sizes), dtype=np.int64)
+    decoded = merged.value
+    counts = np.zeros(n * width, dtype=np.int64)
     offsets: dict[str, np.ndarray] = {}
     columns: dict[str, np.ndarray] = {}
     for kind, tag in _TAG.items():
         held = tags == tag
-        if int(held.sum()) != len(getattr(lists, kind)):
-            return None  # a Feature that starts with no list's tag (a tag written long: legal, never written)
-        content = _content_size(sizes[held])  # the list's bytes
+        payload = runs[held]  # the run's bytes; a bytes list's (not 0 if it is not empty: enough to refuse it)
         if kind == "bytes_list":
-            counts[held] = content  # not zero for a list that is not empty: enough to refuse it as another kind
+            counts[held] = payload
             continue
-        run = getattr(runs, kind)
-        if len(UnknownFieldSet(run)) or len(run.value) != int((content > 0).sum()):
-            return None  # an unpacked list (its values are unknown fields of Chunks), a list of several runs
-        # the packed run's bytes (0 for an empty list) if the list's and the run's tags and lengths take the fewest
-        # bytes they can; more than the run's true bytes if any takes more
-        payload = _content_size(content)
         column = np.array(getattr(decoded, kind).value, dtype=np.int64 if kind == "int64_list" else np.float32)
         if kind == "float_list":
-            per_list = payload // 4  # each run's true bytes a multiple of 4 (protobuf refuses others) up to 3 less
+            if (payload % 4).any():
+                return None
+            per_list = payload // 4
         else:
             # each value's varint as protobuf writes it (no longer than it must be): if those fill the runs' bytes
-            # exactly, every varint was written so, and the values end where the runs end (protobuf parsed each
-            # run bounded: no varint crosses the end of one)
+            # exactly, every varint was written so, and the values end where the runs end
             ends = np.cumsum(_varint_size(column.view(np.uint64), 10))
             bounds = np.cumsum(payload)
             if (int(ends[-1]) if ends.size else 0) != (int(bounds[-1]) if bounds.size else 0):
@@ -379,6 +378,9 @@ def _parse_columns(serialized: Sequence[bytes], spec: Mapping[str, FixedLenFeatu
         columns[kind] = column
         in_kind = np.where(held, counts, 0)
         offsets[kind] = (np.cumsum(in_kind) - in_kind).reshape(n, width)
+    merged.ClearField("value")  # the keys alone: every entry's, in wire order (each entry has one: _layout)
+    if merged.SerializeToString() != m["ValueEntry"](key=keys).SerializeToString() * n:
+        return None  # records of other features, or in another order: decided record by record
     counts_at, tags_at = counts.reshape(n, width), tags.reshape(n, width)  # [record, entry]
     out: dict[str, np.ndarray] = {}
     for name, s in spec.items():
@@ -416,39 +418,76 @@ def _parse_columns(serialized: Sequence[bytes], spec: Mapping[str, FixedLenFeatu
     return out
 
 
-def _feature_sizes(blob: memoryview, lengths: np.ndarray, key_fields: np.ndarray) -> np.ndarray | None:
-    """Each entry's ``Feature`` bytes, read from ``blob`` (the Features of a block's merged map entry, as
-    protobuf serialized them: each a tag byte, its length as a varint no longer than it must be, its bytes) a
-    record at a time for all records at once; None where that does not work out (the caller then asks protobuf for
-    each Feature). ``lengths``: each record's bytes; ``key_fields``: each entry's key field's bytes.
+def _layout(u8: np.ndarray, records: np.ndarray, ends: np.ndarray, keys: list[bytes]) -> tuple[np.ndarray, np.ndarray] | None:
+    """Each entry's list tag and run bytes (flat, ``[record, entry]`` order) if every record of ``u8`` (record
+    ``i``: ``u8[records[i]:ends[i]]``) is ``len(keys)`` map entries, each a key field of the length of that entry's
+    key in ``keys``, then a ``Feature`` field; each non-empty ``Feature`` one list field and each non-empty float
+    or int64 list one packed run -- nothing else, every byte accounted for -- else None. The list tag is 0 for an
+    empty ``Feature`` (no list); the run bytes are a packed list's run's, a bytes list's own, 0 for no values. (The
+    keys' bytes are the caller's to compare.)
 
-    Each record's Features take its bytes less the framing of the record and its entries, if every entry is below
-    128 bytes (a one-byte length): that places each record's first Feature in ``blob``. Then numpy reads the
-    records' first Feature's length (one byte too: a Feature is smaller than its entry), then their second, and so
-    on. The placing is checked, not assumed: a record's last Feature must end where the next record's first
-    begins, and the last record's at the end of ``blob``, so record 0's Features (which start at 0) are read
-    right, then record 1's, and so on."""
-    width = key_fields.size
-    group = _content_size(lengths) - int(key_fields.sum()) - 2 * width  # each record's Features' bytes
-    ends = np.cumsum(group)
-    if not ends.size or int(ends[-1]) != len(blob) or (group < 2 * width).any():
-        return None
-    u8 = np.frombuffer(blob, dtype=np.uint8)
-    at = ends - group
-    sizes = np.empty((lengths.size, width), dtype=np.int64)
-    last = ends - 1
+    Numpy reads every record's fields at once, a level at a time: each field's one-byte tag (the only tags taken:
+    field 1, 2 or 3, length-delimited) and its length, a varint of up to 5 bytes (read as written, long or not).
+    Each field must end where its parent ends, its last child too, so a record that holds anything else, or a
+    length that points elsewhere, fails a check; reads past the end of ``u8`` (by records that fail) read its last
+    byte."""
+    sizes = np.array([len(key) for key in keys], dtype=np.int64)
+    if (sizes >= 128).any():
+        return None  # a key whose length takes two bytes: decided record by record
+    last = u8.size - 1
+    n, width = records.size, len(keys)
+    ok = u8[np.minimum(records, last)] == 0x0A  # Example.features
+    size, taken = _varints(u8, records + 1)
+    at = records + 1 + taken
+    ok &= at + size == ends
+    starts = np.empty((n, width), dtype=np.int64)  # each entry's first byte after its length
+    stops = np.empty((n, width), dtype=np.int64)  # each entry's end
     for j in range(width):
-        # a tag and a length byte left in the record's bytes, and the tag a Feature's (field 2, length-delimited)
-        if (at >= last).any() or (u8[at] != 0x12).any():
-            return None
-        size = u8[at + 1].astype(np.int64)
-        if (size >= 0x80).any():  # a length of two bytes or more: a Feature of 128 bytes or more, in an entry
-            return None  # of more than 128 bytes, which the placing above did not take
-        sizes[:, j] = size
-        at = at + 2 + size
-    if (at != ends).any():
+        ok &= u8[np.minimum(at, last)] == 0x0A  # Features.feature: a map entry
+        size, taken = _varints(u8, at + 1)
+        starts[:, j] = at + 1 + taken
+        at = stops[:, j] = starts[:, j] + size
+    ok &= at == ends
+    if not ok.all():
         return None
-    return sizes.reshape(-1)
+    entry, stop = starts.reshape(-1), stops.reshape(-1)  # [record, entry] order
+    key = np.tile(sizes, n)
+    good = ((u8[np.minimum(entry, last)] == 0x0A) & (u8[np.minimum(entry + 1, last)] == key)
+            & (u8[np.minimum(entry + 2 + key, last)] == 0x12))  # the key field, then the value's tag
+    size, taken = _varints(u8, entry + 3 + key)
+    feature = entry + 3 + key + taken  # the Feature's first byte
+    good &= feature + size == stop
+    present = size > 0
+    tag = np.where(present, u8[np.minimum(feature, last)], 0)
+    listed, taken = _varints(u8, feature + 1)
+    good &= ~present | ((1 + taken + listed == size) & ((tag == 0x0A) | (tag == 0x12) | (tag == 0x1A)))
+    run = feature + 1 + taken  # the list's first byte
+    packed = present & (listed > 0) & (tag != 0x0A)  # a list of floats or int64s with values: one packed run
+    held, taken = _varints(u8, run + 1)
+    good &= ~packed | ((u8[np.minimum(run, last)] == 0x0A) & (1 + taken + held == listed))
+    if not good.all():
+        return None
+    return tag, np.where(packed, held, np.where(present, listed, 0))
+
+
+def _varints(u8: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The varint at each offset ``at`` of ``u8`` and its bytes (at most 5; for a longer one, 2**40). Reads past
+    the end of ``u8`` read its last byte: the caller's checks refuse the records they belong to."""
+    last = u8.size - 1
+    byte = u8[np.minimum(at, last)].astype(np.int64)
+    more = byte >= 0x80
+    if not more.any():
+        return byte, np.ones(1, dtype=np.int64)  # one byte each (the common case: lengths below 128)
+    value, size = byte & 0x7F, np.ones(at.shape, dtype=np.int64)
+    for k in range(1, 5):
+        if not more.any():
+            break
+        byte = u8[np.minimum(at + k, last)].astype(np.int64)
+        value += np.where(more, (byte & 0x7F) << 7 * k, 0)
+        size += more
+        more &= byte >= 0x80
+    size[more] = 1 << 40  # longer than 5 bytes: no field ends where it must
+    return value, size
 
 
 def _varint_size(n: np.ndarray, longest: int = 5) -> np.ndarray:
@@ -461,18 +500,6 @@ def _varint_size(n: np.ndarray, longest: int = 5) -> np.ndarray:
             break  # no value needs this byte, nor any later one
         size += longer
     return size
-
-
-def _content_size(total: np.ndarray) -> np.ndarray:
-    """The payload's bytes of each length-delimited field of a one-byte tag and ``total`` bytes in all, its length
-    written as protobuf writes it: ``total = 1 + _varint_size(payload) + payload`` (0 for ``total`` 0)."""
-    payload = np.maximum(total - 2, 0)
-    for width in (2, 3, 4, 5):
-        longer = total - 1 - width >= 1 << 7 * (width - 1)
-        if not longer.any():
-            break  # no field needs this length's byte, nor any later one
-        payload[longer] = total[longer] - 1 - width
-    return payload
 
 
 def _parse_block(serialized: Sequence[bytes], spec: Mapping[str, FixedLenFeature | VarLenFeature]) -> dict[str, np.ndarray] | None:

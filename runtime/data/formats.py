@@ -22,11 +22,11 @@ from typing import Any, Mapping, Sequence
 from kubeps.runtime.data.arguments import int_arg
 from kubeps.runtime.data.csvfiles import CsvReader
 from kubeps.runtime.data.dataset import AUTOTUNE, Dataset
-from kubeps.runtime.data.example import FixedLenFeature, VarLenFeature, feature_spec, parse_example
+from kubeps.runtime.data.example import FixedLenFeature, VarLenFeature, feature_spec, parse_run
 from kubeps.runtime.data.file_blocks import AUTOTUNE_READERS, FileBlocksNode
 from kubeps.runtime.data.parquet import ParquetReader, column_spec
 from kubeps.runtime.data.sources import FileListNode
-from kubeps.runtime.data.tfrecord import compression_arg, read_records
+from kubeps.runtime.data.tfrecord import compression_arg, read_records, read_runs
 
 Filenames = str | os.PathLike | Sequence[str | os.PathLike]
 
@@ -70,12 +70,13 @@ class _TFRecordReader:
         self._block_records = block_records
 
     def __call__(self, path: str) -> Any:
-        for offsets, records in read_records(path, self._compression, self._skip, self._block_records):
-            if self._features is None:
-                block: Any = _object_array(records)
-            else:
-                block = parse_example(records, self._features, path, offsets)
-            yield block
+        if self._features is None:
+            for _, records in read_records(path, self._compression, self._skip, self._block_records):
+                yield _object_array(records)
+            return
+        for run in read_runs(path, self._compression, self._skip):
+            for piece in run.pieces(self._block_records):
+                yield parse_run(piece, self._features, path)
 
 
 def _object_array(items: list[Any]) -> Any:

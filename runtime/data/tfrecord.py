@@ -18,12 +18,13 @@ Files compressed as TensorFlow's ``compression_type="GZIP"`` or ``"ZLIB"`` are r
 from __future__ import annotations
 
 import contextlib
+import functools
 import gzip
 import io
 import logging
 import struct
 import zlib
-from typing import IO, Any, Iterable, Iterator
+from typing import IO, Any, Iterable, Iterator, NamedTuple
 
 import numpy as np
 
@@ -106,24 +107,61 @@ def open_records(path: str, compression_type: str = "") -> Iterator[IO[bytes]]:
             yield raw
 
 
+class RecordRun(NamedTuple):
+    """Consecutive records of a TFRecord file, checked, as they lie in the buffer they were read in: record ``i``
+    is ``data[starts[i]:ends[i]]`` and its frame starts at byte ``offsets[i]`` of the (uncompressed) stream. The
+    16 bytes before each record (its frame's header, and the trailer of the record before) have been read and are
+    the reader's to overwrite, as are the run's other frames' framing bytes; the records' bytes are not. Runs of
+    one buffer share ``data``."""
+
+    data: bytearray
+    starts: np.ndarray
+    ends: np.ndarray
+    offsets: np.ndarray
+
+    def records(self) -> list[bytes]:
+        view = memoryview(self.data)
+        return [view[a:b].tobytes() for a, b in zip(self.starts.tolist(), self.ends.tolist())]
+
+    def pieces(self, size: int) -> Iterator["RecordRun"]:
+        """The run in runs of up to ``size`` records, in order."""
+        for k in range(0, len(self.starts), size):
+            cut = slice(k, k + size)
+            yield RecordRun(self.data, self.starts[cut], self.ends[cut], self.offsets[cut])
+
+
 def read_records(
     path: str, compression_type: str = "", skip_corrupt: bool = False, chunk_records: int = 4096
 ) -> Iterator[tuple[list[int], list[bytes]]]:
-    """The records of a TFRecord file, checked, in chunks of up to ``chunk_records``: ``(offsets, records)``, where
-    ``offsets`` are the byte offsets of the records' frames (in the uncompressed stream).
-
-    Both CRCs of every record are checked, with as little Python per record as can be: the walk over the frames
-    of a buffer reads each frame's length and nothing else; then numpy takes every length from the frames' starts
-    and gathers their stored CRCs, comparing each with the masked CRC of that length (computed once per distinct
-    length: records of one writer share a few); the records are sliced out and their data CRCs computed by
-    Google's C code (one call each, from ``map``), and numpy compares those with the trailers. A length the walk
-    took before its CRC was checked cannot mislead it: the buffer's frames are cut at the first bad length CRC.
-    Corrupt records are reported (or skipped) in file order, as a record-by-record check would."""
-    crc = _crc32c().value
-    length_at = _LENGTH.unpack_from
-    known: dict[int, int] = {}  # length -> its masked CRC
+    """The records of a TFRecord file, checked (see :func:`read_runs`), in chunks of ``chunk_records`` (the last
+    one fewer): ``(offsets, records)``, where ``offsets`` are the byte offsets of the records' frames (in the
+    uncompressed stream). A corrupt record's error comes before the chunk it would have been in."""
     pending_offsets: list[int] = []
     pending: list[bytes] = []
+    for run in read_runs(path, compression_type, skip_corrupt):
+        pending_offsets += run.offsets.tolist()
+        pending += run.records()
+        while len(pending) >= chunk_records:
+            yield pending_offsets[:chunk_records], pending[:chunk_records]
+            del pending_offsets[:chunk_records], pending[:chunk_records]
+    if pending:
+        yield pending_offsets, pending
+
+
+def read_runs(path: str, compression_type: str = "", skip_corrupt: bool = False) -> Iterator[RecordRun]:
+    """The records of a TFRecord file, checked, as runs of records that lie together in a read buffer: those of
+    each buffer, or, around a corrupt record skipped, those before and after it.
+
+    Both CRCs of every record are checked, with as little Python per record as can be. The walk over the frames
+    of a buffer reads each frame's length and nothing else; numpy then takes every length from the frames' starts
+    and gathers their stored CRCs, comparing each with the masked CRC of that length (computed once per distinct
+    length in a process: records of one writer share a few). A length the walk took before its CRC was checked
+    cannot mislead it: the buffer's frames are cut at the first bad length CRC. The data CRCs are checked by one
+    CRC over the whole buffer, rewritten (see :func:`_all_data_crcs_match`); only if that fails is each record's
+    CRC computed, to find the corrupt ones. Corrupt records are reported (or skipped) in file order, as a
+    record-by-record check would, after the runs of records before them."""
+    crc = _crc32c().value
+    length_at = _LENGTH.unpack_from
     with open_records(path, compression_type) as f:
         buf = b""
         pos = 0  # of buf[0] in the stream
@@ -144,26 +182,24 @@ def read_records(
                 at = end
             frames = np.array(starts, dtype=np.int64)
             ends = np.append(frames[1:], at) if starts else frames  # each frame's end: the next one's start
-            bad_length = _first_bad_length(buf, frames, ends, known)
+            bad_length = _first_bad_length(buf, frames, ends)
             if bad_length is not None:
                 at = starts[bad_length]
-                del starts[bad_length:]
                 frames, ends = frames[:bad_length], ends[:bad_length]
-            elif at + 12 <= size and not _length_ok(buf, at, known):  # the frame the buffer ends inside
+            elif at + 12 <= size and not _length_ok(buf, at):  # the frame the buffer ends inside
                 bad_length = len(starts)
-            records = [buf[a + 12 : b - 4] for a, b in zip(starts, starts[1:] + [at])]
-            crcs = np.fromiter(map(crc, records), dtype=np.uint64, count=len(records))
-            offsets = (frames + pos).tolist()
-            for i in _bad_data(buf, ends, crcs):
-                pending_offsets += offsets[:i]
-                pending += records[:i]
-                yield from _full_chunks(pending_offsets, pending, chunk_records)
-                _corrupt(path, offsets[i], f"the data's CRC does not match (record of {len(records[i])} bytes "
-                         "skipped)", skip_corrupt)
-                offsets, records = offsets[i + 1 :], records[i + 1 :]
-            pending_offsets += offsets
-            pending += records
-            yield from _full_chunks(pending_offsets, pending, chunk_records)
+            if frames.size:
+                data = bytearray(buf)
+                bad = [] if _all_data_crcs_match(data, frames, ends, crc) else _bad_data(buf, frames, ends, crc)
+                first = 0
+                for i in [*bad, frames.size]:
+                    if i > first:
+                        kept = slice(first, i)
+                        yield RecordRun(data, frames[kept] + 12, ends[kept] - 4, frames[kept] + pos)
+                    if i < frames.size:
+                        _corrupt(path, pos + int(frames[i]), f"the data's CRC does not match (record of "
+                                 f"{int(ends[i] - frames[i]) - 16} bytes skipped)", skip_corrupt)
+                    first = i + 1
             if bad_length is not None:
                 _corrupt(path, pos + at, "the length's CRC does not match (the rest of the file is skipped)",
                          skip_corrupt)
@@ -171,58 +207,110 @@ def read_records(
                 break
         if len(buf) - at:
             _corrupt(path, pos + at, f"the file ends inside a record ({len(buf) - at} bytes left)", skip_corrupt)
-        if pending:
-            yield pending_offsets, pending
 
 
-def _length_crc(length: int, known: dict[int, int]) -> int:
-    """The masked CRC of a frame's length field, remembered for up to 1024 distinct lengths."""
-    masked = known.get(length)
-    if masked is None:
-        masked = masked_crc32c(struct.pack("<Q", length))
-        if len(known) < 1024:
-            known[length] = masked
-    return masked
+@functools.cache
+def _crc_constants() -> tuple[int, int, int]:
+    """CRC-32C's register values for :func:`_all_data_crcs_match`: ``(after, start, residue)``. In terms of the
+    register ``r`` (``value(d)`` is ``~F(~0, d)``, where ``F(r, d)`` is the register after ``d`` from ``r``):
+    ``F(r, d)`` is linear in ``r`` and ``d`` together, and ``F(r, le32(r)) = 0`` (each byte cancels the register's
+    low byte). So after a record and its CRC (``le32(value(d))``, the complement of the register) the register is
+    ``after = F(0, ff ff ff ff)`` whatever the record; ``le32(after)`` then clears it; four zero bytes keep it clear;
+    ``le32(start)``, found by solving ``F(0, x) = ~0`` (linear in ``x``: 32 equations over GF(2)), sets it to
+    ``~0``, where a record's CRC starts. ``residue`` is ``value()`` of a stream that ends with a record and its
+    CRC: ``~after``."""
+    google = _crc32c()
+    mask = 0xFFFFFFFF
+
+    def register(r: int, data: bytes) -> int:
+        return ~google.extend(~r & mask, data) & mask
+
+    after = register(0, b"\xff" * 4)
+    pivots: dict[int, tuple[int, int]] = {}  # leading bit -> (image, the input bits that give it)
+    for k in range(32):
+        image, bits = register(0, (1 << k).to_bytes(4, "little")), 1 << k
+        for bit in range(31, -1, -1):
+            if image >> bit & 1:
+                if bit not in pivots:
+                    pivots[bit] = (image, bits)
+                    break
+                image, bits = image ^ pivots[bit][0], bits ^ pivots[bit][1]
+    target, start = mask, 0
+    for bit in range(31, -1, -1):
+        if target >> bit & 1:
+            target, start = target ^ pivots[bit][0], start ^ pivots[bit][1]
+    assert register(0, start.to_bytes(4, "little")) == mask and target == 0
+    return after, start, ~after & mask
 
 
-def _length_ok(buf: bytes, at: int, known: dict[int, int]) -> bool:
+def _all_data_crcs_match(data: bytearray, frames: np.ndarray, ends: np.ndarray, crc: Any) -> bool:
+    """Whether every frame's (``frames``: their starts, ``ends``: their ends, in ``data``) data CRC matches its
+    trailer, by one CRC computation over them all. ``data`` is rewritten in place: each trailer becomes its CRC
+    unmasked, and the 12-byte header after it the four bytes that clear the register, four zero bytes and the four
+    that set it to where a CRC starts (:func:`_crc_constants`). If every record's CRC matches, the CRC of the
+    stream from the first record to the last trailer is then the residue of CRC-32C; a record whose CRC does not
+    match changes it (by a register value that no later bytes cancel, F being invertible in the register: only
+    two or more corrupt records can cancel out, with odds of 2**-32, those of one corrupt record going unseen by
+    its own CRC)."""
+    after, start, residue = _crc_constants()
+    at32 = np.ndarray(shape=(len(data) - 3,), dtype="<u4", buffer=data, strides=(1,))  # a uint32 at every byte
+    masked = at32[ends - 4].astype(np.uint64)
+    rotated = (masked - np.uint64(_MASK_DELTA)) & np.uint64(0xFFFFFFFF)  # masked: the CRC rotated right by 15, + delta
+    at32[ends - 4] = ((rotated << np.uint64(15)) | (rotated >> np.uint64(17))) & np.uint64(0xFFFFFFFF)
+    gaps = ends[:-1]  # the next frame's header
+    at32[gaps] = after
+    at32[gaps + 4] = 0
+    at32[gaps + 8] = start
+    return crc(bytes(memoryview(data)[int(frames[0]) + 12 : int(ends[-1])])) == residue
+
+
+#: the masked CRCs of the length fields below 2**16 computed so far in this process (a record's length is its frame's
+#: header; records of one writer have a few lengths): filled as lengths are met, by any thread (the same values)
+_SMALL = 1 << 16
+_small_crcs = np.zeros(_SMALL, dtype=np.uint32)
+_small_known = np.zeros(_SMALL, dtype=bool)
+
+
+def _length_crcs(lengths: np.ndarray) -> np.ndarray:
+    """The masked CRC of each length field (``lengths``: int64, not negative)."""
+    if lengths.size and int(lengths.max()) < _SMALL:
+        missing = lengths[~_small_known[lengths]]
+        for n in np.unique(missing).tolist():
+            _small_crcs[n] = masked_crc32c(_LENGTH.pack(n))
+            _small_known[n] = True
+        return _small_crcs[lengths]
+    distinct, which = np.unique(lengths, return_inverse=True)
+    return np.array([masked_crc32c(_LENGTH.pack(n)) for n in distinct.tolist()], dtype=np.uint32)[which.reshape(-1)]
+
+
+def _length_ok(buf: bytes, at: int) -> bool:
     length, stored = _HEADER.unpack_from(buf, at)
-    return _length_crc(length, known) == stored
+    return int(_length_crcs(np.array([length], dtype=np.int64))[0]) == stored
 
 
 def _uint32_at(buf: bytes, at: np.ndarray) -> np.ndarray:
-    """The little-endian uint32 at each offset ``at`` of ``buf``."""
-    return np.frombuffer(buf, dtype=np.uint8)[at[:, None] + np.arange(4)].view("<u4").reshape(-1)
+    """The little-endian uint32 at each offset ``at`` of ``buf``: a gather from a view of ``buf`` as a uint32 at
+    every byte."""
+    return np.ndarray(shape=(len(buf) - 3,), dtype="<u4", buffer=buf, strides=(1,))[at]
 
 
-def _first_bad_length(buf: bytes, frames: np.ndarray, ends: np.ndarray, known: dict[int, int]) -> int | None:
+def _first_bad_length(buf: bytes, frames: np.ndarray, ends: np.ndarray) -> int | None:
     """The index of the first frame (``frames``: their starts, ``ends``: their ends) whose length's CRC is not its
     header's, or None. Each length is its frame's size less the 16 bytes of framing: the walk took it from the
     header."""
     if not frames.size:
         return None
-    distinct, which = np.unique(ends - frames - 16, return_inverse=True)
-    expected = np.array([_length_crc(int(n), known) for n in distinct], dtype=np.uint32)[which.reshape(-1)]
-    bad = np.flatnonzero(expected != _uint32_at(buf, frames + 8))
+    bad = np.flatnonzero(_length_crcs(ends - frames - 16) != _uint32_at(buf, frames + 8))
     return int(bad[0]) if bad.size else None
 
 
-def _bad_data(buf: bytes, ends: np.ndarray, crcs: np.ndarray) -> list[int]:
-    """The indices of the records whose masked data CRC (``crcs``: unmasked) is not their trailer's (the 4 bytes
-    before each frame's end in ``ends``), in order; each index counts from the record after the previous one (the
-    caller drops what it has handled)."""
-    if not crcs.size:
-        return []
+def _bad_data(buf: bytes, frames: np.ndarray, ends: np.ndarray, crc: Any) -> list[int]:
+    """The indices of the frames (``frames``: their starts, ``ends``: their ends, in ``buf``) whose data's masked
+    CRC is not their trailer's, in order: each record's CRC computed by Google's C code (one call each)."""
+    records = [buf[a + 12 : b - 4] for a, b in zip(frames.tolist(), ends.tolist())]
+    crcs = np.fromiter(map(crc, records), dtype=np.uint64, count=len(records))
     masked = ((crcs >> np.uint64(15) | crcs << np.uint64(17)) + np.uint64(_MASK_DELTA)) & np.uint64(0xFFFFFFFF)
-    bad = np.flatnonzero(masked != _uint32_at(buf, ends - 4)).tolist()
-    return [b - a - 1 for a, b in zip([-1, *bad], bad)]
-
-
-def _full_chunks(offsets: list[int], records: list[bytes], chunk_records: int) -> Iterator[tuple[list[int], list[bytes]]]:
-    """Yields (and removes) the leading ``chunk_records``-sized chunks of ``offsets``/``records``."""
-    while len(records) >= chunk_records:
-        yield offsets[:chunk_records], records[:chunk_records]
-        del offsets[:chunk_records], records[:chunk_records]
+    return np.flatnonzero(masked != _uint32_at(buf, ends - 4)).tolist()
 
 
 def _corrupt(path: str, offset: int, what: str, skip: bool) -> None:

@@ -427,6 +427,35 @@ def _columnar(records, spec):
     return example._parse_columns(records, example.feature_spec(spec))
 
 
+def _run_of(records):
+    """The records framed one after another in one buffer, as read_runs hands them out."""
+    from kubeps.runtime.data.tfrecord import RecordRun
+
+    frames = [_frame(r) for r in records]
+    at = np.cumsum([0] + [len(f) for f in frames])
+    return RecordRun(bytearray(b"".join(frames)), at[:-1] + 12, at[1:] - 4, at[:-1])
+
+
+def _in_a_run(records, spec):
+    """parse_run of the records framed in one buffer, read where they lie (their framing bytes rewritten), as a
+    TFRecordDataset reads them; its columns, or its error's message."""
+    from kubeps.runtime.data import example
+
+    try:
+        return example.parse_run(_run_of(records), spec)
+    except ColumnValueError as err:
+        return str(err)
+
+
+def _with_offsets(records, spec):
+    """parse_example's columns, or its error's message naming records by their frames' offsets (as _in_a_run)."""
+    at = np.cumsum([0] + [len(_frame(r)) for r in records]).tolist()
+    try:
+        return parse_example(records, spec, offsets=at)
+    except ColumnValueError as err:
+        return str(err)
+
+
 def _same(a, b) -> bool:
     if isinstance(a, str) or isinstance(b, str):
         return a == b
@@ -493,7 +522,6 @@ def test_columnar_path_leaves_other_blocks_to_the_record_by_record_path():
     same = {"a": FixedLenFeature([], np.int64), "b": FixedLenFeature([], np.int64)}
     packed_and_not = _ld(3, _ld(1, _varint(5)) + _varint(1 << 3) + _varint(6))  # one packed run, one unpacked value
     long_tag = b"\x9a\x00" + _list("int64", [5])[1:]  # int64_list's tag as a 2-byte varint
-    long_length = b"\x1a\x83\x00" + _list("int64", [5])[2:]  # the list's length as a 2-byte varint
     same_cases = {
         "key order differs, same kinds": [_record_of(a1, b1), _record_of(b1, a1)],
         "a feature twice in every record (the last one counts)": [_record_of(a1, b1, ("a", _list("int64", [9])))] * 2,
@@ -501,7 +529,6 @@ def test_columnar_path_leaves_other_blocks_to_the_record_by_record_path():
                                                                  _record_of()],
         "packed and unpacked values in one list": [_record_of(a1, b1), _record_of(("a", packed_and_not), b1)],
         "a tag written long": [_record_of(a1, b1), _record_of(("a", long_tag), b1)],
-        "a length written long": [_record_of(a1, b1), _record_of(("a", long_length), b1)],
         "a value's varint written long": [_record_of(a1, b1), _record_of(("a", _ld(3, _ld(1, b"\x85\x00"))), b1)],
         # 'a' a value short and 'b' one long in the same record, both int64: the block's values add up, the
         # columns would shift by one value
@@ -517,16 +544,18 @@ def test_columnar_path_leaves_other_blocks_to_the_record_by_record_path():
         except ColumnValueError as err:
             got = str(err)
         assert _same(got, each), what
-    # a float run's length written 1 byte long: the float's count still comes out right, and so do the columns
+    # a float run's length written 1 and 4 bytes long: read as written, the columns still right; 5 bytes long (a
+    # varint of 6 bytes): the block goes record by record
     floats = {"a": FixedLenFeature([], np.float32), "b": FixedLenFeature([], np.int64)}
-    one_long = [_record_of(("a", _list("float", [1.0])), b1),
-                _record_of(("a", _ld(2, b"\x0a\x84\x00" + struct.pack("<f", 2.0))), b1)]
-    fast = _columnar(one_long, floats)
-    assert fast is not None and _same(fast, _each(one_long, floats)) and fast["a"].tolist() == [1.0, 2.0]
-    # ... written 4 bytes long: the run is taken a float longer than it is, and the block goes record by record
-    four_long = [one_long[0], _record_of(("a", _ld(2, b"\x0a\x84\x80\x80\x80\x00" + struct.pack("<f", 2.0))), b1)]
-    assert _columnar(four_long, floats) is None
-    assert _same(parse_example(four_long, floats), _each(four_long, floats))
+    for long_length in (b"\x84\x00", b"\x84\x80\x80\x80\x00"):
+        written = [_record_of(("a", _list("float", [1.0])), b1),
+                   _record_of(("a", _ld(2, b"\x0a" + long_length + struct.pack("<f", 2.0))), b1)]
+        fast = _columnar(written, floats)
+        assert fast is not None and _same(fast, _each(written, floats)) and fast["a"].tolist() == [1.0, 2.0]
+    six = [written[0], _record_of(("a", _ld(2, b"\x0a\x84\x80\x80\x80\x80\x00" + struct.pack("<f", 2.0))), b1)]
+    assert _columnar(six, floats) is None
+    with pytest.raises(ColumnValueError, match="record 1: not a tf.Example"):  # nor does protobuf take it
+        parse_example(six, floats)
     assert _each(same_cases["key order differs, same kinds"], same)["a"].tolist() == [1, 1]
     assert _each(same_cases["a feature twice in every record (the last one counts)"], same)["a"].tolist() == [9, 9]
     assert _each(same_cases["packed and unpacked values in one list"], same).startswith("<records>: record 1: feature 'a' holds a int64_list of 2")
@@ -536,34 +565,86 @@ def test_columnar_path_leaves_other_blocks_to_the_record_by_record_path():
     assert "record 1: feature 'a' holds a float_list of 1 values" in _each(cases["kinds swapped, same sizes"], spec)
 
 
-def _sizes_both_ways(records):
-    """``_feature_sizes`` on a block's merged Features, and each Feature's bytes as protobuf hands them out."""
+def _fields(data: bytes):
+    """``data``'s fields in wire order, as protobuf decodes them: ``(number, wire_type, payload)``."""
+    from google.protobuf import empty_pb2
+    from google.protobuf.unknown_fields import UnknownFieldSet
+
+    return [(f.field_number, f.wire_type, f.data) for f in UnknownFieldSet(empty_pb2.Empty.FromString(data))]
+
+
+def _layout_both_ways(records):
+    """``_layout`` of a block (the first record's keys), and each entry's list tag and run bytes as protobuf's
+    decoding of the wire tells them (None where a record is not ``len(keys)`` entries of a key of that length and
+    a Feature of at most one list of at most one run)."""
     from kubeps.runtime.data import example
 
-    m = example._messages()
-    names = list(m["RawExample"].FromString(records[0]).features.feature.key)
-    entries = m["RawExamples"].FromString(m["Records"](record=records).SerializeToString()).example.features.feature
-    blob = memoryview(entries.SerializeToString())[len(m["RawEntry"](key=names).SerializeToString()) * len(records):]
-    key_fields = np.array([2 + len(name) for name in names])
-    read = example._feature_sizes(blob, np.array([len(r) for r in records]), key_fields)
-    return read, [len(v) for v in entries.value]
+    keys = [k.encode() for k in example._messages()["RawExample"].FromString(records[0]).features.feature.key]
+    stream = example._messages()["Records"](record=records).SerializeToString()
+    lengths = np.array([len(r) for r in records], dtype=np.int64)
+    ends = np.cumsum(1 + example._varint_size(lengths) + lengths)
+    read = example._layout(np.frombuffer(stream, dtype=np.uint8), ends - lengths, ends, keys)
+    from google.protobuf.message import DecodeError
+
+    try:
+        return read, _entry_runs(records, keys)
+    except DecodeError:  # a record protobuf does not take
+        return read, None
 
 
-def test_feature_sizes_read_from_the_blob_are_protobufs_or_none():
-    """The Features' sizes numpy reads a record at a time are protobuf's own; a block where the placing does not
-    work out (an entry of 128 bytes or more, records of other entries) gets None, and the columns are still the
-    record-by-record path's."""
-    plain = [serialize_example({"ids": [i, 1 << 40, i * 7], "dense": [0.5] * (i % 5), "label": [i % 2]})
+def _entry_runs(records, keys):
+    """Each entry's list tag and run bytes, from protobuf's decoding of each record (see _layout_both_ways)."""
+    tags, runs = [], []
+    for record in records:
+        top = _fields(record)
+        entries = _fields(top[0][2]) if [f[:2] for f in top] == [(1, 2)] else None
+        if entries is None or len(entries) != len(keys) or any(f[:2] != (1, 2) for f in entries):
+            return None
+        for key, (_, _, entry) in zip(keys, entries):
+            inner = _fields(entry)
+            if [f[:2] for f in inner] != [(1, 2), (2, 2)] or len(inner[0][2]) != len(key):
+                return None
+            lists = _fields(inner[1][2])
+            if len(lists) > 1 or any(f[1] != 2 or f[0] not in (1, 2, 3) for f in lists):
+                return None
+            number, _, payload = lists[0] if lists else (0, 2, b"")
+            values = _fields(payload) if number in (2, 3) else []
+            if len(values) > 1 or any(f[:2] != (1, 2) for f in values):
+                return None
+            tags.append(number << 3 | 2 if lists else 0)
+            runs.append(len(payload) if number == 1 else len(values[0][2]) if values else 0)
+    return tags, runs
+
+
+def test_layout_read_by_numpy_is_protobufs_or_none():
+    """The list tags and run bytes numpy reads for a whole block are those protobuf's decoding of each record
+    gives -- lengths of 1, 2 and 3 bytes, written long or not, included -- and a block of records of other
+    entries gets None, its columns still the record-by-record path's."""
+    plain = [serialize_example({"ids": [i, 1 << 40, -i], "dense": [0.5] * (i % 5), "label": [i % 2],
+                                "wide": [0.25] * (40 if i == 3 else 2), "huge": [i + (1 << 40)] * (3000 if i == 4 else 1)})
              for i in range(50)]
-    read, protobufs = _sizes_both_ways(plain)
-    assert read is not None and read.tolist() == protobufs
-    wide = [serialize_example({"ids": [i], "dense": [0.25] * (40 if i == 3 else 4)}) for i in range(8)]
-    spec = {"ids": FixedLenFeature([], np.int64), "dense": VarLenFeature(np.float32)}
-    assert _sizes_both_ways(wide)[0] is None
-    assert _same(_columnar(wide, spec), _each(wide, spec))
-    # a record of two records' entries, then one of none: the same keys in the same order, other records
+    assert max(map(len, plain)) > 1 << 14  # a record whose length takes 3 bytes, an entry of 2
+    read, protobufs = _layout_both_ways(plain)
+    assert read is not None and protobufs is not None
+    assert read[0].tolist() == protobufs[0] and read[1].tolist() == protobufs[1]
+    spec = {"ids": FixedLenFeature([3], np.int64), "wide": VarLenFeature(np.float32), "huge": VarLenFeature(np.int64)}
+    fast = _columnar(plain, spec)
+    assert fast is not None and _same(fast, _each(plain, spec)) and fast["huge"][4].tolist() == [4 + (1 << 40)] * 3000
+    # lengths written long (legal, never written by protobuf): read as written, the columns still right
     a1, b1 = ("a", _list("int64", [1])), ("b", _list("int64", [2]))
-    assert _sizes_both_ways([_record_of(a1, b1), _record_of(a1, b1, a1, b1), _record_of()])[0] is None
+    same = {"a": FixedLenFeature([], np.int64), "b": FixedLenFeature([], np.int64)}
+    long_lengths = [_record_of(a1, b1), _record_of(("a", b"\x1a\x83\x00" + _list("int64", [5])[2:]), b1),
+                    _record_of(("a", b"\x1a\x04\x0a\x81\x00\x06"), b1),
+                    b"\x0a" + bytes([0x80 | _record_of(a1, b1)[1], 0]) + _record_of(a1, b1)[2:]]
+    read, protobufs = _layout_both_ways(long_lengths)
+    assert read is not None and (read[0].tolist(), read[1].tolist()) == protobufs
+    fast = _columnar(long_lengths, same)
+    assert fast is not None and fast["a"].tolist() == [1, 5, 6, 1] and _same(fast, _each(long_lengths, same))
+    # a record of two records' entries, then one of none: the same keys in the same order, other records
+    assert _layout_both_ways([_record_of(a1, b1), _record_of(a1, b1, a1, b1), _record_of()])[0] is None
+    # a length of more than 5 bytes: not read (protobuf does not take it either)
+    six = [_record_of(a1, b1), _record_of(("a", b"\x1a\x08\x0a\x86\x80\x80\x80\x80\x00\x07"), b1)]
+    assert _layout_both_ways(six)[0] is None
 
 
 def test_columnar_path_takes_empty_lists_no_lists_and_other_kinds_where_the_spec_allows_them():
@@ -649,12 +730,9 @@ def test_columnar_path_gives_the_record_by_record_columns_or_leaves_the_block(bl
     spec, records = block
     each = _each(records, spec)
     fast = _columnar(records, spec)
-    try:
-        read, protobufs = _sizes_both_ways(records)
-    except Exception:  # noqa: BLE001 - a block protobuf does not parse: nothing to compare
-        read = None
+    read, protobufs = _layout_both_ways(records)
     if read is not None:
-        assert read.tolist() == protobufs
+        assert protobufs is not None and (read[0].tolist(), read[1].tolist()) == protobufs
     if fast is not None:
         assert not isinstance(each, str) and _same(fast, each)
     try:
@@ -662,6 +740,10 @@ def test_columnar_path_gives_the_record_by_record_columns_or_leaves_the_block(bl
     except ColumnValueError as err:
         got = str(err)
     assert _same(got, each)
+    assert _same(_in_a_run(records, spec), _with_offsets(records, spec))
+    from kubeps.runtime.data import example
+
+    assert (example._run_columns(_run_of(records), example.feature_spec(spec)) is None) == (fast is None)
 
 
 # -- every record once per epoch across workers, for each format and both policies ------------------------------------
