@@ -152,16 +152,18 @@ def read_runs(path: str, compression_type: str = "", skip_corrupt: bool = False)
     """The records of a TFRecord file, checked, as runs of records that lie together in a read buffer: those of
     each buffer, or, around a corrupt record skipped, those before and after it.
 
-    Both CRCs of every record are checked, with as little Python per record as can be. The walk over the frames
-    of a buffer reads each frame's length and nothing else; numpy then takes every length from the frames' starts
-    and gathers their stored CRCs, comparing each with the masked CRC of that length (computed once per distinct
-    length in a process: records of one writer share a few). A length the walk took before its CRC was checked
-    cannot mislead it: the buffer's frames are cut at the first bad length CRC. The data CRCs are checked by one
+    Both CRCs of every record are checked, with as little Python per record as can be. A buffer's frames are found
+    by numpy where it can (:func:`_frames_found`: frames below 64 KB, every length's CRC good), else by a walk
+    over the frames that reads each frame's length and nothing else; numpy then takes every length from the
+    frames' starts and gathers their stored CRCs, comparing each with the masked CRC of that length. A length the
+    walk took before its CRC was checked cannot mislead it: the buffer's frames are cut at the first bad length
+    CRC. The data CRCs are checked by one
     CRC over the whole buffer, rewritten (see :func:`_all_data_crcs_match`); only if that fails is each record's
     CRC computed, to find the corrupt ones. Corrupt records are reported (or skipped) in file order, as a
     record-by-record check would, after the runs of records before them."""
     crc = _crc32c().value
     length_at = _LENGTH.unpack_from
+    scratch = [np.empty((4, 0), dtype=bool)]
     with open_records(path, compression_type) as f:
         buf = b""
         pos = 0  # of buf[0] in the stream
@@ -172,22 +174,28 @@ def read_runs(path: str, compression_type: str = "", skip_corrupt: bool = False)
             eof = not chunk
             buf, pos, at = buf[at:] + chunk, pos + at, 0
             size = len(buf)
-            starts: list[int] = []
-            take = starts.append
-            while at + 12 <= size:  # the walk: each frame's start, from the lengths alone
-                end = at + 16 + length_at(buf, at)[0]
-                if end > size:
-                    break
-                take(at)
-                at = end
-            frames = np.array(starts, dtype=np.int64)
-            ends = np.append(frames[1:], at) if starts else frames  # each frame's end: the next one's start
-            bad_length = _first_bad_length(buf, frames, ends)
-            if bad_length is not None:
-                at = starts[bad_length]
-                frames, ends = frames[:bad_length], ends[:bad_length]
-            elif at + 12 <= size and not _length_ok(buf, at):  # the frame the buffer ends inside
-                bad_length = len(starts)
+            found = _frames_found(buf, scratch)
+            if found is not None:
+                frames, at = found
+                ends = np.append(frames[1:], at) if frames.size else frames  # each one's end: the next one's start
+                bad_length = None  # found by their lengths' CRCs
+            else:
+                starts: list[int] = []
+                take = starts.append
+                while at + 12 <= size:  # the walk: each frame's start, from the lengths alone
+                    end = at + 16 + length_at(buf, at)[0]
+                    if end > size:
+                        break
+                    take(at)
+                    at = end
+                frames = np.array(starts, dtype=np.int64)
+                ends = np.append(frames[1:], at) if starts else frames
+                bad_length = _first_bad_length(buf, frames, ends)
+                if bad_length is not None:
+                    at = starts[bad_length]
+                    frames, ends = frames[:bad_length], ends[:bad_length]
+            if bad_length is None and at + 12 <= size and not _length_ok(buf, at):  # the frame the buffer ends inside
+                bad_length = frames.size
             if frames.size:
                 data = bytearray(buf)
                 bad = [] if _all_data_crcs_match(data, frames, ends, crc) else _bad_data(buf, frames, ends, crc)
@@ -264,23 +272,66 @@ def _all_data_crcs_match(data: bytearray, frames: np.ndarray, ends: np.ndarray, 
     return crc(bytes(memoryview(data)[int(frames[0]) + 12 : int(ends[-1])])) == residue
 
 
-#: the masked CRCs of the length fields below 2**16 computed so far in this process (a record's length is its frame's
-#: header; records of one writer have a few lengths): filled as lengths are met, by any thread (the same values)
-_SMALL = 1 << 16
-_small_crcs = np.zeros(_SMALL, dtype=np.uint32)
-_small_known = np.zeros(_SMALL, dtype=bool)
+@functools.cache
+def _small_length_crcs() -> np.ndarray:
+    """The masked CRC of every length field below 2**16 (a record's length is its frame's header), by CRC-32C
+    being affine: ``crc(x ^ y ^ z) = crc(x) ^ crc(y) ^ crc(z)`` for messages of one length, and a length ``n``
+    below 2**16 is ``le64(n & 255) ^ le64((n >> 8) << 8) ^ le64(0)``: 513 CRCs computed, the rest by numpy."""
+    google = _crc32c()
+    low = np.array([google.value(bytes([b]) + bytes(7)) for b in range(256)], dtype=np.uint64)
+    high = np.array([google.value(bytes([0, b]) + bytes(6)) for b in range(256)], dtype=np.uint64)
+    raw = (high[:, None] ^ low[None, :] ^ np.uint64(google.value(bytes(8)))).reshape(-1)  # [n >> 8, n & 255]
+    masked = ((raw >> np.uint64(15)) | (raw << np.uint64(17))) + np.uint64(_MASK_DELTA)
+    return (masked & np.uint64(0xFFFFFFFF)).astype(np.uint32)
 
 
 def _length_crcs(lengths: np.ndarray) -> np.ndarray:
     """The masked CRC of each length field (``lengths``: int64, not negative)."""
-    if lengths.size and int(lengths.max()) < _SMALL:
-        missing = lengths[~_small_known[lengths]]
-        for n in np.unique(missing).tolist():
-            _small_crcs[n] = masked_crc32c(_LENGTH.pack(n))
-            _small_known[n] = True
-        return _small_crcs[lengths]
+    if lengths.size and int(lengths.max()) < 1 << 16:
+        return _small_length_crcs()[lengths]
     distinct, which = np.unique(lengths, return_inverse=True)
     return np.array([masked_crc32c(_LENGTH.pack(n)) for n in distinct.tolist()], dtype=np.uint32)[which.reshape(-1)]
+
+
+def _frames_found(buf: bytes, scratch: list[np.ndarray]) -> tuple[np.ndarray, int] | None:
+    """The walk's frames in ``buf`` (their starts, and where the walk stops: the end of the last one), found by
+    numpy, or None where that does not work out (the caller then walks). ``scratch``: an array reused between
+    calls.
+
+    A frame whose length is below 2**16 has six zero bytes after the first two of its header, and its length's
+    masked CRC after them: numpy takes every offset where both hold. That those are the walk's frames is checked,
+    not assumed: the first at offset 0, each one ending where the next begins, and only the last not fitting in
+    ``buf``, or the frame after the last, if its header is whole, not fitting either. A frame of 2**16 bytes or
+    more, a length whose CRC is bad (the walk's checks then name it), or bytes inside a record that look like a
+    header, and the walk decides."""
+    size = len(buf)
+    if size < 16:
+        return None
+    if scratch[0].shape[1] < size:
+        scratch[0] = np.empty((4, size), dtype=bool)
+    zero, two, four, six = scratch[0][:, :size]
+    u8 = np.frombuffer(buf, dtype=np.uint8)
+    np.equal(u8, 0, out=zero)
+    np.logical_and(zero[:-1], zero[1:], out=two[:-1])  # two[p]: bytes p, p + 1 zero
+    np.logical_and(two[: size - 3], two[2 : size - 1], out=four[: size - 3])
+    np.logical_and(four[: size - 5], two[4 : size - 1], out=six[: size - 5])  # six[p]: bytes p .. p + 5 zero
+    at = np.flatnonzero(six[: size - 5]) - 2
+    at = at[(at >= 0) & (at + 12 <= size)]
+    lengths = u8[at].astype(np.int64) | u8[at + 1].astype(np.int64) << 8
+    found = _small_length_crcs()[lengths] == _uint32_at(buf, at + 8)
+    frames, lengths = at[found], lengths[found]
+    if not frames.size or frames[0] != 0:
+        return None
+    ends = frames + 16 + lengths
+    if (ends[:-1] != frames[1:]).any():
+        return None
+    whole = int(np.searchsorted(ends, size, side="right"))  # the frames that fit: the walk takes those
+    if frames.size - whole > 1:
+        return None
+    stop = int(ends[whole - 1]) if whole else 0
+    if whole == frames.size and stop + 12 <= size and stop + 16 + _LENGTH.unpack_from(buf, stop)[0] <= size:
+        return None  # a frame after the last found, that the walk would take
+    return frames[:whole], stop
 
 
 def _length_ok(buf: bytes, at: int) -> bool:

@@ -350,6 +350,47 @@ def test_read_records_matches_a_frame_by_frame_reader_across_buffers(tmp_path, m
     assert [n for n in want_notes if not any(n in r.getMessage() for r in caplog.records)] == []
 
 
+def test_length_crcs_from_the_table_are_each_lengths_own():
+    """The masked CRCs of all lengths below 2**16, built from 513 CRCs by CRC-32C being affine, are those of each
+    length field computed on its own; longer lengths are computed on their own."""
+    from kubeps.runtime.data import tfrecord
+
+    lengths = np.arange(1 << 16, dtype=np.int64)
+    assert tfrecord._length_crcs(lengths).tolist() == [_masked(struct.pack("<Q", n)) for n in range(1 << 16)]
+    big = np.array([5, 1 << 16, 1 << 33], dtype=np.int64)
+    assert tfrecord._length_crcs(big).tolist() == [_masked(struct.pack("<Q", n)) for n in big.tolist()]
+
+
+def _walked(buf: bytes):
+    """The frames a walk from offset 0 takes in ``buf`` (those that fit), and where it stops."""
+    at, starts = 0, []
+    while at + 12 <= len(buf) and at + 16 + struct.unpack_from("<Q", buf, at)[0] <= len(buf):
+        starts.append(at)
+        at += 16 + struct.unpack_from("<Q", buf, at)[0]
+    return starts, at
+
+
+def test_frames_found_by_numpy_are_the_walks_or_none():
+    """numpy's frames (headers found by their zero bytes and length CRC) are the walk's -- with records of zeros,
+    a last frame cut short, a last header cut short -- and where they might not be (a record holding a frame, a
+    record of 2**16 bytes or more, a bad length CRC) it gives None and the walk decides."""
+    from kubeps.runtime.data import tfrecord
+
+    scratch = [np.empty((4, 0), dtype=bool)]
+    records = [bytes(i % 7) * (i % 30) + bytes([i % 256]) * (i % 3) for i in range(200)]
+    plain = b"".join(_frame(r) for r in records)
+    for buf in (plain, plain[:-9], plain[:-len(_frame(records[-1])) + 5], _frame(b""), _frame(b"x") + _frame(b"")):
+        found = tfrecord._frames_found(buf, scratch)
+        assert found is not None and (found[0].tolist(), found[1]) == _walked(buf)
+    inner = _frame(b"a" + _frame(b"hidden") + b"b")  # a record that holds a frame: its header is found too
+    long = _frame(bytes(1 << 16))
+    bad = bytearray(plain)
+    bad[len(_frame(records[0])) + 8] ^= 1  # the second frame's length CRC
+    for buf in (_frame(b"x") + inner, long + plain, bytes(bad)):
+        assert tfrecord._frames_found(buf, scratch) is None
+    assert tfrecord._frames_found(plain[:15], scratch) is None  # shorter than a frame: the walk decides
+
+
 def test_tfrecord_parse_errors_name_the_record_and_feature(tmp_path):
     path = tmp_path / "x.tfrecord"
     path.write_bytes(_frame(_record(0)) + _frame(_example({"ids": ("int64", [1, 2, 3]), "dense": ("float", [0.0])})))
