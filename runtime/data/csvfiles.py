@@ -81,7 +81,8 @@ class _Column:
 
 class CsvReader:
     """``path -> blocks`` for :class:`~kubeps.runtime.data.file_blocks.FileBlocksNode`: one tuple (or dict, with
-    ``names``) of columns per ``block_rows`` rows."""
+    ``names``) of columns per ``block_rows`` rows. ``use_threads``: pyarrow parses a file's blocks in its thread
+    pool (for a file read alone: files read in parallel already keep the cores busy)."""
 
     def __init__(
         self,
@@ -92,6 +93,7 @@ class CsvReader:
         select_cols: Sequence[int] | None = None,
         names: Sequence[str] | None = None,
         block_rows: int = 8192,
+        use_threads: bool = True,
     ):
         if isinstance(record_defaults, (str, bytes)) or not len(record_defaults):
             raise ValueError(f"argument `record_defaults` must be a non-empty list (one entry per column), got "
@@ -114,6 +116,7 @@ class CsvReader:
         self._delim = field_delim
         self._na = na_value
         self._block_rows = block_rows
+        self._use_threads = use_threads
 
     def _label(self, j: int) -> str:
         index = j if self._select is None else self._select[j]
@@ -155,7 +158,7 @@ class CsvReader:
                 reader = pacsv.open_csv(
                     raw,
                     read_options=pacsv.ReadOptions(skip_rows=int(self._header), autogenerate_column_names=True,
-                                                   block_size=1 << 20),
+                                                   block_size=1 << 20, use_threads=self._use_threads),
                     parse_options=pacsv.ParseOptions(delimiter=self._delim),
                     convert_options=pacsv.ConvertOptions(
                         column_types=types, null_values=nulls, strings_can_be_null=True,

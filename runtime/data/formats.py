@@ -126,5 +126,5 @@ def CsvDataset(
     (:mod:`~kubeps.runtime.data.csvfiles`): ``record_defaults`` gives each column read its dtype and, optionally,
     the default for an empty field; ``select_cols`` picks the columns read (increasing indices)."""
     reader = CsvReader(record_defaults, header, field_delim, na_value, select_cols, names,
-                       int_arg("block_rows", block_rows, 1))
+                       int_arg("block_rows", block_rows, 1), use_threads=_readers(num_parallel_reads) == 1)
     return _files_dataset(filenames, reader, num_parallel_reads, "read_csv")
