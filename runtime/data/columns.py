@@ -75,11 +75,18 @@ def _bad_rows(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
                     exact[big] = back[big].astype(np.int64) == flat[big]
                 return np.flatnonzero(~exact)
         if flat.dtype.kind == "f" and flat.dtype.itemsize > dtype.itemsize:
+            # a value that overflows, or a whole number the narrower float rounds, is above 2**(mantissa bits + 1)
+            # (float32: 2**24, every whole number up to it held exactly): only those are looked at
+            with np.errstate(invalid="ignore"):
+                large = np.flatnonzero(np.abs(flat) > 2.0 ** (np.finfo(dtype).nmant + 1))  # NaN: not large
+            if not large.size:
+                return large
+            flat = flat[large]
             with np.errstate(over="ignore", invalid="ignore"):
                 narrow = flat.astype(dtype)
                 integral = np.isfinite(flat) & (np.floor(flat) == flat)
                 bad = (np.isfinite(flat) & ~np.isfinite(narrow)) | (integral & (narrow.astype(flat.dtype) != flat))
-            return np.flatnonzero(bad)
+            return large[bad]
         if flat.dtype.kind in "fb":
             return np.empty(0, np.int64)
     if dtype.kind == "b" and flat.dtype.kind in "biu":

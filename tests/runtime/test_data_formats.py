@@ -350,6 +350,24 @@ def test_read_records_matches_a_frame_by_frame_reader_across_buffers(tmp_path, m
     assert [n for n in want_notes if not any(n in r.getMessage() for r in caplog.records)] == []
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.floats(), st.integers(-(1 << 60), 1 << 60).map(float),
+                          st.integers(-(1 << 26), 1 << 26).map(float)), max_size=40),
+       st.sampled_from([np.float32, np.float16]))
+def test_a_narrower_float_dtype_refuses_exactly_the_values_it_would_change(values, dtype):
+    """float64 values read as float32 (or float16): refused are those that overflow it and the whole numbers it
+    rounds; fractions, infinities and NaN are taken (a float column holds floats, rounded)."""
+    from kubeps.runtime.data.columns import _bad_rows
+
+    def refused(v: float) -> bool:
+        with np.errstate(over="ignore"):
+            narrow = float(np.float64(v).astype(dtype))
+        return np.isfinite(v) and (not np.isfinite(narrow) or (v.is_integer() and narrow != v))
+
+    assert _bad_rows(np.array(values, dtype=np.float64), np.dtype(dtype)).tolist() == \
+        [i for i, v in enumerate(values) if refused(v)]
+
+
 def test_length_crcs_from_the_table_are_each_lengths_own():
     """The masked CRCs of all lengths below 2**16, built from 513 CRCs by CRC-32C being affine, are those of each
     length field computed on its own; longer lengths are computed on their own."""
