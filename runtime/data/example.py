@@ -278,9 +278,10 @@ def _parse_columns(serialized: Sequence[bytes], spec: Mapping[str, FixedLenFeatu
     ``ValueExamples{ValueExample example = 1}``, a view declared here with the wire numbers and types of
     ``tf.Example`` but other labels: ``example`` *singular*, so the records merge into one;
     ``ValueExample{ValueFeatures features = 1}``, ``ValueFeatures{ValueEntry feature = 1}`` -- the map's entry
-    singular, so all N x F entries merge into one -- ``ValueEntry{bytes key = 1; FlatFeature value = 2}`` and
+    singular, so all N x F entries merge into one -- ``ValueEntry{repeated bytes key = 1; FlatFeature value = 2}``,
     ``FlatFeature{BytesList bytes_list = 1; FloatList float_list = 2; Int64List int64_list = 3}`` (no oneof):
-    ``int64_list.value`` then holds every int64 of the block in wire order and ``float_list.value`` every float.
+    ``key`` then holds every entry's key and ``int64_list.value`` every int64 of the block, in wire order, and
+    ``float_list.value`` every float.
 
     That the merged values are columns is checked, not assumed: :func:`_layout` reads every record's fields and
     lengths with numpy and requires each record to hold as many entries as the first record, each a key (as long
