@@ -109,9 +109,9 @@ def open_records(path: str, compression_type: str = "") -> Iterator[IO[bytes]]:
 
 class RecordRun(NamedTuple):
     """Consecutive records of a TFRecord file, checked, as they lie in the buffer they were read in: record ``i``
-    is ``data[starts[i]:ends[i]]`` and its frame starts at byte ``offsets[i]`` of the (uncompressed) stream. The
-    16 bytes before each record (its frame's header, and the trailer of the record before) have been read and are
-    the reader's to overwrite, as are the run's other frames' framing bytes; the records' bytes are not. Runs of
+    is ``data[starts[i]:ends[i]]`` and its frame starts at byte ``offsets[i]`` of the (uncompressed) stream. Each
+    record's framing -- the 12 header bytes before it, the 4 trailer bytes after it -- has been checked and is the
+    reader's to overwrite (so between two records of a run lie 16 such bytes); the records' bytes are not. Runs of
     one buffer share ``data``."""
 
     data: bytearray
