@@ -298,11 +298,16 @@ def _parse_columns(serialized: Sequence[bytes], spec: Mapping[str, FixedLenFeatu
     protobuf. A record with 2 values for one feature and 0 for the next thus fails its feature's count instead of
     shifting the columns.
     """
-    if not len(serialized) or any(_list_kind(s.dtype) == "bytes_list" for s in spec.values()):
-        return None  # bytes lists: left to _parse_block
+    if not len(serialized) or _reads_bytes(spec):
+        return None
     lengths = np.fromiter(map(len, serialized), dtype=np.int64, count=len(serialized))
     ends = np.cumsum(1 + _varint_size(lengths) + lengths)  # each record's end in the `Records` message
     return _stream_columns(_messages()["Records"](record=serialized).SerializeToString(), ends - lengths, ends, spec)
+
+
+def _reads_bytes(spec: Mapping[str, FixedLenFeature | VarLenFeature]) -> bool:
+    """Whether the spec reads a bytes list: such blocks are left to :func:`_parse_block`."""
+    return any(_list_kind(s.dtype) == "bytes_list" for s in spec.values())
 
 
 def _run_columns(run: RecordRun, spec: Mapping[str, FixedLenFeature | VarLenFeature]) -> dict[str, np.ndarray] | None:
@@ -311,7 +316,7 @@ def _run_columns(run: RecordRun, spec: Mapping[str, FixedLenFeature | VarLenFeat
     written, never writes them), and the 10 before those (the trailer of the record before, the start of the
     header) a field 2 of 8 bytes, declared in the view ``ValueExamples`` (``bytes gap = 2``, singular: each one
     replaces the last): the run's bytes are then a ``Records`` message, with no copy of a record."""
-    if any(_list_kind(s.dtype) == "bytes_list" for s in spec.values()):
+    if _reads_bytes(spec):
         return None
     u8 = np.frombuffer(run.data, dtype=np.uint8)
     starts, ends = run.starts, run.ends
@@ -365,12 +370,12 @@ def _stream_columns(stream: Any, starts: np.ndarray, ends: np.ndarray,
         else:
             # each value's varint as protobuf writes it (no longer than it must be): if those fill the runs' bytes
             # exactly, every varint was written so, and the values end where the runs end
-            ends = np.cumsum(_varint_size(column.view(np.uint64), 10))
+            value_ends = np.cumsum(_varint_size(column.view(np.uint64), 10))
             bounds = np.cumsum(payload)
-            if (int(ends[-1]) if ends.size else 0) != (int(bounds[-1]) if bounds.size else 0):
+            if (int(value_ends[-1]) if value_ends.size else 0) != (int(bounds[-1]) if bounds.size else 0):
                 return None
-            taken = np.searchsorted(ends, bounds, side="right")  # the values that end by each run's end
-            if (ends[taken[bounds > 0] - 1] != bounds[bounds > 0]).any():
+            taken = np.searchsorted(value_ends, bounds, side="right")  # the values that end by each run's end
+            if (value_ends[taken[bounds > 0] - 1] != bounds[bounds > 0]).any():
                 return None
             per_list = np.diff(taken, prepend=0)
         counts[held] = per_list
@@ -435,16 +440,15 @@ def _layout(u8: np.ndarray, records: np.ndarray, ends: np.ndarray, keys: list[by
     sizes = np.array([len(key) for key in keys], dtype=np.int64)
     if (sizes >= 128).any():
         return None  # a key whose length takes two bytes: decided record by record
-    last = u8.size - 1
     n, width = records.size, len(keys)
-    ok = u8[np.minimum(records, last)] == 0x0A  # Example.features
+    ok = _bytes_at(u8, records) == 0x0A  # Example.features
     size, taken = _varints(u8, records + 1)
     at = records + 1 + taken
     ok &= at + size == ends
     starts = np.empty((n, width), dtype=np.int64)  # each entry's first byte after its length
     stops = np.empty((n, width), dtype=np.int64)  # each entry's end
     for j in range(width):
-        ok &= u8[np.minimum(at, last)] == 0x0A  # Features.feature: a map entry
+        ok &= _bytes_at(u8, at) == 0x0A  # Features.feature: a map entry
         size, taken = _varints(u8, at + 1)
         starts[:, j] = at + 1 + taken
         at = stops[:, j] = starts[:, j] + size
@@ -453,19 +457,19 @@ def _layout(u8: np.ndarray, records: np.ndarray, ends: np.ndarray, keys: list[by
         return None
     entry, stop = starts.reshape(-1), stops.reshape(-1)  # [record, entry] order
     key = np.tile(sizes, n)
-    good = ((u8[np.minimum(entry, last)] == 0x0A) & (u8[np.minimum(entry + 1, last)] == key)
-            & (u8[np.minimum(entry + 2 + key, last)] == 0x12))  # the key field, then the value's tag
+    good = ((_bytes_at(u8, entry) == 0x0A) & (_bytes_at(u8, entry + 1) == key)
+            & (_bytes_at(u8, entry + 2 + key) == 0x12))  # the key field, then the value's tag
     size, taken = _varints(u8, entry + 3 + key)
     feature = entry + 3 + key + taken  # the Feature's first byte
     good &= feature + size == stop
     present = size > 0
-    tag = np.where(present, u8[np.minimum(feature, last)], 0)
+    tag = np.where(present, _bytes_at(u8, feature), 0)
     listed, taken = _varints(u8, feature + 1)
     good &= ~present | ((1 + taken + listed == size) & ((tag == 0x0A) | (tag == 0x12) | (tag == 0x1A)))
     run = feature + 1 + taken  # the list's first byte
     packed = present & (listed > 0) & (tag != 0x0A)  # a list of floats or int64s with values: one packed run
     held, taken = _varints(u8, run + 1)
-    good &= ~packed | ((u8[np.minimum(run, last)] == 0x0A) & (1 + taken + held == listed))
+    good &= ~packed | ((_bytes_at(u8, run) == 0x0A) & (1 + taken + held == listed))
     if not good.all():
         return None
     return tag, np.where(packed, held, np.where(present, listed, 0))
@@ -474,8 +478,7 @@ def _layout(u8: np.ndarray, records: np.ndarray, ends: np.ndarray, keys: list[by
 def _varints(u8: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The varint at each offset ``at`` of ``u8`` and its bytes (at most 5; for a longer one, 2**40). Reads past
     the end of ``u8`` read its last byte: the caller's checks refuse the records they belong to."""
-    last = u8.size - 1
-    byte = u8[np.minimum(at, last)].astype(np.int64)
+    byte = _bytes_at(u8, at).astype(np.int64)
     more = byte >= 0x80
     if not more.any():
         return byte, np.ones(1, dtype=np.int64)  # one byte each (the common case: lengths below 128)
@@ -483,12 +486,17 @@ def _varints(u8: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     for k in range(1, 5):
         if not more.any():
             break
-        byte = u8[np.minimum(at + k, last)].astype(np.int64)
+        byte = _bytes_at(u8, at + k).astype(np.int64)
         value += np.where(more, (byte & 0x7F) << 7 * k, 0)
         size += more
         more &= byte >= 0x80
     size[more] = 1 << 40  # longer than 5 bytes: no field ends where it must
     return value, size
+
+
+def _bytes_at(u8: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """The byte at each offset ``at`` of ``u8``; offsets past its end read its last byte."""
+    return u8[np.minimum(at, u8.size - 1)]
 
 
 def _varint_size(n: np.ndarray, longest: int = 5) -> np.ndarray:

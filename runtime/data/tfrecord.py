@@ -157,9 +157,8 @@ def read_runs(path: str, compression_type: str = "", skip_corrupt: bool = False)
     over the frames that reads each frame's length and nothing else; numpy then takes every length from the
     frames' starts and gathers their stored CRCs, comparing each with the masked CRC of that length. A length the
     walk took before its CRC was checked cannot mislead it: the buffer's frames are cut at the first bad length
-    CRC. The data CRCs are checked by one
-    CRC over the whole buffer, rewritten (see :func:`_all_data_crcs_match`); only if that fails is each record's
-    CRC computed, to find the corrupt ones. Corrupt records are reported (or skipped) in file order, as a
+    CRC. The data CRCs are checked by one CRC over the whole buffer, rewritten (see :func:`_all_data_crcs_match`);
+    only if that fails is each record's CRC computed, to find the corrupt ones. Corrupt records are reported (or skipped) in file order, as a
     record-by-record check would, after the runs of records before them."""
     crc = _crc32c().value
     length_at = _LENGTH.unpack_from
@@ -281,8 +280,7 @@ def _small_length_crcs() -> np.ndarray:
     low = np.array([google.value(bytes([b]) + bytes(7)) for b in range(256)], dtype=np.uint64)
     high = np.array([google.value(bytes([0, b]) + bytes(6)) for b in range(256)], dtype=np.uint64)
     raw = (high[:, None] ^ low[None, :] ^ np.uint64(google.value(bytes(8)))).reshape(-1)  # [n >> 8, n & 255]
-    masked = ((raw >> np.uint64(15)) | (raw << np.uint64(17))) + np.uint64(_MASK_DELTA)
-    return (masked & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+    return _masked(raw).astype(np.uint32)
 
 
 def _length_crcs(lengths: np.ndarray) -> np.ndarray:
@@ -360,8 +358,12 @@ def _bad_data(buf: bytes, frames: np.ndarray, ends: np.ndarray, crc: Any) -> lis
     CRC is not their trailer's, in order: each record's CRC computed by Google's C code (one call each)."""
     records = [buf[a + 12 : b - 4] for a, b in zip(frames.tolist(), ends.tolist())]
     crcs = np.fromiter(map(crc, records), dtype=np.uint64, count=len(records))
-    masked = ((crcs >> np.uint64(15) | crcs << np.uint64(17)) + np.uint64(_MASK_DELTA)) & np.uint64(0xFFFFFFFF)
-    return np.flatnonzero(masked != _uint32_at(buf, ends - 4)).tolist()
+    return np.flatnonzero(_masked(crcs) != _uint32_at(buf, ends - 4)).tolist()
+
+
+def _masked(crcs: np.ndarray) -> np.ndarray:
+    """TFRecord's masking (:func:`masked_crc32c`) of each CRC (uint64 holding 32-bit values)."""
+    return (((crcs >> np.uint64(15)) | (crcs << np.uint64(17))) + np.uint64(_MASK_DELTA)) & np.uint64(0xFFFFFFFF)
 
 
 def _corrupt(path: str, offset: int, what: str, skip: bool) -> None:
