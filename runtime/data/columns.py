@@ -77,8 +77,11 @@ def _bad_rows(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
         if flat.dtype.kind == "f" and flat.dtype.itemsize > dtype.itemsize:
             # a value that overflows, or a whole number the narrower float rounds, is above 2**(mantissa bits + 1)
             # (float32: 2**24, every whole number up to it held exactly): only those are looked at
+            limit = 2.0 ** (np.finfo(dtype).nmant + 1)
+            if not flat.size or (-limit <= flat.min() and flat.max() <= limit):  # a NaN fails both: looked at
+                return np.empty(0, np.int64)
             with np.errstate(invalid="ignore"):
-                large = np.flatnonzero(np.abs(flat) > 2.0 ** (np.finfo(dtype).nmant + 1))  # NaN: not large
+                large = np.flatnonzero(np.abs(flat) > limit)  # NaN: not large
             if not large.size:
                 return large
             flat = flat[large]
