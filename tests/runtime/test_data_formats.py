@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -855,6 +856,90 @@ def test_parallel_reads_keep_the_sequential_interleave_order(tmp_path):
     assert firsts == [0, 30, 60]  # three files open, one block from each in turn
     ids = TFRecordDataset(pattern, features={"id": FixedLenFeature([], np.int64)}, num_parallel_reads=kp.AUTOTUNE)
     assert sorted(int(e["id"]) for e in ids) == list(range(180))
+
+
+class _SlowReader:
+    """A reader in threads (``read_ahead`` blocks ahead) that counts the blocks it has made, notes any second
+    thread inside a file, and raises where told."""
+
+    read_ahead = 3
+
+    def __init__(self, blocks: int, fail_at: tuple[str, int] | None = None):
+        import threading
+
+        self._blocks = blocks
+        self._fail_at = fail_at
+        self._lock = threading.Lock()
+        self.made: dict[str, int] = {}
+        self.inside: set[str] = set()
+        self.overlaps = 0
+        self.closed: list[str] = []
+
+    def __call__(self, path: str):
+        name = os.path.basename(path)
+        try:
+            for k in range(self._blocks):
+                with self._lock:
+                    self.overlaps += name in self.inside
+                    self.inside.add(name)
+                time.sleep(0.002 * (hash((name, k)) % 3))
+                with self._lock:
+                    self.inside.discard(name)
+                    self.made[name] = self.made.get(name, 0) + 1
+                if self._fail_at == (name, k):
+                    raise OSError(f"{name}: block {k} cannot be read")
+                yield {"id": np.array([int(name.split("-")[1].split(".")[0]) * 100 + k])}
+        finally:
+            self.closed.append(name)
+
+
+def _settled(read: Callable[[], dict], seconds: float = 0.3) -> dict:
+    """``read()`` once it has stopped changing for ``seconds``."""
+    last, since = read(), time.monotonic()
+    deadline = since + 20
+    while time.monotonic() < deadline:
+        time.sleep(0.02)
+        now = read()
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= seconds:
+            return now
+    raise AssertionError(f"still changing: {last}")
+
+
+def test_reader_threads_work_read_ahead_blocks_ahead_in_order(tmp_path):
+    """A reader with ``read_ahead = 3`` in threads: every open file (and the next ones to open) is read up to 3
+    blocks ahead of the consumer and no further, one thread at a time in a file; the order is the sequential
+    interleave's; an error is raised where its block would be, after the blocks before it; closing a pass mid-way
+    closes every file begun, with no thread left inside one."""
+    for f in range(4):
+        (tmp_path / f"part-{f}.x").write_text("")
+    files = FileListNode(str(tmp_path / "part-*.x"), shuffle=False, seed=0)
+    sequential = [b["id"].tolist() for b in FileBlocksNode(files, _SlowReader(6), 2, 1, "r").blocks()]
+    assert [ids[0] for ids in sequential[:4]] == [0, 100, 1, 101]
+    reader = _SlowReader(6)
+    it = FileBlocksNode(files, reader, cycle_length=2, num_parallel_calls=2, name="r").blocks()
+    assert next(it)["id"].tolist() == [0]
+    made = _settled(lambda: dict(reader.made))
+    # part-0: the block taken and 3 more; part-1 and part-2 (opened ahead, 2 files, as the cycle): 3 each
+    assert made == {"part-0.x": 4, "part-1.x": 3, "part-2.x": 3}
+    assert [[0]] + [b["id"].tolist() for b in it] == sequential
+    assert reader.overlaps == 0
+
+    failing = _SlowReader(6, fail_at=("part-1.x", 2))
+    got = []
+    with pytest.raises(OSError, match="part-1.x: block 2 cannot be read"):
+        for b in FileBlocksNode(files, failing, cycle_length=2, num_parallel_calls=2, name="r").blocks():
+            got.append(b["id"].tolist())
+    assert got == sequential[: sequential.index([102])]
+    assert sorted(failing.closed) == sorted(failing.made)  # every file begun is closed
+
+    early = _SlowReader(6)
+    it = FileBlocksNode(files, early, cycle_length=2, num_parallel_calls=2, name="r").blocks()
+    next(it)
+    it.close()
+    assert sorted(early.closed) == sorted(early.made)
+    assert not early.inside
 
 
 def _reader_children() -> set[int]:
