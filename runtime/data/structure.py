@@ -10,6 +10,7 @@ array slicing instead of a Python step per element. Also here: calling a user fu
 from __future__ import annotations
 
 import contextlib
+import operator
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -58,7 +59,7 @@ def stack(elements: Sequence[Any]) -> Any:
 
 def slice_leaves(structure: Any, index: Any) -> Any:
     """Every leaf indexed with ``index`` (an element of a block, or a run of them)."""
-    return nest.map_structure(lambda leaf: leaf[index], structure, lists=False)
+    return nest.map_structure(operator.itemgetter(index), structure, lists=False)
 
 
 def as_arrays(structure: Any) -> Any:
@@ -102,7 +103,7 @@ def map_leaves(fn: Callable[..., Any], first: Any, *rest: Any) -> Any:
 
 def num_rows(block: Any) -> int:
     """Elements in a block (the leading dimension of its leaves)."""
-    return int(nest.flatten(block, lists=False)[0].shape[0])
+    return int(nest.first_leaf(block, lists=False).shape[0])
 
 
 def concat(blocks: Sequence[Any]) -> Any:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator, Sequence
 
-__all__ = ["flatten", "flatten_with_paths", "is_namedtuple", "is_nested", "map_structure", "pack"]
+__all__ = ["first_leaf", "flatten", "flatten_with_paths", "is_namedtuple", "is_nested", "map_structure", "pack"]
 
 
 def is_namedtuple(value: Any) -> bool:
@@ -33,7 +33,7 @@ def is_namedtuple(value: Any) -> bool:
 
 def is_nested(value: Any, *, lists: bool = True) -> bool:
     """Whether ``value`` is a container (dict, tuple, or -- unless ``lists=False`` -- list)."""
-    return isinstance(value, (dict, tuple)) or (lists and isinstance(value, list))
+    return isinstance(value, _containers(lists))
 
 
 def _items(value: Any) -> list[tuple[Any, Any]]:
@@ -48,16 +48,59 @@ def _rebuild(value: Any, children: Sequence[Any]) -> Any:
     return type(value)(children)
 
 
+def _containers(lists: bool) -> tuple[type, ...]:
+    return (dict, tuple, list) if lists else (dict, tuple)
+
+
 def map_structure(fn: Callable[[Any], Any], structure: Any, *, lists: bool = True) -> Any:
     """``structure`` with every leaf replaced by ``fn(leaf)``, leaves visited depth-first in order."""
-    if not is_nested(structure, lists=lists):
-        return fn(structure)
-    return _rebuild(structure, [map_structure(fn, v, lists=lists) for _, v in _items(structure)])
+    containers = _containers(lists)
+
+    # the walkers below run per block and per batch of every input pipeline, once per leaf: kept to one call a level
+    def walk(value: Any) -> Any:
+        children = value.values() if isinstance(value, dict) else value
+        return _rebuild(value, [walk(v) if isinstance(v, containers) else fn(v) for v in children])
+
+    return walk(structure) if isinstance(structure, containers) else fn(structure)
 
 
 def flatten(structure: Any, *, lists: bool = True) -> list[Any]:
     """The leaves of ``structure``, depth-first in order."""
-    return [leaf for _, leaf in flatten_with_paths(structure, lists=lists)]
+    containers = _containers(lists)
+    if not isinstance(structure, containers):
+        return [structure]
+    out: list[Any] = []
+
+    def walk(value: Any) -> None:
+        for v in value.values() if isinstance(value, dict) else value:
+            if isinstance(v, containers):
+                walk(v)
+            else:
+                out.append(v)
+
+    walk(structure)
+    return out
+
+
+_NO_LEAF = object()
+
+
+def first_leaf(structure: Any, *, lists: bool = True) -> Any:
+    """``flatten(structure)[0]`` without walking the rest; ``IndexError`` when the structure has no leaf."""
+    leaf = _first_leaf(structure, lists)
+    if leaf is _NO_LEAF:
+        raise IndexError("first_leaf: the structure has no leaves")
+    return leaf
+
+
+def _first_leaf(structure: Any, lists: bool) -> Any:
+    if not is_nested(structure, lists=lists):
+        return structure
+    for child in structure.values() if isinstance(structure, dict) else structure:
+        leaf = _first_leaf(child, lists)
+        if leaf is not _NO_LEAF:
+            return leaf
+    return _NO_LEAF
 
 
 def flatten_with_paths(structure: Any, *, lists: bool = True, path: str = "") -> list[tuple[str, Any]]:
@@ -73,17 +116,11 @@ def flatten_with_paths(structure: Any, *, lists: bool = True, path: str = "") ->
 def pack(structure: Any, flat: Sequence[Any], *, lists: bool = True) -> Any:
     """``structure``'s shape filled with ``flat``'s values in order (the inverse of :func:`flatten`)."""
     values: Iterator[Any] = iter(flat)
-    count = 0
-
-    def take(_: Any) -> Any:
-        nonlocal count
-        count += 1
-        try:
-            return next(values)
-        except StopIteration:
-            raise ValueError(f"pack: the structure has more leaves than the {len(flat)} values given") from None
-
-    packed = map_structure(take, structure, lists=lists)
-    if count != len(flat):
-        raise ValueError(f"pack: the structure has {count} leaves but {len(flat)} values were given")
+    try:
+        packed = map_structure(lambda _: next(values), structure, lists=lists)
+    except StopIteration:
+        raise ValueError(f"pack: the structure has more leaves than the {len(flat)} values given") from None
+    left = sum(1 for _ in values)
+    if left:
+        raise ValueError(f"pack: the structure has {len(flat) - left} leaves but {len(flat)} values were given")
     return packed

@@ -112,6 +112,21 @@ def test_csv_blocks_feed_a_vectorised_batch(tmp_path, csv_path):
     assert ids.tolist() == list(range(1000))
 
 
+def test_csv_blocks_are_cut_across_pyarrows_batches(tmp_path, csv_path):
+    """A file of a few MB: pyarrow parses it in batches of about 1 MB, which the blocks of ``block_rows`` rows
+    straddle; every block but the last has exactly ``block_rows`` rows, and every row, of every column, is there
+    once, in order."""
+    rows = 120_000
+    path = tmp_path / "big.csv"
+    path.write_text("".join(f"{i},{i * 0.25},name-{i % 997}\n" for i in range(rows)))
+    assert path.stat().st_size > 2 << 20
+    blocks = list(CsvDataset(str(path), [np.int64, np.float32, ""], block_rows=7000)._node.blocks())
+    assert [len(b[0]) for b in blocks] == [7000] * (rows // 7000) + [rows % 7000]
+    assert np.concatenate([b[0] for b in blocks]).tolist() == list(range(rows))
+    assert np.array_equal(np.concatenate([b[1] for b in blocks]), np.arange(rows, dtype=np.float32) * 0.25)
+    assert np.concatenate([b[2] for b in blocks]).tolist() == [f"name-{i % 997}" for i in range(rows)]
+
+
 # -- Parquet ------------------------------------------------------------------------------------------------------------
 def write_parquet(path, start, rows, row_group_size=64):
     ids = np.arange(start, start + rows, dtype=np.int64)

@@ -29,3 +29,23 @@ def test_pack_is_the_inverse_of_flatten_and_checks_the_count():
 def test_lists_can_be_leaves():
     assert nest.map_structure(len, ([1, 2], {"k": [3]}), lists=False) == (2, {"k": 1})
     assert nest.flatten_with_paths(([1, 2],), lists=False) == [("[0]", [1, 2])]
+
+
+def test_flatten_and_first_leaf_agree_with_the_paths_walk():
+    structures = [
+        {"x": [1, 2], "y": Pair(3, (4,))},
+        ((), {"e": {}}, [5, (6, [])]),
+        ({}, ()),
+        7,
+        OrderedDict([("b", ([8],)), ("a", 9)]),
+    ]
+    for structure in structures:
+        for lists in (True, False):
+            leaves = [leaf for _, leaf in nest.flatten_with_paths(structure, lists=lists)]
+            assert nest.flatten(structure, lists=lists) == leaves
+            if leaves:
+                assert nest.first_leaf(structure, lists=lists) == leaves[0]
+            else:
+                with pytest.raises(IndexError, match="no leaves"):
+                    nest.first_leaf(structure, lists=lists)
+    assert nest.first_leaf(((), [[], 2]), lists=False) == [[], 2]  # with lists=False a list is a leaf, empty or not
