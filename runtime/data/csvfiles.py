@@ -31,7 +31,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from kubeps.runtime.data.columns import ColumnValueError, as_dtype, cast
-from kubeps.runtime.data.filesystems import open_binary
+from kubeps.runtime.data.filesystems import is_url, local_path, open_binary
 
 
 class _Refused(Exception):
@@ -159,7 +159,8 @@ class CsvReader:
                 pa.int64() if kind.kind == "i" else pa.float64()
         nulls = sorted({"", self._na})
         try:
-            with open_binary(path) as raw:
+            # a local file is read by pyarrow itself: a Python file object takes the GIL for every read
+            with open_binary(path) if is_url(path) else pa.OSFile(local_path(path)) as raw:
                 reader = pacsv.open_csv(
                     raw,
                     read_options=pacsv.ReadOptions(skip_rows=int(self._header), autogenerate_column_names=True,
