@@ -31,7 +31,6 @@ from kubeps.runtime.data.structure import close, unblock
 
 _END = object()  # a file's blocks are exhausted
 
-
 #: threads for ``num_parallel_calls=AUTOTUNE``: the CPUs this process may use, at most 8
 AUTOTUNE_READERS = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
 
@@ -100,7 +99,7 @@ class _Reads:
         return block
 
     def stop(self) -> None:
-        pass
+        """Nothing to stop: no thread reads ahead."""
 
 
 class _ThreadReads:
@@ -136,16 +135,17 @@ class _ThreadReads:
                     self._working = False
                     return
                 future = self._unread[0]
+            error: BaseException | None = None
             try:
                 block = _advance(self.blocks)
             except BaseException as err:  # noqa: BLE001 - handed to the consumer, at the block where it happened
-                with self._lock:
-                    self._unread.popleft()
-                future.set_exception(err)
-                continue
+                error = err
             with self._lock:
                 self._unread.popleft()
-            future.set_result(block)
+            if error is None:
+                future.set_result(block)
+            else:
+                future.set_exception(error)
 
     def take(self) -> Any:
         """The file's next block, or ``_END``; a reader's error is raised here, where its block would be."""
