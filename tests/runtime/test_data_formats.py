@@ -908,18 +908,14 @@ class _SlowReader:
             self.closed.append(name)
 
 
-def _settled(read: Callable[[], dict], seconds: float = 0.3) -> dict:
-    """``read()`` once it has stopped changing for ``seconds``."""
-    last, since = read(), time.monotonic()
-    deadline = since + 20
-    while time.monotonic() < deadline:
-        time.sleep(0.02)
-        now = read()
-        if now != last:
-            last, since = now, time.monotonic()
-        elif time.monotonic() - since >= seconds:
-            return now
-    raise AssertionError(f"still changing: {last}")
+def _reaches_and_stays(read: Callable[[], dict], want: dict, stay: float = 0.3) -> None:
+    """``read()`` comes to equal ``want`` (however slow the machine) and still does ``stay`` seconds later."""
+    deadline = time.monotonic() + 30
+    while read() != want:
+        assert time.monotonic() < deadline, f"{read()} never became {want}"
+        time.sleep(0.01)
+    time.sleep(stay)
+    assert read() == want
 
 
 def test_reader_threads_work_read_ahead_blocks_ahead_in_order(tmp_path):
@@ -935,9 +931,8 @@ def test_reader_threads_work_read_ahead_blocks_ahead_in_order(tmp_path):
     reader = _SlowReader(6)
     it = FileBlocksNode(files, reader, cycle_length=2, num_parallel_calls=2, name="r").blocks()
     assert next(it)["id"].tolist() == [0]
-    made = _settled(lambda: dict(reader.made))
-    # part-0: the block taken and 3 more; part-1 and part-2 (opened ahead, 2 files, as the cycle): 3 each
-    assert made == {"part-0.x": 4, "part-1.x": 3, "part-2.x": 3}
+    # part-0: the block taken and 3 more; part-1 and part-2 (opened ahead, 2 files, as the cycle): 3 each, no more
+    _reaches_and_stays(lambda: dict(reader.made), {"part-0.x": 4, "part-1.x": 3, "part-2.x": 3})
     assert [[0]] + [b["id"].tolist() for b in it] == sequential
     assert reader.overlaps == 0
 
