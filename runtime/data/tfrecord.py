@@ -158,8 +158,8 @@ def read_runs(path: str, compression_type: str = "", skip_corrupt: bool = False)
     frames' starts and gathers their stored CRCs, comparing each with the masked CRC of that length. A length the
     walk took before its CRC was checked cannot mislead it: the buffer's frames are cut at the first bad length
     CRC. The data CRCs are checked by one CRC over the whole buffer, rewritten (see :func:`_all_data_crcs_match`);
-    only if that fails is each record's CRC computed, to find the corrupt ones. Corrupt records are reported (or skipped) in file order, as a
-    record-by-record check would, after the runs of records before them."""
+    only if that fails is each record's CRC computed, to find the corrupt ones. Corrupt records are reported (or
+    skipped) in file order, as a record-by-record check would, after the runs of records before them."""
     crc = _crc32c().value
     length_at = _LENGTH.unpack_from
     scratch = [np.empty((4, 0), dtype=bool)]

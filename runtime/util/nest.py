@@ -52,14 +52,18 @@ def _containers(lists: bool) -> tuple[type, ...]:
     return (dict, tuple, list) if lists else (dict, tuple)
 
 
+def _children(container: Any) -> Any:
+    """A container's children in order: a dict's values, a tuple's or list's items."""
+    return container.values() if isinstance(container, dict) else container
+
+
 def map_structure(fn: Callable[[Any], Any], structure: Any, *, lists: bool = True) -> Any:
     """``structure`` with every leaf replaced by ``fn(leaf)``, leaves visited depth-first in order."""
     containers = _containers(lists)
 
     # the walkers below run per block and per batch of every input pipeline, once per leaf: kept to one call a level
     def walk(value: Any) -> Any:
-        children = value.values() if isinstance(value, dict) else value
-        return _rebuild(value, [walk(v) if isinstance(v, containers) else fn(v) for v in children])
+        return _rebuild(value, [walk(v) if isinstance(v, containers) else fn(v) for v in _children(value)])
 
     return walk(structure) if isinstance(structure, containers) else fn(structure)
 
@@ -72,7 +76,7 @@ def flatten(structure: Any, *, lists: bool = True) -> list[Any]:
     out: list[Any] = []
 
     def walk(value: Any) -> None:
-        for v in value.values() if isinstance(value, dict) else value:
+        for v in _children(value):
             if isinstance(v, containers):
                 walk(v)
             else:
@@ -94,9 +98,9 @@ def first_leaf(structure: Any, *, lists: bool = True) -> Any:
 
 
 def _first_leaf(structure: Any, lists: bool) -> Any:
-    if not is_nested(structure, lists=lists):
+    if not isinstance(structure, _containers(lists)):
         return structure
-    for child in structure.values() if isinstance(structure, dict) else structure:
+    for child in _children(structure):
         leaf = _first_leaf(child, lists)
         if leaf is not _NO_LEAF:
             return leaf
