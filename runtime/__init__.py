@@ -6,8 +6,8 @@ first use, so that a light user of one module (the operator imports only ``kubep
 pay for grpc, cloudpickle and numpy at import time; the ``TYPE_CHECKING`` block below shows type checkers and IDEs
 the same names.
 
-Where things live (each package's docstring states its rule): ``cluster`` and ``contract`` (TF_CONFIG and the pod
-contract, shared with the operator), ``errors``, ``util``, ``data`` (input), ``rpc`` (everything on the network),
+Where things live (each package's docstring states its rule): ``cluster``, ``contract`` and ``certs`` (TF_CONFIG,
+the pod contract and the job's certificates, shared with the operator), ``errors``, ``util``, ``data`` (input), ``rpc`` (everything on the network),
 ``variables`` (what a program holds and pushes), ``observe`` (TensorBoard event files: ``kp.summary``; tensorboardX
 loads only when a writer is created), ``ops`` (kernels, optimizers, layers), ``models`` (gradients of models written
 with JAX; jax loads only when used), ``ps`` and ``worker`` (what runs on those tasks), ``checkpoint``, ``coordinator``

@@ -29,7 +29,8 @@ The package, one module per part (importing it registers the adapters for kubeps
 * ``dynamic``: dynamic embedding tables (their live rows per shard, restored into any number of shards) and the
   shard side of the PS methods ``SaveDynamic``/``RestoreDynamic``;
 * ``api``: ``Checkpoint``; ``manager``: ``CheckpointManager``; ``reader``: ``CheckpointReader``;
-* ``adapters``: kubeps ``Variable`` and ``ShardedVariable`` as checkpoint variables.
+* ``adapters``: kubeps ``Variable`` and ``ShardedVariable`` as checkpoint variables;
+* ``evaluator``: ``SidecarEvaluator``, which evaluates each new checkpoint from its files, without the ps.
 """
 
 from __future__ import annotations

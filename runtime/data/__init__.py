@@ -16,6 +16,8 @@ Modules, bottom to top (none imports one above it):
 - ``filesystems`` -- local paths and fsspec URLs (``s3://``, ``gs://``, ``hdfs://``): listing and opening files;
 - ``columns`` -- typed columns: checked conversion to a column's dtype, variable-length columns;
 - ``file_blocks`` -- ``FileBlocksNode``: files read block by block, interleaved, with parallel reads;
+- ``reader_processes`` -- a file's blocks read and decoded in a child process, for readers whose work holds the
+  GIL (TFRecord);
 - ``parquet``, ``tfrecord`` + ``example`` (``tf.Example`` and its parse spec), ``csvfiles`` -- the file formats'
   block readers;
 - ``dataset`` -- ``Dataset`` (wraps the last node of its pipeline and builds the next), ``DatasetIterator``,

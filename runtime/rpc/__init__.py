@@ -1,5 +1,6 @@
 """Everything that crosses the network between tasks: the tensor frame (``wire``), the protocol (``protocol``:
-service and method names, typed request and answer metadata), the job token (``security``), the gRPC client
+service and method names, typed request and answer metadata), the job token (``security``), mutual TLS
+between the tasks (``tls``), the gRPC client
 (``client``), the fan-out to every parameter server (``transport``) and the result codec of scheduled functions
 (``codec``).
 
