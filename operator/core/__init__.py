@@ -7,6 +7,9 @@
 * :mod:`.actions`: what a plan asks of the shell (create or delete a child, post an Event) and the plan itself;
 * :mod:`.status`: the job's status as a reconcile rewrites it (conditions and their reasons, counts);
 * :mod:`.gang`: the job's PodGroup for the operator's gang scheduler, and how a pod joins it;
+* :mod:`.nodes`: lost nodes: which nodes are lost, their pods shown as deleted, new pods kept off them;
+* :mod:`.disruption`: the job's PodDisruptionBudget over its chief and parameter servers;
+* :mod:`.kueue`: Kueue admission, the Workload protocol of Kueue's job framework;
 * :mod:`.planner`: the state machine, one method per lifecycle rule.
 
 Rule: purely data-manipulative. No I/O, no clock (``now`` is an argument), no randomness (the shell adds the
