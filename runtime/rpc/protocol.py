@@ -48,7 +48,10 @@ __all__ = [
     "WORKER_SPECS",
     "AssignRequest",
     "ClosureAnswer",
+    "AssignOp",
     "ClosureStatus",
+    "EvictPolicy",
+    "TableDtype",
     "CollectRequest",
     "CreateDynamicRequest",
     "CreateResourceRequest",
@@ -187,9 +190,13 @@ class ReadManyRequest(TypedDict):
     rows: NotRequired[list[str]]  #: variables read by rows, one index array each, answered after the values
 
 
+#: what an ``Assign`` does to a variable: set it to the value, or add the value to it
+AssignOp = Literal["assign", "add"]
+
+
 class AssignRequest(TypedDict):
     names: list[str]
-    ops: NotRequired[list[Literal["assign", "add"]]]  #: one per name; default all ``assign``
+    ops: NotRequired[list[AssignOp]]  #: one per name; default all ``assign``
 
 
 #: dense: one tensor (the gradient); sparse: two (indices, values); dynamic: two (int64 keys, gradient rows), to a
@@ -272,12 +279,17 @@ class InitializerSpec(TypedDict):
     seed: NotRequired[int]  #: uniform, normal
 
 
+#: the dtypes of a dynamic table's rows; the orders in which its rows are evicted at capacity
+TableDtype = Literal["float16", "float32", "float64"]
+EvictPolicy = Literal["lru", "lfu"]
+
+
 class TableConfigSpec(TypedDict):
     """What a dynamic table is (:class:`~kubeps.runtime.variables.dynamic_table.TableConfig` as JSON); the ranges
     (``dim >= 1``, ...) are the table's to check."""
 
     dim: int
-    dtype: NotRequired[Literal["float16", "float32", "float64"]]
+    dtype: NotRequired[TableDtype]
     initializer: NotRequired[InitializerSpec]
     default_value: NotRequired[float]
     filter_freq: NotRequired[int]
@@ -286,7 +298,7 @@ class TableConfigSpec(TypedDict):
     bloom_hashes: NotRequired[int]
     steps_to_live: NotRequired[int]
     capacity: NotRequired[int]
-    evict_policy: NotRequired[Literal["lru", "lfu"]]
+    evict_policy: NotRequired[EvictPolicy]
     sweep_every: NotRequired[int]
 
 

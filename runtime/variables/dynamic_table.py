@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Mapping, cast
 
 import numpy as np
 
-from kubeps.runtime.rpc.protocol import TableConfigSpec
+from kubeps.runtime.rpc.protocol import EvictPolicy, InitializerSpec, TableConfigSpec, TableDtype
 from kubeps.runtime.rpc.validation import RequestError, RequestShape
 from kubeps.runtime.util.key_index import KeyIndex, RowIndex
 from kubeps.runtime.util.keyhash import key_normal, key_uniform, mix64
@@ -53,7 +53,7 @@ class TableConfig:
     :class:`~kubeps.runtime.rpc.protocol.TableConfigSpec`."""
 
     dim: int
-    dtype: str = "float32"
+    dtype: TableDtype = "float32"
     #: ``{"kind": "zeros" | "constant" (value) | "uniform" (minval, maxval, seed) | "normal" (mean, stddev, seed)}``
     initializer: dict[str, Any] = field(default_factory=lambda: dict(_DEFAULT_INITIALIZER))
     default_value: float = 0.0
@@ -63,14 +63,19 @@ class TableConfig:
     bloom_hashes: int = 3
     steps_to_live: int = 0
     capacity: int = 0
-    evict_policy: str = "lru"
+    evict_policy: EvictPolicy = "lru"
     sweep_every: int = 100
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "initializer", _check_initializer(self.initializer, "initializer"))
 
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def as_dict(self) -> TableConfigSpec:
+        # the initializer was checked (_check_initializer) when the config was made: it is an InitializerSpec
+        return {"dim": self.dim, "dtype": self.dtype, "initializer": cast(InitializerSpec, dict(self.initializer)),
+                "default_value": self.default_value, "filter_freq": self.filter_freq, "max_pending": self.max_pending,
+                "bloom_counters": self.bloom_counters, "bloom_hashes": self.bloom_hashes,
+                "steps_to_live": self.steps_to_live, "capacity": self.capacity, "evict_policy": self.evict_policy,
+                "sweep_every": self.sweep_every}
 
     @classmethod
     def from_dict(cls, raw: Any, what: str = "config") -> "TableConfig":

@@ -60,10 +60,10 @@ def _to_array(item: Any) -> Any:
     return np.asarray(item.read_value()) if isinstance(item, (Variable, ShardedVariable)) else item
 
 
-def _payload(arrays: list, method: str) -> bytes:
+def _payload(arrays: list[np.ndarray], method: str) -> bytes:
     if len(arrays) != 1 or arrays[0].dtype != np.uint8 or arrays[0].ndim != 1:
         raise ValueError(f"{method}: field 'tensors' must hold exactly one 1-D uint8 tensor (the pickled function)")
-    return arrays[0].tobytes()
+    return bytes(arrays[0].tobytes())
 
 
 def _bytes_tensor(data: bytes) -> np.ndarray:
