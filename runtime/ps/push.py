@@ -16,7 +16,7 @@ from kubeps.runtime.ps.dynamic import (DynamicTables, check_answer_size, prepare
                                        table_lookups, tables_of)
 from kubeps.runtime.ps.methods import expect_arrays, read_values, unique_names, variable_updates
 from kubeps.runtime.ps.state import ParameterServerState
-from kubeps.runtime.rpc.protocol import (PS, DynamicLookup, LookupAnswer, LookupDynamicRequest, PushAnswer,
+from kubeps.runtime.rpc.protocol import (PS, DynamicLookup, EmptyAnswer, LookupDynamicRequest, PushAnswer,
                                           PushLookupDynamicRequest, PushReadRequest, PushRequest, UpdateSpec)
 
 __all__ = ["PUSH_METHODS"]
@@ -89,7 +89,7 @@ def rpc_push_read(state: ParameterServerState, request: PushReadRequest,
 
 
 def rpc_lookup_dynamic(state: ParameterServerState, request: LookupDynamicRequest,
-                       arrays: list[Any]) -> tuple[LookupAnswer, list[Any]]:
+                       arrays: list[Any]) -> tuple[EmptyAnswer, list[Any]]:
     """``LookupDynamic``: a ``ReadMany`` (``names``, ``rows``) and table lookups (``dynamic``): ``arrays`` holds one
     index array per name in ``rows``, then ``(keys, counts)`` per table."""
     _, _, out = _step(state, arrays, None, None, request.get("names", []), request.get("rows", []),
