@@ -86,6 +86,9 @@ def _no_tensors(specs: Mapping[str, MethodSpec]) -> frozenset[str]:
 
 #: per service: the methods whose requests carry no tensors
 _NO_TENSORS = {PS_SERVICE: _no_tensors(PS_SPECS), WORKER_SERVICE: _no_tensors(WORKER_SPECS)}
+#: per service: its built-in methods and their requests' validators
+_BUILTINS: dict[str, tuple[Mapping[str, Method], Mapping[str, RequestShape]]] = {
+    PS_SERVICE: (BUILTIN_PS_METHODS, PS_REQUESTS), WORKER_SERVICE: (BUILTIN_WORKER_METHODS, WORKER_REQUESTS)}
 
 
 _IDENTITY = lambda b: b  # noqa: E731
@@ -307,12 +310,10 @@ class _ServiceHandler(grpc.GenericRpcHandler):
     The unary twin is served as stream-unary: the server reads the one request message itself, under the
     guard's deadline, instead of gRPC waiting for it in a handler thread with none (a unary-unary handler)."""
 
-    def __init__(self, service: str, table: dict[str, Method], builtins: Mapping[str, Method],
-                 requests: Mapping[str, RequestShape], state: Any, server: "Server"):
+    def __init__(self, service: str, table: dict[str, Method], state: Any, server: "Server"):
         self._prefix = f"/{service}/"
         self._table = table
-        self._builtins = builtins
-        self._requests = requests
+        self._builtins, self._requests = _BUILTINS[service]
         self._no_tensors = _NO_TENSORS[service]
         self._state = state
         self._server = server
@@ -477,14 +478,14 @@ class Server:
         request_s = _env_number(env, REQUEST_TIMEOUT_ENV, REQUEST_TIMEOUT_S)
         if job_name == "ps":
             self.state: Any = ParameterServerState()
-            service, table, builtins, requests = PS_SERVICE, PS_METHODS, BUILTIN_PS_METHODS, PS_REQUESTS
+            service, table = PS_SERVICE, PS_METHODS
         else:
             ps = self.cluster_spec.job_tasks("ps") if "ps" in self.cluster_spec.jobs else []
             self.state = WorkerState(task_index, ps, self._token, rpc_timeout, tls=self.tls)
-            service, table, builtins, requests = WORKER_SERVICE, WORKER_METHODS, BUILTIN_WORKER_METHODS, WORKER_REQUESTS
+            service, table = WORKER_SERVICE, WORKER_METHODS
         #: random per process start (the state's): a restarted task answers Ping with a new one
         self.incarnation: str = self.state.incarnation
-        self._handler = _ServiceHandler(service, table, builtins, requests, self.state, self)
+        self._handler = _ServiceHandler(service, table, self.state, self)
         self.guard = _Guard(idle_s, request_s, max_calls, [self._handler.parked])
         self._server: grpc.Server | None = None
         self._stopped = threading.Event()
