@@ -19,7 +19,8 @@ from typing_extensions import NotRequired, Required, get_type_hints, is_typeddic
 from kubeps.runtime.rpc import protocol
 from kubeps.runtime.rpc.protocol import COLLECT_SPEC, PS_SPECS, WORKER_SPECS, MethodSpec
 
-__all__ = ["COLLECT_REQUEST", "PS_REQUESTS", "WORKER_REQUESTS", "RequestError", "RequestShape", "request_shapes"]
+__all__ = ["COLLECT_REQUEST", "PS_REQUESTS", "WIRE_CONFIG", "WORKER_REQUESTS", "RequestError", "RequestShape", "describe",
+           "request_shapes"]
 
 #: what every declaration of the protocol is on the wire: closed (unknown keys refused) and strict (no coercion)
 WIRE_CONFIG = ConfigDict(extra="forbid", strict=True)

@@ -97,3 +97,16 @@ def test_a_user_method_gets_the_raw_request(ps):
     _, client = ps
     meta, _ = client.call("EchoForValidationTest", {"anything": ["goes", 1]})
     assert meta == {"got": {"anything": ["goes", 1]}}
+
+
+def test_a_table_config_has_one_shape_both_ways():
+    from kubeps.runtime.variables.dynamic_table import TableConfig  # noqa: PLC0415
+
+    config = TableConfig.from_dict({"dim": np.int64(4), "initializer": {"kind": "constant", "value": np.float32(1)}})
+    assert config.dim == 4 and type(config.dim) is int  # a user's numpy scalars are numbers
+    assert TableConfig.from_dict(config.as_dict()) == config  # what crosses the wire comes back the same
+    assert PS_REQUESTS["CreateDynamic"].validate({"name": "t", "config": config.as_dict()})["config"] == config.as_dict()
+    with pytest.raises(ValueError, match="config: field 'dim' has value '4': input should be a valid integer"):
+        TableConfig.from_dict({"dim": "4"})
+    with pytest.raises(ValueError, match="config.dim=0 is not allowed; allowed: an integer >= 1"):
+        TableConfig.from_dict({"dim": 0})
