@@ -43,7 +43,8 @@ from kubeps.runtime.checkpoint.format import (
     tensor_rows,
     write_array,
 )
-from kubeps.runtime.rpc.protocol import PS
+from kubeps.runtime.rpc import protocol
+from kubeps.runtime.rpc.protocol import PS, RestoreDynamicRequest, SaveDynamicRequest
 from kubeps.runtime.util.keyhash import SHARD_SEED, shard_of
 from kubeps.runtime.util.storage import storage_for
 from kubeps.runtime.variables.dynamic import DynamicEmbedding
@@ -61,7 +62,8 @@ def table_hash() -> str:
 
 
 class SaveTableItem(BaseModel):
-    """Save this ps's shard ``shard`` of table ``key`` (``name`` in the checkpoint)."""
+    """Save this ps's shard ``shard`` of table ``key`` (``name`` in the checkpoint); on the wire,
+    :class:`kubeps.runtime.rpc.protocol.SaveTableItem` (:meth:`wire`)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -69,10 +71,14 @@ class SaveTableItem(BaseModel):
     name: str
     shard: StrictInt
 
+    def wire(self) -> protocol.SaveTableItem:
+        return {"key": self.key, "name": self.name, "shard": self.shard}
+
 
 class RestoreTableItem(BaseModel):
     """Load into this ps's table ``key`` -- shard ``shard`` of ``num_shards`` -- the keys of checkpointed ``table``
-    (``name`` in the checkpoint) that hash to it."""
+    (``name`` in the checkpoint) that hash to it; on the wire, :class:`kubeps.runtime.rpc.protocol.RestoreTableItem`
+    (:meth:`wire`)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -81,6 +87,10 @@ class RestoreTableItem(BaseModel):
     shard: StrictInt
     num_shards: StrictInt
     table: DynamicTableEntry
+
+    def wire(self) -> protocol.RestoreTableItem:
+        return {"key": self.key, "name": self.name, "shard": self.shard, "num_shards": self.num_shards,
+                "table": self.table.model_dump(mode="json")}
 
 
 # -- the shard side --------------------------------------------------------------------------------------------
@@ -292,9 +302,9 @@ def save_tables(tables: list[TableSaveable], directory: str, timeout: float | No
         local = t.table.local_table
         return item if local is None else save_table(local, directory, item)
 
-    def call(transport: Any, ps: int, items: list) -> list:
-        meta, _ = transport.call(ps, PS.SAVE_DYNAMIC, {"directory": directory,
-                                                       "items": [i.model_dump() for i in items]}, (), timeout)
+    def call(transport: Any, ps: int, items: list[SaveTableItem]) -> list[DynamicShardEntry]:
+        request: SaveDynamicRequest = {"directory": directory, "items": [i.wire() for i in items]}
+        meta, _ = transport.call(ps, PS.SAVE_DYNAMIC, request, (), timeout)
         return [DynamicShardEntry.model_validate(s) for s in meta["saved"]]
 
     shards = _per_place(tables, one, call)
@@ -336,10 +346,9 @@ def restore_tables(tables: list[TableSaveable], entries: dict[str, DynamicTableE
         local = t.table.local_table
         return item if local is None else restore_table(local, directory, item)
 
-    def call(transport: Any, ps: int, items: list) -> list:
-        meta, _ = transport.call(ps, PS.RESTORE_DYNAMIC, {"directory": directory,
-                                                          "items": [i.model_dump(mode="json") for i in items]},
-                                 (), timeout)
+    def call(transport: Any, ps: int, items: list[RestoreTableItem]) -> list[int]:
+        request: RestoreDynamicRequest = {"directory": directory, "items": [i.wire() for i in items]}
+        meta, _ = transport.call(ps, PS.RESTORE_DYNAMIC, request, (), timeout)
         return list(meta["restored"])
 
     _per_place(tables, one, call)

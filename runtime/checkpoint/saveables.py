@@ -11,7 +11,7 @@ from typing import Any, Callable, Mapping, Protocol
 import numpy as np
 from kubeps.runtime.checkpoint.format import CheckpointMismatchError
 from kubeps.runtime.checkpoint.shards import RestoreItem, SavedShard, SaveItem, ShardAccess, restore_items, save_items
-from kubeps.runtime.rpc.protocol import PS
+from kubeps.runtime.rpc.protocol import PS, RestoreShardsRequest, SaveShardsRequest
 
 
 
@@ -73,16 +73,14 @@ class PSExecutor:
         self.label = f"/job:ps/task:{ps_index}"
         self.group_key = ("ps", id(transport), ps_index)
 
-    def save(self, directory, items):
-        meta, _ = self.transport.call(self.ps_index, PS.SAVE_SHARDS,
-                                      {"directory": directory, "items": [i.model_dump() for i in items]},
-                                      (), self.timeout)
+    def save(self, directory: str, items: list[SaveItem]) -> list[SavedShard]:
+        request: SaveShardsRequest = {"directory": directory, "items": [i.wire() for i in items]}
+        meta, _ = self.transport.call(self.ps_index, PS.SAVE_SHARDS, request, (), self.timeout)
         return [SavedShard.model_validate(s) for s in meta["saved"]]
 
-    def restore(self, directory, items):
-        meta, _ = self.transport.call(self.ps_index, PS.RESTORE_SHARDS,
-                                      {"directory": directory, "items": [i.model_dump(mode="json") for i in items]},
-                                      (), self.timeout)
+    def restore(self, directory: str, items: list[RestoreItem]) -> int:
+        request: RestoreShardsRequest = {"directory": directory, "items": [i.wire() for i in items]}
+        meta, _ = self.transport.call(self.ps_index, PS.RESTORE_SHARDS, request, (), self.timeout)
         return int(meta.get("restored", 0))
 
 

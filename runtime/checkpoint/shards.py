@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence, TypeVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, StrictInt, ValidationError
 
 from kubeps.runtime.contract import CHECKPOINT_ROOT_ENV
+from kubeps.runtime.rpc import protocol
+from kubeps.runtime.rpc.protocol import (PS, RestoreDynamicRequest, RestoreShardsAnswer, RestoreShardsRequest,
+                                          SaveDynamicRequest, SavedAnswer, SaveShardsRequest)
 from kubeps.runtime.util.storage import StorageError, checkpoint_roots, confine, storage_for
 from kubeps.runtime.checkpoint.format import (
     CheckpointError,
@@ -39,7 +42,8 @@ class ShardAccess(Protocol):
 
 
 class SaveItem(BaseModel):
-    """Save shard ``key`` as rows ``start..stop-1`` of logical variable ``name`` (of full shape ``shape``)."""
+    """Save shard ``key`` as rows ``start..stop-1`` of logical variable ``name`` (of full shape ``shape``); on the
+    wire, :class:`kubeps.runtime.rpc.protocol.SaveItem` (:meth:`wire`)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -48,6 +52,9 @@ class SaveItem(BaseModel):
     start: StrictInt
     stop: StrictInt
     shape: list[StrictInt]
+
+    def wire(self) -> protocol.SaveItem:
+        return {"key": self.key, "name": self.name, "start": self.start, "stop": self.stop, "shape": list(self.shape)}
 
 
 class SavedShard(BaseModel):
@@ -61,7 +68,8 @@ class SavedShard(BaseModel):
 
 
 class RestoreItem(BaseModel):
-    """Load rows ``start..stop-1`` of the checkpointed ``value`` (and slots) into shard ``key``."""
+    """Load rows ``start..stop-1`` of the checkpointed ``value`` (and slots) into shard ``key``; on the wire,
+    :class:`kubeps.runtime.rpc.protocol.RestoreItem` (:meth:`wire`)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -71,6 +79,12 @@ class RestoreItem(BaseModel):
     stop: StrictInt
     value: TensorEntry
     slots: dict[str, dict[str, TensorEntry]] = {}
+
+    def wire(self) -> protocol.RestoreItem:
+        return {"key": self.key, "name": self.name, "start": self.start, "stop": self.stop,
+                "value": self.value.model_dump(mode="json"),
+                "slots": {okey: {s: e.model_dump(mode="json") for s, e in group.items()}
+                          for okey, group in self.slots.items()}}
 
 
 def _check_save_item(item: SaveItem, shape: tuple[int, ...], dtype: Any) -> None:
@@ -176,42 +190,48 @@ def restore_items(access: ShardAccess, directory: str, items: Sequence[RestoreIt
     return len(loaded)
 
 
-def request_items(meta: Mapping[str, Any], model: type[BaseModel], method: str) -> tuple[str, list]:
+ItemModel = TypeVar("ItemModel", bound=BaseModel)
+
+
+def request_items(request: SaveShardsRequest | RestoreShardsRequest | SaveDynamicRequest | RestoreDynamicRequest,
+                  model: type[ItemModel], method: str) -> tuple[str, list[ItemModel]]:
     """The request's directory -- normalised, and confined to the ps's checkpoint roots
-    (``KUBEPS_CHECKPOINT_ROOT``) before anything touches the file system -- and its items."""
-    directory = meta.get("directory")
-    if not isinstance(directory, str) or not directory:
+    (``KUBEPS_CHECKPOINT_ROOT``) before anything touches the file system -- and its items as ``model`` objects (the
+    server validated the request's shape; the manifest entries an item carries are the manifest format's to check),
+    each shard named once."""
+    directory = request["directory"]
+    if not directory:
         raise ValueError(f"{method}: field 'directory' must be a checkpoint directory path or URL, got {directory!r}")
     try:
         directory = confine(directory, checkpoint_roots(os.environ.get(CHECKPOINT_ROOT_ENV)))
     except StorageError as err:
         raise ValueError(f"{method}: {err}") from None
-    raw = meta.get("items")
-    if not isinstance(raw, list):
-        raise ValueError(f"{method}: field 'items' must be a list, got {type(raw).__name__}")
     try:
-        items = [model.model_validate(i) for i in raw]
+        items = [model.model_validate(i) for i in request["items"]]
     except ValidationError as err:
         raise ValueError(f"{method}: field 'items' is malformed: {err}") from None
-    keys = [getattr(i, "key", None) for i in items]  # SaveItem and RestoreItem both have one
+    keys = [getattr(i, "key", None) for i in items]  # every item model has one
     if len(set(keys)) != len(keys):
         raise ValueError(f"{method}: field 'items' names a shard more than once ({keys}); each once")
     return directory, items
 
 
-def rpc_save_shards(state: ShardAccess, meta: dict[str, Any], arrays: list) -> tuple[dict[str, Any], list]:  # noqa: ARG001
+def rpc_save_shards(state: ShardAccess, request: SaveShardsRequest,
+                    arrays: list[Any]) -> tuple[SavedAnswer, list[Any]]:  # noqa: ARG001
     """PS method ``SaveShards``: ``{"directory", "items": [SaveItem]}`` -> ``{"saved": [SavedShard]}``."""
-    directory, items = request_items(meta, SaveItem, "SaveShards")
+    directory, items = request_items(request, SaveItem, PS.SAVE_SHARDS)
     saved = save_items(state, directory, items)
     return {"saved": [s.model_dump(mode="json") for s in saved]}, []
 
 
-def rpc_restore_shards(state: ShardAccess, meta: dict[str, Any], arrays: list) -> tuple[dict[str, Any], list]:  # noqa: ARG001
+def rpc_restore_shards(state: ShardAccess, request: RestoreShardsRequest,
+                       arrays: list[Any]) -> tuple[RestoreShardsAnswer, list[Any]]:  # noqa: ARG001
     """PS method ``RestoreShards``: ``{"directory", "items": [RestoreItem]}`` -> ``{"restored": n}``."""
-    directory, items = request_items(meta, RestoreItem, "RestoreShards")
+    directory, items = request_items(request, RestoreItem, PS.RESTORE_SHARDS)
     return {"restored": restore_items(state, directory, items)}, []
 
 
 #: the checkpoint methods of the parameter-server service (:mod:`kubeps.runtime.server.methods` serves them)
-PS_METHODS = {"SaveShards": rpc_save_shards, "RestoreShards": rpc_restore_shards}
+PS_METHODS: dict[str, Callable[..., tuple[Any, list[Any]]]] = {PS.SAVE_SHARDS: rpc_save_shards,
+                                                                PS.RESTORE_SHARDS: rpc_restore_shards}
 

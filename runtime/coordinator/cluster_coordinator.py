@@ -53,7 +53,7 @@ from kubeps.runtime.errors import (
     WorkerUnavailableError,
 )
 from kubeps.runtime.rpc.client import Client
-from kubeps.runtime.rpc.protocol import PING, WORKER, WORKER_SERVICE
+from kubeps.runtime.rpc.protocol import PING, WORKER, WORKER_SERVICE, CreateResourceRequest, RunClosureRequest
 from kubeps.runtime.coordinator.strategy import ParameterServerStrategy
 from kubeps.runtime.coordinator.values import PerWorkerDataset, PerWorkerIterator, PerWorkerValues
 from kubeps.runtime.coordinator.watchdog import Watchdog
@@ -342,7 +342,7 @@ class ClusterCoordinator:
             resources = list(self._resources)
         for resource_id, payload in resources:
             try:
-                meta, arrays = worker.client.call(WORKER.CREATE_RESOURCE, {"resource_id": resource_id}, [payload],
+                meta, arrays = worker.client.call(WORKER.CREATE_RESOURCE, CreateResourceRequest(resource_id=resource_id), [payload],
                                                   timeout=self.closure_timeout)
             except RemoteError as err:
                 log.warning("rebuilding %s on worker %d failed: %s", resource_id, worker.index, err)
@@ -411,7 +411,9 @@ class ClusterCoordinator:
             self._queue.requeue(closure)  # cancels it: taken just as the coordinator stopped
             return
         method = WORKER.RUN_CLOSURE if closure.kind == "closure" else WORKER.CREATE_RESOURCE
-        meta_in = {"closure_id": closure.id, **closure.info}
+        meta_in: RunClosureRequest | CreateResourceRequest = (
+            RunClosureRequest(closure_id=closure.id) if closure.kind == "closure"
+            else CreateResourceRequest(closure_id=closure.id, resource_id=closure.info["resource_id"]))
         try:
             try:
                 worker.call = worker.client.start(method, meta_in, [closure.payload], timeout=self.closure_timeout)

@@ -28,7 +28,7 @@ from kubeps.runtime.util.threads import limit_math_threads
 from kubeps.runtime.models.xla import size_cpu_backend_if_loaded
 from kubeps.runtime.rpc.transport import PSTransport
 from kubeps.runtime.variables.variable import ShardedVariable, Variable, variable_array
-from kubeps.runtime.rpc.protocol import PING, PS
+from kubeps.runtime.rpc.protocol import PING, PS, NamesRequest
 
 __all__ = ["ParameterServerStrategy"]
 
@@ -262,7 +262,7 @@ class ParameterServerStrategy:
         prefetch = array.nbytes <= _context.PREFETCH_MAX_BYTES
         if n == 1:
             ps = self._place()
-            self._transport.call(ps, PS.CREATE_VARIABLES, {"names": [key]}, [array])
+            self._transport.call(ps, PS.CREATE_VARIABLES, NamesRequest(names=[key]), [array])
             return Variable.remote_handle(key, key, array.shape, array.dtype, trainable, ps, self._transport,
                                          prefetch=prefetch)
         shards: list[Variable] = []
@@ -275,7 +275,7 @@ class ParameterServerStrategy:
             values.append(array[start:stop])
             shards.append(Variable.remote_handle(shard_key, shard_key, (stop - start,) + array.shape[1:],
                                                  array.dtype, trainable, ps, self._transport, prefetch=prefetch))
-        self._transport.call_many({ps: (PS.CREATE_VARIABLES, {"names": names}, values)
+        self._transport.call_many({ps: (PS.CREATE_VARIABLES, NamesRequest(names=names), values)
                                    for ps, (names, values) in per_ps.items()})
         return ShardedVariable(shards, name=key)
 

@@ -1,16 +1,12 @@
 """Dynamic embedding tables on a parameter server: this ps's shard of every table (the keys that hash to it, see
-:func:`~kubeps.runtime.util.keyhash.shard_of`) and the methods that create, look up, update and export them.
+:func:`~kubeps.runtime.util.keyhash.shard_of`) and the methods that create, describe, export and checkpoint them.
 
 The tables of a ps live beside its :class:`~kubeps.runtime.ps.state.ParameterServerState` (:func:`tables_of`), so
-a table update rides on the same ``Push`` as the step's variable updates: ``Push`` and ``PushRead`` here accept
-updates of kind ``dynamic`` and hand the rest to :mod:`kubeps.runtime.ps.methods`; ``LookupDynamic`` is a
-``ReadMany`` with table lookups, and ``PushLookupDynamic`` carries a worker's deferred push on it (one round trip a
-step, as for fixed tables).
-
-Every method checks its whole request first -- tables known, keys 1-D int64 and distinct, counts, gradient shapes,
-dtypes and finite values, the learning rate, the slot-set bound, the answer size -- with the locks of the tables
-it touches held, and changes nothing when it refuses (the variable part is checked by ``ParameterServerState.push``,
-which refuses before it applies anything, and runs before any table changes).
+a table update rides on the same ``Push`` as the step's variable updates, and a lookup on the same call as the
+step's reads: those methods (``Push``, ``PushRead``, ``LookupDynamic``, ``PushLookupDynamic``) are
+:mod:`kubeps.runtime.ps.push`'s, built on the checks here (:func:`split_push`, :func:`table_lookups`,
+:func:`prepare_table_pushes`, :func:`check_answer_size`), which change nothing: tables known, keys 1-D int64 and
+distinct, counts, the slot-set bound, the answer size.
 """
 
 from __future__ import annotations
@@ -18,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -26,14 +22,16 @@ from kubeps.runtime.checkpoint.dynamic import RestoreTableItem, SaveTableItem, l
 from kubeps.runtime.checkpoint.shards import request_items
 from kubeps.runtime.contract import MAX_ANSWER_BYTES_ENV, MAX_SLOT_SETS_ENV
 from kubeps.runtime.errors import LimitExceededError
-from kubeps.runtime.ps import methods as _methods
+from kubeps.runtime.ps.methods import expect_arrays, unique_names
 from kubeps.runtime.ps.state import ParameterServerState, UnknownVariableError
-from kubeps.runtime.rpc.protocol import PS
+from kubeps.runtime.rpc.protocol import (PS, CreateDynamicRequest, CreateVariablesAnswer, DynamicInfoAnswer,
+                                          DynamicInfoRequest, DynamicLookup, DynamicTableInfo, ExportDynamicAnswer,
+                                          RestoreDynamicAnswer, RestoreDynamicRequest, SaveDynamicRequest,
+                                          SavedAnswer, TableNameRequest, UpdateSpec)
 from kubeps.runtime.variables.dynamic_table import DynamicTable, TableConfig
 
-__all__ = ["DYNAMIC_METHODS", "DynamicTables", "tables_of"]
-
-Meta = dict[str, Any]
+__all__ = ["DYNAMIC_METHODS", "DynamicTables", "Lookup", "TablePush", "check_answer_size", "prepare_table_pushes",
+           "split_push", "table_lookups", "tables_of"]
 
 
 class DynamicTables:
@@ -80,34 +78,27 @@ def tables_of(state: ParameterServerState) -> DynamicTables:
         return tables
 
 
-# -- request parsing (no state changes) ------------------------------------------------------------------------
+# -- request checks (no state changes) ------------------------------------------------------------------------
 _WIDTH = {"dense": 1, "sparse": 2, "dynamic": 2}
 
 
-def _split_push(meta: Meta, arrays: list) -> tuple[Meta, list, list[tuple[str, Any, Any]], int]:
-    """A push's variable part (meta and tensors for :mod:`kubeps.runtime.ps.methods`), its table updates
-    ``(name, keys, grads)``, and how many of ``arrays`` the push uses."""
-    updates = meta.get("updates")
-    if not isinstance(updates, list):
-        raise ValueError(f"field 'updates' must be a list, got {updates!r}")
-    kept: list[Any] = []
+def split_push(updates: list[UpdateSpec], arrays: Sequence[Any]) -> tuple[list[UpdateSpec], list[Any],
+                                                                           list[tuple[str, Any, Any]], int]:
+    """A push's variable updates (dense and sparse) and their tensors, its table updates ``(name, keys, grads)``,
+    and how many of ``arrays`` the push uses."""
+    kept: list[UpdateSpec] = []
     kept_arrays: list[Any] = []
     dynamic: list[tuple[str, Any, Any]] = []
     pos = 0
     for i, update in enumerate(updates):
-        kind = update.get("kind", "dense") if isinstance(update, dict) else None
-        if kind not in _WIDTH:
-            raise ValueError(f"field 'updates[{i}]' must be an object with a 'name' and a 'kind' in "
-                             f"{sorted(_WIDTH)}, got {update!r}")
+        kind = update.get("kind", "dense")
         width = _WIDTH[kind]
         tensors = arrays[pos: pos + width]
         if len(tensors) != width:
             raise ValueError(f"field 'tensors' holds {len(arrays)} tensor(s); 'updates' needs more "
                              f"(updates[{i}] of kind {kind!r} takes {width})")
         if kind == "dynamic":
-            if not isinstance(update.get("name"), str) or set(update) != {"name", "kind"}:
-                raise ValueError(f"field 'updates[{i}]' must be {{'name': <table>, 'kind': 'dynamic'}}, got {update!r}")
-            dynamic.append((update["name"], *tensors))
+            dynamic.append((update["name"], tensors[0], tensors[1]))
         else:
             kept.append(update)
             kept_arrays.extend(tensors)
@@ -115,7 +106,7 @@ def _split_push(meta: Meta, arrays: list) -> tuple[Meta, list, list[tuple[str, A
     names = [name for name, _, _ in dynamic]
     if len(set(names)) != len(names):
         raise ValueError(f"field 'updates' names dynamic table(s) more than once ({names}); allowed: each once a push")
-    return {**meta, "updates": kept}, kept_arrays, dynamic, pos
+    return kept, kept_arrays, dynamic, pos
 
 
 def _check_keys(keys: Any, what: str, distinct: bool = True) -> np.ndarray:
@@ -127,19 +118,19 @@ def _check_keys(keys: Any, what: str, distinct: bool = True) -> np.ndarray:
     return k
 
 
-def _lookups(registry: DynamicTables, meta: Meta, arrays: list) -> list[tuple[DynamicTable, np.ndarray, np.ndarray,
-                                                                               bool]]:
-    raw = meta.get("dynamic", [])
-    if not isinstance(raw, list):
-        raise ValueError(f"field 'dynamic' must be a list of {{'name', 'train'}} objects, got {raw!r}")
+#: a table lookup, checked: the table, its keys, their counts, and whether it trains
+Lookup = tuple[DynamicTable, np.ndarray, np.ndarray, bool]
+#: a table update, checked but for its gradient: the table, its keys, the gradient rows
+TablePush = tuple[DynamicTable, np.ndarray, Any]
+
+
+def table_lookups(registry: DynamicTables, raw: list[DynamicLookup], arrays: Sequence[Any]) -> list[Lookup]:
+    """The lookups of a request's ``dynamic`` field with their ``(keys, counts)`` tensors, checked."""
     if len(arrays) != 2 * len(raw):
         raise ValueError(f"field 'tensors' holds {len(arrays)} tensor(s) for the table lookups, expected "
                          f"{2 * len(raw)} (keys and counts per table in 'dynamic')")
     out = []
     for i, spec in enumerate(raw):
-        if (not isinstance(spec, dict) or set(spec) != {"name", "train"} or not isinstance(spec["name"], str)
-                or not isinstance(spec["train"], bool)):
-            raise ValueError(f"field 'dynamic[{i}]' must be {{'name': <table>, 'train': true|false}}, got {spec!r}")
         table = registry.get(spec["name"])
         keys = _check_keys(arrays[2 * i], f"dynamic[{i}] keys")
         counts = np.asarray(arrays[2 * i + 1])
@@ -150,7 +141,8 @@ def _lookups(registry: DynamicTables, meta: Meta, arrays: list) -> list[tuple[Dy
     return out
 
 
-def _check_answer(state: ParameterServerState, lookups: list, extra: int) -> None:
+def check_answer_size(state: ParameterServerState, lookups: list[Lookup], extra: int) -> None:
+    """Refuse lookups whose rows (and ``extra`` bytes) would pass the ps's answer size limit."""
     total = extra + sum(keys.size * table.config.dim * table.dtype.itemsize for table, keys, _, _ in lookups)
     if total > state.max_answer_bytes:
         raise LimitExceededError("dynamic", [t.name for t, _, _, _ in lookups],
@@ -158,13 +150,11 @@ def _check_answer(state: ParameterServerState, lookups: list, extra: int) -> Non
                                  f"({MAX_ANSWER_BYTES_ENV}): look up fewer keys per call")
 
 
-def _prepare_pushes(state: ParameterServerState, registry: DynamicTables, config: Any,
-                    dynamic: list[tuple[str, Any, Any]]) -> tuple[Any, str, list[tuple[DynamicTable, np.ndarray,
-                                                                                          np.ndarray]]]:
-    if not dynamic:
+def prepare_table_pushes(state: ParameterServerState, registry: DynamicTables, config: dict[str, Any] | None,
+                         dynamic: list[tuple[str, Any, Any]]) -> tuple[Any, str, list[TablePush]]:
+    """The optimizer (object and key) and the checked tables and keys of a push's table updates."""
+    if not dynamic or config is None:
         return None, "", []
-    if not isinstance(config, dict):
-        raise ValueError(f"field 'optimizer' must be an optimizer config object, got {config!r}")
     okey, opt = state.optimizer(config)
     out = []
     for name, keys, grads in dynamic:
@@ -179,82 +169,26 @@ def _prepare_pushes(state: ParameterServerState, registry: DynamicTables, config
 
 
 # -- methods ---------------------------------------------------------------------------------------------------
-def rpc_create_dynamic(state: ParameterServerState, meta: Meta, arrays: list) -> tuple[Meta, list]:
+def rpc_create_dynamic(state: ParameterServerState, request: CreateDynamicRequest,
+                       arrays: list[Any]) -> tuple[CreateVariablesAnswer, list[Any]]:
     """``{"name", "config": TableConfig}`` -> ``{"created": 1, "incarnation"}``: this ps's shard of a table."""
-    _methods._expect_arrays(PS.CREATE_DYNAMIC, arrays, 0)
-    name = meta.get("name")
-    if not isinstance(name, str) or not name:
+    expect_arrays(PS.CREATE_DYNAMIC, arrays, 0)
+    name = request["name"]
+    if not name:
         raise ValueError(f"field 'name' must be a non-empty table name, got {name!r}")
-    config = TableConfig.from_dict(meta.get("config"), "field 'config'")
+    config = TableConfig.from_spec(request["config"], "field 'config'")
     tables_of(state).create(name, config)
     return {"created": 1, "incarnation": state.incarnation}, []
 
 
-def _run(state: ParameterServerState, meta: Meta, arrays: list, push: bool, read: bool) -> tuple[Meta, list]:
-    """The body of ``Push``, ``PushRead``, ``LookupDynamic`` and ``PushLookupDynamic``: check everything, then the
-    variables' part (which refuses before it applies anything), then the tables' pushes, then the lookups."""
-    registry = tables_of(state)
-    var_meta: Meta = {}
-    var_arrays: list = []
-    dynamic: list[tuple[str, Any, Any]] = []
-    used = 0
-    if push:
-        var_meta, var_arrays, dynamic, used = _split_push(meta, arrays)
-    rest = arrays[used:]
-    rows = _methods._names(meta, "rows") if read and "rows" in meta else []
-    names = _methods._names(meta) if read and "names" in meta else []
-    lookups = _lookups(registry, meta, rest[len(rows):]) if read else []
-    opt, okey, pushes = _prepare_pushes(state, registry, meta.get("optimizer"), dynamic)
-    with DynamicTables.locked([t for t, _, _ in pushes] + [t for t, _, _, _ in lookups]):
-        checked = [(t, k, t.check_push(opt, k, g, state.allow_nonfinite)) for t, k, g in pushes]
-        if read:
-            _methods._expect_arrays(PS.READ_MANY, rest[: len(rows)], len(rows))  # the row indices of the read
-            _check_answer(state, lookups, 0)
-        answer: Meta = {}
-        out: list = []
-        if not (var_meta.get("updates") or names or rows):
-            answer = {"steps": []} if push else {}  # the call is the tables' alone: no variable to push or read
-        elif push and read:
-            answer, out = _methods.rpc_push_read(state, {**var_meta, "names": names, "rows": rows},
-                                                 var_arrays + rest[: len(rows)])
-        elif push:
-            answer, out = _methods.rpc_push(state, var_meta, var_arrays)
-        elif read:
-            answer, out = _methods.rpc_read_many(state, {"names": names, "rows": rows}, rest[: len(rows)])
-        # everything was checked and the variables' part is applied: nothing below is refused
-        if checked:
-            answer["dynamic_steps"] = [t.apply_push(opt, okey, k, g) for t, k, g in checked]
-        out += [table.lookup(keys, counts, train) for table, keys, counts, train in lookups]
-    return answer, out
-
-
-def rpc_push(state: ParameterServerState, meta: Meta, arrays: list) -> tuple[Meta, list]:
-    """``Push`` whose updates may include dynamic tables (``kind: dynamic``, tensors: keys, gradient rows)."""
-    return _run(state, meta, arrays, push=True, read=False)
-
-
-def rpc_push_read(state: ParameterServerState, meta: Meta, arrays: list) -> tuple[Meta, list]:
-    """``PushRead`` whose push may include dynamic tables."""
-    return _run(state, meta, arrays, push=True, read=True)
-
-
-def rpc_lookup_dynamic(state: ParameterServerState, meta: Meta, arrays: list) -> tuple[Meta, list]:
-    """``LookupDynamic``: a ``ReadMany`` (``names``, ``rows``) and table lookups (``dynamic``)."""
-    return _run(state, meta, arrays, push=False, read=True)
-
-
-def rpc_push_lookup_dynamic(state: ParameterServerState, meta: Meta, arrays: list) -> tuple[Meta, list]:
-    """``PushLookupDynamic``: a ``Push`` (tables included), then a ``LookupDynamic``, in one call."""
-    return _run(state, meta, arrays, push=True, read=True)
-
-
-def rpc_dynamic_info(state: ParameterServerState, meta: Meta, arrays: list) -> tuple[Meta, list]:
+def rpc_dynamic_info(state: ParameterServerState, request: DynamicInfoRequest,
+                     arrays: list[Any]) -> tuple[DynamicInfoAnswer, list[Any]]:
     """``{"names"}`` -> ``{"tables": [{name, size, updates, evicted, nbytes, capacity}]}``."""
-    _methods._expect_arrays(PS.DYNAMIC_INFO, arrays, 0)
+    expect_arrays(PS.DYNAMIC_INFO, arrays, 0)
     registry = tables_of(state)
-    names = _methods._names(meta) if "names" in meta else sorted(registry.tables)
+    names = unique_names(request["names"]) if "names" in request else sorted(registry.tables)
     tables = [registry.get(n) for n in names]
-    out = []
+    out: list[DynamicTableInfo] = []
     for table in tables:
         with table.lock:
             out.append({"name": table.name, "size": table.size, "updates": table.updates, "evicted": table.evicted,
@@ -262,13 +196,12 @@ def rpc_dynamic_info(state: ParameterServerState, meta: Meta, arrays: list) -> t
     return {"tables": out}, []
 
 
-def rpc_export_dynamic(state: ParameterServerState, meta: Meta, arrays: list) -> tuple[Meta, list]:
+def rpc_export_dynamic(state: ParameterServerState, request: TableNameRequest,
+                       arrays: list[Any]) -> tuple[ExportDynamicAnswer, list[Any]]:
     """``{"name"}`` -> ``{"slots": [[optimizer key, slot name]], "updates"}`` + keys, values, freqs, steps and one
     array per slot: a consistent copy of this ps's live rows."""
-    _methods._expect_arrays(PS.EXPORT_DYNAMIC, arrays, 0)
-    name = meta.get("name")
-    if not isinstance(name, str):
-        raise ValueError(f"field 'name' must be a table name, got {name!r}")
+    expect_arrays(PS.EXPORT_DYNAMIC, arrays, 0)
+    name = request["name"]
     table = tables_of(state).get(name)
     with table.lock:
         nbytes = table.size * (table.config.dim * table.dtype.itemsize * (1 + sum(map(len, table.slots.values())))
@@ -283,22 +216,24 @@ def rpc_export_dynamic(state: ParameterServerState, meta: Meta, arrays: list) ->
             [keys, values, freqs, steps] + [slots[okey][s] for okey, s in order])
 
 
-def rpc_save_dynamic(state: ParameterServerState, meta: Meta, arrays: list) -> tuple[Meta, list]:
+def rpc_save_dynamic(state: ParameterServerState, request: SaveDynamicRequest,
+                     arrays: list[Any]) -> tuple[SavedAnswer, list[Any]]:
     """``SaveDynamic``: ``{"directory", "items": [SaveTableItem]}`` -> ``{"saved": [DynamicShardEntry]}``: this
     ps's shard of each table written to the checkpoint directory."""
-    _methods._expect_arrays(PS.SAVE_DYNAMIC, arrays, 0)
-    directory, items = request_items(meta, SaveTableItem, "SaveDynamic")
+    expect_arrays(PS.SAVE_DYNAMIC, arrays, 0)
+    directory, items = request_items(request, SaveTableItem, PS.SAVE_DYNAMIC)
     registry = tables_of(state)
     tables = [registry.get(i.key) for i in items]  # every table known before the first file is written
     saved = [save_table(t, directory, i) for t, i in zip(tables, items)]
     return {"saved": [s.model_dump(mode="json") for s in saved]}, []
 
 
-def rpc_restore_dynamic(state: ParameterServerState, meta: Meta, arrays: list) -> tuple[Meta, list]:
+def rpc_restore_dynamic(state: ParameterServerState, request: RestoreDynamicRequest,
+                        arrays: list[Any]) -> tuple[RestoreDynamicAnswer, list[Any]]:
     """``RestoreDynamic``: ``{"directory", "items": [RestoreTableItem]}`` -> ``{"restored": [rows]}``: each table
     replaced by the checkpointed keys that hash to this ps (read and checked before it changes)."""
-    _methods._expect_arrays(PS.RESTORE_DYNAMIC, arrays, 0)
-    directory, items = request_items(meta, RestoreTableItem, "RestoreDynamic")
+    expect_arrays(PS.RESTORE_DYNAMIC, arrays, 0)
+    directory, items = request_items(request, RestoreTableItem, PS.RESTORE_DYNAMIC)
     registry = tables_of(state)
     tables = [registry.get(i.key) for i in items]
     prepared = [prepare_restore(t, directory, i, state.max_slot_sets) for t, i in zip(tables, items)]
@@ -306,16 +241,12 @@ def rpc_restore_dynamic(state: ParameterServerState, meta: Meta, arrays: list) -
     return {"restored": [load_table(t, loaded) for t, loaded in zip(tables, prepared)]}, []
 
 
-#: the dynamic-table methods of the parameter-server service, and the ``Push``/``PushRead`` that accept table
-#: updates (:mod:`kubeps.runtime.server.methods` serves them in place of the plain ones)
-DYNAMIC_METHODS = {
+#: the dynamic-table methods of the parameter-server service (:mod:`kubeps.runtime.server.methods` serves them); the
+#: calls of a step that look tables up or push to them are :mod:`kubeps.runtime.ps.push`'s
+DYNAMIC_METHODS: dict[str, Callable[..., tuple[Any, list[Any]]]] = {
     PS.CREATE_DYNAMIC: rpc_create_dynamic,
-    PS.LOOKUP_DYNAMIC: rpc_lookup_dynamic,
-    PS.PUSH_LOOKUP_DYNAMIC: rpc_push_lookup_dynamic,
     PS.DYNAMIC_INFO: rpc_dynamic_info,
     PS.EXPORT_DYNAMIC: rpc_export_dynamic,
     PS.SAVE_DYNAMIC: rpc_save_dynamic,
     PS.RESTORE_DYNAMIC: rpc_restore_dynamic,
-    PS.PUSH: rpc_push,
-    PS.PUSH_READ: rpc_push_read,
 }

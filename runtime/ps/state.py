@@ -16,7 +16,7 @@ import threading
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -102,7 +102,7 @@ def _locked(variables: Iterable["PSVariable"]) -> Iterator[None]:
         yield
 
 
-def _default_optimizer_factory(config: dict[str, Any]):
+def _default_optimizer_factory(config: dict[str, Any]) -> Any:
     from kubeps.runtime.ops.optimizers import optimizer_from_config  # noqa: PLC0415 - loaded on the first push, not at start
 
     return optimizer_from_config(config)
@@ -167,13 +167,15 @@ class ParameterServerState:
     def read(self, name: str) -> np.ndarray:
         var = self.get(name)
         with var.lock:
-            return var.value.copy()
+            value: np.ndarray = var.value.copy()
+        return value
 
     def read_rows(self, name: str, indices: np.ndarray) -> np.ndarray:
         var = self.get(name)
         idx = self._check_rows(var, indices, "indices")
         with var.lock:
-            return var.value[idx]
+            rows: np.ndarray = var.value[idx]
+        return rows
 
     def assign(self, name: str, value: np.ndarray) -> None:
         self.assign_many([(name, "assign", value)])
@@ -220,7 +222,7 @@ class ParameterServerState:
         """Apply a row-sparse gradient (local row ids, duplicates allowed); returns the update count."""
         return self.push(config, [("sparse", name, indices, values)])[0]
 
-    def push(self, config: dict[str, Any], updates: list[tuple]) -> list[int]:
+    def push(self, config: dict[str, Any], updates: list[tuple[Any, ...]]) -> list[int]:
         """Apply ``("dense", name, grad)`` and ``("sparse", name, indices, values)`` updates with one optimizer.
 
         All or nothing: every update is checked (variable, dtype, shapes, rows, finite values, the optimizer
@@ -298,7 +300,7 @@ class ParameterServerState:
             raise ValueError(f"optimizer: the learning rate of update {step} of variable {var.name!r} is {lr}{why}; "
                              "allowed: a finite number >= 0 (check the learning-rate schedule)")
 
-    def check_reads(self, names: list[str], rows: list[str], indices: list) -> None:
+    def check_reads(self, names: list[str], rows: list[str], indices: Sequence[Any]) -> None:
         """Refuse a read of unknown variables or rows, or one whose answer would pass ``max_answer_bytes``, before
         anything else of the call happens."""
         total = 0

@@ -26,14 +26,14 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import grpc
 import numpy as np
 
 from kubeps.runtime.rpc import wire
 from kubeps.runtime.errors import RemoteError, UnauthenticatedError
-from kubeps.runtime.rpc.protocol import (ANSWER_ID_KEY, ANSWER_PARKED, COLLECT, ERROR_REASON_KEY, TOO_MANY_CALLS,
+from kubeps.runtime.rpc.protocol import (ANSWER_ID_KEY, ANSWER_PARKED, COLLECT, CollectRequest, ERROR_REASON_KEY, TOO_MANY_CALLS,
                                           UNARY_PREFIX)
 from kubeps.runtime.rpc.security import token_metadata
 from kubeps.runtime.rpc.tls import TLSConfig
@@ -86,7 +86,7 @@ class Client:
         #: the threads that make blocking unary calls (``sender_threads``), else None: gRPC futures
         self._senders: _Senders | None = _Senders() if sender_threads else None
 
-    def _method(self, name: str, unary: bool = False):
+    def _method(self, name: str, unary: bool = False) -> Any:
         """The multi-callable of a method: its stream-stream path, or (``unary``) its unary-unary twin."""
         with self._lock:
             if self._channel is None:
@@ -107,7 +107,7 @@ class Client:
                 self._methods[key] = method
             return method
 
-    def start(self, name: str, meta: dict[str, Any] | None = None, arrays: Sequence[Any] = (),
+    def start(self, name: str, meta: Mapping[str, Any] | None = None, arrays: Sequence[Any] = (),
               timeout: float | None = None) -> "Call":
         """Start a call without waiting for it; ``finish(call)`` (or ``call.result()``) reads the answer.
 
@@ -124,7 +124,7 @@ class Client:
         """Read a started call's response; gRPC failures become :class:`RemoteError` with the status code name."""
         return call.result()
 
-    def call(self, name: str, meta: dict[str, Any] | None = None, arrays: Sequence[Any] = (),
+    def call(self, name: str, meta: Mapping[str, Any] | None = None, arrays: Sequence[Any] = (),
              timeout: float | None = None) -> tuple[dict[str, Any], list[np.ndarray]]:
         try:
             call = self.start(name, meta, arrays, timeout)
@@ -139,7 +139,7 @@ class Client:
         With ``call``, the stream is attached to it, so that ``call.cancel()`` (the failure detector giving up on a
         frozen peer) aborts the collection too instead of leaving it to its deadline.
         """
-        chunks = wire.encode_chunks({"id": answer_id})
+        chunks = wire.encode_chunks(CollectRequest(id=answer_id))
         stream = self._method(COLLECT)(iter(chunks), timeout=timeout, metadata=self._metadata)
         if call is not None:
             call._collecting = stream
@@ -184,18 +184,18 @@ class _Senders:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._idle: list[queue.SimpleQueue] = []
+        self._idle: list[queue.SimpleQueue[Call | None]] = []
         self._closed = False
 
     def send(self, call: "Call") -> None:
         with self._lock:
             jobs = self._idle.pop() if self._idle else None
         if jobs is None:
-            jobs = queue.SimpleQueue()
+            jobs = queue.SimpleQueue[Call | None]()
             threading.Thread(target=self._serve, args=(jobs,), name="kubeps-rpc-sender", daemon=True).start()
         jobs.put(call)
 
-    def _serve(self, jobs: queue.SimpleQueue) -> None:
+    def _serve(self, jobs: queue.SimpleQueue[Call | None]) -> None:
         while True:
             call = jobs.get()
             if call is None:
@@ -214,7 +214,7 @@ class _Senders:
             jobs.put(None)
 
 
-def _read_stream(client: Client, stream, method: str) -> tuple[dict[str, Any], list[np.ndarray]]:
+def _read_stream(client: Client, stream: Any, method: str) -> tuple[dict[str, Any], list[np.ndarray]]:
     try:
         decoder = wire.MessageDecoder()
         for chunk in stream:

@@ -1,40 +1,74 @@
 """The protocol between tasks: every service and method name, and the metadata each request and answer carries.
 
-A call is ``(method, meta, arrays)``: ``meta`` is a JSON object (the typed dicts below say which keys each method
-reads and answers), ``arrays`` the tensors of the wire frame (:mod:`kubeps.runtime.rpc.wire`), in the order each
-method's docstring gives. Clients name methods with the constants here, servers serve them under the same names
-(:mod:`kubeps.runtime.server.methods`), so a rename is one edit and a typo is an ``AttributeError`` at import.
+A call is ``(method, meta, arrays)``: ``meta`` is a JSON object, ``arrays`` the tensors of the wire frame
+(:mod:`kubeps.runtime.rpc.wire`), in the order each method's docstring gives. Clients name methods with the constants
+here, servers serve them under the same names (:mod:`kubeps.runtime.server.methods`), so a rename is one edit and a
+typo is an ``AttributeError`` at import.
 
-This module is pure data: no grpc, no numpy.
+Every built-in method has one request and one answer declaration here (:data:`PS_SPECS`, :data:`WORKER_SPECS`), as
+``TypedDict`` declarations, and that is the one dialect of the protocol. Why this one:
+
+- pure declarations cost nothing at run time and are the annotations of the handlers that serve a method and of
+  the clients that build its request, so mypy checks every key read and written, at every use, on both sides (and
+  a declaration nobody names would drift: ``tests/code_checks/test_protocol.py`` refuses one);
+- one runtime validator, from a well-kept library, at the edge: the server validates each request against its
+  method's declaration once, where it dispatches (:mod:`kubeps.runtime.rpc.validation`, pydantic's ``TypeAdapter``:
+  strict types, no coercion, unknown keys refused, errors that name the field's path), so a handler receives a
+  well-shaped value and checks only what the shape cannot say (tensor counts and shapes, names it holds, value
+  ranges). Nobody writes a key check by hand, and no second model of the same message exists to drift from it.
+
+Every declaration is closed: a key it does not list is refused. A method a user registers
+(``register_ps_method``) has no declaration and receives the request as the decoded JSON object.
+
+This module is pure declarations: no grpc, no numpy, no pydantic (``typing_extensions``' ``TypedDict`` is the one
+pydantic reads on every Python this package supports).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, NamedTuple
+
+from typing_extensions import NotRequired, TypedDict
 
 __all__ = [
     "ANSWER_ID_KEY",
     "ANSWER_PARKED",
     "COLLECT",
+    "COLLECT_SPEC",
     "ERROR_REASON_KEY",
     "LIMIT",
     "PING",
     "PS",
     "PS_SERVICE",
+    "PS_SPECS",
     "TOO_MANY_CALLS",
     "UNARY_PREFIX",
     "UNKNOWN_VARIABLE",
     "WORKER",
     "WORKER_SERVICE",
+    "WORKER_SPECS",
     "AssignRequest",
     "ClosureAnswer",
+    "AssignOp",
     "ClosureStatus",
+    "EvictPolicy",
+    "TableDtype",
+    "CollectRequest",
+    "CreateDynamicRequest",
     "CreateResourceRequest",
     "CreateVariablesAnswer",
+    "DynamicInfoAnswer",
+    "DynamicInfoRequest",
     "DynamicLookup",
     "DynamicTableInfo",
+    "EmptyAnswer",
+    "EmptyRequest",
+    "ExportDynamicAnswer",
+    "InitializerSpec",
+    "ListVariablesAnswer",
     "LookupDynamicRequest",
+    "MethodSpec",
     "NamesRequest",
     "PingAnswer",
     "PushAnswer",
@@ -42,11 +76,25 @@ __all__ = [
     "PushReadRequest",
     "PushRequest",
     "ReadManyRequest",
+    "RestoreDynamicAnswer",
+    "RestoreDynamicRequest",
+    "RestoreItem",
+    "RestoreShardsAnswer",
     "RestoreShardsRequest",
+    "RestoreTableItem",
+    "RunClosureRequest",
+    "SaveDynamicRequest",
+    "SaveItem",
     "SaveShardsRequest",
+    "SaveTableItem",
+    "SavedAnswer",
+    "TableConfigSpec",
+    "TableNameRequest",
+    "UpdateKind",
     "UpdateSpec",
-    "optimizer_key",
+    "VariableInfo",
     "legacy_slot_key",
+    "optimizer_key",
     "slot_key",
 ]
 
@@ -122,25 +170,44 @@ LIMIT = "limit"
 
 
 # -- request and answer metadata -------------------------------------------------------------------------------------
+class EmptyRequest(TypedDict):
+    """A request that carries nothing in its metadata (``Ping``, ``ListVariables``)."""
+
+
+class EmptyAnswer(TypedDict):
+    """An answer that carries nothing in its metadata: the tensors say it all (``Read``, ``Assign``)."""
+
+
+class CollectRequest(TypedDict):
+    id: str  #: the parked answer's id, from the unary call's trailing metadata :data:`ANSWER_ID_KEY`
+
+
 class NamesRequest(TypedDict):
     names: list[str]
 
 
-class ReadManyRequest(TypedDict, total=False):
+class ReadManyRequest(TypedDict):
     names: list[str]  #: whole values, answered first
-    rows: list[str]  #: variables read by rows, one index array each, answered after the values
+    rows: NotRequired[list[str]]  #: variables read by rows, one index array each, answered after the values
 
 
-class AssignRequest(TypedDict, total=False):
+#: what an ``Assign`` does to a variable: set it to the value, or add the value to it
+AssignOp = Literal["assign", "add"]
+
+
+class AssignRequest(TypedDict):
     names: list[str]
-    ops: list[Literal["assign", "add"]]  #: one per name; default all ``assign``
+    ops: NotRequired[list[AssignOp]]  #: one per name; default all ``assign``
 
 
-class UpdateSpec(TypedDict, total=False):
+#: dense: one tensor (the gradient); sparse: two (indices, values); dynamic: two (int64 keys, gradient rows), to a
+#: dynamic embedding table
+UpdateKind = Literal["dense", "sparse", "dynamic"]
+
+
+class UpdateSpec(TypedDict):
     name: str
-    #: dense: one tensor (the gradient); sparse: two (indices, values); dynamic: two (int64 keys, gradient rows), to
-    #: a dynamic embedding table
-    kind: Literal["dense", "sparse", "dynamic"]
+    kind: NotRequired[UpdateKind]  #: default ``dense``
 
 
 class PushRequest(TypedDict):
@@ -148,8 +215,9 @@ class PushRequest(TypedDict):
     updates: list[UpdateSpec]
 
 
-class PushReadRequest(PushRequest, ReadManyRequest):
-    pass
+class PushReadRequest(PushRequest):
+    names: NotRequired[list[str]]
+    rows: NotRequired[list[str]]
 
 
 class DynamicLookup(TypedDict):
@@ -157,12 +225,87 @@ class DynamicLookup(TypedDict):
     train: bool  #: count the keys, admit and create rows (a training step); else read only
 
 
-class LookupDynamicRequest(ReadManyRequest, total=False):
-    dynamic: list[DynamicLookup]
+class LookupDynamicRequest(TypedDict):
+    names: NotRequired[list[str]]  #: as :class:`ReadManyRequest`'s
+    rows: NotRequired[list[str]]
+    dynamic: NotRequired[list[DynamicLookup]]
 
 
-class PushLookupDynamicRequest(PushRequest, LookupDynamicRequest):
-    pass
+class PushLookupDynamicRequest(PushReadRequest):
+    dynamic: NotRequired[list[DynamicLookup]]
+
+
+class PushAnswer(TypedDict):
+    steps: list[int]  #: per variable update, in request order: the variable's update count after it
+    #: per table update (``kind: dynamic``), in request order: the table's update count after it; absent without one
+    dynamic_steps: NotRequired[list[int]]
+
+
+class CreateVariablesAnswer(TypedDict):
+    created: int
+    incarnation: str
+
+
+class VariableInfo(TypedDict):
+    name: str
+    shape: list[int]
+    dtype: str
+    updates: int
+
+
+class ListVariablesAnswer(TypedDict):
+    variables: list[VariableInfo]
+
+
+class PingAnswer(TypedDict):
+    incarnation: str  #: random per process start: a restarted task answers with a new one
+    job: str
+    task: int
+
+
+class InitializerSpec(TypedDict):
+    """A dynamic table's row initializer; which keys a kind takes is checked by the table
+    (:class:`~kubeps.runtime.variables.dynamic_table.TableConfig`)."""
+
+    kind: Literal["zeros", "constant", "uniform", "normal"]
+    value: NotRequired[float]  #: constant
+    minval: NotRequired[float]  #: uniform
+    maxval: NotRequired[float]  #: uniform
+    mean: NotRequired[float]  #: normal
+    stddev: NotRequired[float]  #: normal
+    seed: NotRequired[int]  #: uniform, normal
+
+
+#: the dtypes of a dynamic table's rows; the orders in which its rows are evicted at capacity
+TableDtype = Literal["float16", "float32", "float64"]
+EvictPolicy = Literal["lru", "lfu"]
+
+
+class TableConfigSpec(TypedDict):
+    """What a dynamic table is (:class:`~kubeps.runtime.variables.dynamic_table.TableConfig` as JSON); the ranges
+    (``dim >= 1``, ...) are the table's to check."""
+
+    dim: int
+    dtype: NotRequired[TableDtype]
+    initializer: NotRequired[InitializerSpec]
+    default_value: NotRequired[float]
+    filter_freq: NotRequired[int]
+    max_pending: NotRequired[int]
+    bloom_counters: NotRequired[int]
+    bloom_hashes: NotRequired[int]
+    steps_to_live: NotRequired[int]
+    capacity: NotRequired[int]
+    evict_policy: NotRequired[EvictPolicy]
+    sweep_every: NotRequired[int]
+
+
+class CreateDynamicRequest(TypedDict):
+    name: str
+    config: TableConfigSpec
+
+
+class DynamicInfoRequest(TypedDict):
+    names: NotRequired[list[str]]  #: default: every table of the ps
 
 
 class DynamicTableInfo(TypedDict):
@@ -174,33 +317,102 @@ class DynamicTableInfo(TypedDict):
     capacity: int
 
 
-class PushAnswer(TypedDict):
-    steps: int
+class DynamicInfoAnswer(TypedDict):
+    tables: list[DynamicTableInfo]
 
 
-class CreateVariablesAnswer(TypedDict):
-    created: int
-    incarnation: str
+class TableNameRequest(TypedDict):
+    name: str
 
 
-class PingAnswer(TypedDict, total=False):
-    incarnation: str  #: random per process start: a restarted task answers with a new one
-    job: str
-    task: int
+class ExportDynamicAnswer(TypedDict):
+    slots: list[list[str]]  #: ``[optimizer key, slot name]`` per slot array, in the order of the tensors
+    updates: int
+
+
+# -- checkpoints: the items a save or restore request carries; the manifest's own entries (``TensorEntry``,
+# ``DynamicTableEntry``, ``SavedShard``) are the manifest format's (kubeps.runtime.checkpoint.format), which checks
+# them where it reads them
+class SaveItem(TypedDict):
+    """Save shard ``key`` as rows ``start..stop-1`` of logical variable ``name`` (of full shape ``shape``)."""
+
+    key: str
+    name: str
+    start: int
+    stop: int
+    shape: list[int]
+
+
+class RestoreItem(TypedDict):
+    """Load rows ``start..stop-1`` of the checkpointed ``value`` (and slots) into shard ``key``."""
+
+    key: str
+    name: str
+    start: int
+    stop: int
+    value: dict[str, Any]  #: the manifest's ``TensorEntry``
+    slots: NotRequired[dict[str, dict[str, dict[str, Any]]]]  #: ``{optimizer key: {slot: TensorEntry}}``
+
+
+class SaveTableItem(TypedDict):
+    """Save this ps's shard ``shard`` of table ``key`` (``name`` in the checkpoint)."""
+
+    key: str
+    name: str
+    shard: int
+
+
+class RestoreTableItem(TypedDict):
+    """Load into this ps's table ``key`` -- shard ``shard`` of ``num_shards`` -- the keys of checkpointed ``table``
+    (``name`` in the checkpoint) that hash to it."""
+
+    key: str
+    name: str
+    shard: int
+    num_shards: int
+    table: dict[str, Any]  #: the manifest's ``DynamicTableEntry``
 
 
 class SaveShardsRequest(TypedDict):
     directory: str
-    items: list[dict[str, Any]]  #: :class:`~kubeps.runtime.checkpoint.shards.SaveItem` as JSON
+    items: list[SaveItem]
 
 
 class RestoreShardsRequest(TypedDict):
     directory: str
-    items: list[dict[str, Any]]  #: :class:`~kubeps.runtime.checkpoint.shards.RestoreItem` as JSON
+    items: list[RestoreItem]
+
+
+class SaveDynamicRequest(TypedDict):
+    directory: str
+    items: list[SaveTableItem]
+
+
+class RestoreDynamicRequest(TypedDict):
+    directory: str
+    items: list[RestoreTableItem]
+
+
+class SavedAnswer(TypedDict):
+    saved: list[dict[str, Any]]  #: per item: the manifest's ``SavedShard`` (variables) or ``DynamicShardEntry``
+
+
+class RestoreShardsAnswer(TypedDict):
+    restored: int  #: shards loaded
+
+
+class RestoreDynamicAnswer(TypedDict):
+    restored: list[int]  #: rows loaded per item
+
+
+# -- the worker service ----------------------------------------------------------------------------------------------
+class RunClosureRequest(TypedDict):
+    closure_id: NotRequired[int]  #: the coordinator's id of the closure (logs)
 
 
 class CreateResourceRequest(TypedDict):
     resource_id: str
+    closure_id: NotRequired[int]
 
 
 #: ``ok`` (result), ``error`` (the function raised; non-retryable), ``resource_missing`` (a per-worker resource is
@@ -216,6 +428,47 @@ class ClosureAnswer(TypedDict, total=False):
     traceback: str
     ps_index: int  #: ``ps_unavailable``: which ps
     restarted: bool  #: ``ps_unavailable``: the ps answered NOT_FOUND for a variable (it restarted empty)
+
+
+# -- the method tables -----------------------------------------------------------------------------------------------
+class MethodSpec(NamedTuple):
+    """What a method's request and answer metadata are, and whether its request carries tensors (one that does
+    not is refused, by the frame decoder, when it brings any)."""
+
+    request: type
+    answer: type
+    tensors: bool
+
+
+#: every method of the parameter-server service; the server serves exactly these (and the user's)
+PS_SPECS: dict[str, MethodSpec] = {
+    PING: MethodSpec(EmptyRequest, PingAnswer, tensors=False),
+    PS.CREATE_VARIABLES: MethodSpec(NamesRequest, CreateVariablesAnswer, tensors=True),
+    PS.READ: MethodSpec(NamesRequest, EmptyAnswer, tensors=False),
+    PS.READ_ROWS: MethodSpec(NamesRequest, EmptyAnswer, tensors=True),
+    PS.READ_MANY: MethodSpec(ReadManyRequest, EmptyAnswer, tensors=True),
+    PS.ASSIGN: MethodSpec(AssignRequest, EmptyAnswer, tensors=True),
+    PS.PUSH: MethodSpec(PushRequest, PushAnswer, tensors=True),
+    PS.PUSH_READ: MethodSpec(PushReadRequest, PushAnswer, tensors=True),
+    PS.LIST_VARIABLES: MethodSpec(EmptyRequest, ListVariablesAnswer, tensors=False),
+    PS.SAVE_SHARDS: MethodSpec(SaveShardsRequest, SavedAnswer, tensors=False),
+    PS.RESTORE_SHARDS: MethodSpec(RestoreShardsRequest, RestoreShardsAnswer, tensors=False),
+    PS.CREATE_DYNAMIC: MethodSpec(CreateDynamicRequest, CreateVariablesAnswer, tensors=False),
+    PS.LOOKUP_DYNAMIC: MethodSpec(LookupDynamicRequest, EmptyAnswer, tensors=True),
+    PS.PUSH_LOOKUP_DYNAMIC: MethodSpec(PushLookupDynamicRequest, PushAnswer, tensors=True),
+    PS.DYNAMIC_INFO: MethodSpec(DynamicInfoRequest, DynamicInfoAnswer, tensors=False),
+    PS.EXPORT_DYNAMIC: MethodSpec(TableNameRequest, ExportDynamicAnswer, tensors=False),
+    PS.SAVE_DYNAMIC: MethodSpec(SaveDynamicRequest, SavedAnswer, tensors=False),
+    PS.RESTORE_DYNAMIC: MethodSpec(RestoreDynamicRequest, RestoreDynamicAnswer, tensors=False),
+}
+#: every method of the worker service
+WORKER_SPECS: dict[str, MethodSpec] = {
+    PING: MethodSpec(EmptyRequest, PingAnswer, tensors=False),
+    WORKER.RUN_CLOSURE: MethodSpec(RunClosureRequest, ClosureAnswer, tensors=True),
+    WORKER.CREATE_RESOURCE: MethodSpec(CreateResourceRequest, ClosureAnswer, tensors=True),
+}
+#: ``Collect``, the reserved method of both services (its answer is the parked answer's chunks)
+COLLECT_SPEC = MethodSpec(CollectRequest, EmptyAnswer, tensors=False)
 
 
 def optimizer_key(config: dict[str, Any]) -> str:

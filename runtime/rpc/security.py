@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hmac
 import os
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import grpc
 
@@ -81,7 +81,7 @@ def _refusal(handler: grpc.RpcMethodHandler | None, message: str) -> grpc.RpcMet
     """A handler that refuses at once. It is always request-streaming: it never reads the request, where a
     unary-request handler would first wait (in a server thread, without a deadline) for a message that a stalled
     peer never completes."""
-    def abort(request_or_iterator, context):  # noqa: ARG001 - never looked at
+    def abort(request_or_iterator: Any, context: Any) -> None:  # noqa: ARG001 - never looked at
         context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
     identity: Callable[[bytes], bytes] = lambda b: b  # noqa: E731
@@ -90,13 +90,14 @@ def _refusal(handler: grpc.RpcMethodHandler | None, message: str) -> grpc.RpcMet
     return grpc.stream_unary_rpc_method_handler(abort, identity, identity)
 
 
-class TokenInterceptor(grpc.ServerInterceptor):
+# grpc ships no type information: its classes are Any to mypy
+class TokenInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
     """Refuses (``UNAUTHENTICATED``) any call whose metadata lacks the job token; constant-time comparison."""
 
     def __init__(self, token: str | None):
         self._token = token.encode() if token else None
 
-    def intercept_service(self, continuation, handler_call_details):
+    def intercept_service(self, continuation: Callable[[Any], Any], handler_call_details: Any) -> Any:
         if self._token is None:  # explicitly insecure server (tests only)
             return continuation(handler_call_details)
         presented = None

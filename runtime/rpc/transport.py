@@ -100,7 +100,7 @@ class PSTransport:
                                       f"it answered {method} with NOT_FOUND: {err}")
         return err
 
-    def _start(self, ps_index: int, method: str, meta: dict[str, Any] | None, arrays: Sequence[Any],
+    def _start(self, ps_index: int, method: str, meta: Mapping[str, Any] | None, arrays: Sequence[Any],
                timeout: float | None) -> Call:
         with self._count_lock:
             self.calls[ps_index] += 1
@@ -119,11 +119,11 @@ class PSTransport:
             self._observe(ps_index, incarnation, created=method == PS.CREATE_VARIABLES)
         return answer
 
-    def call(self, ps_index: int, method: str, meta: dict[str, Any] | None = None, arrays: Sequence[Any] = (),
+    def call(self, ps_index: int, method: str, meta: Mapping[str, Any] | None = None, arrays: Sequence[Any] = (),
              timeout: float | None = None) -> tuple[dict[str, Any], list[np.ndarray]]:
         return self._finish(ps_index, method, self._start(ps_index, method, meta, arrays, timeout))
 
-    def call_many(self, requests: Mapping[int, tuple[str, dict[str, Any], Sequence[Any]]],
+    def call_many(self, requests: Mapping[int, tuple[str, Mapping[str, Any], Sequence[Any]]],
                   timeout: float | None = None) -> dict[int, tuple[dict[str, Any], list[np.ndarray]]]:
         """One call per parameter server, in parallel; the first failure is raised after all have finished.
 

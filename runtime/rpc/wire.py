@@ -21,7 +21,7 @@ import json
 import math
 import re
 import struct
-from typing import Any, Iterable, Iterator, NamedTuple, Sequence
+from typing import Any, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, ValidationError, field_validator
@@ -166,7 +166,7 @@ def _as_wire_array(i: int, value: Any) -> np.ndarray:
     return array if array.flags.c_contiguous else array.copy(order="C")  # (ascontiguousarray would make 0-d 1-d)
 
 
-def encode_message(meta: dict[str, Any] | None = None, arrays: Sequence[Any] = ()) -> list[memoryview | bytes]:
+def encode_message(meta: Mapping[str, Any] | None = None, arrays: Sequence[Any] = ()) -> list[memoryview | bytes]:
     """The frame of a message as a list of buffers (no tensor bytes copied); join them or chunk them."""
     arrays = [_as_wire_array(i, a) for i, a in enumerate(arrays)]
     headers = []
@@ -193,7 +193,7 @@ def encode_message(meta: dict[str, Any] | None = None, arrays: Sequence[Any] = (
 
 
 def encode_chunks(
-    meta: dict[str, Any] | None = None, arrays: Sequence[Any] = (), chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    meta: Mapping[str, Any] | None = None, arrays: Sequence[Any] = (), chunk_bytes: int = DEFAULT_CHUNK_BYTES
 ) -> list[bytes]:
     """The frame cut into stream messages of at most ``chunk_bytes`` (the first one always holds the header)."""
     segments = encode_message(meta, arrays)

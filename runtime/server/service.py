@@ -2,9 +2,11 @@
 
 A ps task serves ``kubeps.ParameterServer`` over a :class:`~kubeps.runtime.ps.state.ParameterServerState`; a worker task
 serves ``kubeps.Worker`` over a :class:`~kubeps.runtime.worker.state.WorkerState`. Methods are table-driven: every method
-is a function ``fn(state, meta, arrays) -> (meta, arrays)`` looked up by name at call time in the tables of
+is a function ``fn(state, request, arrays) -> (answer, arrays)`` looked up by name at call time in the tables of
 :mod:`kubeps.runtime.server.methods`, which composes the built-in ones and takes the user's
-(``register_ps_method``).
+(``register_ps_method``). Here, where it dispatches, the server validates a built-in method's request against its
+declaration in :mod:`kubeps.runtime.rpc.protocol` (:mod:`kubeps.runtime.rpc.validation`), once, before the method
+runs; a request of a method whose declaration says it takes no tensors may bring no tensor data.
 
 Both services also answer ``Ping`` (``{"incarnation", "job", "task"}``): the coordinator's failure detector.
 
@@ -38,11 +40,15 @@ from kubeps.runtime.contract import (BIND_HOST_ENV, CHUNK_BYTES_ENV, LOG_LEVEL_E
                                      MAX_PARKED_BYTES_ENV, MAX_REQUEST_BYTES_ENV, PARKED_ANSWER_TTL_ENV,
                                      REQUEST_TIMEOUT_ENV, STREAM_IDLE_TIMEOUT_ENV)
 from kubeps.runtime.ps.state import ParameterServerState, UnknownVariableError
-from kubeps.runtime.server.methods import (PS_METHODS, WORKER_METHODS, Method, load_extensions, ps_methods,
-                                           register_ps_method, register_worker_method, worker_methods)
+from kubeps.runtime.server.methods import (BUILTIN_PS_METHODS, BUILTIN_WORKER_METHODS, PS_METHODS, WORKER_METHODS,
+                                           Method, load_extensions, ps_methods, register_ps_method,
+                                           register_worker_method, worker_methods)
 from kubeps.runtime.rpc.client import CHANNEL_OPTIONS
-from kubeps.runtime.rpc.protocol import (ANSWER_ID_KEY, ANSWER_PARKED, COLLECT, ERROR_REASON_KEY, LIMIT, PING, PS,
-                                          PS_SERVICE, TOO_MANY_CALLS, UNARY_PREFIX, UNKNOWN_VARIABLE, WORKER_SERVICE)
+from kubeps.runtime.rpc.protocol import (ANSWER_ID_KEY, ANSWER_PARKED, COLLECT, COLLECT_SPEC, ERROR_REASON_KEY,
+                                          LIMIT, PING, PS_SERVICE, PS_SPECS, TOO_MANY_CALLS, UNARY_PREFIX,
+                                          UNKNOWN_VARIABLE, WORKER_SERVICE, WORKER_SPECS, EmptyRequest, MethodSpec,
+                                          PingAnswer)
+from kubeps.runtime.rpc.validation import COLLECT_REQUEST, PS_REQUESTS, WORKER_REQUESTS, RequestShape
 from kubeps.runtime.rpc.security import TokenInterceptor, load_job_token, require_job_token
 from kubeps.runtime.rpc.tls import TLSConfig, load_tls
 from kubeps.runtime.util.threads import limit_math_threads
@@ -70,8 +76,19 @@ STREAM_IDLE_TIMEOUT_S = 10.0
 REQUEST_TIMEOUT_S = 120.0
 #: the largest request data section a server accepts (bytes)
 MAX_REQUEST_BYTES = 1 << 30
-#: methods whose requests carry no tensors: their data section must be empty
-_NO_TENSORS = frozenset({PING, COLLECT, PS.READ, PS.LIST_VARIABLES, PS.SAVE_SHARDS, PS.RESTORE_SHARDS})
+
+
+def _no_tensors(specs: Mapping[str, MethodSpec]) -> frozenset[str]:
+    """The methods of a service whose requests carry no tensors (their data section must be empty), by their
+    declarations: a method cannot be left out."""
+    return frozenset(name for name, spec in {**specs, COLLECT: COLLECT_SPEC}.items() if not spec.tensors)
+
+
+#: per service: the methods whose requests carry no tensors
+_NO_TENSORS = {PS_SERVICE: _no_tensors(PS_SPECS), WORKER_SERVICE: _no_tensors(WORKER_SPECS)}
+#: per service: its built-in methods and their requests' validators
+_BUILTINS: dict[str, tuple[Mapping[str, Method], Mapping[str, RequestShape]]] = {
+    PS_SERVICE: (BUILTIN_PS_METHODS, PS_REQUESTS), WORKER_SERVICE: (BUILTIN_WORKER_METHODS, WORKER_REQUESTS)}
 
 
 _IDENTITY = lambda b: b  # noqa: E731
@@ -296,6 +313,8 @@ class _ServiceHandler(grpc.GenericRpcHandler):
     def __init__(self, service: str, table: dict[str, Method], state: Any, server: "Server"):
         self._prefix = f"/{service}/"
         self._table = table
+        self._builtins, self._requests = _BUILTINS[service]
+        self._no_tensors = _NO_TENSORS[service]
         self._state = state
         self._server = server
         self.parked = _ParkedAnswers(server.parked_ttl_s, server.max_parked_bytes)
@@ -325,7 +344,7 @@ class _ServiceHandler(grpc.GenericRpcHandler):
             lambda requests, context: self._invoke(name, fn, requests, context), _IDENTITY, _IDENTITY
         )
 
-    def _ping(self, state: Any, meta: dict[str, Any], arrays: list):
+    def _ping(self, state: Any, request: EmptyRequest, arrays: list[Any]) -> tuple[PingAnswer, list[Any]]:  # noqa: ARG002
         return {"incarnation": self._server.incarnation, "job": self._server.job_name,
                 "task": self._server.task_index}, []
 
@@ -341,7 +360,7 @@ class _ServiceHandler(grpc.GenericRpcHandler):
     def _run(self, name: str, fn: Method, chunks, context: _Context) -> list[bytes]:
         """Decode the request, run the method, encode the answer in chunks; failures abort with a status code
         (never UNKNOWN: whatever a request holds, the answer says what was wrong with it)."""
-        limit = 0 if name in _NO_TENSORS else self._server.max_request_bytes
+        limit = 0 if name in self._no_tensors else self._server.max_request_bytes
         try:
             meta, arrays = wire.decode_chunks(self._server.guard.receive(chunks, context), limit)
         except wire.WireError as err:
@@ -351,8 +370,11 @@ class _ServiceHandler(grpc.GenericRpcHandler):
         except Exception as err:  # noqa: BLE001 - a malformed request the decoder did not name (a bug in it)
             log.warning("%s: request could not be decoded: %s: %s", name, type(err).__name__, err)
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: malformed request ({type(err).__name__})")
+        # a built-in's request is validated against its declaration (a user's method gets the decoded object)
+        shape = self._requests.get(name) if name == PING or self._builtins.get(name) is fn else None
         try:
-            out_meta, out_arrays = fn(self._state, meta, arrays)
+            request = meta if shape is None else shape.validate(meta)
+            out_meta, out_arrays = fn(self._state, request, arrays)
             return wire.encode_chunks(out_meta, out_arrays, self._server.chunk_bytes)
         except LimitExceededError as err:
             context.set_trailing_metadata(((ERROR_REASON_KEY, LIMIT),))
@@ -398,15 +420,12 @@ class _ServiceHandler(grpc.GenericRpcHandler):
         client = self._enter(COLLECT, context)
         try:
             meta, _ = wire.decode_chunks(self._server.guard.receive(requests, context), 0)
-        except wire.WireError as err:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{COLLECT}: {err}")
+            answer_id: str = COLLECT_REQUEST.validate(meta)["id"]
+        except (wire.WireError, ValueError) as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{COLLECT}: {err} (the id is the one a unary call's "
+                                                            f"trailing metadata '{ANSWER_ID_KEY}' named)")
         finally:
             self._server.guard.leave(client)
-        answer_id = meta.get("id")
-        if not isinstance(answer_id, str):
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"{COLLECT}: field 'id' must be the string a unary call's trailing metadata "
-                          f"'{ANSWER_ID_KEY}' named, got {answer_id!r}")
         chunks = self.parked.take(answer_id)
         if chunks is None:
             context.abort(grpc.StatusCode.NOT_FOUND, f"{COLLECT}: no parked answer {answer_id!r} (collected "

@@ -23,7 +23,7 @@ import numpy as np
 
 from kubeps.runtime.data.options import InputContext
 from kubeps.runtime.errors import ResourceMissingError
-from kubeps.runtime.rpc.protocol import PS
+from kubeps.runtime.rpc.protocol import PS, NamesRequest, PushLookupDynamicRequest, PushReadRequest, PushRequest
 from kubeps.runtime.rpc.transport import PSTransport
 
 __all__ = [
@@ -100,7 +100,7 @@ class ClosureContext:
         self.registered: dict[str, RemoteHandle] = {}
         self.cache: dict[str, np.ndarray] = {}
         self._batched = False  # whether the registered variables were pulled since the last invalidation
-        self._deferred: dict[int, tuple[dict[str, Any], list[Any]]] = {}  # ps -> (Push meta, tensors)
+        self._deferred: dict[int, tuple[PushRequest, list[Any]]] = {}  # ps -> (Push request, tensors)
         self.pulls = 0  # calls that pulled dense values (Read, ReadMany, PushRead); tests check batching
 
     def register(self, var: RemoteHandle) -> None:
@@ -132,7 +132,7 @@ class ClosureContext:
         for var in variables:
             assert var.ps_index is not None, "the closure context registers remote variables only"
             by_ps.setdefault(var.ps_index, []).append(var.key)
-        results = self.call_many({ps: (PS.READ, {"names": names}, ()) for ps, names in by_ps.items()})
+        results = self.call_many({ps: (PS.READ, NamesRequest(names=names), ()) for ps, names in by_ps.items()})
         self.pulls += len(results)
         for ps, (_, arrays) in results.items():
             self.store(by_ps[ps], arrays)
@@ -146,7 +146,7 @@ class ClosureContext:
         self._batched = False
 
     # -- deferred pushes ----------------------------------------------------------------------------------------
-    def defer_push(self, requests: dict[int, tuple[dict[str, Any], list[Any]]]) -> None:
+    def defer_push(self, requests: dict[int, tuple[PushRequest, list[Any]]]) -> None:
         """Hold one ``Push`` ``(meta, tensors)`` per PS until the next call to that PS carries it; a push still
         held for one of them goes first, on its own. The cached values are stale from here on."""
         held = [ps for ps in requests if ps in self._deferred]
@@ -155,23 +155,27 @@ class ClosureContext:
         self._deferred.update(requests)
         self.invalidate()
 
-    def call_many(self, requests: Mapping[int, tuple[str, dict[str, Any], Sequence[Any]]],
+    def call_many(self, requests: Mapping[int, tuple[str, Mapping[str, Any], Sequence[Any]]],
                   timeout: float | None = None) -> dict[int, tuple[dict[str, Any], list[np.ndarray]]]:
         """``PSTransport.call_many`` for calls made inside the closure: a read to a PS with a deferred push
         becomes one ``PushRead`` (same answer layout as the read); before any other method the push is sent."""
-        calls: dict[int, tuple[str, dict[str, Any], Sequence[Any]]] = {}
+        calls: dict[int, tuple[str, Mapping[str, Any], Sequence[Any]]] = {}
         others = []
         for ps, (method, meta, arrays) in requests.items():
             if ps not in self._deferred:
                 calls[ps] = (method, meta, arrays)
             elif method == PS.LOOKUP_DYNAMIC:  # a lookup of dynamic tables carries the push the same way
-                push_meta, push_arrays = self._deferred.pop(ps)
-                calls[ps] = (PS.PUSH_LOOKUP_DYNAMIC, {**push_meta, **meta}, [*push_arrays, *arrays])
+                push, push_arrays = self._deferred.pop(ps)
+                lookup = PushLookupDynamicRequest(optimizer=push["optimizer"], updates=push["updates"],
+                                                  names=list(meta.get("names", [])), rows=list(meta.get("rows", [])),
+                                                  dynamic=list(meta.get("dynamic", [])))
+                calls[ps] = (PS.PUSH_LOOKUP_DYNAMIC, lookup, [*push_arrays, *arrays])
             elif method in _READS:
-                push_meta, push_arrays = self._deferred.pop(ps)
+                push, push_arrays = self._deferred.pop(ps)
                 names = list(meta.get("names", [])) if method != PS.READ_ROWS else []
                 rows = list(meta["names"]) if method == PS.READ_ROWS else list(meta.get("rows", []))
-                calls[ps] = (PS.PUSH_READ, {**push_meta, "names": names, "rows": rows}, [*push_arrays, *arrays])
+                read = PushReadRequest(optimizer=push["optimizer"], updates=push["updates"], names=names, rows=rows)
+                calls[ps] = (PS.PUSH_READ, read, [*push_arrays, *arrays])
             else:
                 others.append(ps)
                 calls[ps] = (method, meta, arrays)

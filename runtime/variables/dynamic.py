@@ -23,7 +23,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from kubeps.runtime.errors import RuntimeConfigError
-from kubeps.runtime.rpc.protocol import PS
+from kubeps.runtime.rpc.protocol import (PS, CreateDynamicRequest, DynamicInfoRequest, DynamicLookup,
+                                          LookupDynamicRequest, TableNameRequest)
 from kubeps.runtime.util.keyhash import shard_of, to_keys
 from kubeps.runtime.variables import context as _context
 from kubeps.runtime.variables.dynamic_table import DynamicTable, TableConfig
@@ -92,7 +93,7 @@ class DynamicEmbedding:
         self._key = strategy._unique_name(name)
         self._num_ps = strategy.num_ps
         self._transport = strategy.transport
-        self._transport.call_many({ps: (PS.CREATE_DYNAMIC, {"name": self._key, "config": config.as_dict()}, ())
+        self._transport.call_many({ps: (PS.CREATE_DYNAMIC, CreateDynamicRequest(name=self._key, config=config.as_dict()), ())
                                    for ps in range(self._num_ps)})
 
     def _init(self, name: str, key: str, config: TableConfig, key_dtype: str, trainable: bool) -> None:
@@ -200,9 +201,10 @@ class DynamicEmbedding:
         for ps in range(self._num_ps):
             pos = positions[ps]
             if pos.size or ps in dense:
-                spec = [{"name": self._key, "train": bool(train)}] if pos.size else []
+                spec = [DynamicLookup(name=self._key, train=bool(train))] if pos.size else []
                 tensors = [unique[pos], counts[pos].astype(np.int64)] if pos.size else []
-                calls[ps] = (PS.LOOKUP_DYNAMIC, {"names": dense.get(ps, []), "rows": [], "dynamic": spec}, tensors)
+                calls[ps] = (PS.LOOKUP_DYNAMIC, LookupDynamicRequest(names=dense.get(ps, []), rows=[], dynamic=spec),
+                             tensors)
         rows = np.empty((unique.size, self.dim), dtype=self.dtype)
         for ps, (_, arrays) in _calls(transport, calls).items():
             values = dense.get(ps, [])
@@ -253,7 +255,7 @@ class DynamicEmbedding:
             with t.lock:
                 return [{"name": t.name, "size": t.size, "updates": t.updates, "evicted": t.evicted,
                          "nbytes": t.nbytes, "capacity": t.config.capacity}]
-        results = _calls(self.transport, {ps: (PS.DYNAMIC_INFO, {"names": [self._key]}, ())
+        results = _calls(self.transport, {ps: (PS.DYNAMIC_INFO, DynamicInfoRequest(names=[self._key]), ())
                                           for ps in range(self._num_ps)})
         return [results[ps][0]["tables"][0] for ps in range(self._num_ps)]
 
@@ -278,7 +280,7 @@ class DynamicEmbedding:
             with self._local.lock:
                 keys, values, local_slots, freqs, steps = self._local.export()
                 return [(keys, values, freqs, steps, local_slots, self._local.updates)]
-        results = _calls(self.transport, {ps: (PS.EXPORT_DYNAMIC, {"name": self._key}, ())
+        results = _calls(self.transport, {ps: (PS.EXPORT_DYNAMIC, TableNameRequest(name=self._key), ())
                                           for ps in range(self._num_ps)})
         out = []
         for ps in range(self._num_ps):

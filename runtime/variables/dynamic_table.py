@@ -27,30 +27,33 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Mapping, cast
 
 import numpy as np
 
+from kubeps.runtime.rpc.protocol import EvictPolicy, InitializerSpec, TableConfigSpec, TableDtype
+from kubeps.runtime.rpc.validation import RequestError, RequestShape
 from kubeps.runtime.util.key_index import KeyIndex, RowIndex
 from kubeps.runtime.util.keyhash import key_normal, key_uniform, mix64
 
 __all__ = ["DynamicTable", "TableConfig"]
 
 _INITIALIZERS = ("zeros", "constant", "uniform", "normal")
-_POLICIES = ("lru", "lfu")
-_DTYPES = ("float16", "float32", "float64")
 _DEFAULT_INITIALIZER = {"kind": "uniform", "minval": -0.05, "maxval": 0.05, "seed": 0}
+#: the shape of a config's JSON form
+_SPEC = RequestShape(TableConfigSpec)
 #: a row's count saturates here (counts are int32: 4 bytes a row, and LFU only compares them)
 FREQ_MAX = int(np.iinfo(np.int32).max)
 
 
 @dataclass(frozen=True)
 class TableConfig:
-    """What a dynamic table is; crosses the wire as :meth:`as_dict` (``CreateDynamic``)."""
+    """What a dynamic table is; crosses the wire as :meth:`as_dict` (``CreateDynamic``), declared there as
+    :class:`~kubeps.runtime.rpc.protocol.TableConfigSpec`."""
 
     dim: int
-    dtype: str = "float32"
+    dtype: TableDtype = "float32"
     #: ``{"kind": "zeros" | "constant" (value) | "uniform" (minval, maxval, seed) | "normal" (mean, stddev, seed)}``
     initializer: dict[str, Any] = field(default_factory=lambda: dict(_DEFAULT_INITIALIZER))
     default_value: float = 0.0
@@ -60,45 +63,56 @@ class TableConfig:
     bloom_hashes: int = 3
     steps_to_live: int = 0
     capacity: int = 0
-    evict_policy: str = "lru"
+    evict_policy: EvictPolicy = "lru"
     sweep_every: int = 100
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "initializer", _check_initializer(self.initializer, "initializer"))
 
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def as_dict(self) -> TableConfigSpec:
+        # the initializer was checked (_check_initializer) when the config was made: it is an InitializerSpec
+        return {"dim": self.dim, "dtype": self.dtype, "initializer": cast(InitializerSpec, dict(self.initializer)),
+                "default_value": self.default_value, "filter_freq": self.filter_freq, "max_pending": self.max_pending,
+                "bloom_counters": self.bloom_counters, "bloom_hashes": self.bloom_hashes,
+                "steps_to_live": self.steps_to_live, "capacity": self.capacity, "evict_policy": self.evict_policy,
+                "sweep_every": self.sweep_every}
 
     @classmethod
     def from_dict(cls, raw: Any, what: str = "config") -> "TableConfig":
-        """A config from its JSON form: every field checked, each refusal naming the field, the value and what is
-        allowed."""
-        if not isinstance(raw, Mapping):
-            raise ValueError(f"{what} must be an object of table settings, got {raw!r}")
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(raw) - known)
-        if unknown:
-            raise ValueError(f"{what} has unknown field(s) {unknown}; allowed: {sorted(known)}")
-        if "dim" not in raw:
-            raise ValueError(f"{what}.dim is missing; allowed: an integer >= 1")
-        args = dict(raw)
+        """A config from its JSON form (a user's settings, a pickled handle's): its shape checked against the
+        protocol's :class:`~kubeps.runtime.rpc.protocol.TableConfigSpec` (numpy scalars taken as numbers), then
+        :meth:`from_spec`; each refusal names the field, the value and what is allowed."""
+        try:
+            spec: TableConfigSpec = _SPEC.validate(_plain(raw))
+        except RequestError as err:
+            raise ValueError(f"{what}: {err}") from None
+        return cls.from_spec(spec, what)
+
+    @classmethod
+    def from_spec(cls, spec: TableConfigSpec, what: str = "config") -> "TableConfig":
+        """A config from its declared shape (validated: by the server, for a ``CreateDynamic`` request, or by
+        :meth:`from_dict`): the ranges checked, each refusal naming the field, the value and what is allowed."""
+        args: dict[str, Any] = dict(spec)
         for name, lo in (("dim", 1), ("filter_freq", 1), ("max_pending", 1), ("bloom_counters", 0),
                          ("bloom_hashes", 1), ("steps_to_live", 0), ("capacity", 0), ("sweep_every", 1)):
-            if name in args:
-                value = args[name]
-                if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo:
-                    raise ValueError(f"{what}.{name}={value!r} is not allowed; allowed: an integer >= {lo}")
-                args[name] = int(value)
-        if args.get("dtype", "float32") not in _DTYPES:
-            raise ValueError(f"{what}.dtype={args['dtype']!r} is not allowed; allowed: {list(_DTYPES)}")
-        if args.get("evict_policy", "lru") not in _POLICIES:
-            raise ValueError(f"{what}.evict_policy={args['evict_policy']!r} is not allowed; allowed: {list(_POLICIES)}")
+            value = args.get(name, lo)
+            if value < lo:
+                raise ValueError(f"{what}.{name}={value!r} is not allowed; allowed: an integer >= {lo}")
         default = args.get("default_value", 0.0)
-        if isinstance(default, bool) or not isinstance(default, (int, float)) or not math.isfinite(default):
+        if not math.isfinite(default):
             raise ValueError(f"{what}.default_value={default!r} is not allowed; allowed: a finite number")
         args["initializer"] = _check_initializer(args.get("initializer", dict(_DEFAULT_INITIALIZER)),
                                                  f"{what}.initializer")
         return cls(**args)
+
+
+def _plain(raw: Any) -> Any:
+    """``raw`` with numpy scalars (a user's ``np.int64(8)``) as the Python numbers they hold."""
+    if isinstance(raw, np.generic):
+        return raw.item()
+    if isinstance(raw, Mapping):
+        return {k: _plain(v) for k, v in raw.items()}
+    return raw
 
 
 def _check_initializer(raw: Any, what: str) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from kubeps.runtime.variables.dynamic import DynamicEmbedding
 from kubeps.runtime.variables.indexed_slices import IndexedSlices
 from kubeps.runtime.variables.partitioners import owner_of
 from kubeps.runtime.variables.variable import ShardedVariable, Variable, value_for
-from kubeps.runtime.rpc.protocol import PS
+from kubeps.runtime.rpc.protocol import PS, PushRequest
 
 __all__ = ["IndexedSlices", "apply_gradients"]  # IndexedSlices is defined in indexed_slices.py
 
@@ -111,7 +111,8 @@ def apply_gradients(optimizer: Any, grads_and_vars: Iterable[tuple[Any, Any]]) -
 
     ctx = _context.current_closure_context()
     for transport, per_ps in batches.values():
-        requests = {ps: ({"optimizer": config, "updates": updates}, arrays) for ps, (updates, arrays) in per_ps.items()}
+        assert config is not None, "a batch is made by a remote update, which took the optimizer's config"
+        requests = {ps: (PushRequest(optimizer=config, updates=updates), arrays) for ps, (updates, arrays) in per_ps.items()}
         if ctx is not None and ctx.transport is transport:
             ctx.defer_push(requests)
         else:

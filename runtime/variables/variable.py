@@ -19,7 +19,7 @@ import numpy as np
 from kubeps.runtime.variables import context as _context
 from kubeps.runtime.errors import RuntimeConfigError
 from kubeps.runtime.variables.partitioners import div_split, owner_of
-from kubeps.runtime.rpc.protocol import PS, slot_key
+from kubeps.runtime.rpc.protocol import PS, AssignOp, AssignRequest, NamesRequest, ReadManyRequest, slot_key
 from kubeps.runtime.variables.slots import slots_for
 
 __all__ = ["ShardedVariable", "Variable", "embedding_lookup", "gather_unique_rows"]
@@ -276,13 +276,13 @@ class Variable(_ArrayLike):
         ctx = _context.current_closure_context()
         if ctx is not None and ctx.transport is self._transport:
             return ctx.read([self])[0]
-        _, arrays = self._require_transport().call(self._ps_index, PS.READ, {"names": [self._key]})
+        _, arrays = self._require_transport().call(self._ps_index, PS.READ, NamesRequest(names=[self._key]))
         return arrays[0]
 
     def value(self) -> np.ndarray:
         return self.read_value()
 
-    def _write(self, op: str, value: Any) -> "Variable":
+    def _write(self, op: AssignOp, value: Any) -> "Variable":
         array = value_for(value, self._dtype, "value", self._name)
         if array.shape != self._shape:
             raise RuntimeConfigError("value", f"array of shape {list(array.shape)}",
@@ -294,7 +294,7 @@ class Variable(_ArrayLike):
                 self._local += array
             return self
         assert self._ps_index is not None, "a variable is local or on a parameter server"
-        _calls(self._require_transport(), {self._ps_index: (PS.ASSIGN, {"names": [self._key], "ops": [op]}, [array])})
+        _calls(self._require_transport(), {self._ps_index: (PS.ASSIGN, AssignRequest(names=[self._key], ops=[op]), [array])})
         ctx = _context.current_closure_context()
         if ctx is not None:
             ctx.invalidate([self._key])
@@ -384,7 +384,7 @@ class ShardedVariable(_ArrayLike):
     def value(self) -> np.ndarray:
         return self.read_value()
 
-    def _write(self, op: str, value: Any) -> "ShardedVariable":
+    def _write(self, op: AssignOp, value: Any) -> "ShardedVariable":
         array = value_for(value, self._dtype, "value", self._name)
         if array.shape != self._shape:
             raise RuntimeConfigError("value", f"array of shape {list(array.shape)}",
@@ -403,7 +403,7 @@ class ShardedVariable(_ArrayLike):
         return self._write("add", -value_for(delta, self._dtype, "delta", self._name))
 
 
-def _calls(transport: Any, requests: Mapping[int, tuple[str, dict[str, Any], Sequence[Any]]]) -> dict[int, Any]:
+def _calls(transport: Any, requests: Mapping[int, tuple[str, Mapping[str, Any], Sequence[Any]]]) -> dict[int, Any]:
     """Calls to parameter servers: inside a scheduled function through its closure context, which lets a read
     carry the closure's deferred push and keeps every other call behind it; elsewhere straight to the transport."""
     ctx = _context.current_closure_context()
@@ -437,7 +437,7 @@ def _read_many(variables: Sequence[Variable]) -> list[np.ndarray]:
         return [o if o is not None else next(values) for o in out]
     transport, by_ps = _group_remote(variables)
     results = transport.call_many(
-        {ps: (PS.READ, {"names": [variables[i]._key for i in idx]}, ()) for ps, idx in by_ps.items()}
+        {ps: (PS.READ, NamesRequest(names=[variables[i]._key for i in idx]), ()) for ps, idx in by_ps.items()}
     )
     for ps, idx in by_ps.items():
         for i, array in zip(idx, results[ps][1]):
@@ -445,14 +445,14 @@ def _read_many(variables: Sequence[Variable]) -> list[np.ndarray]:
     return out
 
 
-def _write_many(variables: Sequence[Variable], values: Sequence[np.ndarray], op: str) -> None:
+def _write_many(variables: Sequence[Variable], values: Sequence[np.ndarray], op: AssignOp) -> None:
     for v, value in zip(variables, values):
         if v._local is not None:
             v._write(op, value)
     transport, by_ps = _group_remote(variables)
     if by_ps:
         _calls(transport, {
-            ps: (PS.ASSIGN, {"names": [variables[i]._key for i in idx], "ops": [op] * len(idx)},
+            ps: (PS.ASSIGN, AssignRequest(names=[variables[i]._key for i in idx], ops=[op] * len(idx)),
                  [values[i] for i in idx])
             for ps, idx in by_ps.items()
         })
@@ -522,15 +522,15 @@ def gather_unique_rows(params: Variable | ShardedVariable,
             for handle in ctx.take_prefetch():
                 assert handle.ps_index is not None, "the closure context registers remote variables only"
                 dense.setdefault(handle.ps_index, []).append(handle.key)
-        calls: dict[int, tuple[str, dict[str, Any], Sequence[Any]]] = {}
+        calls: dict[int, tuple[str, Mapping[str, Any], Sequence[Any]]] = {}
         for ps in sorted(set(requests) | set(dense)):
             items = requests.get(ps, [])
             rows_names = [shards[s]._key for s, _ in items]
             indices = [local[pos] for _, pos in items]
             if ps in dense:
-                calls[ps] = (PS.READ_MANY, {"names": dense[ps], "rows": rows_names}, indices)
+                calls[ps] = (PS.READ_MANY, ReadManyRequest(names=dense[ps], rows=rows_names), indices)
             else:
-                calls[ps] = (PS.READ_ROWS, {"names": rows_names}, indices)
+                calls[ps] = (PS.READ_ROWS, NamesRequest(names=rows_names), indices)
         results = _calls(transport, calls)
         for ps, (_, arrays) in results.items():
             values = dense.get(ps, [])

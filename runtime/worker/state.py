@@ -27,7 +27,7 @@ from kubeps.runtime.variables import context as _context
 from kubeps.runtime.variables.context import ClosureContext
 from kubeps.runtime.errors import PSUnavailableError, ResourceMissingError
 from kubeps.runtime.rpc.codec import split_structure
-from kubeps.runtime.rpc.protocol import WORKER
+from kubeps.runtime.rpc.protocol import WORKER, ClosureAnswer, CreateResourceRequest, RunClosureRequest
 from kubeps.runtime.rpc.transport import PSTransport, ps_restarted
 from kubeps.runtime.rpc.tls import TLSConfig
 from kubeps.runtime.variables.variable import ShardedVariable, Variable
@@ -60,10 +60,10 @@ def _to_array(item: Any) -> Any:
     return np.asarray(item.read_value()) if isinstance(item, (Variable, ShardedVariable)) else item
 
 
-def _payload(arrays: list, method: str) -> bytes:
+def _payload(arrays: list[np.ndarray], method: str) -> bytes:
     if len(arrays) != 1 or arrays[0].dtype != np.uint8 or arrays[0].ndim != 1:
         raise ValueError(f"{method}: field 'tensors' must hold exactly one 1-D uint8 tensor (the pickled function)")
-    return arrays[0].tobytes()
+    return bytes(arrays[0].tobytes())
 
 
 def _bytes_tensor(data: bytes) -> np.ndarray:
@@ -87,7 +87,7 @@ def _run_and_flush(ctx: ClosureContext, body: Callable[[Any], Any], obj: Any) ->
     return result
 
 
-def _run(state: WorkerState, payload: bytes, body: Callable[[Any], Any]) -> tuple[dict[str, Any], list]:
+def _run(state: WorkerState, payload: bytes, body: Callable[[Any], Any]) -> tuple[ClosureAnswer, list[np.ndarray]]:
     ctx = state.context()
     previous = _context.set_closure_context(ctx)
     try:
@@ -107,7 +107,7 @@ def _run(state: WorkerState, payload: bytes, body: Callable[[Any], Any]) -> tupl
                 pickle.loads(blob)  # make sure the coordinator can rebuild it
             except Exception:  # noqa: BLE001
                 blob = b""
-            meta = {"status": "error", "type": type(err).__name__, "message": str(err),
+            meta: ClosureAnswer = {"status": "error", "type": type(err).__name__, "message": str(err),
                     "traceback": traceback.format_exc()}
             return meta, [_bytes_tensor(blob)]
         tensors: list[np.ndarray] = []
@@ -119,16 +119,18 @@ def _run(state: WorkerState, payload: bytes, body: Callable[[Any], Any]) -> tupl
             state.closures_run += 1
 
 
-def rpc_run_closure(state: WorkerState, meta: dict[str, Any], arrays: list) -> tuple[dict[str, Any], list]:  # noqa: ARG001
+def rpc_run_closure(state: WorkerState, request: RunClosureRequest,  # noqa: ARG001
+                    arrays: list[np.ndarray]) -> tuple[ClosureAnswer, list[np.ndarray]]:
     """Run ``fn(*args, **kwargs)`` from the pickled ``(fn, args, kwargs)``."""
     payload = _payload(arrays, WORKER.RUN_CLOSURE)
     return _run(state, payload, lambda obj: obj[0](*obj[1], **obj[2]))
 
 
-def rpc_create_resource(state: WorkerState, meta: dict[str, Any], arrays: list) -> tuple[dict[str, Any], list]:
+def rpc_create_resource(state: WorkerState, request: CreateResourceRequest,
+                        arrays: list[np.ndarray]) -> tuple[ClosureAnswer, list[np.ndarray]]:
     """Build a per-worker resource: ``resources[resource_id] = fn()`` from the pickled ``fn``."""
-    resource_id = meta.get("resource_id")
-    if not isinstance(resource_id, str) or not resource_id:
+    resource_id = request["resource_id"]
+    if not resource_id:
         raise ValueError(f"field 'resource_id' must be a non-empty string, got {resource_id!r}")
     payload = _payload(arrays, WORKER.CREATE_RESOURCE)
 
@@ -139,7 +141,8 @@ def rpc_create_resource(state: WorkerState, meta: dict[str, Any], arrays: list) 
     return _run(state, payload, build)
 
 
-BUILTIN_METHODS: dict[str, Callable[[WorkerState, dict[str, Any], list], tuple[dict[str, Any], list]]] = {
+#: the methods of the worker service (:mod:`kubeps.runtime.server.methods` serves them)
+BUILTIN_METHODS: dict[str, Callable[..., tuple[ClosureAnswer, list[np.ndarray]]]] = {
     WORKER.RUN_CLOSURE: rpc_run_closure,
     WORKER.CREATE_RESOURCE: rpc_create_resource,
 }

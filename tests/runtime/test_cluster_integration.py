@@ -175,7 +175,7 @@ def test_malformed_rpc_is_invalid_argument_and_server_survives(shared_cluster):
     with pytest.raises(Exception) as info:
         list(method(iter([b"KPS1garbage"]), timeout=5, metadata=client._metadata))
     assert "INVALID_ARGUMENT" in str(info.value.code()) and "header_length" in info.value.details()
-    with pytest.raises(RemoteError, match="INVALID_ARGUMENT.*field 'names' must be a list"):
+    with pytest.raises(RemoteError, match="INVALID_ARGUMENT.*field 'names' has value 'x': input should be a valid list"):
         client.call("Read", {"names": "x"})
     with pytest.raises(RemoteError, match="NOT_FOUND.*no variable named 'nope'"):
         client.call("Read", {"names": ["nope"]})

@@ -228,7 +228,7 @@ def test_string_keys_are_hashed(strategy):
 def test_bad_settings_are_refused_naming_the_field(strategy):
     with pytest.raises(RuntimeConfigError, match="filter_freq=0"):
         _table(strategy, filter_freq=0)
-    with pytest.raises(RuntimeConfigError, match="evict_policy='fifo'"):
+    with pytest.raises(RuntimeConfigError, match="field 'evict_policy' has value 'fifo': input should be 'lru' or 'lfu'"):
         _table(strategy, evict_policy="fifo")
     with pytest.raises(RuntimeConfigError, match="initializer"):
         _table(strategy, initializer={"kind": "normal", "stdev": 1})

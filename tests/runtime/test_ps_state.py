@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from kubeps.runtime.ops.optimizers import SGD
-from kubeps.runtime.ps.methods import rpc_push
+from kubeps.runtime.ps.push import rpc_push
+from kubeps.runtime.rpc.validation import PS_REQUESTS
 from kubeps.runtime.ps.state import ParameterServerState, UnknownVariableError
 
 pytestmark = pytest.mark.timeout(60)
@@ -130,8 +131,8 @@ def test_checks_name_the_problem():
     with pytest.raises(ValueError, match="'values' has shape \\[1, 3\\], expected \\[1, 2\\]"):
         state.apply_sparse("v", SGD_CONFIG, np.array([0]), np.zeros((1, 3)))
     with pytest.raises(ValueError, match="field 'updates\\[0\\].kind' has value 'weird'"):
-        rpc_push(state, {"optimizer": SGD_CONFIG, "updates": [{"name": "v", "kind": "weird"}]}, [np.zeros(1)])
-    with pytest.raises(ValueError, match="holds 0 tensor\\(s\\), expected 1"):
+        PS_REQUESTS["Push"].validate({"optimizer": SGD_CONFIG, "updates": [{"name": "v", "kind": "weird"}]})
+    with pytest.raises(ValueError, match="holds 0 tensor\\(s\\); 'updates' needs more \\(updates\\[0\\] of kind 'dense'"):
         rpc_push(state, {"optimizer": SGD_CONFIG, "updates": [{"name": "v"}]}, [])
 
 

@@ -176,7 +176,7 @@ def test_push_read_refuses_a_malformed_request_naming_the_field(ps_server):
     server.state.create("v", np.ones(4, np.float32))
     sgd = SGD(learning_rate=1.0).get_config()
     cases = [
-        ({"optimizer": sgd, "updates": "v", "names": ["v"]}, [], "field 'updates' must be a list"),
+        ({"optimizer": sgd, "updates": "v", "names": ["v"]}, [], "field 'updates' has value 'v': input should be a valid list"),
         ({"optimizer": sgd, "updates": [{"name": "v", "kind": "dense"}], "names": ["v"]}, [],
          "field 'tensors' holds 0 tensor(s)"),
         ({"optimizer": sgd, "updates": [], "names": [], "rows": ["v"]}, [], "ReadMany: field 'tensors' holds 0"),
@@ -194,6 +194,8 @@ def test_push_read_refuses_a_malformed_request_naming_the_field(ps_server):
         for method in ("PushRead", "Push"):
             if method == "Push" and ("rows" in meta or meta["names"]):
                 continue
+            if method == "Push":  # a Push declares no reads: its request has no 'names'
+                meta = {k: v for k, v in meta.items() if k != "names"}
             with pytest.raises(RemoteError) as info:
                 client.call(method, meta, arrays)
             assert info.value.code in ("INVALID_ARGUMENT", "NOT_FOUND") and message in str(info.value), str(info.value)

@@ -1,0 +1,115 @@
+"""Requests checked against their method's declaration (:mod:`kubeps.runtime.rpc.protocol`), once, where a server
+dispatches them.
+
+One :class:`RequestShape` per built-in method, built at import from the protocol's method tables, wraps a pydantic
+``TypeAdapter`` over the method's request ``TypedDict``. Every declaration of the protocol is closed and strict
+here (the protocol itself may not import pydantic, so this module gives its declarations pydantic's config): a key
+the declaration does not list, a missing key, a value of another JSON type (``"1"`` for an integer, ``1`` for a
+string, ``1`` for ``true``) are refused, with a :class:`RequestError` (a ``ValueError``: ``INVALID_ARGUMENT``)
+naming the field's path, the value and what the declaration allows.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Union, get_args, get_origin
+
+from pydantic import ConfigDict, TypeAdapter, ValidationError, with_config
+from typing_extensions import NotRequired, Required, get_type_hints, is_typeddict
+
+from kubeps.runtime.rpc import protocol
+from kubeps.runtime.rpc.protocol import COLLECT_SPEC, PS_SPECS, WORKER_SPECS, MethodSpec
+
+__all__ = ["COLLECT_REQUEST", "PS_REQUESTS", "WIRE_CONFIG", "WORKER_REQUESTS", "RequestError", "RequestShape", "describe",
+           "request_shapes"]
+
+#: what every declaration of the protocol is on the wire: closed (unknown keys refused) and strict (no coercion)
+WIRE_CONFIG = ConfigDict(extra="forbid", strict=True)
+#: the most problems one refusal lists
+_MAX_PROBLEMS = 5
+#: the most characters of a refused value a message quotes
+_MAX_VALUE_CHARS = 80
+
+for _declaration in vars(protocol).values():
+    if is_typeddict(_declaration):
+        with_config(WIRE_CONFIG)(_declaration)
+
+
+class RequestError(ValueError):
+    """A request whose metadata does not have its method's declared shape."""
+
+
+def _field_type(declaration: Any, loc: tuple[int | str, ...]) -> Any:
+    """The declared type at ``loc`` inside ``declaration``, or None where the path leaves the declarations."""
+    current = declaration
+    for part in loc:
+        while get_origin(current) in (NotRequired, Required):
+            current = get_args(current)[0]
+        if isinstance(part, str) and is_typeddict(current):
+            current = get_type_hints(current, include_extras=True).get(part)
+        elif isinstance(part, int) and get_origin(current) is list:
+            current = get_args(current)[0]
+        elif isinstance(part, str) and get_origin(current) is dict:
+            current = get_args(current)[1]
+        else:
+            return None
+    while get_origin(current) in (NotRequired, Required, Union):
+        current = get_args(current)[0]
+    return current
+
+
+def _path(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "<request>"
+
+
+def _value(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= _MAX_VALUE_CHARS else text[: _MAX_VALUE_CHARS - 3] + "..."
+
+
+def describe(declaration: type, err: ValidationError) -> str:
+    """``err`` in words: per problem, the field's path, the value and what the declaration allows."""
+    problems = []
+    errors = err.errors(include_url=False)
+    for e in errors[:_MAX_PROBLEMS]:
+        loc = tuple(e["loc"])
+        field = _path(loc)
+        if e["type"] == "missing":
+            problems.append(f"field '{field}' is missing; it is required ({declaration.__name__})")
+        elif e["type"] == "extra_forbidden":
+            parent = _field_type(declaration, loc[:-1])
+            allowed = sorted(get_type_hints(parent)) if is_typeddict(parent) else []
+            problems.append(f"field '{field}' (value {_value(e['input'])}) is not allowed; allowed fields: {allowed}")
+        else:
+            problems.append(f"field '{field}' has value {_value(e['input'])}: {e['msg'][:1].lower()}{e['msg'][1:]}")
+    if len(errors) > _MAX_PROBLEMS:
+        problems.append(f"and {len(errors) - _MAX_PROBLEMS} more problem(s)")
+    return "; ".join(problems)
+
+
+class RequestShape:
+    """The validator of one method's request metadata: :meth:`validate` returns the request as its declaration
+    types it (a new ``dict``), or raises :class:`RequestError`."""
+
+    def __init__(self, declaration: type):
+        self.declaration = declaration
+        self._adapter: TypeAdapter[Any] = TypeAdapter(declaration)
+
+    def validate(self, meta: object) -> Any:
+        try:
+            return self._adapter.validate_python(meta)
+        except ValidationError as err:
+            raise RequestError(describe(self.declaration, err)) from None
+
+
+def request_shapes(specs: Mapping[str, MethodSpec]) -> dict[str, RequestShape]:
+    """One validator per method of a service's table."""
+    return {name: RequestShape(spec.request) for name, spec in specs.items()}
+
+
+#: the validators of the parameter-server service's methods, of the worker service's, and of ``Collect``
+PS_REQUESTS = request_shapes(PS_SPECS)
+WORKER_REQUESTS = request_shapes(WORKER_SPECS)
+COLLECT_REQUEST = RequestShape(COLLECT_SPEC.request)
