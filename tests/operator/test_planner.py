@@ -13,11 +13,19 @@ import pytest
 from kubeps.operator.api import models
 from kubeps.operator.core import actions as A, children, observed
 from kubeps.operator.core import planner as P
+from kubeps.operator.core.state import Observed, SecretFacts
 from kubeps.operator.core.status import HANDLED_LIMIT
 from kubeps.runtime.cluster import TFConfig
 
 NOW = datetime(2025, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
 CONFIG = children.PlanConfig(default_image="example.com/runtime:1", cluster_domain=None)
+
+
+def observe(job, pods=(), services=(), secret=None, now=NOW, config=CONFIG, **seen) -> Observed:
+    """What the shell hands the planner: ``secret`` is the Secret's body (or None: there is none); ``seen``: the
+    other facts (network_policy, nodes, pod_group, queue)."""
+    return Observed(job, now, list(pods), list(services), None if secret is None else SecretFacts.of(secret),
+                    config=config, **seen)
 
 
 def template(image: str | None = "img:1", port: int | None = None, name: str = "kubeps") -> dict:
@@ -64,7 +72,7 @@ class World:
         self.events: list[A.Event] = []
 
     def plan(self) -> A.Plan:
-        return P.plan(self.job, self.pods.values(), self.services.values(), self.secret, self.now, CONFIG)
+        return P.plan(observe(self.job, self.pods.values(), self.services.values(), self.secret, self.now, CONFIG))
 
     def apply(self, plan: A.Plan, limit: int | None = None) -> None:
         self.job["status"] = plan.status
@@ -221,7 +229,7 @@ def test_default_image_custom_port_cluster_domain_and_user_tf_config_replaced():
     worker_container["env"] = [{"name": "TF_CONFIG", "value": "{}"}, {"name": "KEEP", "value": "1"}]
     job["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]["containers"].insert(0, {"name": "sidecar"})
     config = children.PlanConfig(default_image="reg/rt:2", cluster_domain="cluster.local")
-    plan = P.plan(job, [], [], None, NOW, config)
+    plan = P.plan(observe(job, [], [], None, NOW, config))
     bodies = {a.name: a.body for a in plan.of(A.CreatePod)}
     ps = bodies["ctr-ps-0"]["spec"]["containers"][0]
     assert ps["image"] == "reg/rt:2" and ps["ports"] == [{"name": "kubeps-port", "containerPort": 5000}]
@@ -264,7 +272,7 @@ def test_pods_and_services_of_other_owners_are_ignored():
     foreign = {"metadata": {"name": "ctr-chief-0", "uid": "x", "labels": {children.LABEL_JOB: "ctr"},
                             "ownerReferences": [{"uid": "old-job", "controller": True}]},
                "status": {"phase": "Succeeded"}}
-    plan = P.plan(world.job, [foreign], [], None, NOW, CONFIG)
+    plan = P.plan(observe(world.job, [foreign], [], None, NOW, CONFIG))
     assert "ctr-chief-0" in [a.name for a in plan.of(A.CreatePod)]
     assert not plan.terminal
 
