@@ -16,41 +16,49 @@ Rules (documented for users in docs/operator.md):
 * backoffLimit: chief and PS recreations so far plus in-place container restarts (restartCount) of the live chief
   and PS pods; a restart that would go beyond it fails the job instead.
 
-Functions of a :class:`~.draft.Draft`; pure: no I/O.
+What an exit of which role restarts, and what counts, is the runtime's lifecycle table
+(:mod:`kubeps.runtime.lifecycle`, which ``kubeps local --restart`` reads too), under the replica's restartPolicy
+and with the exit classified by the spec's ExitCode rule (:func:`exit_of`). Functions of a :class:`~.draft.Draft`;
+pure: no I/O.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
 
+from kubeps.runtime import lifecycle
+
 from kubeps.operator.api.models import (ConditionType, PSTrainingJobSpec, ReplicaRestartPolicy, ReplicaType,
                                         SuccessPolicy)
 
 from .draft import Draft
 from .observed import ObservedPod
-from .status import (R_ALL_WORKERS_FAILED, R_ALL_WORKERS_SUCCEEDED, R_BACKOFF, R_CHIEF_FAILED, R_PS_FAILED,
+from .status import (COUNTED, R_ALL_WORKERS_FAILED, R_ALL_WORKERS_SUCCEEDED, R_BACKOFF, R_CHIEF_FAILED, R_PS_FAILED,
                      R_RUNNING, R_WORKER_FAILED)
 
 
-def retries(d: Draft, policy: ReplicaRestartPolicy, pod: ObservedPod) -> bool:
-    """Whether a replica's restart policy recreates this finished pod."""
+def exit_of(d: Draft, pod: ObservedPod) -> str:
+    """The lifecycle table's class of a finished pod's exit: its code per the spec's ExitCode rule
+    (``runPolicy.retryableExitCodes``; a pod without a code, evicted or lost, is retryable)."""
     if pod.phase == "Succeeded":
-        return policy is ReplicaRestartPolicy.ALWAYS
-    if policy is ReplicaRestartPolicy.NEVER:
-        return False
-    if policy is ReplicaRestartPolicy.EXIT_CODE:
-        return d.valid_spec.runPolicy.retryable(pod.exit_code)
-    return True
+        return lifecycle.SUCCESS
+    return lifecycle.RETRYABLE if d.valid_spec.runPolicy.retryable(pod.exit_code) else lifecycle.PERMANENT
+
+
+def decide(d: Draft, rt: ReplicaType, policy: ReplicaRestartPolicy, pod: ObservedPod) -> lifecycle.Decision:
+    """The lifecycle table's decision for a finished pod under its replica's restart policy."""
+    return lifecycle.decide(rt.task_type, exit_of(d, pod), policy.value)
+
+
+def retries(d: Draft, rt: ReplicaType, policy: ReplicaRestartPolicy, pod: ObservedPod) -> bool:
+    """Whether a replica's restart policy recreates this finished pod."""
+    return bool(decide(d, rt, policy, pod).restarts)
 
 
 def backoff_used(d: Draft) -> int:
     """The chief and PS restarts counted so far, with the in-place container restarts of their live pods."""
     # Pods already retired have their in-place restarts folded into backoffCount.
-    live = sum(
-        p.restart_count
-        for p in d.pods
-        if p.replica_type in (ReplicaType.CHIEF, ReplicaType.PS) and not d.book.handled(p)
-    )
+    live = sum(p.restart_count for p in d.pods if p.replica_type in COUNTED and not d.book.handled(p))
     return d.status.backoffCount + live
 
 
@@ -100,25 +108,29 @@ def reconcile_ps(d: Draft, count: int, spec: PSTrainingJobSpec) -> bool:
             # variables are lost as surely as after a failure, so the chief must restart too. Recreated once
             # gone, like an evicted pod (no exit code), whatever the policy; counted against backoffLimit.
             what = f"ps {index} (pod {pod.name}) was deleted"
-            retry, delete = True, False
+            decision = lifecycle.decide(lifecycle.PS, lifecycle.RETRYABLE, ReplicaRestartPolicy.ALWAYS.value)
+            delete = False
         else:
             if not pod.finished:
                 continue
-            if pod.phase == "Succeeded" and policy is not ReplicaRestartPolicy.ALWAYS:
+            decision = decide(d, ReplicaType.PS, policy, pod)
+            if not decision.restarts and decision.outcome is None:
                 continue  # a PS that chose to exit; the chief decides the job's fate
             if d.book.handled(pod):
                 d.delete_pod(pod, "restart")
                 continue
             what = _ended(pod, f"ps {index}")
-            retry, delete = retries(d, policy, pod), True
-        if not retry:
+            delete = True
+        if not decision.restarts:
             d.fail(R_PS_FAILED, f"{what}; restartPolicy {policy.value} does not retry it.")
             return True
-        if not restart_allowed(d, what):
+        if decision.counted and not restart_allowed(d, what):
             return True
         d.book.retire(pod)
-        d.status.backoffCount += 1
-        d.status.chiefEpoch += 1
+        if decision.counted:
+            d.status.backoffCount += 1
+        if lifecycle.CHIEF in decision.restarts:
+            d.status.chiefEpoch += 1  # the chief's pods of older epochs are restarted (restart_chief_for_epoch)
         ps_status = d.book.replica_status(ReplicaType.PS)
         ps_status.restarts += 1
         if pod.phase == "Failed" or not delete:
@@ -174,7 +186,7 @@ def reconcile_chief(d: Draft, spec: PSTrainingJobSpec) -> bool:
         restart_chief_for_epoch(d, pod)  # part of the PS restart: not counted twice against backoffLimit
         return False
     what = _ended(pod, "the chief")
-    if not retries(d, policy, pod):
+    if not retries(d, ReplicaType.CHIEF, policy, pod):
         d.fail(R_CHIEF_FAILED, f"{what}; restartPolicy {policy.value} does not retry it.")
         return True
     return _chief_restart(d, what, pod, delete=True)
@@ -209,7 +221,7 @@ def reconcile_replicas(d: Draft, rt: ReplicaType, count: int, spec: PSTrainingJo
             continue
         if pod.terminating or not pod.finished:
             continue
-        retry = retries(d, policy, pod)
+        retry = retries(d, rt, policy, pod)
         if not d.book.handled(pod):
             d.book.mark_handled(pod)
             status = d.book.replica_status(rt)
@@ -264,7 +276,7 @@ def update_running(d: Draft, desired: dict[ReplicaType, int]) -> None:
     worker_policy = d.valid_spec.replicaSpecs.Worker.restartPolicy
     for index in range(desired[ReplicaType.WORKER]):
         pod = d.by_key.get((ReplicaType.WORKER, index))
-        if pod is not None and pod.finished and not retries(d, worker_policy, pod):
+        if pod is not None and pod.finished and not retries(d, ReplicaType.WORKER, worker_policy, pod):
             continue  # done for good
         workers.append(running(ReplicaType.WORKER, index))
     if workers and all(workers):

@@ -28,7 +28,7 @@ from .actions import CreatePod, DeleteJob, DeleteService
 from .children import pod_body
 from .draft import Draft
 from .observed import fmt_time, parse_time
-from .status import R_DEADLINE, R_RESUMED, R_SUSPENDED
+from .status import COUNTED, R_DEADLINE, R_RESUMED, R_SUSPENDED
 
 
 def queued(d: Draft) -> bool:
@@ -58,7 +58,7 @@ def hold(d: Draft, spec: PSTrainingJobSpec) -> bool:
     for ctype in (ConditionType.RUNNING, ConditionType.RESTARTING):
         d.book.set_condition(ctype, False, reason, message)
     for pod in sorted(d.pods, key=lambda p: p.name):
-        if pod.replica_type in (ReplicaType.CHIEF, ReplicaType.PS):
+        if pod.replica_type in COUNTED:
             d.book.retire(pod)  # so that a pod still terminating at resume is not taken for a lost one
         if not pod.terminating:
             d.delete_pod(pod, "suspended")

@@ -15,6 +15,7 @@ from kubeps.operator.core import actions as A, children, observed
 from kubeps.operator.core import planner as P
 from kubeps.operator.core.state import Observed, SecretFacts
 from kubeps.operator.core.status import HANDLED_LIMIT
+from kubeps.runtime import lifecycle
 from kubeps.runtime.cluster import TFConfig
 
 NOW = datetime(2025, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
@@ -887,3 +888,23 @@ def test_the_default_retry_rule_is_the_pod_contracts():
     policy = models.RunPolicy()
     assert [c for c in range(1, 256) if policy.retryable(c)] == [c for c in range(1, 256) if is_retryable_exit(c)]
     assert policy.retryable(None)
+
+
+@pytest.mark.parametrize("exit", lifecycle.EXIT_CLASSES)
+@pytest.mark.parametrize("policy", list(lifecycle.POLICIES))
+@pytest.mark.parametrize("rt", list(models.REPLICA_TYPES))
+def test_the_planner_follows_the_lifecycle_table(rt, policy, exit):
+    """Every role x restart policy x class of exit: the pods the planner restarts, what it counts against
+    backoffLimit and how the job ends are the runtime's lifecycle table's (kubeps.runtime.lifecycle), which
+    ``kubeps local --restart`` reads too (tests/fault_tolerance/test_lifecycle_table.py)."""
+    world = running(ps=1, workers=2, evaluator=1, policies={rt.value: policy})
+    name = children.child_name("ctr", rt, 0)
+    world.exit(name, {lifecycle.SUCCESS: 0, lifecycle.RETRYABLE: 137, lifecycle.PERMANENT: 1}[exit])
+    plan = world.step()
+    decision = lifecycle.decide(rt.task_type, exit, policy)
+    assert world.is_true("Succeeded") == (decision.outcome == lifecycle.SUCCEEDED)
+    assert world.is_true("Failed") == (decision.outcome == lifecycle.FAILED)
+    assert world.job["status"].get("backoffCount", 0) == (1 if decision.counted else 0)
+    if decision.outcome is None:  # (a finished job's pods go per cleanPodPolicy)
+        assert {a.name for a in plan.of(A.DeletePod)} == {f"ctr-{role}-0" for role in decision.restarts}
+        assert world.job["status"].get("chiefEpoch", 0) == (1 if "chief" in decision.restarts[1:] else 0)
