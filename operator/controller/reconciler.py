@@ -1,8 +1,9 @@
 """The reconciler: observe, plan, write the status, apply. kopf's ``memo.reconciler``.
 
 Level-based and finalizer-free (see :mod:`.handlers` for what kopf does): every reconcile of a job builds one
-:class:`~kubeps.operator.core.state.Observed` from its cache and a few reads (:meth:`Reconciler.observe`) and makes one
-plan from it (:func:`kubeps.operator.core.planner.plan`), so a restarted operator converges to the same state. The status is written (with the observed resourceVersion as precondition) before any action runs, so a
+:class:`~kubeps.operator.core.state.Observed` from its cache and a few reads (:meth:`Reconciler.observe`) and
+makes one plan from it (:func:`kubeps.operator.core.planner.plan`), so a restarted operator converges to the same
+state. The status is written (with the observed resourceVersion as precondition) before any action runs, so a
 restart counted once is never counted again, and a stale cache only costs a re-read.
 
 :class:`Reconciler` is the sum of its collaborators, named as fields as Kubeflow's ``JobController`` names its
