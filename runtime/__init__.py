@@ -7,7 +7,8 @@ pay for grpc, cloudpickle and numpy at import time; the ``TYPE_CHECKING`` block 
 the same names.
 
 Where things live (each package's docstring states its rule): ``cluster``, ``contract`` and ``certs`` (TF_CONFIG,
-the pod contract and the job's certificates, shared with the operator), ``errors``, ``util``, ``data`` (input), ``rpc`` (everything on the network),
+the pod contract and the job's certificates, shared with the operator), ``lifecycle`` (which exit restarts what,
+shared too), ``errors``, ``util``, ``data`` (input), ``rpc`` (everything on the network),
 ``variables`` (what a program holds and pushes), ``observe`` (TensorBoard event files: ``kp.summary``; tensorboardX
 loads only when a writer is created), ``ops`` (kernels, optimizers, layers), ``models`` (gradients of models written
 with JAX; jax loads only when used), ``ps`` and ``worker`` (what runs on those tasks), ``checkpoint``, ``coordinator``

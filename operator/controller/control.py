@@ -47,7 +47,7 @@ from kubeps.operator.core.actions import (
     ReissueCertificate,
 )
 from kubeps.operator.core import disruption
-from kubeps.operator.core.nodes import ForceDeletePod
+from kubeps.operator.core.actions import ForceDeletePod
 from kubeps.operator.core.children import ANNOTATION_TLS_WORKERS, LABEL_ROLE, TOKEN_KEY, secret_name
 from kubeps.operator.core.observed import controlled_by
 from kubeps.operator.kube.client import ApiError, KubeClient

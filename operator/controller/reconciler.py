@@ -1,8 +1,9 @@
 """The reconciler: observe, plan, write the status, apply. kopf's ``memo.reconciler``.
 
-Level-based and finalizer-free (see :mod:`.handlers` for what kopf does): every reconcile of a job recomputes its
-plan from what is observed (:func:`kubeps.operator.core.planner.plan`), so a restarted operator converges to the
-same state. The status is written (with the observed resourceVersion as precondition) before any action runs, so a
+Level-based and finalizer-free (see :mod:`.handlers` for what kopf does): every reconcile of a job builds one
+:class:`~kubeps.operator.core.state.Observed` from its cache and a few reads (:meth:`Reconciler.observe`) and
+makes one plan from it (:func:`kubeps.operator.core.planner.plan`), so a restarted operator converges to the same
+state. The status is written (with the observed resourceVersion as precondition) before any action runs, so a
 restart counted once is never counted again, and a stale cache only costs a re-read.
 
 :class:`Reconciler` is the sum of its collaborators, named as fields as Kubeflow's ``JobController`` names its
@@ -23,8 +24,9 @@ from typing import Awaitable, Callable
 from kubeps.operator.api.models import GangScheduler, NetworkPolicyMode
 from kubeps.operator.core import disruption, gang, kueue, nodes, planner
 from kubeps.operator.core.actions import CreatePod
-from kubeps.operator.core.children import ANNOTATION_NETWORK_POLICY, PlanConfig, secret_name
+from kubeps.operator.core.children import PlanConfig
 from kubeps.operator.core.observed import controlled_by
+from kubeps.operator.core.state import Observed, SecretFacts
 from kubeps.operator.kube.client import ApiError, KubeClient
 
 from .cache import Body, Cache, Key, job_key
@@ -145,47 +147,25 @@ class Reconciler:
 
     # -- one reconcile -------------------------------------------------------------------------------------------
     async def reconcile(self, key: Key) -> None:
+        """Observe the job once (:meth:`observe`), plan once, write the status, apply the plan.
+
+        A Secret taken from the cache is verified before a plan that creates pods is acted on: a new pod reads its
+        token from the Secret, which someone may have deleted since it was seen (Secrets are not watched: that would
+        need rights to read every Secret). When it is gone, this reconcile writes and does nothing and the job is
+        reconciled again at once; the read forgot the Secret, so that pass plans with it absent (the planner then
+        restarts the pods that hold the old token, with a new Secret)."""
         job = self.cache.jobs.get(key)
         if job is None:
             return
         started = time.perf_counter()
         uid = job["metadata"].get("uid")
-        pods, services = self.cache.children(key)
         cached = self.cache.secrets.get(key) == uid
-        secret: Body | None
-        if cached:
-            secret = {"metadata": {"name": secret_name(key[1]),
-                                   "annotations": dict(self.cache.secret_annotations.get(key) or {})}}
-        elif not pods and not job.get("status"):
-            # A job never reconciled: plan to create its Secret without reading first (creating one that exists
-            # answers 409, and create_secret then checks whose it is); one GET fewer per new job.
-            secret = None
-        else:
-            secret = await self.control.read_own_secret(key, uid)
-        if secret is not None and key in self.cache.network_policies:
-            secret = {**secret, "metadata": {**secret["metadata"], "annotations": {
-                **(secret["metadata"].get("annotations") or {}), ANNOTATION_NETWORK_POLICY: "present"}}}
-        queue = await self.queue_view(key, job) if self.config.kueue and kueue.queue_name(job) else None
-        pod_group = None
-        if self.config.gang_scheduler is not GangScheduler.NONE and (pods or job.get("status")):
-            # (a job never reconciled has none: one fewer GET per new job, as for the Secret)
-            pod_group = await self.control.read_own_pod_group(key, uid, gang.API_VERSIONS[self.config.gang_scheduler])
-        now = datetime.now(timezone.utc)
-        # Pods on lost nodes are shown to the planner as deleted, and force-deleted below.
-        view = self.nodes.view() if self.nodes is not None else None
-        leases_until = self.nodes.leases_until if self.nodes is not None else None
-        loss = nodes.replace_lost_pods(pods, view, now, self.settings.node_lost_after, leases_until)
-        plan = planner.plan(job, loss.pods, services, secret, now, self.config, pod_group=pod_group, queue=queue)
+        observed = await self.observe(key, job, cached)
+        plan = planner.plan(observed)
         if cached and plan.of(CreatePod) and await self.control.read_own_secret(key, uid) is None:
-            # A new pod reads its token from the Secret, which someone may have deleted since it was made (Secrets
-            # are not watched: that would need rights to read every Secret). Without it the planner restarts the
-            # pods that hold the old token, with a new Secret.
-            plan = planner.plan(job, loss.pods, services, None, now, self.config, pod_group=pod_group, queue=queue)
+            self.queue.again(key)
+            return
         self.reconciles += 1
-        if plan.of(CreatePod):
-            # New pods stay off lost nodes: the scheduler takes one for Ready until the node controller marks it.
-            lost = nodes.lost_nodes(view, now, self.settings.node_lost_after, leases_until)
-            plan.actions = nodes.keep_off(plan.actions, lost)
 
         old_status = job.get("status") or {}
         if plan.status != old_status:
@@ -194,15 +174,43 @@ class Reconciler:
                 return  # conflict or gone: re-read and re-planned by the next pass
             self.recorder.transitions(old_status, plan.status)
             job = written
-        plan.actions.extend(e for uid, e in loss.events.items() if uid not in self.cache.force_deleted)
         await self.control.apply(key, job, plan)
-        await self.control.force_delete_pods(key, loss.deletes)
+        await self.control.force_delete_pods(key, plan.force_deletes)
         await self.control.sync_disruption_budget(key, job, disruption.wanted(job, plan.terminal))
         if plan.all_children_present:
             self.recorder.all_children_present(job)
         if plan.requeue_after is not None:
             self.queue.schedule(key, plan.requeue_after + 0.5)
         self.recorder.reconciled(time.perf_counter() - started)
+
+    async def observe(self, key: Key, job: Body, secret_cached: bool) -> Observed:
+        """Everything the planner decides from, for one reconcile: the cache's children, the Secret (from the cache
+        when ``secret_cached``, else read), the NetworkPolicy the shell saw made, the nodes, the PodGroup and the
+        Kueue view; the clock."""
+        uid = job["metadata"].get("uid")
+        pods, services = self.cache.children(key)
+        secret: SecretFacts | None
+        if secret_cached:
+            secret = SecretFacts.from_annotations(self.cache.secret_annotations.get(key) or {})
+        elif not pods and not job.get("status"):
+            # A job never reconciled: plan to create its Secret without reading first (creating one that exists
+            # answers 409, and create_secret then checks whose it is); one GET fewer per new job.
+            secret = None
+        else:
+            body = await self.control.read_own_secret(key, uid)
+            secret = SecretFacts.of(body) if body is not None else None
+        queue = await self.queue_view(key, job) if self.config.kueue and kueue.queue_name(job) else None
+        pod_group = None
+        if self.config.gang_scheduler is not GangScheduler.NONE and (pods or job.get("status")):
+            # (a job never reconciled has none: one fewer GET per new job, as for the Secret)
+            pod_group = await self.control.read_own_pod_group(key, uid, gang.API_VERSIONS[self.config.gang_scheduler])
+        seen = nodes.NodesSeen()
+        if self.nodes is not None:
+            seen = nodes.NodesSeen(self.nodes.view(), self.settings.node_lost_after, self.nodes.leases_until,
+                                   frozenset(self.cache.force_deleted))
+        return Observed(job=job, now=datetime.now(timezone.utc), pods=pods, services=services, secret=secret,
+                        network_policy=key in self.cache.network_policies, nodes=seen, pod_group=pod_group,
+                        queue=queue, config=self.config)
 
     async def queue_view(self, key: Key, job: Body) -> kueue.QueueView:
         """What the planner needs of Kueue for a queued job: its Workload (from the watch; one of an older job of

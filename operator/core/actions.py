@@ -1,5 +1,5 @@
 """What a plan asks of the shell: the actions (create or delete a child, delete the job, post an Event) and
-:class:`Plan`, which carries them with the job's new status.
+:class:`Plan`, which carries them with the job's new status and the force deletes of pods on lost nodes.
 
 Plain frozen data: the planner makes them, the shell (:mod:`kubeps.operator.controller`) carries them out in the
 order it chooses (the status first, then the Secret and the PodGroup, then pods and Services at once). Repeating one is harmless:
@@ -117,6 +117,17 @@ class DeleteWorkload:
 
 
 @dataclass(frozen=True)
+class ForceDeletePod:
+    """Delete a pod with grace period 0 (its UID a precondition): it runs on a lost node (:mod:`.nodes`), whose
+    kubelet will never confirm a delete."""
+
+    name: str
+    uid: str | None
+    node: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class Event:
     type: str  # Normal | Warning
     reason: str
@@ -141,6 +152,8 @@ class Plan:
     #: Every desired pod, Service and the Secret are observed.
     all_children_present: bool = False
     terminal: bool = False
+    #: The pods on lost nodes to delete at once (after the other actions: :mod:`.nodes`).
+    force_deletes: list[ForceDeletePod] = field(default_factory=list)
 
     def of(self, kind: type[_A]) -> list[_A]:
         """The actions of one kind, in the order decided."""

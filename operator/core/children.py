@@ -46,9 +46,6 @@ LABEL_ROLE = "kubeps.dev/job-role"
 ANNOTATION_EPOCH = "kubeps.dev/chief-epoch"
 #: on the job's Secret: how many Worker indices the task certificate's names cover (scale-up beyond: re-issued)
 ANNOTATION_TLS_WORKERS = "kubeps.dev/tls-workers"
-#: set by the operator's shell on the Secret it hands the planner (never written): the job's NetworkPolicy is
-#: known to exist (NetworkPolicies are not watched; without it the planner asks for a create, a no-op if there)
-ANNOTATION_NETWORK_POLICY = "kubeps.dev/network-policy"
 MAIN_CONTAINER_NAMES = ("kubeps", "tensorflow")
 TOKEN_KEY = "token"
 TLS_VOLUME = "kubeps-tls"

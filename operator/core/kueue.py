@@ -18,8 +18,8 @@ speaks the protocol it implements directly, over the public ``kueue.x-k8s.io/v1b
   queue-name change while not admitted moves the Workload; a change of the podSets (Worker replicas) while admitted
   deletes the Workload, which is made again and queued anew (Kueue's own rule for a Job whose parallelism changes).
 
-Pure: the planner (:mod:`.planner`) calls :class:`Queueing` with what the shell observed (:class:`QueueView`); the
-actions it returns are carried out by :mod:`kubeps.operator.controller.control`.
+Pure: the planner (its :mod:`.timeline` rules) calls :class:`Queueing` with what the shell observed
+(:class:`QueueView`); the actions it returns are carried out by :mod:`kubeps.operator.controller.control`.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ there, so the operator replaces such pods itself:
   latest checkpoint, a chief a chief restart, a worker a new worker, all recreated once gone, whatever the
   restart policy (as after an eviction);
 * every pod of the job on a lost node that is (or is now taken as) being deleted is force-deleted (grace period
-  0, its UID a precondition): :class:`ForceDeletePod`;
+  0, its UID a precondition): :class:`~.actions.ForceDeletePod`;
 * a pod made while nodes are lost gets a required node affinity that keeps it off them
   (:func:`keep_off`): a node whose Lease went stale still reads ``Ready`` for the scheduler until the node
   controller marks it (~50 s), and a replacement bound there would be lost again at once;
@@ -27,7 +27,8 @@ there, so the operator replaces such pods itself:
   off), and replacing pods there, or keeping new ones off every node, could only leave them Pending.
 
 Pure: no I/O, no clock (``now`` is given). The shell (:mod:`kubeps.operator.controller.nodes`) watches Nodes and
-Leases and says when to look again (:attr:`Verdict.recheck_after`).
+Leases, hands what it saw to the planner as :class:`NodesSeen` (the planner applies these rules, once per
+reconcile) and says when to look again (:attr:`Verdict.recheck_after`).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Mapping, Sequence
 
-from .actions import Action, CreatePod, Event
+from .actions import Action, CreatePod, Event, ForceDeletePod
 from .observed import fmt_time, parse_time
 
 TAINT_UNREACHABLE = "node.kubernetes.io/unreachable"
@@ -59,6 +60,21 @@ class NodeState:
     not_ready: bool = False  # tainted node.kubernetes.io/not-ready
     #: When the operator saw the node's Lease renewed (its own clock), None when it has seen no Lease.
     lease_seen: datetime | None = None
+
+
+@dataclass(frozen=True)
+class NodesSeen:
+    """What the shell knows of the nodes at one reconcile, for the rules above."""
+
+    #: The known nodes by name; None when the operator does not know them (not watched, or not listed yet):
+    #: nothing is decided then.
+    states: Mapping[str, NodeState] | None = None
+    #: Seconds of a stale Lease or of ``Ready=False`` after which a node is lost (0: the node controller decides).
+    lost_after: float = 0.0
+    #: When the operator last saw any node's Lease renewed (:func:`assess`).
+    leases_until: datetime | None = None
+    #: The UIDs of the pods the shell force-deleted already: their NodeLost Event was posted.
+    force_deleted: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -119,16 +135,6 @@ def assess(state: NodeState | None, now: datetime, lost_after: float,
             return Verdict(True, f"is not ready for {down:.0f} s (lost after {lost_after:g} s)")
         recheck = min(recheck if recheck is not None else lost_after, lost_after - down)
     return Verdict(False, recheck_after=recheck)
-
-
-@dataclass(frozen=True)
-class ForceDeletePod:
-    """Delete a pod with grace period 0 (its UID a precondition): its kubelet will never confirm a delete."""
-
-    name: str
-    uid: str | None
-    node: str
-    reason: str
 
 
 @dataclass

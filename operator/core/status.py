@@ -6,7 +6,7 @@ for, the per-role counts.
 * a condition's ``lastTransitionTime`` moves only when its status flips, ``lastUpdateTime`` whenever its reason or
   message changes; a condition never set is not written as False;
 * a finished job (Succeeded or Failed) has no condition Running or Restarting left True;
-* a chief or PS pod that goes away is *retired* once: marked handled (by UID, so a restarted operator never counts
+* a pod of a counted role (:data:`COUNTED`: the chief, a PS) that goes away is *retired* once: marked handled (by UID, so a restarted operator never counts
   it again) with its in-place container restarts folded into ``backoffCount``.
 
 Pure: the time is given (``now``), nothing is read or written elsewhere.
@@ -17,6 +17,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Mapping
 
+from kubeps.runtime import lifecycle
+
 from kubeps.operator.api import models
 from kubeps.operator.api.models import ConditionType, PSTrainingJobStatus, ReplicaStatus, ReplicaType
 
@@ -25,6 +27,10 @@ from .observed import ObservedPod, fmt_time
 #: Covers every pod a job can have (chief, 100 PS, 1000 workers, evaluator), twice: a terminating pod and its
 #: replacement. Dropping a UID still observed would count that pod again at every reconcile.
 HANDLED_LIMIT = 4096
+
+#: The replica types whose restarts count against backoffLimit: the lifecycle table's counted roles (the chief and
+#: the parameter servers).
+COUNTED = frozenset(rt for rt in models.REPLICA_TYPES if lifecycle.ROLES[rt.task_type].counted)
 
 #: Condition reasons.
 R_CREATED = "PSTrainingJobCreated"
@@ -128,7 +134,7 @@ class StatusBook:
         if self.handled(pod):
             return False
         self.mark_handled(pod)
-        if pod.replica_type in (ReplicaType.CHIEF, ReplicaType.PS):
+        if pod.replica_type in COUNTED:
             self.status.backoffCount += pod.restart_count
         return True
 

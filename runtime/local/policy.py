@@ -1,13 +1,15 @@
-"""The restart policy of ``kubeps local --restart``: a pure decision table ("task X exited with status S after N
+"""The restart policy of ``kubeps local --restart``: a pure decision ("task X exited with status S after N
 restarts: what now?") that :class:`~kubeps.runtime.local.restarting.RestartingLocalCluster` applies, restarting
-tasks as the operator restarts pods (the retry rule is :func:`kubeps.runtime.contract.is_retryable_exit`).
+tasks as the operator restarts pods. What an exit means (which exits restart what, which end the job) is the
+lifecycle table the operator reads too (:mod:`kubeps.runtime.lifecycle`); this adds the switch (``restart``) and a
+per-task budget with exponential backoff.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kubeps.runtime.contract import is_retryable_exit
+from kubeps.runtime import lifecycle
 
 __all__ = ["Action", "RestartPolicy", "SupervisorEvent"]
 
@@ -45,39 +47,35 @@ class RestartPolicy:
         return min(self.backoff_max, self.backoff_initial * (2 ** restarts)) if restarts else 0.0
 
     def on_exit(self, task_type: str, index: int, status: int, restarts: int) -> list[Action]:
-        """What to do when task ``(task_type, index)`` exited with ``status`` after ``restarts`` restarts."""
+        """What to do when task ``(task_type, index)`` exited with ``status`` after ``restarts`` restarts: the
+        lifecycle table's decision (:func:`kubeps.runtime.lifecycle.decide`, under the role's own policy), within
+        this policy's switch and per-task budget."""
         task = (task_type, index)
         name = f"{task_type}-{index}"
-        budget = self.restart and restarts < self.max_restarts
-        spent = f"{name} was restarted {restarts} time(s) already (max_restarts={self.max_restarts})"
-        if task_type == "chief":
-            if status == 0:
-                return [Action("finish", task, reason="the chief succeeded")]
-            if not is_retryable_exit(status):
-                return [Action("fail", task, reason=f"the chief exited with permanent status {status}")]
-            if not self.restart:
-                return [Action("fail", task, reason=f"the chief exited with status {status} and restarts are off")]
-            if not budget:
-                return [Action("fail", task, reason=spent)]
-            return [Action("restart", task, self.backoff(restarts), f"the chief exited with retryable status {status}")]
-        if task_type == "ps":
-            if not self.restart:
-                return [Action("report", task, reason=f"{name} exited with status {status}; restarts are off")]
-            if not budget:
-                return [Action("fail", task, reason=spent)]
-            return [
-                Action("restart", task, self.backoff(restarts), f"{name} exited with status {status}"),
-                Action("kill", ("chief", 0), reason=f"{name} lost its variables: the chief restarts from the "
-                                                    "latest checkpoint"),
-            ]
-        # workers and the evaluator
-        if status == 0:
+        decision = lifecycle.decide(task_type, lifecycle.exit_class(status))
+        role = lifecycle.ROLES[task_type]
+        who = f"the {task_type}" if role.decides_job else name
+        if decision.outcome == lifecycle.SUCCEEDED:
+            return [Action("finish", task, reason=f"{who} succeeded")]
+        if not decision.restarts:
+            if decision.outcome == lifecycle.FAILED:
+                return [Action("fail", task, reason=f"{who} exited with permanent status {status}")]
             return [Action("report", task, reason=f"{name} finished")]
         if not self.restart:
+            if role.decides_job:
+                return [Action("fail", task, reason=f"{who} exited with status {status} and restarts are off")]
             return [Action("report", task, reason=f"{name} exited with status {status}; restarts are off")]
-        if not budget:
+        if restarts >= self.max_restarts:
+            spent = f"{name} was restarted {restarts} time(s) already (max_restarts={self.max_restarts})"
+            if role.vital:
+                return [Action("fail", task, reason=spent)]
             return [Action("report", task, reason=spent + "; not restarting it")]
-        return [Action("restart", task, self.backoff(restarts), f"{name} exited with status {status}")]
+        why = (f"{who} exited with retryable status {status}" if role.decides_job
+               else f"{name} exited with status {status}")
+        return [Action("restart", task, self.backoff(restarts), why)] + [
+            Action("kill", (other, 0), reason=f"{name} lost its variables: the {other} restarts from the latest "
+                                              "checkpoint")
+            for other in decision.restarts[1:]]
 
 
 @dataclass

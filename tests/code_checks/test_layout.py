@@ -41,3 +41,31 @@ def test_every_runtime_package_is_in_the_distribution():
         for init in (REPO / root).rglob("__init__.py"):
             package = ".".join([name, *init.parent.relative_to(REPO / root).parts])
             assert package in listed, f"{package} ({init.parent}) is not in pyproject's [tool.setuptools] packages"
+
+
+#: The longest class the operator's functional core may hold: past it, a class has taken in a second concern
+#: (the planner was split by concern at ~760 lines: restarts, timeline, security, scale).
+CORE_CLASS_LIMIT = 300
+
+
+def _classes_over(source: str, limit: int) -> list[tuple[str, int]]:
+    """The classes of ``source`` (nested ones too) longer than ``limit`` lines, with their lengths."""
+    import ast
+
+    return [(node.name, node.end_lineno - node.lineno + 1) for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.ClassDef) and node.end_lineno is not None
+            and node.end_lineno - node.lineno + 1 > limit]
+
+
+def test_the_class_length_check_finds_a_long_class():
+    body = "\n".join(f"    x{i} = {i}" for i in range(CORE_CLASS_LIMIT))
+    assert _classes_over(f"class Long:\n{body}\n\nclass Short:\n    pass\n", CORE_CLASS_LIMIT) == [
+        ("Long", CORE_CLASS_LIMIT + 1)]
+
+
+def test_no_class_of_the_operator_core_is_longer_than_the_limit():
+    core = REPO / "operator" / "core"
+    too_long = {f"{path.name}:{name}": length for path in sorted(core.glob("*.py"))
+                for name, length in _classes_over(path.read_text(), CORE_CLASS_LIMIT)}
+    assert not too_long, (f"classes of operator/core longer than {CORE_CLASS_LIMIT} lines: {too_long}; split them "
+                          f"by concern (see operator/core/planner.py's docstring)")

@@ -14,7 +14,7 @@ from kubeps.operator.api.models import GangScheduler
 from kubeps.operator.core import actions as A, gang
 from kubeps.operator.core import planner as P
 
-from .test_planner import CONFIG, World, make_job
+from .test_planner import CONFIG, World, make_job, observe
 
 GANG_ROLES = ("chief", "ps", "worker")
 
@@ -29,8 +29,8 @@ class GangWorld(World):
         self.pod_group_log: list[str] = []
 
     def plan(self) -> A.Plan:
-        return P.plan(self.job, self.pods.values(), self.services.values(), self.secret, self.now, self.config,
-                      pod_group=self.pod_group)
+        return P.plan(observe(self.job, self.pods.values(), self.services.values(), self.secret, self.now, self.config,
+                      pod_group=self.pod_group))
 
     def apply(self, plan: A.Plan, limit: int | None = None) -> None:
         for action in plan.actions[:limit]:
@@ -86,7 +86,7 @@ def test_no_backend_no_pod_group_and_pods_as_before():
     job = make_job(run_policy={"schedulingPolicy": {"minAvailable": 2, "queue": "q", "priorityClass": "high"}})
     plan = GangWorld(job, GangScheduler.NONE).plan()
     assert plan.of(A.CreatePodGroup) == [] and plan.of(A.DeletePodGroup) == []
-    plain = P.plan(make_job(), [], [], None, GangWorld(job).now, CONFIG)
+    plain = P.plan(observe(make_job(), [], [], None, GangWorld(job).now, CONFIG))
     assert {a.name: a.body for a in plain.of(A.CreatePod)} == pod_bodies(plan)
 
 

@@ -12,7 +12,7 @@ import pytest
 from kubeps.operator.core import actions as A, kueue
 from kubeps.operator.core import planner as P
 
-from .test_planner import CONFIG, World, make_job
+from .test_planner import CONFIG, World, make_job, observe
 
 KUEUE = dataclasses.replace(CONFIG, kueue=True)
 FLAVOR = {"nodeLabels": {"pool": "spot"}, "tolerations": [{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}]}
@@ -29,7 +29,7 @@ class QueueWorld(World):
 
     def plan(self) -> A.Plan:
         view = kueue.QueueView(workload=copy.deepcopy(self.workload), flavors={"spot": FLAVOR})
-        return P.plan(self.job, self.pods.values(), self.services.values(), self.secret, self.now, KUEUE, queue=view)
+        return P.plan(observe(self.job, self.pods.values(), self.services.values(), self.secret, self.now, KUEUE, queue=view))
 
     def apply(self, plan: A.Plan, limit: int | None = None) -> None:
         super().apply(plan, limit)
@@ -239,11 +239,11 @@ def test_worker_scale_while_admitted_replaces_the_workload():
 
 def test_without_the_label_or_with_kueue_off_the_job_runs_as_today():
     plain = World(make_job(ps=1, workers=1))
-    plan = P.plan(plain.job, [], [], None, plain.now, KUEUE, queue=kueue.QueueView())
+    plan = P.plan(observe(plain.job, [], [], None, plain.now, KUEUE, queue=kueue.QueueView()))
     assert plan.of(A.CreatePod) and not plan.of(A.CreateWorkload)
     labelled = make_job(ps=1, workers=1)
     labelled["metadata"]["labels"] = {kueue.LABEL_QUEUE: "team"}
-    plan = P.plan(labelled, [], [], None, plain.now, CONFIG)
+    plan = P.plan(observe(labelled, [], [], None, plain.now, CONFIG))
     assert plan.of(A.CreatePod) and not plan.of(A.CreateWorkload)
 
 
@@ -251,7 +251,7 @@ def test_priority_goes_into_the_workload():
     job = make_job(ps=1, workers=1)
     job["metadata"]["labels"] = {kueue.LABEL_QUEUE: "team"}
     view = kueue.QueueView(priority=kueue.Priority("kueue.x-k8s.io", "WorkloadPriorityClass", "high", 1000))
-    [create] = P.plan(job, [], [], None, World(job).now, KUEUE, queue=view).of(A.CreateWorkload)
+    [create] = P.plan(observe(job, [], [], None, World(job).now, KUEUE, queue=view)).of(A.CreateWorkload)
     assert create.body["spec"]["priority"] == 1000
     assert create.body["spec"]["priorityClassRef"] == {"group": "kueue.x-k8s.io", "kind": "WorkloadPriorityClass",
                                                        "name": "high"}
@@ -285,8 +285,8 @@ def test_gang_after_admission_no_pod_group_while_queued_or_evicted():
 
     def plan() -> A.Plan:
         view = kueue.QueueView(workload=copy.deepcopy(world.workload), flavors={"spot": FLAVOR})
-        made = P.plan(world.job, world.pods.values(), world.services.values(), world.secret, world.now, config,
-                      pod_group=group.get("body"), queue=view)
+        made = P.plan(observe(world.job, world.pods.values(), world.services.values(), world.secret, world.now, config,
+                      pod_group=group.get("body"), queue=view))
         for action in made.actions:
             if isinstance(action, A.CreatePodGroup):
                 group["body"] = action.body

@@ -10,8 +10,9 @@ import pytest
 
 from kubeps.operator.core import actions as A, disruption
 from kubeps.operator.core import nodes as N
+from kubeps.operator.core import planner as P
 
-from .test_planner import NOW, World, make_job
+from .test_planner import NOW, World, make_job, observe
 
 
 def node(name="n1", ready="True", since=NOW - timedelta(hours=1), taints=()):
@@ -182,20 +183,16 @@ def test_new_pods_are_kept_off_lost_nodes():
 
 
 # ---------------------------------------------------------------------------------------------- with the planner
-def lose(world: World, view: dict) -> list[N.ForceDeletePod]:
-    """One reconcile as the shell does it: nodes first, then the planner (shown the pods as the nodes rule
+def lose(world: World, view: dict) -> list[A.ForceDeletePod]:
+    """One reconcile as the shell does it: the planner, told the nodes (it shows it the pods as the nodes rule
     shows them), then the force deletes."""
-    loss = N.replace_lost_pods(list(world.pods.values()), view, world.now, 20)
-    saved = world.pods
-    world.pods = {p["metadata"]["name"]: p for p in loss.pods}
-    try:
-        world.apply(world.plan())
-    finally:
-        world.pods = saved
-    for d in loss.deletes:
+    plan = P.plan(observe(world.job, world.pods.values(), world.services.values(), world.secret, world.now,
+                          nodes=N.NodesSeen(view, 20)))
+    world.apply(plan)
+    for d in plan.force_deletes:
         if d.name in world.pods and world.pods[d.name]["metadata"]["uid"] == d.uid:
             del world.pods[d.name]
-    return loss.deletes
+    return plan.force_deletes
 
 
 def placed(world: World, where: dict[str, str]) -> None:
@@ -240,6 +237,33 @@ def test_healthy_nodes_change_nothing():
     before = {n: p["metadata"]["uid"] for n, p in world.pods.items()}
     assert lose(world, {"alive": state(name="alive")}) == []
     assert {n: p["metadata"]["uid"] for n, p in world.pods.items()} == before
+
+
+def test_one_plan_keeps_new_pods_off_lost_nodes_and_says_node_lost_once_per_pod():
+    world = World(make_job(ps=1, workers=2)).running_job()
+    placed(world, {"ctr-worker-0": "dead"})
+    seen = N.NodesSeen({"dead": state(ready="Unknown", name="dead"), "alive": state(name="alive")}, 20)
+    uid = world.pods["ctr-worker-0"]["metadata"]["uid"]
+
+    def plan(nodes: N.NodesSeen) -> A.Plan:
+        return P.plan(observe(world.job, world.pods.values(), world.services.values(), world.secret, world.now,
+                              nodes=nodes))
+
+    first = plan(seen)
+    assert [(d.name, d.uid, d.node) for d in first.force_deletes] == [("ctr-worker-0", uid, "dead")]
+    assert [e.reason for e in first.of(A.Event)].count(N.R_NODE_LOST) == 1
+    # the shell force-deleted it already: the delete is asked for again (a no-op), the Event is not
+    again = plan(N.NodesSeen(seen.states, 20, force_deleted=frozenset({uid})))
+    assert [d.name for d in again.force_deletes] == ["ctr-worker-0"]
+    assert N.R_NODE_LOST not in [e.reason for e in again.of(A.Event)]
+    del world.pods["ctr-worker-0"]
+    [create] = plan(seen).of(A.CreatePod)
+    terms = create.body["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"]
+    assert terms == [{"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["dead"]}]}]
+    # nodes not known: nothing decided, nothing kept off
+    [create] = plan(N.NodesSeen()).of(A.CreatePod)
+    assert "affinity" not in create.body["spec"]
 
 
 # ---------------------------------------------------------------------------------------------- disruption budget

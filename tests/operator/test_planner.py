@@ -13,11 +13,20 @@ import pytest
 from kubeps.operator.api import models
 from kubeps.operator.core import actions as A, children, observed
 from kubeps.operator.core import planner as P
+from kubeps.operator.core.state import Observed, SecretFacts
 from kubeps.operator.core.status import HANDLED_LIMIT
+from kubeps.runtime import lifecycle
 from kubeps.runtime.cluster import TFConfig
 
 NOW = datetime(2025, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
 CONFIG = children.PlanConfig(default_image="example.com/runtime:1", cluster_domain=None)
+
+
+def observe(job, pods=(), services=(), secret=None, now=NOW, config=CONFIG, **seen) -> Observed:
+    """What the shell hands the planner: ``secret`` is the Secret's body (or None: there is none); ``seen``: the
+    other facts (network_policy, nodes, pod_group, queue)."""
+    return Observed(job, now, list(pods), list(services), None if secret is None else SecretFacts.of(secret),
+                    config=config, **seen)
 
 
 def template(image: str | None = "img:1", port: int | None = None, name: str = "kubeps") -> dict:
@@ -64,7 +73,7 @@ class World:
         self.events: list[A.Event] = []
 
     def plan(self) -> A.Plan:
-        return P.plan(self.job, self.pods.values(), self.services.values(), self.secret, self.now, CONFIG)
+        return P.plan(observe(self.job, self.pods.values(), self.services.values(), self.secret, self.now, CONFIG))
 
     def apply(self, plan: A.Plan, limit: int | None = None) -> None:
         self.job["status"] = plan.status
@@ -221,7 +230,7 @@ def test_default_image_custom_port_cluster_domain_and_user_tf_config_replaced():
     worker_container["env"] = [{"name": "TF_CONFIG", "value": "{}"}, {"name": "KEEP", "value": "1"}]
     job["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]["containers"].insert(0, {"name": "sidecar"})
     config = children.PlanConfig(default_image="reg/rt:2", cluster_domain="cluster.local")
-    plan = P.plan(job, [], [], None, NOW, config)
+    plan = P.plan(observe(job, [], [], None, NOW, config))
     bodies = {a.name: a.body for a in plan.of(A.CreatePod)}
     ps = bodies["ctr-ps-0"]["spec"]["containers"][0]
     assert ps["image"] == "reg/rt:2" and ps["ports"] == [{"name": "kubeps-port", "containerPort": 5000}]
@@ -264,7 +273,7 @@ def test_pods_and_services_of_other_owners_are_ignored():
     foreign = {"metadata": {"name": "ctr-chief-0", "uid": "x", "labels": {children.LABEL_JOB: "ctr"},
                             "ownerReferences": [{"uid": "old-job", "controller": True}]},
                "status": {"phase": "Succeeded"}}
-    plan = P.plan(world.job, [foreign], [], None, NOW, CONFIG)
+    plan = P.plan(observe(world.job, [foreign], [], None, NOW, CONFIG))
     assert "ctr-chief-0" in [a.name for a in plan.of(A.CreatePod)]
     assert not plan.terminal
 
@@ -879,3 +888,23 @@ def test_the_default_retry_rule_is_the_pod_contracts():
     policy = models.RunPolicy()
     assert [c for c in range(1, 256) if policy.retryable(c)] == [c for c in range(1, 256) if is_retryable_exit(c)]
     assert policy.retryable(None)
+
+
+@pytest.mark.parametrize("exit", lifecycle.EXIT_CLASSES)
+@pytest.mark.parametrize("policy", list(lifecycle.POLICIES))
+@pytest.mark.parametrize("rt", list(models.REPLICA_TYPES))
+def test_the_planner_follows_the_lifecycle_table(rt, policy, exit):
+    """Every role x restart policy x class of exit: the pods the planner restarts, what it counts against
+    backoffLimit and how the job ends are the runtime's lifecycle table's (kubeps.runtime.lifecycle), which
+    ``kubeps local --restart`` reads too (tests/fault_tolerance/test_lifecycle_table.py)."""
+    world = running(ps=1, workers=2, evaluator=1, policies={rt.value: policy})
+    name = children.child_name("ctr", rt, 0)
+    world.exit(name, {lifecycle.SUCCESS: 0, lifecycle.RETRYABLE: 137, lifecycle.PERMANENT: 1}[exit])
+    plan = world.step()
+    decision = lifecycle.decide(rt.task_type, exit, policy)
+    assert world.is_true("Succeeded") == (decision.outcome == lifecycle.SUCCEEDED)
+    assert world.is_true("Failed") == (decision.outcome == lifecycle.FAILED)
+    assert world.job["status"].get("backoffCount", 0) == (1 if decision.counted else 0)
+    if decision.outcome is None:  # (a finished job's pods go per cleanPodPolicy)
+        assert {a.name for a in plan.of(A.DeletePod)} == {f"ctr-{role}-0" for role in decision.restarts}
+        assert world.job["status"].get("chiefEpoch", 0) == (1 if "chief" in decision.restarts[1:] else 0)

@@ -17,6 +17,7 @@ from kubeps.operator.core import actions as A
 from kubeps.operator.core import children
 from kubeps.operator.core import planner as P
 
+from .test_planner import observe
 from .conftest import create_job, get_job, job_manifest, make_namespace, delete_namespace, patch_job, pods_of, \
     wait_state
 
@@ -32,8 +33,8 @@ def api_job(security: dict | None = None, workers: int = 2, templates: dict | No
     return job
 
 
-def pods_planned(job, secret=None, config=children.PlanConfig()):
-    plan = P.plan(job, [], [], secret, NOW, config)
+def pods_planned(job, secret=None, config=children.PlanConfig(), network_policy=False):
+    plan = P.plan(observe(job, [], [], secret, NOW, config, network_policy=network_policy))
     return plan, {a.name: a.body for a in plan.of(A.CreatePod)}
 
 
@@ -102,8 +103,10 @@ def test_network_policy_from_the_spec_or_the_operators_default():
     same_job = children.PlanConfig(network_policy=models.NetworkPolicyMode.SAME_JOB)
     assert pods_planned(api_job(), config=same_job)[0].of(A.CreateNetworkPolicy)
     assert not pods_planned(api_job({"networkPolicy": {"mode": "None"}}), config=same_job)[0].of(A.CreateNetworkPolicy)
-    known = {"metadata": {"name": "sec-kubeps-token", "annotations": {children.ANNOTATION_NETWORK_POLICY: "present"}}}
-    assert not pods_planned(api_job(), known, config=same_job)[0].of(A.CreateNetworkPolicy)
+    secret = {"metadata": {"name": "sec-kubeps-token"}}
+    assert not pods_planned(api_job(), secret, config=same_job, network_policy=True)[0].of(A.CreateNetworkPolicy)
+    # seen made, but the Secret gone: asked for again with the new Secret (a create that finds it is a no-op)
+    assert pods_planned(api_job(), None, config=same_job, network_policy=True)[0].of(A.CreateNetworkPolicy)
 
 
 def test_restricted_defaults_fill_in_and_keep_what_the_template_sets():

@@ -1,0 +1,118 @@
+"""The job's children as the spec sizes them: templates that can be made into pods, pods and Services beyond the
+spec's replicas, a Service per replica, pods that cannot start, and the counts the status shows.
+
+Rules (documented for users in docs/operator.md):
+
+* Per replica one pod and one headless Service named ``<job>-<type>-<index>``. Every pod is created with
+  ``restartPolicy: Never``: the operator itself recreates pods to implement the replica's restart policy
+  (:mod:`.restarts`), so it sees every failure.
+* A template that cannot be made into a pod fails the job (InvalidPodTemplate), once, instead of raising at every
+  reconcile.
+* Pods and Services beyond the spec's replicas (Worker scale-down) or of no known replica are deleted.
+* Pods whose containers cannot start (:data:`~.observed.STUCK_REASONS`) are named in a ``Running: False``
+  condition (reason PodsCannotStart) while the job has not run yet.
+
+Functions of a :class:`~.draft.Draft`; pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from kubeps.operator.api import models
+from kubeps.operator.api.models import ConditionType, ReplicaStatus, ReplicaType
+
+from .actions import CreateService, DeletePod, DeleteService
+from .children import child_name, pod_body, service_body
+from .draft import Draft
+from .status import R_INVALID_TEMPLATE, R_PODS_WAITING
+
+
+def check_templates(d: Draft) -> None:
+    """Fail the job when a template cannot be made into a pod (the CRD preserves unknown fields, so e.g.
+    ``metadata.labels: "a=b"`` or ``env: "X=1"`` reach the planner) instead of raising on every reconcile."""
+    spec = d.valid_spec
+    for rt in models.REPLICA_TYPES:
+        if spec.replicaSpecs.get(rt) is None:
+            continue
+        try:
+            pod_body(d.job, spec, rt, 0, d.status.chiefEpoch, d.config)
+            service_body(d.job, rt, 0)
+        except (TypeError, ValueError, AttributeError, KeyError, IndexError) as err:
+            d.fail(R_INVALID_TEMPLATE, f"spec.replicaSpecs.{rt.value}.template cannot be made into a pod: "
+                                       f"{type(err).__name__}: {err}")
+            return
+
+
+def delete_beyond_spec(d: Draft, desired: dict[ReplicaType, int]) -> None:
+    """Pods that should not exist: replica types or indices beyond the spec (Worker scale-down)."""
+    for pod in sorted(d.pods, key=lambda p: (p.replica_type is None, str(p.replica_type), -(p.index or 0))):
+        if pod.terminating:
+            continue
+        if pod.replica_type is None or pod.index is None or pod.index >= desired[pod.replica_type]:
+            d.delete_pod(pod, "scaled down")
+            d.event("Normal", "ScaledDown", f"Deleting pod {pod.name}: beyond the spec's replicas")
+
+
+def reconcile_services(d: Draft, desired: dict[ReplicaType, int]) -> None:
+    """One headless Service per replica; those beyond the spec deleted."""
+    wanted: dict[str, tuple[ReplicaType, int]] = {}
+    for rt in models.REPLICA_TYPES:
+        for index in range(desired[rt]):
+            wanted[child_name(d.name, rt, index)] = (rt, index)
+    for svc_name, (rt, index) in wanted.items():
+        if svc_name not in d.services:
+            d.plan.actions.append(CreateService(svc_name, service_body(d.job, rt, index)))
+    for svc_name in sorted(d.services, reverse=True):
+        if svc_name not in wanted and not (d.services[svc_name].get("metadata") or {}).get("deletionTimestamp"):
+            d.plan.actions.append(DeleteService(svc_name, "scaled down"))
+
+
+def report_stuck_pods(d: Draft) -> None:
+    """Pods whose containers cannot start (STUCK_REASONS) are named in a ``Running: False`` condition, with a
+    Warning Event when that begins: a TFJob in the same state just stays Created. Only while the job has not run
+    yet (or this condition is the one that says why); it goes away when the pods start."""
+    cond = d.book.condition(ConditionType.RUNNING)
+    if cond is not None and cond.reason != R_PODS_WAITING:
+        return  # running, or not running for a reason of its own (restarting, suspended)
+    stuck = sorted((p for p in d.pods if p.live and p.waiting), key=lambda p: p.name)
+    if not stuck:
+        if cond is not None:
+            d.status.conditions.remove(cond)
+        return
+    message = f"{len(stuck)} pod(s) cannot start; {stuck[0].name}: {stuck[0].waiting}"
+    if cond is None:
+        d.status.conditions.append(models.Condition(
+            type=ConditionType.RUNNING, status="False", reason=R_PODS_WAITING, message=message,
+            lastTransitionTime=d.book.now_text, lastUpdateTime=d.book.now_text))
+        d.event("Warning", R_PODS_WAITING, message)
+    elif cond.message != message:
+        cond.message, cond.lastUpdateTime = message, d.book.now_text
+
+
+def summarise(d: Draft) -> None:
+    """The status's counts and columns (active, ready, succeeded per type; chief, ps, workers, restarts, state),
+    the handled pods still observed, and whether every child is there; the plan's status is written from it."""
+    desired = d.desired_counts()
+    live_pods = [p for p in d.pods if not p.terminating]
+    deleted = {a.name for a in d.plan.actions if isinstance(a, DeletePod)}
+    for rt in models.REPLICA_TYPES:
+        mine = [p for p in live_pods if p.replica_type is rt and p.name not in deleted]
+        if not mine and desired[rt] == 0 and rt.value not in d.status.replicaStatuses:
+            continue
+        rs = d.book.replica_status(rt)
+        rs.active = sum(1 for p in mine if p.phase in ("Pending", "Running"))
+        rs.ready = sum(1 for p in mine if p.ready)
+        rs.succeeded = sum(1 for p in mine if p.phase == "Succeeded")
+    chief = d.by_key.get((ReplicaType.CHIEF, 0))
+    d.status.chief = chief.phase if chief is not None and chief.name not in deleted else "-"
+    ps = d.status.replicaStatuses.get(ReplicaType.PS.value, ReplicaStatus())
+    workers = d.status.replicaStatuses.get(ReplicaType.WORKER.value, ReplicaStatus())
+    d.status.ps = f"{ps.ready}/{desired[ReplicaType.PS]}"
+    d.status.workers = f"{workers.ready}/{desired[ReplicaType.WORKER]}"
+    d.status.restarts = sum(rs.restarts for rs in d.status.replicaStatuses.values())
+    d.status.state = d.book.state()
+    d.book.forget_unobserved({p.uid for p in d.pods})
+    d.plan.status = d.book.to_json()
+    if not d.book.terminal and d.spec is not None and not d.spec.runPolicy.suspend:
+        have_pods = all((rt, i) in d.by_key for rt in models.REPLICA_TYPES for i in range(desired[rt]))
+        have_svcs = all(child_name(d.name, rt, i) in d.services for rt in models.REPLICA_TYPES for i in range(desired[rt]))
+        d.plan.all_children_present = have_pods and have_svcs and d.observed.secret is not None
