@@ -9,8 +9,6 @@
 * :mod:`.nodes`: lost nodes, and what becomes of a job's pods on them;
 * :mod:`.kueue`: the Kueue Workload protocol of a queued job;
 * :mod:`.gang`: the job's PodGroup for the operator's gang scheduler, and how a pod joins it;
-* :mod:`.nodes`: lost nodes: which nodes are lost, their pods shown as deleted, new pods kept off them;
-* :mod:`.kueue`: Kueue admission, the Workload protocol of Kueue's job framework;
 * :mod:`.disruption`: the job's PodDisruptionBudget over the chief and the parameter servers;
 * :mod:`.state`: :class:`~.state.Observed`, everything one reconcile decides from, built once by the shell;
 * :mod:`.draft`: :class:`~.draft.Draft`, the working state the rules share while one plan is drafted;
@@ -19,8 +17,8 @@
   NetworkPolicy; templates, scale-down, Services and the status's counts);
 * :mod:`.planner`: the state machine, which runs those rules in order.
 
-Rule: purely data-manipulative. No I/O, no clock (the time is :attr:`.state.Observed.now`), no randomness (the shell adds the
-token); no kopf, no Kubernetes client, no aiohttp, nothing of the shell (:mod:`kubeps.operator.kube`,
+Rule: purely data-manipulative. No I/O, no clock (the time is :attr:`.state.Observed.now`), no randomness (the shell adds
+the token); no kopf, no Kubernetes client, no aiohttp, nothing of the shell (:mod:`kubeps.operator.kube`,
 :mod:`kubeps.operator.controller`). It may import :mod:`kubeps.operator.api` and, of the runtime, the TF_CONFIG
 model (:mod:`kubeps.runtime.cluster`) and the pod contract (:mod:`kubeps.runtime.contract`). Table-tested in
 ``tests/operator/test_planner.py`` without an API server.
