@@ -84,13 +84,22 @@ class TaskSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
-    # -- the cluster, identity and transport security -----------------------------------------------------------
+    # -- the cluster and the job's identity ---------------------------------------------------------------------
     #: the raw TF_CONFIG JSON (:class:`kubeps.runtime.cluster.TFConfig` parses it), None when unset
     tf_config: str | None = _var(contract.TF_CONFIG_ENV, None, "TF_CONFIG JSON as TensorFlow defines it")
     #: the job's shared secret (checked by :mod:`kubeps.runtime.rpc.security`); never shown in ``repr``
     job_token: str | None = Field(None, alias=contract.JOB_TOKEN_ENV, repr=False,
                                   json_schema_extra={"allowed": "the job token"})
     job_token_file: str | None = _var(contract.JOB_TOKEN_FILE_ENV, None, "a file holding the job token")
+
+    # -- checkpoints (before the TLS files: the order of the operator's pod env) ---------------------------------
+    #: the directories or URLs a parameter server confines checkpoint shards to; (): paths are only normalised
+    checkpoint_root: tuple[str, ...] = _var(contract.CHECKPOINT_ROOT_ENV, (),
+                                            "directories or URLs separated by ','")
+    #: the checkpoint directory the examples default to
+    checkpoint_dir: str | None = _var(contract.CHECKPOINT_DIR_ENV, None, "a directory or URL")
+
+    # -- transport security and the network ----------------------------------------------------------------------
     tls_ca_file: str | None = _var(contract.TLS_CA_FILE_ENV, None, "a PEM file")
     tls_cert_file: str | None = _var(contract.TLS_CERT_FILE_ENV, None, "a PEM file")
     tls_key_file: str | None = _var(contract.TLS_KEY_FILE_ENV, None, "a PEM file")
@@ -130,13 +139,6 @@ class TaskSettings(BaseModel):
     max_slot_sets: int = _var(contract.MAX_SLOT_SETS_ENV, DEFAULT_MAX_SLOT_SETS, _POSITIVE_INT, gt=0)
     nonfinite_gradients: Literal["refuse", "allow"] = _var(contract.NONFINITE_GRADIENTS_ENV, "refuse",
                                                            "'refuse' (the default) or 'allow'")
-
-    # -- checkpoints --------------------------------------------------------------------------------------------------
-    #: the directories or URLs a parameter server confines checkpoint shards to; (): paths are only normalised
-    checkpoint_root: tuple[str, ...] = _var(contract.CHECKPOINT_ROOT_ENV, (),
-                                            "directories or URLs separated by ','")
-    #: the checkpoint directory the examples default to
-    checkpoint_dir: str | None = _var(contract.CHECKPOINT_DIR_ENV, None, "a directory or URL")
 
     @field_validator("device", mode="before")
     @classmethod

@@ -3,15 +3,13 @@ and restore its shards, and the ``SaveShards``/``RestoreShards`` methods of the 
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, StrictInt, ValidationError
 
-from kubeps.runtime.contract import CHECKPOINT_ROOT_ENV
-from kubeps.runtime.util.storage import StorageError, checkpoint_roots, confine, storage_for
+from kubeps.runtime.util.storage import StorageError, confine, storage_for
 from kubeps.runtime.checkpoint.format import (
     CheckpointError,
     CheckpointMismatchError,
@@ -36,6 +34,13 @@ class ShardAccess(Protocol):
              updates: int | None) -> None: ...
 
     def describe(self, key: str) -> tuple[tuple[int, ...], np.dtype]: ...
+
+
+class ConfinedShardAccess(ShardAccess, Protocol):
+    """A parameter server's shards: :class:`ShardAccess` that also says where its checkpoints may go."""
+
+    #: the normalised ``KUBEPS_CHECKPOINT_ROOT`` of the task's settings ([]: anywhere absolute)
+    checkpoint_roots: list[str]
 
 
 class SaveItem(BaseModel):
@@ -176,14 +181,16 @@ def restore_items(access: ShardAccess, directory: str, items: Sequence[RestoreIt
     return len(loaded)
 
 
-def request_items(meta: Mapping[str, Any], model: type[BaseModel], method: str) -> tuple[str, list]:
-    """The request's directory -- normalised, and confined to the ps's checkpoint roots
-    (``KUBEPS_CHECKPOINT_ROOT``) before anything touches the file system -- and its items."""
+def request_items(meta: Mapping[str, Any], model: type[BaseModel], method: str,
+                  roots: list[str]) -> tuple[str, list]:
+    """The request's directory -- normalised, and confined to the ps's checkpoint ``roots``
+    (``KUBEPS_CHECKPOINT_ROOT``, :attr:`ConfinedShardAccess.checkpoint_roots`) before anything touches the file
+    system -- and its items."""
     directory = meta.get("directory")
     if not isinstance(directory, str) or not directory:
         raise ValueError(f"{method}: field 'directory' must be a checkpoint directory path or URL, got {directory!r}")
     try:
-        directory = confine(directory, checkpoint_roots(os.environ.get(CHECKPOINT_ROOT_ENV)))
+        directory = confine(directory, roots)
     except StorageError as err:
         raise ValueError(f"{method}: {err}") from None
     raw = meta.get("items")
@@ -199,16 +206,16 @@ def request_items(meta: Mapping[str, Any], model: type[BaseModel], method: str) 
     return directory, items
 
 
-def rpc_save_shards(state: ShardAccess, meta: dict[str, Any], arrays: list) -> tuple[dict[str, Any], list]:  # noqa: ARG001
+def rpc_save_shards(state: ConfinedShardAccess, meta: dict[str, Any], arrays: list) -> tuple[dict[str, Any], list]:  # noqa: ARG001
     """PS method ``SaveShards``: ``{"directory", "items": [SaveItem]}`` -> ``{"saved": [SavedShard]}``."""
-    directory, items = request_items(meta, SaveItem, "SaveShards")
+    directory, items = request_items(meta, SaveItem, "SaveShards", state.checkpoint_roots)
     saved = save_items(state, directory, items)
     return {"saved": [s.model_dump(mode="json") for s in saved]}, []
 
 
-def rpc_restore_shards(state: ShardAccess, meta: dict[str, Any], arrays: list) -> tuple[dict[str, Any], list]:  # noqa: ARG001
+def rpc_restore_shards(state: ConfinedShardAccess, meta: dict[str, Any], arrays: list) -> tuple[dict[str, Any], list]:  # noqa: ARG001
     """PS method ``RestoreShards``: ``{"directory", "items": [RestoreItem]}`` -> ``{"restored": n}``."""
-    directory, items = request_items(meta, RestoreItem, "RestoreShards")
+    directory, items = request_items(meta, RestoreItem, "RestoreShards", state.checkpoint_roots)
     return {"restored": restore_items(state, directory, items)}, []
 
 

@@ -287,7 +287,7 @@ def rpc_save_dynamic(state: ParameterServerState, meta: Meta, arrays: list) -> t
     """``SaveDynamic``: ``{"directory", "items": [SaveTableItem]}`` -> ``{"saved": [DynamicShardEntry]}``: this
     ps's shard of each table written to the checkpoint directory."""
     _methods._expect_arrays(PS.SAVE_DYNAMIC, arrays, 0)
-    directory, items = request_items(meta, SaveTableItem, "SaveDynamic")
+    directory, items = request_items(meta, SaveTableItem, "SaveDynamic", state.checkpoint_roots)
     registry = tables_of(state)
     tables = [registry.get(i.key) for i in items]  # every table known before the first file is written
     saved = [save_table(t, directory, i) for t, i in zip(tables, items)]
@@ -298,7 +298,7 @@ def rpc_restore_dynamic(state: ParameterServerState, meta: Meta, arrays: list) -
     """``RestoreDynamic``: ``{"directory", "items": [RestoreTableItem]}`` -> ``{"restored": [rows]}``: each table
     replaced by the checkpointed keys that hash to this ps (read and checked before it changes)."""
     _methods._expect_arrays(PS.RESTORE_DYNAMIC, arrays, 0)
-    directory, items = request_items(meta, RestoreTableItem, "RestoreDynamic")
+    directory, items = request_items(meta, RestoreTableItem, "RestoreDynamic", state.checkpoint_roots)
     registry = tables_of(state)
     tables = [registry.get(i.key) for i in items]
     prepared = [prepare_restore(t, directory, i, state.max_slot_sets) for t, i in zip(tables, items)]
