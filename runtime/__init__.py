@@ -7,12 +7,13 @@ pay for grpc, cloudpickle and numpy at import time; the ``TYPE_CHECKING`` block 
 the same names.
 
 Where things live (each package's docstring states its rule): ``cluster``, ``contract`` and ``certs`` (TF_CONFIG,
-the pod contract and the job's certificates, shared with the operator), ``lifecycle`` (which exit restarts what,
-shared too), ``errors``, ``util``, ``data`` (input), ``rpc`` (everything on the network),
-``variables`` (what a program holds and pushes), ``observe`` (TensorBoard event files: ``kp.summary``; tensorboardX
-loads only when a writer is created), ``ops`` (kernels, optimizers, layers), ``models`` (gradients of models written
-with JAX; jax loads only when used), ``ps`` and ``worker`` (what runs on those tasks), ``checkpoint``, ``coordinator``
-(the chief), ``server`` (a task's process), ``local`` (``kubeps local``) and ``cli``.
+the pod contract and the job's certificates, shared with the operator), ``settings`` (a task's settings: the
+contract's variables, parsed once), ``lifecycle`` (which exit restarts what, shared too), ``errors``, ``util``,
+``data`` (input), ``rpc`` (everything on the network), ``variables`` (what a program holds and pushes), ``observe``
+(TensorBoard event files: ``kp.summary``; tensorboardX loads only when a writer is created), ``ops`` (kernels,
+optimizers, layers), ``models`` (gradients of models written with JAX; jax loads only when used), ``ps`` and
+``worker`` (what runs on those tasks), ``checkpoint``, ``coordinator`` (the chief), ``server`` (a task's process),
+``local`` (``kubeps local``) and ``cli``.
 """
 
 from __future__ import annotations

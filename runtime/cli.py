@@ -248,7 +248,7 @@ def _run_validate(argv: list[str]) -> int:
 
 
 def _run_local(args: argparse.Namespace, script_args: list[str]) -> int:
-    from kubeps.runtime.local.launcher import LauncherError, LocalCluster, run_local  # noqa: PLC0415 - only `kubeps local` needs it
+    from kubeps.runtime.local.launcher import LauncherError, LocalCluster, max_port_base, run_local  # noqa: PLC0415 - only `kubeps local` needs it
     from kubeps.runtime.local.restarting import RestartingLocalCluster  # noqa: PLC0415
 
     local_parser: argparse.ArgumentParser = args._local_parser
@@ -256,6 +256,10 @@ def _run_local(args: argparse.Namespace, script_args: list[str]) -> int:
         local_parser.error(f"script file not found: {args.script}")
     if not os.path.isfile(args.script):
         local_parser.error(f"script must be a file, got a directory: {args.script}")
+    highest = max_port_base(args.ps, args.workers, args.evaluator)
+    if args.port_base is not None and args.port_base > highest:  # LocalCluster checks it too, naming port_base
+        tasks = 1 + args.ps + args.workers + (1 if args.evaluator else 0)
+        local_parser.error(f"--port-base must be in 1..{highest} for {tasks} tasks, got {args.port_base}")
     try:
         return run_local(
             args.script,

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import os
 import re
 from typing import Any, Iterable, Mapping
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from kubeps.runtime.errors import FieldError, short_repr
+from kubeps.runtime.settings import TaskSettings
 
 __all__ = [
     "TASK_TYPES",
@@ -196,8 +196,8 @@ class TFConfig(BaseModel):
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "TFConfig":
-        """Read ``TF_CONFIG`` from the environment."""
-        return cls.parse((os.environ if environ is None else environ).get("TF_CONFIG"))
+        """``TF_CONFIG`` of the environment (default ``os.environ``), as the task's settings read it."""
+        return cls.parse(TaskSettings.from_env(environ).tf_config)
 
     @classmethod
     def for_task(

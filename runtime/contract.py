@@ -39,6 +39,7 @@ __all__ = [
     "NONFINITE_GRADIENTS_ENV",
     "PARKED_ANSWER_TTL_ENV",
     "REQUEST_TIMEOUT_ENV",
+    "SERVER_EXTENSIONS_ENV",
     "STREAM_IDLE_TIMEOUT_ENV",
     "TF_CONFIG_ENV",
     "TLS_CA_FILE_ENV",
@@ -89,6 +90,10 @@ LOG_LEVEL_ENV = "KUBEPS_LOG_LEVEL"
 #: where TensorBoard event files go: the job's log dir; the chief writes ``train/``, the evaluator ``eval/`` under it
 #: (a mounted volume's path, or an ``s3://``/``gs://`` URL; :mod:`kubeps.runtime.observe.summary`)
 LOGDIR_ENV = "KUBEPS_LOGDIR"
+
+#: modules (comma-separated) a ps or worker server imports before it serves: the user's own methods
+#: (:mod:`kubeps.runtime.server.methods`)
+SERVER_EXTENSIONS_ENV = "KUBEPS_SERVER_EXTENSIONS"
 
 # -- a server's limits (docs/runtime.md, "Limits"): what one peer may make a ps or worker hold --------------------
 #: seconds a server waits for the next chunk of a request before it cancels the call (default 10)

@@ -13,6 +13,9 @@ state machine that decides *when* to create or delete them is :mod:`kubeps.opera
 * The main container gets ``KUBEPS_CHECKPOINT_ROOT`` (:func:`checkpoint_root`): a parameter server reads and writes
   checkpoint shards only below its ``KUBEPS_CHECKPOINT_DIR`` and the data volumes it mounts; a template that sets
   the variable keeps its own.
+* The task settings the operator decides (TF_CONFIG, the checkpoint root, the TLS files) are a
+  :class:`kubeps.runtime.settings.TaskSettings` rendered by its ``to_env``, as ``kubeps local`` renders them: the
+  names and formats are the ones a task parses.
 * Every container gets the ``restricted`` Pod Security Standard's settings where the template leaves them unset
   (:func:`restricted_defaults`); what the template sets is kept.
 * With ``spec.security.networkPolicy.mode: SameJob`` (or the operator's default) a NetworkPolicy ``<job>-kubeps``
@@ -32,6 +35,7 @@ from kubeps.runtime import certs
 from kubeps.runtime.cluster import TaskSpec, TFConfig
 from kubeps.runtime.contract import (CHECKPOINT_DIR_ENV, CHECKPOINT_ROOT_ENV, JOB_TOKEN_ENV, TF_CONFIG_ENV,
                                      TLS_CA_FILE_ENV, TLS_CERT_FILE_ENV, TLS_KEY_FILE_ENV, TLS_MOUNT_PATH)
+from kubeps.runtime.settings import TaskSettings
 
 from kubeps.operator.api import models
 from kubeps.operator.api.models import GangScheduler, NetworkPolicyMode, PSTrainingJobSpec, ReplicaType, TLSMode
@@ -209,10 +213,10 @@ def _mount_tls(pod_spec: dict[str, Any], main: dict[str, Any], secret: str) -> N
     main["volumeMounts"] = mounts
 
 
-def checkpoint_root(pod_spec: Mapping[str, Any], main: Mapping[str, Any]) -> str | None:
+def checkpoint_root(pod_spec: Mapping[str, Any], main: Mapping[str, Any]) -> tuple[str, ...] | None:
     """The ``KUBEPS_CHECKPOINT_ROOT`` the operator gives a task (the parameter servers confine ``SaveShards`` and
     ``RestoreShards`` to it, :func:`kubeps.runtime.util.storage.confine`), or None when the template sets the
-    variable itself. The roots, comma-separated: the container's ``KUBEPS_CHECKPOINT_DIR`` (a path or URL; one set
+    variable itself. The roots: the container's ``KUBEPS_CHECKPOINT_DIR`` (a path or URL; one set
     by ``valueFrom`` as ``$(KUBEPS_CHECKPOINT_DIR)``, which the kubelet expands) and the mount paths of its data
     volumes (every volume but configMap, secret, downwardAPI, projected and the operator's TLS volume); neither:
     :data:`SCRATCH_CHECKPOINT_ROOT`."""
@@ -230,7 +234,7 @@ def checkpoint_root(pod_spec: Mapping[str, Any], main: Mapping[str, Any]) -> str
         path = mount.get("mountPath")
         if path and mount.get("name") != TLS_VOLUME and mount.get("name") not in config and path not in roots:
             roots.append(path)
-    return ",".join(roots) or SCRATCH_CHECKPOINT_ROOT
+    return tuple(roots) or (SCRATCH_CHECKPOINT_ROOT,)
 
 
 def tf_config_json(job: Mapping[str, Any], spec: PSTrainingJobSpec, replica_type: ReplicaType, index: int,
@@ -279,21 +283,23 @@ def pod_body(job: Mapping[str, Any], job_spec: PSTrainingJobSpec, replica_type: 
     ports = main.setdefault("ports", [])
     if not any(p.get("name") in (models.PORT_NAME, models.TFJOB_PORT_NAME) for p in ports):
         ports.append({"name": models.PORT_NAME, "containerPort": models.DEFAULT_PORT, "protocol": "TCP"})
+    tls = tls_enabled(job_spec)
+    task = TaskSettings.model_validate({  # by variable name; what is left unset is not rendered
+        TF_CONFIG_ENV: tf_config_json(job, job_spec, replica_type, index, config),
+        CHECKPOINT_ROOT_ENV: checkpoint_root(spec, main) or (),  # None: the template's own variable stays
+        **({env_name: f"{TLS_MOUNT_PATH}/{key}" for env_name, key in TLS_MOUNTED_KEYS.items()} if tls else {}),
+    }).to_env()
     injected = {
-        TF_CONFIG_ENV: {"name": TF_CONFIG_ENV, "value": tf_config_json(job, job_spec, replica_type, index, config)},
+        TF_CONFIG_ENV: {"name": TF_CONFIG_ENV, "value": task.pop(TF_CONFIG_ENV)},
         JOB_TOKEN_ENV: {
             "name": JOB_TOKEN_ENV,
             "valueFrom": {"secretKeyRef": {"name": secret_name(name), "key": TOKEN_KEY}},
         },
         "GRPC_FAIL_FAST": {"name": "GRPC_FAIL_FAST", "value": "use_caller"},
+        **{env_name: {"name": env_name, "value": value} for env_name, value in task.items()},
     }
-    root = checkpoint_root(spec, main)
-    if root is not None:
-        injected[CHECKPOINT_ROOT_ENV] = {"name": CHECKPOINT_ROOT_ENV, "value": root}
-    if tls_enabled(job_spec):
+    if tls:
         _mount_tls(spec, main, secret_name(name))
-        for env_name, key in TLS_MOUNTED_KEYS.items():
-            injected[env_name] = {"name": env_name, "value": f"{TLS_MOUNT_PATH}/{key}"}
     else:  # plaintext, as the spec asks: a template's own TLS variables would make the tasks disagree
         for env_name in TLS_MOUNTED_KEYS:
             injected[env_name] = {"name": env_name, "value": ""}

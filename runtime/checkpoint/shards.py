@@ -3,18 +3,16 @@ and restore its shards, and the ``SaveShards``/``RestoreShards`` methods of the 
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Protocol, Sequence, TypeVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, StrictInt, ValidationError
 
-from kubeps.runtime.contract import CHECKPOINT_ROOT_ENV
 from kubeps.runtime.rpc import protocol
 from kubeps.runtime.rpc.protocol import (PS, RestoreDynamicRequest, RestoreShardsAnswer, RestoreShardsRequest,
                                           SaveDynamicRequest, SavedAnswer, SaveShardsRequest)
-from kubeps.runtime.util.storage import StorageError, checkpoint_roots, confine, storage_for
+from kubeps.runtime.util.storage import StorageError, confine, storage_for
 from kubeps.runtime.checkpoint.format import (
     CheckpointError,
     CheckpointMismatchError,
@@ -39,6 +37,13 @@ class ShardAccess(Protocol):
              updates: int | None) -> None: ...
 
     def describe(self, key: str) -> tuple[tuple[int, ...], np.dtype]: ...
+
+
+class ConfinedShardAccess(ShardAccess, Protocol):
+    """A parameter server's shards: :class:`ShardAccess` that also says where its checkpoints may go."""
+
+    #: the normalised ``KUBEPS_CHECKPOINT_ROOT`` of the task's settings ([]: anywhere absolute)
+    checkpoint_roots: list[str]
 
 
 class SaveItem(BaseModel):
@@ -194,16 +199,16 @@ ItemModel = TypeVar("ItemModel", bound=BaseModel)
 
 
 def request_items(request: SaveShardsRequest | RestoreShardsRequest | SaveDynamicRequest | RestoreDynamicRequest,
-                  model: type[ItemModel], method: str) -> tuple[str, list[ItemModel]]:
-    """The request's directory -- normalised, and confined to the ps's checkpoint roots
-    (``KUBEPS_CHECKPOINT_ROOT``) before anything touches the file system -- and its items as ``model`` objects (the
-    server validated the request's shape; the manifest entries an item carries are the manifest format's to check),
-    each shard named once."""
+                  model: type[ItemModel], method: str, roots: list[str]) -> tuple[str, list[ItemModel]]:
+    """The request's directory -- normalised, and confined to the ps's checkpoint ``roots``
+    (``KUBEPS_CHECKPOINT_ROOT``, :attr:`ConfinedShardAccess.checkpoint_roots`) before anything touches the file
+    system -- and its items as ``model`` objects (the server validated the request's shape; the manifest entries an
+    item carries are the manifest format's to check), each shard named once."""
     directory = request["directory"]
     if not directory:
         raise ValueError(f"{method}: field 'directory' must be a checkpoint directory path or URL, got {directory!r}")
     try:
-        directory = confine(directory, checkpoint_roots(os.environ.get(CHECKPOINT_ROOT_ENV)))
+        directory = confine(directory, roots)
     except StorageError as err:
         raise ValueError(f"{method}: {err}") from None
     try:
@@ -216,18 +221,18 @@ def request_items(request: SaveShardsRequest | RestoreShardsRequest | SaveDynami
     return directory, items
 
 
-def rpc_save_shards(state: ShardAccess, request: SaveShardsRequest,
+def rpc_save_shards(state: ConfinedShardAccess, request: SaveShardsRequest,
                     arrays: list[Any]) -> tuple[SavedAnswer, list[Any]]:  # noqa: ARG001
     """PS method ``SaveShards``: ``{"directory", "items": [SaveItem]}`` -> ``{"saved": [SavedShard]}``."""
-    directory, items = request_items(request, SaveItem, PS.SAVE_SHARDS)
+    directory, items = request_items(request, SaveItem, PS.SAVE_SHARDS, state.checkpoint_roots)
     saved = save_items(state, directory, items)
     return {"saved": [s.model_dump(mode="json") for s in saved]}, []
 
 
-def rpc_restore_shards(state: ShardAccess, request: RestoreShardsRequest,
+def rpc_restore_shards(state: ConfinedShardAccess, request: RestoreShardsRequest,
                        arrays: list[Any]) -> tuple[RestoreShardsAnswer, list[Any]]:  # noqa: ARG001
     """PS method ``RestoreShards``: ``{"directory", "items": [RestoreItem]}`` -> ``{"restored": n}``."""
-    directory, items = request_items(request, RestoreItem, PS.RESTORE_SHARDS)
+    directory, items = request_items(request, RestoreItem, PS.RESTORE_SHARDS, state.checkpoint_roots)
     return {"restored": restore_items(state, directory, items)}, []
 
 

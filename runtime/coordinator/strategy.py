@@ -24,6 +24,7 @@ from kubeps.runtime.variables.partitioners import div_split
 from kubeps.runtime.rpc.client import DEFAULT_TIMEOUT_S
 from kubeps.runtime.rpc.security import load_job_token
 from kubeps.runtime.rpc.tls import TLSConfig, load_tls
+from kubeps.runtime.settings import TaskSettings
 from kubeps.runtime.util.threads import limit_math_threads
 from kubeps.runtime.models.xla import size_cpu_backend_if_loaded
 from kubeps.runtime.rpc.transport import PSTransport
@@ -42,7 +43,8 @@ class ParameterServerStrategy:
     """``ParameterServerStrategy(cluster_resolver, variable_partitioner=None)``.
 
     kubeps extras (keyword-only): ``job_token`` and ``tls`` (mutual TLS files, :class:`~kubeps.runtime.rpc.tls.TLSConfig`;
-    both default to the environment's), ``rpc_timeout`` (seconds,
+    both default to those of ``settings``, the task's settings, default :meth:`TaskSettings.from_env()
+    <kubeps.runtime.settings.TaskSettings.from_env>` read once here), ``rpc_timeout`` (seconds,
     the deadline of variable reads and writes from the coordinator) and ``ps_startup_timeout`` (seconds the
     first variable creation waits for every parameter server to answer: tasks of a job start together, and a
     coordinator that dials a ps before it listens must wait, not crash).
@@ -50,7 +52,8 @@ class ParameterServerStrategy:
 
     def __init__(self, cluster_resolver: Any, variable_partitioner: Callable[[Any, Any], list[int]] | None = None,
                  *, job_token: str | None = None, rpc_timeout: float = DEFAULT_TIMEOUT_S,
-                 ps_startup_timeout: float = 120.0, tls: TLSConfig | None = None):
+                 ps_startup_timeout: float = 120.0, tls: TLSConfig | None = None,
+                 settings: TaskSettings | None = None):
         if cluster_resolver is None or not hasattr(cluster_resolver, "cluster_spec"):
             raise RuntimeConfigError("cluster_resolver", cluster_resolver,
                                      "must be a cluster resolver such as TFConfigClusterResolver()")
@@ -78,13 +81,14 @@ class ParameterServerStrategy:
                 "TF_CONFIG.cluster", summary,
                 f"ParameterServerStrategy needs at least one 'ps' and one 'worker' task; missing {missing}",
             )
-        limit_math_threads()  # the chief's own numpy work (evaluation, checkpoints) sized to its CPUs
-        size_cpu_backend_if_loaded()  # and its jax work, where the program imported jax
+        settings = TaskSettings.from_env() if settings is None else settings
+        limit_math_threads(settings=settings)  # the chief's own numpy work (evaluation, checkpoints) sized to its CPUs
+        size_cpu_backend_if_loaded(settings)  # and its jax work, where the program imported jax
         self.cluster_resolver = cluster_resolver
         self._cluster_spec = spec
         self._variable_partitioner = variable_partitioner
-        self._token = job_token if job_token is not None else load_job_token()
-        self._tls = tls if tls is not None else load_tls()
+        self._token = job_token if job_token is not None else load_job_token(settings)
+        self._tls = tls if tls is not None else load_tls(settings)
         self._transport = PSTransport(spec.job_tasks("ps"), self._token, rpc_timeout, tls=self._tls)
         self._lock = threading.Lock()
         self._next_ps = 0

@@ -45,22 +45,24 @@ from typing import IO, Any, Callable, Mapping, Sequence
 
 from kubeps.runtime import certs
 from kubeps.runtime.cluster import TFConfig
-from kubeps.runtime.contract import (BIND_HOST_ENV, CHECKPOINT_ROOT_ENV, CPUS_ENV, JOB_TOKEN_ENV, JOB_TOKEN_FILE_ENV,
-                                     TF_CONFIG_ENV, TLS_CA_FILE_ENV, TLS_CERT_FILE_ENV, TLS_KEY_FILE_ENV)
+from kubeps.runtime.errors import RuntimeConfigError
+from kubeps.runtime.settings import TaskSettings
 from kubeps.runtime.util.threads import cpu_budget
 
 __all__ = [
     "DEFAULT_EVALUATOR_GRACE_S",
     "DEFAULT_GRACE_PERIOD_S",
     "LauncherError",
+    "LauncherArgumentError",
     "LocalCluster",
     "TaskProcess",
     "exit_status",
     "free_ports",
+    "max_port_base",
     "run_local",
 ]
 
-#: Environment variables the runtime reads (see ``kubeps.runtime.rpc.security`` and ``kubeps.runtime.server``).
+#: Seconds between SIGTERM and SIGKILL when stopping a task (``--grace-period``).
 DEFAULT_GRACE_PERIOD_S = 5.0
 #: After the chief succeeded, how long a running evaluator may take to finish the final checkpoint (seconds).
 DEFAULT_EVALUATOR_GRACE_S = 60.0
@@ -70,6 +72,16 @@ START_ORDER = ("ps", "worker", "evaluator", "chief")
 
 class LauncherError(RuntimeError):
     """The local cluster could not be set up (bad arguments, ports in use, a script that cannot start)."""
+
+
+class LauncherArgumentError(RuntimeConfigError, LauncherError):
+    """A bad argument of :class:`LocalCluster`: the message names the parameter, its value and what is allowed
+    (``kubeps local`` checks its own flags before, and words its errors with them)."""
+
+
+def max_port_base(num_ps: int, num_workers: int, evaluator: bool) -> int:
+    """The highest first port of a job whose tasks take consecutive ports (``port_base``, ``--port-base``)."""
+    return 65535 - (1 + num_ps + num_workers + (1 if evaluator else 0)) + 1
 
 
 # -- ports --------------------------------------------------------------------------------------------------------
@@ -182,13 +194,13 @@ class LocalCluster:
         tls: bool = True,
     ):
         if num_ps < 1:
-            raise LauncherError(f"--ps must be >= 1, got {num_ps}")
+            raise LauncherArgumentError("num_ps", num_ps, "allowed is a number of parameter servers >= 1")
         if num_workers < 1:
-            raise LauncherError(f"--workers must be >= 1, got {num_workers}")
-        if grace_period < 0:
-            raise LauncherError(f"--grace-period must be >= 0 seconds, got {grace_period}")
+            raise LauncherArgumentError("num_workers", num_workers, "allowed is a number of workers >= 1")
+        if not grace_period >= 0:
+            raise LauncherArgumentError("grace_period", grace_period, "allowed is a number of seconds >= 0")
         if not evaluator_grace >= 0:
-            raise LauncherError(f"--evaluator-grace must be >= 0 seconds, got {evaluator_grace}")
+            raise LauncherArgumentError("evaluator_grace", evaluator_grace, "allowed is a number of seconds >= 0")
         if not os.path.isfile(script):
             raise LauncherError(f"script file not found: {script}")
         self.script = script
@@ -205,10 +217,10 @@ class LocalCluster:
         counts = {"chief": 1, "ps": num_ps, "worker": num_workers, "evaluator": 1 if evaluator else 0}
         total = sum(counts.values())
         if port_base is not None:
-            if not 1 <= port_base <= 65535 - total + 1:
-                raise LauncherError(
-                    f"--port-base must be in 1..{65535 - total + 1} for {total} tasks, got {port_base}"
-                )
+            highest = max_port_base(num_ps, num_workers, evaluator)
+            if not 1 <= port_base <= highest:
+                raise LauncherArgumentError("port_base", port_base,
+                                            f"allowed is a port in 1..{highest}: {total} tasks take consecutive ports")
             ports = list(range(port_base, port_base + total))
             _check_ports_free(host, ports)
         else:
@@ -218,35 +230,39 @@ class LocalCluster:
         self.cluster: dict[str, list[str]] = {
             t: [next(addresses) for _ in range(counts[t])] for t in ("chief", "ps", "worker", "evaluator") if counts[t]
         }
-        base_env = dict(os.environ if env is None else env)
-        if not base_env.get(JOB_TOKEN_ENV) and not base_env.get(JOB_TOKEN_FILE_ENV):
-            base_env[JOB_TOKEN_ENV] = secrets.token_hex(24)
-        base_env.setdefault(BIND_HOST_ENV, host)
-        if not base_env.get(CHECKPOINT_ROOT_ENV):
+        environ = dict(os.environ if env is None else env)
+        try:
+            given = TaskSettings.from_env(environ)  # the user's settings, checked before any task starts
+        except RuntimeConfigError as err:
+            raise LauncherError(str(err)) from None
+        decided: dict[str, Any] = {}
+        if given.job_token is None and given.job_token_file is None:
+            decided["job_token"] = secrets.token_hex(24)
+        if given.bind_host is None:
+            decided["bind_host"] = host
+        if not given.checkpoint_root:
             # the parameter servers write checkpoint shards only below these: the directory kubeps local runs in and
             # the temporary directory (where the examples write); set KUBEPS_CHECKPOINT_ROOT to choose others
-            base_env[CHECKPOINT_ROOT_ENV] = f"{os.getcwd()},{tempfile.gettempdir()}"
-        base_env["PYTHONUNBUFFERED"] = "1"
-        try:
-            cpus = cpu_budget(base_env)
-        except ValueError as err:
-            raise LauncherError(str(err)) from None
-        if not base_env.get(CPUS_ENV):
+            decided["checkpoint_root"] = (os.getcwd(), tempfile.gettempdir())
+        if given.cpus is None:
             # the machine's CPUs shared by the tasks that compute (ps and workers): math thread pools sized to
             # one task's share instead of every task starting one thread per core (see kubeps.runtime.util.threads)
-            base_env[CPUS_ENV] = str(max(1, int(cpus) // (num_ps + num_workers)))
+            decided["cpus"] = max(1, int(cpu_budget(given)) // (num_ps + num_workers))
         #: the throw-away directory of this run's CA and certificate (removed by stop(), or when the cluster is
         #: garbage-collected or the interpreter exits without a stop()), if one was made
         self.tls_dir: str | None = None
         self._remove_tls_dir: Callable[[], Any] = lambda: None
-        tls_vars = (TLS_CA_FILE_ENV, TLS_CERT_FILE_ENV, TLS_KEY_FILE_ENV)
         if not tls:
-            for name in tls_vars:
-                base_env.pop(name, None)
-        elif not any(base_env.get(name) for name in tls_vars):
-            self.tls_dir = _throwaway_credentials(base_env, host)
+            decided.update(tls_ca_file=None, tls_cert_file=None, tls_key_file=None)
+        elif not (given.tls_ca_file or given.tls_cert_file or given.tls_key_file):
+            self.tls_dir, files = _throwaway_credentials(host)
             self._remove_tls_dir = weakref.finalize(self, shutil.rmtree, self.tls_dir, ignore_errors=True)
-        self._base_env = base_env
+            decided.update(files)
+        #: what every task is told (TF_CONFIG apart: :meth:`task_settings`), rendered into its environment
+        self.settings = given.model_copy(update=decided)
+        # the rest of the environment passes through; the task's settings are only ever the rendered ones
+        self._base_env = {k: v for k, v in environ.items() if k not in set(TaskSettings.variables().values())}
+        self._base_env["PYTHONUNBUFFERED"] = "1"
 
         self.tasks: dict[tuple[str, int], TaskProcess] = {}
         self._events: "queue.Queue[TaskProcess]" = queue.Queue()
@@ -262,7 +278,7 @@ class LocalCluster:
     # -- configuration ------------------------------------------------------------------------------------------
     @property
     def job_token(self) -> str | None:
-        return self._base_env.get(JOB_TOKEN_ENV)
+        return self.settings.job_token
 
     def task_keys(self) -> list[tuple[str, int]]:
         """Every ``(type, index)`` of the job, in start order."""
@@ -272,10 +288,13 @@ class LocalCluster:
         """The TF_CONFIG JSON of one task (the evaluator's cluster is just itself)."""
         return TFConfig.for_task(self.cluster, task_type, index).to_json()
 
+    def task_settings(self, task_type: str, index: int) -> TaskSettings:
+        """The settings of one task: the cluster's, with the task's TF_CONFIG."""
+        return self.settings.model_copy(update={"tf_config": self.tf_config(task_type, index)})
+
     def task_env(self, task_type: str, index: int) -> dict[str, str]:
-        env = dict(self._base_env)
-        env[TF_CONFIG_ENV] = self.tf_config(task_type, index)
-        return env
+        """The environment of one task: this process's (or ``env``), its settings rendered over it."""
+        return {**self._base_env, **self.task_settings(task_type, index).to_env()}
 
     # -- output -------------------------------------------------------------------------------------------------
     def _out(self) -> IO[str]:
@@ -515,23 +534,25 @@ class LocalCluster:
 
 
 # -- TLS ------------------------------------------------------------------------------------------------------------
-def _throwaway_credentials(env: dict[str, str], host: str) -> str:
-    """Make a CA and the tasks' certificate for ``host`` in a new private directory; point ``env`` at the files."""
+def _throwaway_credentials(host: str) -> tuple[str, dict[str, str]]:
+    """Make a CA and the tasks' certificate for ``host`` in a new private directory: the directory, and the
+    settings' fields (``tls_*_file``) naming the files."""
     directory = tempfile.mkdtemp(prefix="kubeps-tls-")  # mode 0700
     try:
         made = certs.issue_job_credentials("local", [host, "localhost"])
-        files = {TLS_CA_FILE_ENV: (certs.CA_CERT_KEY, made.ca_cert), TLS_CERT_FILE_ENV: (certs.TLS_CERT_KEY, made.cert),
-                 TLS_KEY_FILE_ENV: (certs.TLS_KEY_KEY, made.key)}
-        for name, (filename, data) in files.items():
+        files = {"tls_ca_file": (certs.CA_CERT_KEY, made.ca_cert), "tls_cert_file": (certs.TLS_CERT_KEY, made.cert),
+                 "tls_key_file": (certs.TLS_KEY_KEY, made.key)}
+        paths = {}
+        for field, (filename, data) in files.items():
             path = os.path.join(directory, filename)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "wb") as fh:
                 fh.write(data)
-            env[name] = path
+            paths[field] = path
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
         raise
-    return directory
+    return directory, paths
 
 
 # -- the command --------------------------------------------------------------------------------------------------

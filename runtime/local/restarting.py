@@ -88,7 +88,7 @@ class RestartingLocalCluster(LocalCluster):
         """Wait until every ps task runs and answers a Ping (a restarted chief restores into them at once)."""
         deadline = time.monotonic() + timeout
         for index, address in enumerate(self.cluster.get("ps", [])):
-            client = Client(address, PS_SERVICE, self.job_token, timeout=1.0, tls=load_tls(self._base_env))
+            client = Client(address, PS_SERVICE, self.job_token, timeout=1.0, tls=load_tls(self.settings))
             try:
                 while True:
                     task = self.tasks.get(("ps", index))

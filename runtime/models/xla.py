@@ -27,6 +27,7 @@ import sys
 import threading
 from typing import Any
 
+from kubeps.runtime.settings import TaskSettings
 from kubeps.runtime.util.threads import cpu_budget
 
 __all__ = ["size_cpu_backend", "size_cpu_backend_if_loaded", "xla_pool_threads"]
@@ -57,16 +58,17 @@ def import_jax() -> Any:
     return jax
 
 
-def size_cpu_backend(cpus: int | None = None) -> int:
+def size_cpu_backend(cpus: int | None = None, settings: TaskSettings | None = None) -> int:
     """Create jax's backends (once per process) with XLA's CPU pool at ``cpus`` threads (default: the task's
-    :func:`~kubeps.runtime.util.threads.cpu_budget`); returns the budget it used (the first call's, later)."""
+    :func:`~kubeps.runtime.util.threads.cpu_budget` under ``settings``); returns the budget it used (the first
+    call's, later)."""
     global _sized
     with _lock:
         if _sized is not None:
             return _sized
         import jax  # noqa: PLC0415 - jax is optional: only a process that computes with it loads it
 
-        budget = int(cpus) if cpus is not None else int(cpu_budget())
+        budget = int(cpus) if cpus is not None else int(cpu_budget(settings))
         if _backend_created():
             _log.warning("jax created its backend before kubeps could size XLA's thread pool: it has as many threads "
                          "as the CPUs this process may run on, not the task's budget of %d; call "
@@ -91,12 +93,12 @@ def size_cpu_backend(cpus: int | None = None) -> int:
         return budget
 
 
-def size_cpu_backend_if_loaded() -> None:
+def size_cpu_backend_if_loaded(settings: TaskSettings | None = None) -> None:
     """:func:`size_cpu_backend` when this process has imported jax (a program that imports it at its top), before
     its first computation: ``Server`` and ``ParameterServerStrategy`` call this when they start, beside the BLAS
     caps. A process that never imported jax does not load it."""
     if sys.modules.get("jax") is not None:
-        size_cpu_backend()
+        size_cpu_backend(settings=settings)
 
 
 def xla_pool_threads() -> int:

@@ -33,6 +33,7 @@ from typing import Any, Iterator, Mapping
 
 from kubeps.runtime.contract import LOGDIR_ENV
 from kubeps.runtime.errors import RuntimeConfigError
+from kubeps.runtime.settings import TaskSettings
 
 __all__ = ["SummaryWriter", "as_scalar", "as_step", "create_file_writer", "resolve_logdir", "scalar"]
 
@@ -87,10 +88,12 @@ def _join(base: str, sub: str) -> str:
     return f"{base}/{sub}" if _SCHEME.match(base) else os.path.join(base, sub)
 
 
-def resolve_logdir(logdir: str | os.PathLike[str] | None = None, subdir: str | None = None) -> str | None:
-    """The log dir: ``logdir``, else ``$KUBEPS_LOGDIR``, with ``subdir`` (``"train"``, ``"eval"``) appended; None
+def resolve_logdir(logdir: str | os.PathLike[str] | None = None, subdir: str | None = None,
+                   settings: TaskSettings | None = None) -> str | None:
+    """The log dir: ``logdir``, else ``$KUBEPS_LOGDIR`` (``settings.logdir``, default :meth:`TaskSettings.from_env()
+    <kubeps.runtime.settings.TaskSettings.from_env>`), with ``subdir`` (``"train"``, ``"eval"``) appended; None
     when neither is set (then nothing is written). Checked: a local path, ``file://``, ``s3://`` or ``gs://``."""
-    chosen: Any = logdir if logdir is not None else (os.environ.get(LOGDIR_ENV) or None)
+    chosen: Any = logdir if logdir is not None else (TaskSettings.from_env() if settings is None else settings).logdir
     if chosen is None:
         return None
     path = _check_logdir(chosen)
@@ -193,9 +196,11 @@ def create_file_writer(
     purge_step: int | None = None,
     max_queue: int = 10,
     flush_secs: float = 30.0,
+    settings: TaskSettings | None = None,
 ) -> SummaryWriter:
-    """A :class:`SummaryWriter` for ``logdir``, else ``$KUBEPS_LOGDIR`` (``tf.summary.create_file_writer``)."""
-    resolved = resolve_logdir(logdir)
+    """A :class:`SummaryWriter` for ``logdir``, else ``$KUBEPS_LOGDIR`` of ``settings`` (default: the environment's)
+    (``tf.summary.create_file_writer``)."""
+    resolved = resolve_logdir(logdir, settings=settings)
     if resolved is None:
         raise RuntimeConfigError("logdir", logdir, _ALLOWED_LOGDIR + "; neither is set")
     return SummaryWriter(resolved, purge_step=purge_step, max_queue=max_queue, flush_secs=flush_secs)

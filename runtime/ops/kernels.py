@@ -2,25 +2,25 @@
 
 Backend selection (``backend()``):
 
-* ``KUBEPS_DEVICE=cpu``  -> numpy, always.
+* ``KUBEPS_DEVICE=cpu``  -> numpy, always (the task's settings, :mod:`kubeps.runtime.settings`, parse the variable).
 * ``KUBEPS_DEVICE=gpu``  -> CuPy; if CuPy is not importable or no GPU is visible this raises
   ``DeviceUnavailableError`` instead of silently running on the CPU.
 * unset / empty          -> CuPy when it is importable and a GPU is visible, numpy otherwise.
 
 Every kernel takes the array module from its inputs (``array_module(x)``), so the same function serves numpy
-arrays on a PS and CuPy arrays on a GPU worker. This module sits at the bottom of the runtime's layers: it imports
-nothing from the rest of ``kubeps.runtime``.
+arrays on a PS and CuPy arrays on a GPU worker. This module sits low in the runtime's layers: of the rest of
+``kubeps.runtime`` it imports only the pod contract and the task's settings (:mod:`kubeps.runtime.settings`).
 """
 
 from __future__ import annotations
 
-import os
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 
 from kubeps.runtime import contract
+from kubeps.runtime.settings import TaskSettings
 
 __all__ = [
     "DEVICE_ENV",
@@ -49,7 +49,6 @@ __all__ = [
 ]
 
 DEVICE_ENV = contract.DEVICE_ENV
-_DEVICE_CHOICES = ("cpu", "gpu")
 
 
 class DeviceUnavailableError(RuntimeError):
@@ -86,13 +85,11 @@ def cupy_available() -> tuple[bool, str]:
     return True, ""
 
 
-def backend_name(env: dict[str, str] | None = None) -> str:
-    """The backend the environment asks for: ``"numpy"`` or ``"cupy"``. Raises if gpu is forced but absent."""
-    environ = os.environ if env is None else env
-    raw = environ.get(DEVICE_ENV, "")
-    wanted = raw.strip().lower()
-    if wanted not in ("",) + _DEVICE_CHOICES:
-        raise ValueError(f"{DEVICE_ENV}={raw!r} is not a device; allowed: 'cpu', 'gpu' or unset (auto)")
+def backend_name(settings: TaskSettings | None = None) -> str:
+    """The backend the task's settings ask for (default :meth:`TaskSettings.from_env()
+    <kubeps.runtime.settings.TaskSettings.from_env>`): ``"numpy"`` or ``"cupy"``. Raises if gpu is forced but
+    absent."""
+    wanted = (TaskSettings.from_env() if settings is None else settings).device
     if wanted == "cpu":
         return "numpy"
     ok, reason = cupy_available()
@@ -103,9 +100,9 @@ def backend_name(env: dict[str, str] | None = None) -> str:
     return "cupy" if ok else "numpy"
 
 
-def backend(env: dict[str, str] | None = None) -> ModuleType:
+def backend(settings: TaskSettings | None = None) -> ModuleType:
     """The array module to create new arrays with: numpy or cupy (see module docstring)."""
-    if backend_name(env) == "cupy":
+    if backend_name(settings) == "cupy":
         cupy = _import_cupy()
         assert cupy is not None
         return cupy

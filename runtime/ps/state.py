@@ -11,7 +11,6 @@ The gRPC methods of the parameter-server service over this state are in :mod:`ku
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import uuid
 from collections import OrderedDict
@@ -23,6 +22,8 @@ import numpy as np
 from kubeps.runtime.contract import MAX_ANSWER_BYTES_ENV, MAX_SLOT_SETS_ENV, NONFINITE_GRADIENTS_ENV
 from kubeps.runtime.errors import LimitExceededError, RuntimeConfigError
 from kubeps.runtime.rpc.protocol import optimizer_key, slot_key
+from kubeps.runtime.settings import DEFAULT_MAX_SLOT_SETS, TaskSettings
+from kubeps.runtime.util.storage import checkpoint_roots
 from kubeps.runtime.variables.slots import slots_for
 
 __all__ = [
@@ -57,29 +58,6 @@ class PSVariable:
     updates: int = 0
 
 
-#: how many slot sets (one per optimizer a variable is pushed with) a variable may hold; ``KUBEPS_MAX_SLOT_SETS``
-DEFAULT_MAX_SLOT_SETS = 8
-#: the largest answer a read builds (``KUBEPS_MAX_ANSWER_BYTES``)
-DEFAULT_MAX_ANSWER_BYTES = 1 << 30
-#: how many built optimizers a parameter server caches (they are rebuilt from their config when evicted)
-
-
-def _env_int(name: str, default: int, lo: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    if not raw.isdigit() or int(raw) < lo:
-        raise RuntimeConfigError(name, raw, f"must be an integer >= {lo}")
-    return int(raw)
-
-
-def _nonfinite_policy() -> str:
-    raw = os.environ.get(NONFINITE_GRADIENTS_ENV) or "refuse"
-    if raw not in ("refuse", "allow"):
-        raise RuntimeConfigError(NONFINITE_GRADIENTS_ENV, raw, "must be 'refuse' (the default) or 'allow'")
-    return raw
-
-
 def _all_finite(array: np.ndarray) -> bool:
     """Whether a float or complex array holds no NaN or infinity. The sum is a fast pass without an allocation
     (a finite sum proves every element finite); only a non-finite sum (NaN/Inf, or an overflow) looks closer."""
@@ -112,7 +90,10 @@ class ParameterServerState:
     """Everything one parameter server holds."""
 
     def __init__(self, optimizer_factory: Callable[[dict[str, Any]], Any] | None = None,
-                 max_slot_sets: int | None = None, allow_nonfinite: bool | None = None):
+                 max_slot_sets: int | None = None, allow_nonfinite: bool | None = None,
+                 settings: TaskSettings | None = None):
+        # the task's settings (default: the environment's), read once: limits, gradients policy, checkpoint roots
+        settings = TaskSettings.from_env() if settings is None else settings
         self.variables: dict[str, PSVariable] = {}
         self._lock = threading.Lock()  # guards the dict itself, never held during math
         self._optimizer_factory = optimizer_factory or _default_optimizer_factory
@@ -121,12 +102,14 @@ class ParameterServerState:
         self._optimizers: OrderedDict[str, tuple[str, Any]] = OrderedDict()
         #: the most slot sets one variable may hold (``KUBEPS_MAX_SLOT_SETS``): a push that would add one more is
         #: refused, so a client cycling through optimizer configs cannot grow a ps's memory without bound
-        self.max_slot_sets = (_env_int(MAX_SLOT_SETS_ENV, DEFAULT_MAX_SLOT_SETS, 1) if max_slot_sets is None
-                              else max_slot_sets)
+        self.max_slot_sets = settings.max_slot_sets if max_slot_sets is None else max_slot_sets
         #: the largest answer a read builds (``KUBEPS_MAX_ANSWER_BYTES``)
-        self.max_answer_bytes = _env_int(MAX_ANSWER_BYTES_ENV, DEFAULT_MAX_ANSWER_BYTES, 1)
+        self.max_answer_bytes = settings.max_answer_bytes
         #: NaN/Inf gradients are refused unless ``KUBEPS_NONFINITE_GRADIENTS=allow``
-        self.allow_nonfinite = (_nonfinite_policy() == "allow") if allow_nonfinite is None else allow_nonfinite
+        self.allow_nonfinite = (settings.nonfinite_gradients == "allow") if allow_nonfinite is None else allow_nonfinite
+        #: where ``SaveShards``/``RestoreShards`` may read and write (``KUBEPS_CHECKPOINT_ROOT``), normalised; []:
+        #: anywhere absolute
+        self.checkpoint_roots = checkpoint_roots(settings.checkpoint_root)
         #: random id of this state, i.e. of this process start: a restarted parameter server comes back empty
         #: with a new one (``Ping`` and ``CreateVariables`` answer it; the coordinator compares)
         self.incarnation = uuid.uuid4().hex

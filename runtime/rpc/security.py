@@ -11,14 +11,13 @@ The check is a gRPC server interceptor: it compares the token in constant time a
 from __future__ import annotations
 
 import hmac
-import os
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import grpc
 
 from kubeps.runtime.contract import JOB_TOKEN_ENV, JOB_TOKEN_FILE_ENV
-
 from kubeps.runtime.errors import InsecureServerError, RuntimeConfigError
+from kubeps.runtime.settings import TaskSettings
 
 __all__ = [
     "TOKEN_METADATA_KEY",
@@ -33,13 +32,13 @@ TOKEN_METADATA_KEY = "x-kubeps-job-token"
 _MIN_TOKEN_CHARS = 16
 
 
-def load_job_token(environ: Mapping[str, str] | None = None) -> str | None:
-    """The job token from ``KUBEPS_JOB_TOKEN``, else from the file named by ``KUBEPS_JOB_TOKEN_FILE``, else None."""
-    env = os.environ if environ is None else environ
-    token = env.get(JOB_TOKEN_ENV)
-    if token is not None and token != "":
-        return _check_token(JOB_TOKEN_ENV, token)
-    path = env.get(JOB_TOKEN_FILE_ENV)
+def load_job_token(settings: TaskSettings | None = None) -> str | None:
+    """The job token from ``KUBEPS_JOB_TOKEN``, else from the file named by ``KUBEPS_JOB_TOKEN_FILE``, else None
+    (``settings`` default to :meth:`TaskSettings.from_env() <kubeps.runtime.settings.TaskSettings.from_env>`)."""
+    settings = TaskSettings.from_env() if settings is None else settings
+    if settings.job_token is not None:
+        return _check_token(JOB_TOKEN_ENV, settings.job_token)
+    path = settings.job_token_file
     if path:
         try:
             with open(path, encoding="utf-8") as fh:

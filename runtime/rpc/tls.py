@@ -14,14 +14,13 @@ throw-away directory by ``kubeps local``). None set: plaintext; some but not all
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from typing import Mapping
 
 import grpc
 
 from kubeps.runtime.contract import TLS_CA_FILE_ENV, TLS_CERT_FILE_ENV, TLS_KEY_FILE_ENV
 from kubeps.runtime.errors import RuntimeConfigError
+from kubeps.runtime.settings import TaskSettings
 
 __all__ = ["TLS_ENV_VARS", "TLSConfig", "load_tls"]
 
@@ -65,10 +64,12 @@ def _read(field: str, path: str) -> bytes:
     return data
 
 
-def load_tls(environ: Mapping[str, str] | None = None) -> TLSConfig | None:
-    """The task's TLS files named by the environment, or None (plaintext) when none of the three variables is set."""
-    env = os.environ if environ is None else environ
-    paths = {name: env.get(name) or "" for name in TLS_ENV_VARS}
+def load_tls(settings: TaskSettings | None = None) -> TLSConfig | None:
+    """The task's TLS files named by its settings (default :meth:`TaskSettings.from_env()
+    <kubeps.runtime.settings.TaskSettings.from_env>`), or None (plaintext) when none of the three is set."""
+    settings = TaskSettings.from_env() if settings is None else settings
+    paths = dict(zip(TLS_ENV_VARS, (settings.tls_ca_file or "", settings.tls_cert_file or "",
+                                    settings.tls_key_file or "")))
     given = [name for name, path in paths.items() if path]
     if not given:
         return None
@@ -77,4 +78,5 @@ def load_tls(environ: Mapping[str, str] | None = None) -> TLSConfig | None:
         raise RuntimeConfigError(missing[0], None, f"mutual TLS needs all of {', '.join(TLS_ENV_VARS)}; "
                                  f"{', '.join(given)} set but {', '.join(missing)} not (unset all three for "
                                  "plaintext)")
-    return TLSConfig.from_files(paths[TLS_CA_FILE_ENV], paths[TLS_CERT_FILE_ENV], paths[TLS_KEY_FILE_ENV])
+    ca, cert, key = paths.values()
+    return TLSConfig.from_files(ca, cert, key)

@@ -16,16 +16,17 @@ checks it itself.
 from __future__ import annotations
 
 import importlib
-import os
 import threading
 from typing import Any, Callable, Mapping
 
 from kubeps.runtime.checkpoint.shards import PS_METHODS as _CHECKPOINT_PS_METHODS
+from kubeps.runtime.contract import SERVER_EXTENSIONS_ENV
 from kubeps.runtime.errors import RuntimeConfigError
 from kubeps.runtime.ps.dynamic import DYNAMIC_METHODS as _DYNAMIC_PS_METHODS
 from kubeps.runtime.ps.methods import BUILTIN_METHODS as _PS_BUILTINS
 from kubeps.runtime.ps.push import PUSH_METHODS as _PUSH_PS_METHODS
 from kubeps.runtime.rpc.protocol import COLLECT, PING
+from kubeps.runtime.settings import TaskSettings
 from kubeps.runtime.worker.state import BUILTIN_METHODS as _WORKER_BUILTINS
 
 __all__ = [
@@ -78,16 +79,14 @@ _REGISTRY_LOCK = threading.Lock()
 _RESERVED = {PING, COLLECT}
 #: env var naming modules (comma-separated) that ``python -m kubeps.runtime.server`` imports before serving: the
 #: user's own methods, registered with :func:`register_ps_method` / :func:`register_worker_method`
-EXTENSIONS_ENV = "KUBEPS_SERVER_EXTENSIONS"
+EXTENSIONS_ENV = SERVER_EXTENSIONS_ENV
 
 
-def load_extensions(environ: Mapping[str, str] | None = None) -> list[str]:
-    """Import the user's modules named in ``KUBEPS_SERVER_EXTENSIONS``; returns the ones loaded."""
-    env = os.environ if environ is None else environ
+def load_extensions(settings: TaskSettings | None = None) -> list[str]:
+    """Import the user's modules named in ``KUBEPS_SERVER_EXTENSIONS`` (``settings.server_extensions``, default
+    :meth:`TaskSettings.from_env() <kubeps.runtime.settings.TaskSettings.from_env>`); returns the ones loaded."""
     loaded = []
-    for name in (m.strip() for m in env.get(EXTENSIONS_ENV, "").split(",")):
-        if not name:
-            continue
+    for name in (TaskSettings.from_env() if settings is None else settings).server_extensions:
         try:
             importlib.import_module(name)
         except ModuleNotFoundError as err:

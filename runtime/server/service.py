@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 import signal
 import sys
 import threading
@@ -36,9 +35,10 @@ from kubeps.runtime.rpc import wire
 from kubeps.runtime.cluster import ClusterSpec, TFConfig, TFConfigError, parse_address
 from kubeps.runtime.checkpoint.format import CheckpointCorruptError, CheckpointError, CheckpointMismatchError
 from kubeps.runtime.errors import LimitExceededError, RuntimeConfigError
-from kubeps.runtime.contract import (BIND_HOST_ENV, CHUNK_BYTES_ENV, LOG_LEVEL_ENV, MAX_CALLS_PER_CLIENT_ENV,
-                                     MAX_PARKED_BYTES_ENV, MAX_REQUEST_BYTES_ENV, PARKED_ANSWER_TTL_ENV,
-                                     REQUEST_TIMEOUT_ENV, STREAM_IDLE_TIMEOUT_ENV)
+from kubeps.runtime.contract import (MAX_CALLS_PER_CLIENT_ENV, PARKED_ANSWER_TTL_ENV, REQUEST_TIMEOUT_ENV,
+                                     STREAM_IDLE_TIMEOUT_ENV)
+from kubeps.runtime import settings as _settings
+from kubeps.runtime.settings import TaskSettings
 from kubeps.runtime.ps.state import ParameterServerState, UnknownVariableError
 from kubeps.runtime.server.methods import (BUILTIN_PS_METHODS, BUILTIN_WORKER_METHODS, PS_METHODS, WORKER_METHODS,
                                            Method, load_extensions, ps_methods, register_ps_method,
@@ -67,15 +67,15 @@ __all__ = [
 log = logging.getLogger("kubeps.runtime.server")
 
 #: how long a parked unary answer (too big for one message) waits for its client's Collect (seconds)
-PARKED_TTL_S = 30.0
+PARKED_TTL_S = _settings.DEFAULT_PARKED_ANSWER_TTL_S
 #: the most bytes of parked answers a server holds (the oldest are dropped beyond it)
-MAX_PARKED_BYTES = 2 << 30
+MAX_PARKED_BYTES = _settings.DEFAULT_MAX_PARKED_BYTES
 #: how long a server waits for the next chunk of a request (seconds) before it cancels the call
-STREAM_IDLE_TIMEOUT_S = 10.0
+STREAM_IDLE_TIMEOUT_S = _settings.DEFAULT_STREAM_IDLE_TIMEOUT_S
 #: how long a whole request may take to arrive (seconds), however steadily its chunks trickle in
-REQUEST_TIMEOUT_S = 120.0
+REQUEST_TIMEOUT_S = _settings.DEFAULT_REQUEST_TIMEOUT_S
 #: the largest request data section a server accepts (bytes)
-MAX_REQUEST_BYTES = 1 << 30
+MAX_REQUEST_BYTES = _settings.DEFAULT_MAX_REQUEST_BYTES
 
 
 def _no_tensors(specs: Mapping[str, MethodSpec]) -> frozenset[str]:
@@ -92,19 +92,6 @@ _BUILTINS: dict[str, tuple[Mapping[str, Method], Mapping[str, RequestShape]]] = 
 
 
 _IDENTITY = lambda b: b  # noqa: E731
-
-
-def _env_number(environ: Mapping[str, str], name: str, default: float, integer: bool = False) -> float:
-    raw = environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw) if integer else float(raw)
-    except ValueError:
-        value = -1
-    if not value > 0 or value != value or value == float("inf"):
-        raise RuntimeConfigError(name, raw, f"must be a positive {'integer' if integer else 'number'}")
-    return value
 
 
 def _client_of(context: Any) -> str:
@@ -436,8 +423,10 @@ class _ServiceHandler(grpc.GenericRpcHandler):
 class Server:
     """``Server(cluster_spec, job_name, task_index)``: the gRPC server of one ps or worker task.
 
-    ``token`` defaults to the job token from the environment; a server without one refuses to start unless
-    ``allow_insecure=True``. ``tls`` (default: the environment's, :func:`~kubeps.runtime.rpc.tls.load_tls`) makes it
+    ``settings`` (default :meth:`TaskSettings.from_env() <kubeps.runtime.settings.TaskSettings.from_env>`, read
+    once here) give the limits, the bind host, the chunk size, and the token and TLS files the arguments leave out.
+    ``token`` defaults to the settings' job token; a server without one refuses to start unless
+    ``allow_insecure=True``. ``tls`` (default: the settings', :func:`~kubeps.runtime.rpc.tls.load_tls`) makes it
     serve mutual TLS only: no plaintext port, client certificates of the job's CA required.
     ``start=True`` (TF's default) starts it at once.
     """
@@ -446,7 +435,7 @@ class Server:
                  start: bool = True, token: str | None = None, allow_insecure: bool = False,
                  bind_host: str | None = None, max_workers: int | None = None, rpc_timeout: float = 30.0,
                  chunk_bytes: int | None = None, tls: TLSConfig | None = None,
-                 environ: Mapping[str, str] | None = None):
+                 settings: TaskSettings | None = None):
         try:
             self.cluster_spec = ClusterSpec(cluster_spec)
         except TFConfigError as err:
@@ -463,21 +452,21 @@ class Server:
         self.task_index = task_index
         self.address = self.cluster_spec.task_address(job_name, task_index)
         self.port = parse_address(self.address)[1]
-        self._token = require_job_token(token if token is not None else load_job_token(), allow_insecure)
-        self.tls = tls if tls is not None else load_tls()
-        self.bind_host = bind_host or os.environ.get(BIND_HOST_ENV) or None
-        self.chunk_bytes = chunk_bytes or int(os.environ.get(CHUNK_BYTES_ENV) or wire.DEFAULT_CHUNK_BYTES)
-        env = os.environ if environ is None else environ
+        self.settings = TaskSettings.from_env() if settings is None else settings
+        self._token = require_job_token(token if token is not None else load_job_token(self.settings), allow_insecure)
+        self.tls = tls if tls is not None else load_tls(self.settings)
+        self.bind_host = bind_host or self.settings.bind_host
+        self.chunk_bytes = chunk_bytes or self.settings.chunk_bytes or wire.DEFAULT_CHUNK_BYTES
         self._max_workers = max_workers or (64 if job_name == "ps" else 16)
-        # the limits (docs/runtime.md, "Limits"); each is a setting of the task's environment
-        self.max_request_bytes = int(_env_number(env, MAX_REQUEST_BYTES_ENV, MAX_REQUEST_BYTES, integer=True))
-        self.parked_ttl_s = _env_number(env, PARKED_ANSWER_TTL_ENV, PARKED_TTL_S)
-        self.max_parked_bytes = int(_env_number(env, MAX_PARKED_BYTES_ENV, MAX_PARKED_BYTES, integer=True))
-        max_calls = int(_env_number(env, MAX_CALLS_PER_CLIENT_ENV, max(2, self._max_workers // 2), integer=True))
-        idle_s = _env_number(env, STREAM_IDLE_TIMEOUT_ENV, STREAM_IDLE_TIMEOUT_S)
-        request_s = _env_number(env, REQUEST_TIMEOUT_ENV, REQUEST_TIMEOUT_S)
+        # the limits (docs/runtime.md, "Limits"); each is a setting of the task
+        self.max_request_bytes = self.settings.max_request_bytes
+        self.parked_ttl_s = self.settings.parked_answer_ttl_s
+        self.max_parked_bytes = self.settings.max_parked_bytes
+        max_calls = self.settings.max_calls_per_client or max(2, self._max_workers // 2)
+        idle_s = self.settings.stream_idle_timeout_s
+        request_s = self.settings.request_timeout_s
         if job_name == "ps":
-            self.state: Any = ParameterServerState()
+            self.state: Any = ParameterServerState(settings=self.settings)
             service, table = PS_SERVICE, PS_METHODS
         else:
             ps = self.cluster_spec.job_tasks("ps") if "ps" in self.cluster_spec.jobs else []
@@ -501,9 +490,9 @@ class Server:
         if self._server is not None:
             return
         _map_big_blocks()
-        limit_math_threads()  # size BLAS/OpenMP pools to this task's CPUs before the first update runs
-        size_cpu_backend_if_loaded()  # and XLA's, where the program imported jax
-        load_extensions()  # KUBEPS_SERVER_EXTENSIONS: a plain Server(...).join() serves the user's methods too
+        limit_math_threads(settings=self.settings)  # size BLAS/OpenMP pools to this task's CPUs before the first update
+        size_cpu_backend_if_loaded(self.settings)  # and XLA's, where the program imported jax
+        load_extensions(self.settings)  # KUBEPS_SERVER_EXTENSIONS: a plain Server(...).join() serves the user's methods
         server = grpc.server(
             ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix=f"kubeps-{self.job_name}"),
             handlers=[self._handler],
@@ -554,21 +543,26 @@ class Server:
 
 
 def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> int:  # noqa: ARG001
-    """Entry point of ``python -m kubeps.runtime.server``: serve this task of TF_CONFIG until signalled."""
-    logging.basicConfig(level=os.environ.get(LOG_LEVEL_ENV, "INFO"),
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    env = os.environ if environ is None else environ
+    """Entry point of ``python -m kubeps.runtime.server``: serve this task of TF_CONFIG until signalled (the task's
+    settings are ``environ``'s, default ``os.environ``, read once)."""
     try:
-        load_extensions(env)
-        config = TFConfig.from_env(env)
+        settings = TaskSettings.from_env(environ)
+    except RuntimeConfigError as err:
+        print(f"kubeps server: {err}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        load_extensions(settings)
+        config = TFConfig.parse(settings.tf_config)
         if config.task is None or not config.cluster:
-            raise TFConfigError("TF_CONFIG", env.get("TF_CONFIG"),
+            raise TFConfigError("TF_CONFIG", settings.tf_config,
                                 "must name a cluster and a task, e.g. {\"cluster\": {...}, \"task\": {\"type\": \"ps\", \"index\": 0}}")
         if config.task_type not in ("ps", "worker"):
             raise TFConfigError("task.type", config.task_type,
                                 "python -m kubeps.runtime.server runs 'ps' and 'worker' tasks; the chief and the "
                                 "evaluator run the user's program")
-        server = Server(ClusterSpec(config.cluster), config.task_type, config.task.index, start=False)
+        server = Server(ClusterSpec(config.cluster), config.task_type, config.task.index, start=False,
+                        settings=settings)
         server.start()
     except (TFConfigError, RuntimeConfigError, OSError) as err:
         print(f"kubeps server: {err}", file=sys.stderr)

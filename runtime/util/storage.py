@@ -23,7 +23,7 @@ import posixpath
 import re
 import shutil
 import uuid
-from typing import IO, Iterator, Protocol
+from typing import IO, Iterable, Iterator, Protocol
 
 __all__ = ["FsspecStorage", "LocalStorage", "Storage", "StorageError", "checkpoint_roots", "confine", "normalize_path",
            "storage_for"]
@@ -283,9 +283,10 @@ def normalize_path(path: str | os.PathLike) -> str:
     return f"{scheme}://{'/'.join(parts)}"
 
 
-def checkpoint_roots(value: str | None) -> list[str]:
-    """The roots of ``KUBEPS_CHECKPOINT_ROOT`` (comma-separated directories or URLs), normalised; ``[]`` if unset."""
-    return [normalize_path(r.strip()) for r in (value or "").split(",") if r.strip()]
+def checkpoint_roots(roots: Iterable[str]) -> list[str]:
+    """The roots of ``KUBEPS_CHECKPOINT_ROOT`` (directories or URLs, as the task's settings split them),
+    normalised; ``[]`` if none."""
+    return [normalize_path(r.strip()) for r in roots if r.strip()]
 
 
 def confine(path: str, roots: list[str], field: str = "directory") -> str:

@@ -23,11 +23,11 @@ import logging
 import math
 import os
 import threading
-from typing import Mapping
 
 from threadpoolctl import threadpool_limits
 
 from kubeps.runtime.contract import CPUS_ENV
+from kubeps.runtime.settings import TaskSettings
 
 __all__ = ["CPUS_ENV", "CpuBudget", "cpu_budget", "limit_math_threads"]
 
@@ -90,32 +90,22 @@ def _affinity() -> int:
         return os.cpu_count() or 1
 
 
-def cpu_budget(env: Mapping[str, str] | None = None, cgroup_root: str = _CGROUP_ROOT) -> CpuBudget:
-    """The number of CPUs this task may use (see the module docstring); at least 1.
-
-    Raises ``ValueError`` naming the variable, its value and what is allowed when ``KUBEPS_CPUS`` is malformed.
-    """
-    env = os.environ if env is None else env
+def cpu_budget(settings: TaskSettings | None = None, cgroup_root: str = _CGROUP_ROOT) -> CpuBudget:
+    """The number of CPUs this task may use (see the module docstring); at least 1. ``settings`` default to
+    :meth:`TaskSettings.from_env() <kubeps.runtime.settings.TaskSettings.from_env>`."""
+    settings = TaskSettings.from_env() if settings is None else settings
     candidates = [(_affinity(), "affinity")]
     limit = cgroup_cpu_limit(cgroup_root)
     if limit is not None:
         candidates.append((max(1, math.ceil(limit - 1e-9)), "cgroup quota"))
-    raw = env.get(CPUS_ENV)
-    if raw is not None and raw.strip():
-        try:
-            value = int(raw)
-        except ValueError:
-            value = 0
-        if value < 1:
-            raise ValueError(f"environment variable {CPUS_ENV} has value {raw!r}: allowed is a whole number of CPUs "
-                             f">= 1 (or unset: the cgroup quota and CPU affinity decide)")
-        candidates.append((value, CPUS_ENV))
+    if settings.cpus is not None:
+        candidates.append((settings.cpus, CPUS_ENV))
     value, source = min(candidates, key=lambda c: c[0])
     return CpuBudget(max(1, value), source)
 
 
-def limit_math_threads(cpus: int | None = None) -> CpuBudget:
-    """Cap the BLAS/OpenMP thread pools of this process to ``cpus`` (default: :func:`cpu_budget`).
+def limit_math_threads(cpus: int | None = None, settings: TaskSettings | None = None) -> CpuBudget:
+    """Cap the BLAS/OpenMP thread pools of this process to ``cpus`` (default: :func:`cpu_budget` of ``settings``).
 
     Idempotent: a second call with no argument returns the first result. Pools of libraries loaded later are
     capped by the next explicit call."""
@@ -123,7 +113,7 @@ def limit_math_threads(cpus: int | None = None) -> CpuBudget:
     with _applied_lock:
         if cpus is None and _applied is not None:
             return _applied
-        budget = cpu_budget() if cpus is None else CpuBudget(int(cpus), "argument")
+        budget = cpu_budget(settings) if cpus is None else CpuBudget(int(cpus), "argument")
         threadpool_limits(limits=int(budget))
         _applied = budget
         _log.info("math thread pools capped at %d thread(s) (%s)", int(budget), budget.source)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from kubeps.runtime.ops import kernels as K
+from kubeps.runtime.settings import TaskSettings
 
 
 @pytest.fixture(params=["numpy", "cupy"])
@@ -29,28 +30,28 @@ def xp(request):
 
 
 def test_cpu_is_forced_by_env():
-    assert K.backend_name({"KUBEPS_DEVICE": "cpu"}) == "numpy"
-    assert K.backend({"KUBEPS_DEVICE": " CPU "}) is np
+    assert K.backend_name(TaskSettings.from_env({"KUBEPS_DEVICE": "cpu"})) == "numpy"
+    assert K.backend(TaskSettings.from_env({"KUBEPS_DEVICE": " CPU "})) is np
 
 
 def test_auto_picks_cupy_only_when_a_gpu_is_usable():
     ok, _ = K.cupy_available()
-    assert K.backend_name({}) == ("cupy" if ok else "numpy")
+    assert K.backend_name(TaskSettings()) == ("cupy" if ok else "numpy")
 
 
 def test_gpu_request_without_gpu_is_an_error_not_a_cpu_run():
     ok, reason = K.cupy_available()
     if ok:
-        assert K.backend_name({"KUBEPS_DEVICE": "gpu"}) == "cupy"
+        assert K.backend_name(TaskSettings(device="gpu")) == "cupy"
         return
     with pytest.raises(K.DeviceUnavailableError, match=r"KUBEPS_DEVICE=gpu was requested but .*KUBEPS_DEVICE=cpu"):
-        K.backend({"KUBEPS_DEVICE": "gpu"})
+        K.backend(TaskSettings(device="gpu"))
     assert reason
 
 
 def test_unknown_device_is_rejected():
-    with pytest.raises(ValueError, match=r"KUBEPS_DEVICE='tpu' is not a device; allowed: 'cpu', 'gpu'"):
-        K.backend_name({"KUBEPS_DEVICE": "tpu"})
+    with pytest.raises(ValueError, match=r"'KUBEPS_DEVICE' has invalid value 'tpu': allowed is 'cpu', 'gpu'"):
+        K.backend_name(TaskSettings.from_env({"KUBEPS_DEVICE": "tpu"}))
 
 
 def test_backend_reads_process_environment(monkeypatch):

@@ -22,6 +22,7 @@ from kubeps.runtime.ops.optimizers import SGD
 from kubeps.runtime.rpc.client import Client
 from kubeps.runtime.rpc.protocol import PS_SERVICE, WORKER_SERVICE
 from kubeps.runtime.rpc.tls import load_tls
+from kubeps.runtime.settings import TaskSettings
 from kubeps.runtime.variables.variable import Variable
 
 TOKEN = "kubeps-test-token-0123456789abcdef"
@@ -54,7 +55,7 @@ class LocalCluster:
         self.log_dir = log_dir
         self.extra_env = dict(extra_env or {})
         #: the tasks' mutual TLS files when ``extra_env`` names them (KUBEPS_TLS_*_FILE), else None
-        self.tls = load_tls(self.extra_env)
+        self.tls = load_tls(TaskSettings.from_env(self.extra_env))
         self.procs: dict[tuple[str, int], subprocess.Popen] = {}
 
     # -- processes -----------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from kubeps.runtime.variables.context import current_closure_context, get_curren
 from kubeps.runtime.errors import InsecureServerError, PSUnavailableError, RemoteError, UnauthenticatedError
 from kubeps.runtime.ops.optimizers import SGD
 from kubeps.runtime.server import Server
+from kubeps.runtime.settings import TaskSettings
 from kubeps.runtime.variables.variable import Variable
 
 from .conftest import TOKEN, free_ports
@@ -229,7 +230,7 @@ def test_server_bad_arguments_and_insecure(tmp_path):
     token_file.write_text(TOKEN + "\n")
     server = Server(cluster, "ps", 0, start=True, bind_host="127.0.0.1",
                     token=__import__("kubeps.runtime.rpc.security", fromlist=["x"]).load_job_token(
-                        {"KUBEPS_JOB_TOKEN_FILE": str(token_file)}))
+                        TaskSettings(job_token_file=str(token_file))))
     try:
         with pytest.raises(OSError, match=f"cannot listen on port {port}"):
             Server(cluster, "ps", 0, token=TOKEN, bind_host="127.0.0.1")

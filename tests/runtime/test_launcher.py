@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from kubeps.runtime import cli
-from kubeps.runtime.local.launcher import LauncherError, LocalCluster, exit_status, free_ports
+from kubeps.runtime.errors import RuntimeConfigError
+from kubeps.runtime.local.launcher import LauncherArgumentError, LauncherError, LocalCluster, exit_status, free_ports
 
 # The task script: argv[1] is a directory for pid files, argv[2] a JSON behaviour per task type
 # ({"chief": {"exit": 3}, "worker": {"sleep": 60}, ...}); "default" applies to types not named. "wait_for": N
@@ -403,6 +404,22 @@ def test_bad_local_arguments_exit_2_with_a_clear_message(script, capsys, args, m
     code, _, err = run_main(["local", str(script), *args], capsys)
     assert code == 2
     assert message.format(script=script) in err
+
+
+@pytest.mark.parametrize("kwargs,allowed", [
+    ({"num_ps": 0}, "a number of parameter servers >= 1"),
+    ({"num_workers": -1}, "a number of workers >= 1"),
+    ({"grace_period": -0.5}, "a number of seconds >= 0"),
+    ({"evaluator_grace": float("nan")}, "a number of seconds >= 0"),
+    ({"num_ps": 2, "num_workers": 2, "port_base": 65534}, "a port in 1..65531: 5 tasks take consecutive ports"),
+])
+def test_local_cluster_errors_name_its_parameters_not_the_flags(script, kwargs, allowed):
+    """The library speaks of its parameters; only ``kubeps local`` (above) words its errors with its flags."""
+    field, value = list(kwargs.items())[-1]
+    with pytest.raises(LauncherArgumentError) as info:
+        LocalCluster(str(script), **kwargs)
+    assert (info.value.field, str(info.value)) == (field, f"'{field}' has invalid value {value!r}: allowed is {allowed}")
+    assert isinstance(info.value, LauncherError) and isinstance(info.value, RuntimeConfigError)
 
 
 def test_missing_or_directory_script(tmp_path, capsys):

@@ -11,6 +11,7 @@ import pytest
 
 from kubeps.runtime.util import threads
 from kubeps.runtime.local.launcher import LauncherError, LocalCluster
+from kubeps.runtime.settings import TaskSettings
 
 
 def _write(root, rel, text):
@@ -22,7 +23,7 @@ def _write(root, rel, text):
 def test_cgroup_v2_quota(tmp_path):
     _write(tmp_path, "cpu.max", "150000 100000\n")
     assert threads.cgroup_cpu_limit(str(tmp_path)) == 1.5
-    budget = threads.cpu_budget(env={}, cgroup_root=str(tmp_path))
+    budget = threads.cpu_budget(TaskSettings(), cgroup_root=str(tmp_path))
     assert int(budget) == min(2, threads._affinity()) and budget.source in ("cgroup quota", "affinity")
 
 
@@ -35,22 +36,22 @@ def test_cgroup_v1_quota_and_unlimited(tmp_path):
     _write(tmp_path, "cpu,cpuacct/cpu.cfs_quota_us", "50000\n")
     _write(tmp_path, "cpu,cpuacct/cpu.cfs_period_us", "100000\n")
     assert threads.cgroup_cpu_limit(str(tmp_path)) == 0.5
-    assert int(threads.cpu_budget(env={}, cgroup_root=str(tmp_path))) == 1  # half a CPU still gets one thread
+    assert int(threads.cpu_budget(TaskSettings(), cgroup_root=str(tmp_path))) == 1  # half a CPU still gets one thread
     _write(tmp_path, "cpu,cpuacct/cpu.cfs_quota_us", "-1\n")
     assert threads.cgroup_cpu_limit(str(tmp_path)) is None
 
 
 def test_env_overrides_when_smaller(tmp_path):
-    budget = threads.cpu_budget(env={threads.CPUS_ENV: "1"}, cgroup_root=str(tmp_path))
+    budget = threads.cpu_budget(TaskSettings(cpus=1), cgroup_root=str(tmp_path))
     assert (int(budget), budget.source) == (1, threads.CPUS_ENV)
     # a larger request never exceeds what the task may run on
-    assert int(threads.cpu_budget(env={threads.CPUS_ENV: "4096"}, cgroup_root=str(tmp_path))) == threads._affinity()
+    assert int(threads.cpu_budget(TaskSettings(cpus=4096), cgroup_root=str(tmp_path))) == threads._affinity()
 
 
 @pytest.mark.parametrize("value", ["0", "-2", "two", "1.5"])
-def test_malformed_env_names_variable_value_and_allowed(tmp_path, value):
+def test_malformed_env_names_variable_value_and_allowed(value):
     with pytest.raises(ValueError) as err:
-        threads.cpu_budget(env={threads.CPUS_ENV: value}, cgroup_root=str(tmp_path))
+        TaskSettings.from_env({threads.CPUS_ENV: value})
     message = str(err.value)
     assert threads.CPUS_ENV in message and repr(value) in message and ">= 1" in message
 
@@ -74,7 +75,7 @@ def test_local_cluster_gives_each_task_its_share(tmp_path):
     script.write_text("pass\n")
     env = {k: v for k, v in os.environ.items() if k != threads.CPUS_ENV}
     cluster = LocalCluster(str(script), num_ps=2, num_workers=2, env=env)
-    share = max(1, int(threads.cpu_budget(env)) // 4)
+    share = max(1, int(threads.cpu_budget(TaskSettings.from_env(env))) // 4)
     assert cluster.task_env("worker", 0)[threads.CPUS_ENV] == str(share)
     # an explicit budget is kept, and a malformed one is a launcher error naming it
     cluster = LocalCluster(str(script), env=dict(env, **{threads.CPUS_ENV: "3"}))

@@ -22,10 +22,16 @@ from kubeps.runtime.ops.optimizers import SGD
 from kubeps.runtime.rpc import wire
 from kubeps.runtime.rpc.client import CHANNEL_OPTIONS
 from kubeps.runtime.rpc.protocol import PS_SERVICE, UNARY_PREFIX
-from kubeps.runtime.rpc.tls import TLSConfig, load_tls
+from kubeps.runtime.rpc.tls import TLSConfig, load_tls as _load_tls
+from kubeps.runtime.settings import TaskSettings
 from kubeps.runtime.variables.variable import Variable
 
 from .conftest import TOKEN
+
+
+def load_tls(env: dict[str, str]) -> TLSConfig | None:
+    """The TLS files of the task whose environment is ``env``."""
+    return _load_tls(TaskSettings.from_env(env))
 
 pytestmark = pytest.mark.timeout(180)
 

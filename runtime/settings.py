@@ -1,0 +1,196 @@
+"""``TaskSettings``: everything a task reads from its environment, parsed once, in one dialect.
+
+The variables are the pod contract's (:mod:`kubeps.runtime.contract`); this module is the only part of the runtime
+that reads them. A task builds its settings once when it starts (:meth:`TaskSettings.from_env`) and hands them to
+what it constructs -- the servers, a parameter server's state, the TLS and token loaders, the kernels' backend, the
+summary writers' log dir, the math thread pools -- so nothing reads the environment per request.
+
+Every variable is one field: its name (the alias), its type and bounds, its default, and what is allowed, declared
+once. An unset or blank variable is the field's default. A bad value raises
+:class:`~kubeps.runtime.errors.RuntimeConfigError` naming the variable, the value and what is allowed.
+
+:meth:`TaskSettings.to_env` renders settings back to variables; ``kubeps local`` (:mod:`kubeps.runtime.local`) and
+the operator (:mod:`kubeps.operator.core.children`) both use it, so the names and formats of what they set cannot
+drift from what a task parses (``TaskSettings.from_env(s.to_env()) == s``).
+
+What needs I/O stays with its owner: the job token file is read by :mod:`kubeps.runtime.rpc.security`, the TLS
+files by :mod:`kubeps.runtime.rpc.tls`, TF_CONFIG is parsed by :mod:`kubeps.runtime.cluster` (carried here raw),
+the extension modules are imported by :mod:`kubeps.runtime.server.methods`. Pure otherwise: pydantic, the contract
+and the errors, nothing else of the runtime.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from kubeps.runtime import contract
+from kubeps.runtime.errors import RuntimeConfigError
+
+__all__ = [
+    "DEFAULT_MAX_ANSWER_BYTES",
+    "DEFAULT_MAX_PARKED_BYTES",
+    "DEFAULT_MAX_REQUEST_BYTES",
+    "DEFAULT_MAX_SLOT_SETS",
+    "DEFAULT_PARKED_ANSWER_TTL_S",
+    "DEFAULT_REQUEST_TIMEOUT_S",
+    "DEFAULT_STREAM_IDLE_TIMEOUT_S",
+    "TaskSettings",
+]
+
+#: seconds a server waits for the next chunk of a request before it cancels the call
+DEFAULT_STREAM_IDLE_TIMEOUT_S = 10.0
+#: seconds a whole request may take to arrive, however steadily its chunks trickle in
+DEFAULT_REQUEST_TIMEOUT_S = 120.0
+#: the largest request data section a server accepts (bytes)
+DEFAULT_MAX_REQUEST_BYTES = 1 << 30
+#: the largest answer a parameter server builds (bytes)
+DEFAULT_MAX_ANSWER_BYTES = 1 << 30
+#: seconds a parked answer (too big for one message) waits for its client's Collect
+DEFAULT_PARKED_ANSWER_TTL_S = 30.0
+#: the most bytes of parked answers a server holds (the oldest are dropped beyond it)
+DEFAULT_MAX_PARKED_BYTES = 2 << 30
+#: how many slot sets (one per optimizer configuration) one variable may hold on a parameter server
+DEFAULT_MAX_SLOT_SETS = 8
+
+#: the level names ``logging.basicConfig(level=...)`` accepts
+_LOG_LEVELS = ("CRITICAL", "FATAL", "ERROR", "WARN", "WARNING", "INFO", "DEBUG", "NOTSET")
+_POSITIVE_INT = "a positive integer"
+_POSITIVE_SECONDS = "a positive, finite number of seconds"
+
+
+def _var(name: str, default: Any, allowed: str, **bounds: Any) -> Any:
+    """A field read from variable ``name``; ``allowed`` is what an error says would be accepted."""
+    return Field(default, alias=name, json_schema_extra={"allowed": allowed}, **bounds)
+
+
+def _split(value: Any) -> Any:
+    """A comma-separated variable as a tuple of its non-blank items, stripped; a sequence of strings is split the
+    same way (``("/a,/b", "/c")`` is ``("/a", "/b", "/c")``), as a task would read it back."""
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(i, str) for i in items):
+        return value  # pydantic's error names the field
+    return tuple(part.strip() for item in items for part in item.split(",") if part.strip())
+
+
+class TaskSettings(BaseModel):
+    """A task's settings, one field per variable of :mod:`kubeps.runtime.contract` (the alias is its name).
+
+    ``TaskSettings.from_env()`` reads ``os.environ``; ``TaskSettings(max_slot_sets=3)`` builds settings in code
+    (fields by name). Frozen: share one object between everything a task constructs.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    # -- the cluster and the job's identity ---------------------------------------------------------------------
+    #: the raw TF_CONFIG JSON (:class:`kubeps.runtime.cluster.TFConfig` parses it), None when unset
+    tf_config: str | None = _var(contract.TF_CONFIG_ENV, None, "TF_CONFIG JSON as TensorFlow defines it")
+    #: the job's shared secret (checked by :mod:`kubeps.runtime.rpc.security`); never shown in ``repr``
+    job_token: str | None = Field(None, alias=contract.JOB_TOKEN_ENV, repr=False,
+                                  json_schema_extra={"allowed": "the job token"})
+    job_token_file: str | None = _var(contract.JOB_TOKEN_FILE_ENV, None, "a file holding the job token")
+
+    # -- checkpoints (before the TLS files: the order of the operator's pod env) ---------------------------------
+    #: the directories or URLs a parameter server confines checkpoint shards to; (): paths are only normalised
+    checkpoint_root: tuple[str, ...] = _var(contract.CHECKPOINT_ROOT_ENV, (),
+                                            "directories or URLs separated by ','")
+    #: the checkpoint directory the examples default to
+    checkpoint_dir: str | None = _var(contract.CHECKPOINT_DIR_ENV, None, "a directory or URL")
+
+    # -- transport security and the network ----------------------------------------------------------------------
+    tls_ca_file: str | None = _var(contract.TLS_CA_FILE_ENV, None, "a PEM file")
+    tls_cert_file: str | None = _var(contract.TLS_CERT_FILE_ENV, None, "a PEM file")
+    tls_key_file: str | None = _var(contract.TLS_KEY_FILE_ENV, None, "a PEM file")
+    #: the address a server binds to; None: every interface
+    bind_host: str | None = _var(contract.BIND_HOST_ENV, None, "a host name or address")
+
+    # -- the process ----------------------------------------------------------------------------------------------
+    #: the CPUs the task may use; None: its cgroup quota and CPU affinity decide
+    cpus: int | None = _var(contract.CPUS_ENV, None,
+                            "a whole number of CPUs >= 1 (or unset: the cgroup quota and CPU affinity decide)", gt=0)
+    #: where array kernels run; None: a GPU when CuPy sees one, else the CPU
+    device: Literal["cpu", "gpu"] | None = _var(contract.DEVICE_ENV, None, "'cpu', 'gpu' or unset (auto)")
+    log_level: str = _var(contract.LOG_LEVEL_ENV, "INFO", f"a logging level name: {', '.join(_LOG_LEVELS)}")
+    #: where TensorBoard event files go; None: nowhere unless a program names a log dir
+    logdir: str | None = _var(contract.LOGDIR_ENV, None, "a directory or URL")
+    #: modules a server imports before it serves (the user's methods)
+    server_extensions: tuple[str, ...] = _var(contract.SERVER_EXTENSIONS_ENV, (),
+                                              "module names separated by ','")
+
+    # -- a server's limits ------------------------------------------------------------------------------------------
+    #: the size of the chunks a server streams large answers in; None: the wire's default
+    chunk_bytes: int | None = _var(contract.CHUNK_BYTES_ENV, None, _POSITIVE_INT + " (bytes)", gt=0)
+    stream_idle_timeout_s: float = _var(contract.STREAM_IDLE_TIMEOUT_ENV, DEFAULT_STREAM_IDLE_TIMEOUT_S,
+                                        _POSITIVE_SECONDS, gt=0, allow_inf_nan=False)
+    request_timeout_s: float = _var(contract.REQUEST_TIMEOUT_ENV, DEFAULT_REQUEST_TIMEOUT_S, _POSITIVE_SECONDS,
+                                    gt=0, allow_inf_nan=False)
+    #: None: half the server's handler threads (at least 2)
+    max_calls_per_client: int | None = _var(contract.MAX_CALLS_PER_CLIENT_ENV, None, _POSITIVE_INT, gt=0)
+    max_request_bytes: int = _var(contract.MAX_REQUEST_BYTES_ENV, DEFAULT_MAX_REQUEST_BYTES,
+                                  _POSITIVE_INT + " (bytes)", gt=0)
+    max_answer_bytes: int = _var(contract.MAX_ANSWER_BYTES_ENV, DEFAULT_MAX_ANSWER_BYTES, _POSITIVE_INT + " (bytes)",
+                                 gt=0)
+    parked_answer_ttl_s: float = _var(contract.PARKED_ANSWER_TTL_ENV, DEFAULT_PARKED_ANSWER_TTL_S, _POSITIVE_SECONDS,
+                                      gt=0, allow_inf_nan=False)
+    max_parked_bytes: int = _var(contract.MAX_PARKED_BYTES_ENV, DEFAULT_MAX_PARKED_BYTES, _POSITIVE_INT + " (bytes)",
+                                 gt=0)
+    max_slot_sets: int = _var(contract.MAX_SLOT_SETS_ENV, DEFAULT_MAX_SLOT_SETS, _POSITIVE_INT, gt=0)
+    nonfinite_gradients: Literal["refuse", "allow"] = _var(contract.NONFINITE_GRADIENTS_ENV, "refuse",
+                                                           "'refuse' (the default) or 'allow'")
+
+    @field_validator("device", mode="before")
+    @classmethod
+    def _device_case(cls, value: Any) -> Any:
+        return value.strip().lower() if isinstance(value, str) else value
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, value: str) -> str:
+        if value not in _LOG_LEVELS:
+            raise ValueError("not a logging level name")
+        return value
+
+    @field_validator("checkpoint_root", "server_extensions", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        return _split(value)
+
+    # -- the environment ----------------------------------------------------------------------------------------------
+    @classmethod
+    def variables(cls) -> dict[str, str]:
+        """``{field: variable name}`` of every field, in declaration order."""
+        return {name: str(info.alias) for name, info in cls.model_fields.items()}
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "TaskSettings":
+        """The settings in ``environ`` (default ``os.environ``); blank variables count as unset."""
+        env = os.environ if environ is None else environ
+        given = {name: raw for name in cls.variables().values()
+                 if (raw := env.get(name)) is not None and raw.strip()}
+        try:
+            return cls.model_validate(given)
+        except ValidationError as err:
+            first = err.errors()[0]
+            name = str(first["loc"][0])
+            field = next(f for f, alias in cls.variables().items() if alias == name)
+            extra = cls.model_fields[field].json_schema_extra
+            allowed = extra.get("allowed") if isinstance(extra, dict) else None
+            shown = "<hidden>" if field == "job_token" else given.get(name)
+            raise RuntimeConfigError(name, shown, f"allowed is {allowed}") from None
+
+    def to_env(self) -> dict[str, str]:
+        """The variables that say these settings: every field not at its default, in declaration order.
+        ``TaskSettings.from_env(settings.to_env()) == settings``."""
+        rendered: dict[str, str] = {}
+        for field, name in self.variables().items():
+            value = getattr(self, field)
+            if value == type(self).model_fields[field].default:
+                continue
+            rendered[name] = _render(value)
+        return rendered
+
+
+def _render(value: Any) -> str:
+    return ",".join(value) if isinstance(value, tuple) else str(value)
