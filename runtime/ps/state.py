@@ -22,12 +22,11 @@ import numpy as np
 from kubeps.runtime.contract import MAX_ANSWER_BYTES_ENV, MAX_SLOT_SETS_ENV, NONFINITE_GRADIENTS_ENV
 from kubeps.runtime.errors import LimitExceededError, RuntimeConfigError
 from kubeps.runtime.rpc.protocol import optimizer_key, slot_key
-from kubeps.runtime.settings import DEFAULT_MAX_SLOT_SETS, TaskSettings
+from kubeps.runtime.settings import TaskSettings
 from kubeps.runtime.util.storage import checkpoint_roots
 from kubeps.runtime.variables.slots import slots_for
 
 __all__ = [
-    "DEFAULT_MAX_SLOT_SETS",
     "ParameterServerState",
     "PSVariable",
     "UnknownVariableError",

@@ -32,7 +32,6 @@ from kubeps.runtime.worker.state import BUILTIN_METHODS as _WORKER_BUILTINS
 __all__ = [
     "BUILTIN_PS_METHODS",
     "BUILTIN_WORKER_METHODS",
-    "EXTENSIONS_ENV",
     "Method",
     "compose",
     "PS_METHODS",
@@ -77,9 +76,6 @@ BUILTIN_WORKER_METHODS: Mapping[str, Method] = dict(WORKER_METHODS)
 _REGISTRY_LOCK = threading.Lock()
 #: answered by the service itself, never by a table entry
 _RESERVED = {PING, COLLECT}
-#: env var naming modules (comma-separated) that ``python -m kubeps.runtime.server`` imports before serving: the
-#: user's own methods, registered with :func:`register_ps_method` / :func:`register_worker_method`
-EXTENSIONS_ENV = SERVER_EXTENSIONS_ENV
 
 
 def load_extensions(settings: TaskSettings | None = None) -> list[str]:
@@ -90,7 +86,7 @@ def load_extensions(settings: TaskSettings | None = None) -> list[str]:
         try:
             importlib.import_module(name)
         except ModuleNotFoundError as err:
-            raise RuntimeConfigError(EXTENSIONS_ENV, name, f"must name an importable module ({err})") from None
+            raise RuntimeConfigError(SERVER_EXTENSIONS_ENV, name, f"must name an importable module ({err})") from None
         loaded.append(name)
     return loaded
 

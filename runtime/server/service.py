@@ -66,17 +66,6 @@ __all__ = [
 
 log = logging.getLogger("kubeps.runtime.server")
 
-#: how long a parked unary answer (too big for one message) waits for its client's Collect (seconds)
-PARKED_TTL_S = _settings.DEFAULT_PARKED_ANSWER_TTL_S
-#: the most bytes of parked answers a server holds (the oldest are dropped beyond it)
-MAX_PARKED_BYTES = _settings.DEFAULT_MAX_PARKED_BYTES
-#: how long a server waits for the next chunk of a request (seconds) before it cancels the call
-STREAM_IDLE_TIMEOUT_S = _settings.DEFAULT_STREAM_IDLE_TIMEOUT_S
-#: how long a whole request may take to arrive (seconds), however steadily its chunks trickle in
-REQUEST_TIMEOUT_S = _settings.DEFAULT_REQUEST_TIMEOUT_S
-#: the largest request data section a server accepts (bytes)
-MAX_REQUEST_BYTES = _settings.DEFAULT_MAX_REQUEST_BYTES
-
 
 def _no_tensors(specs: Mapping[str, MethodSpec]) -> frozenset[str]:
     """The methods of a service whose requests carry no tensors (their data section must be empty), by their
@@ -148,7 +137,8 @@ class _ParkedAnswers:
     """Answers of unary calls too big for one message, held until the client streams them (``Collect``); dropped
     after ``ttl_s`` by the server's janitor, and the oldest first once they hold more than ``max_bytes``."""
 
-    def __init__(self, ttl_s: float = PARKED_TTL_S, max_bytes: int = MAX_PARKED_BYTES):
+    def __init__(self, ttl_s: float = _settings.DEFAULT_PARKED_ANSWER_TTL_S,
+                 max_bytes: int = _settings.DEFAULT_MAX_PARKED_BYTES):
         self._ttl = ttl_s
         self._max_bytes = max_bytes
         self._lock = threading.Lock()
