@@ -32,10 +32,18 @@ __all__ = [
     "LOGDIR_ENV",
     "LOG_LEVEL_ENV",
     "MAX_ANSWER_BYTES_ENV",
+    "MAX_BLOOM_COUNTERS_ENV",
     "MAX_CALLS_PER_CLIENT_ENV",
+    "MAX_CLIENT_ANSWER_BYTES_ENV",
+    "MAX_HEADER_BYTES_ENV",
     "MAX_PARKED_BYTES_ENV",
+    "MAX_READ_IDS_ENV",
     "MAX_REQUEST_BYTES_ENV",
     "MAX_SLOT_SETS_ENV",
+    "MAX_TABLES_ENV",
+    "MAX_TABLE_DIM_ENV",
+    "MAX_VARIABLES_ENV",
+    "MIN_REQUEST_RATE_ENV",
     "NONFINITE_GRADIENTS_ENV",
     "PARKED_ANSWER_TTL_ENV",
     "REQUEST_TIMEOUT_ENV",
@@ -120,6 +128,34 @@ MAX_PARKED_BYTES_ENV = "KUBEPS_MAX_PARKED_BYTES"
 
 #: how many slot sets (one per optimizer configuration) one variable may hold on a ps (default 8)
 MAX_SLOT_SETS_ENV = "KUBEPS_MAX_SLOT_SETS"
+
+#: the largest request header (the JSON before the tensors) a server parses, in bytes (default 1 MiB); a bigger one
+#: is refused unparsed
+MAX_HEADER_BYTES_ENV = "KUBEPS_MAX_HEADER_BYTES"
+
+#: the most variables one ps holds (default 100000); a ``CreateVariables`` that would pass it is refused
+MAX_VARIABLES_ENV = "KUBEPS_MAX_VARIABLES"
+
+#: the most dynamic tables one ps holds (default 1024); a ``CreateDynamic`` of one more is refused
+MAX_TABLES_ENV = "KUBEPS_MAX_DYNAMIC_TABLES"
+
+#: the widest row (``dim``) a dynamic table may have on a ps (default 16384)
+MAX_TABLE_DIM_ENV = "KUBEPS_MAX_TABLE_DIM"
+
+#: the most counters of a dynamic table's Bloom filter (2 bytes each) on a ps (default 2**24)
+MAX_BLOOM_COUNTERS_ENV = "KUBEPS_MAX_BLOOM_COUNTERS"
+
+#: the most row ids (or table keys) one call may read or look up on a ps, all its tensors together (default 2**20)
+MAX_READ_IDS_ENV = "KUBEPS_MAX_READ_IDS"
+
+#: the bytes of answers one client (one job identity) may have a ps build at once (default 256 MiB): a read that
+#: would pass it while the client has another answer in flight is refused; alone, a call may build up to
+#: :data:`MAX_ANSWER_BYTES_ENV`
+MAX_CLIENT_ANSWER_BYTES_ENV = "KUBEPS_MAX_CLIENT_ANSWER_BYTES"
+
+#: the slowest a request may arrive, in bytes per second after its first :data:`STREAM_IDLE_TIMEOUT_ENV` seconds
+#: (default 65536): a stream trickling small chunks is cancelled even though each chunk comes in time
+MIN_REQUEST_RATE_ENV = "KUBEPS_MIN_REQUEST_BYTES_PER_S"
 
 #: ``refuse`` (default) or ``allow``: whether a ps applies gradients holding NaN or infinity
 NONFINITE_GRADIENTS_ENV = "KUBEPS_NONFINITE_GRADIENTS"
