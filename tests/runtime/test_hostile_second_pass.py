@@ -446,3 +446,87 @@ def test_storage_errors_answer_status_codes_without_a_traceback(make_cluster, tm
     assert client.call(PS.LIST_VARIABLES)[0]["variables"][0]["updates"] == 0
     assert "Traceback" not in cluster.log_text("ps", 0)
     client.close()
+
+
+# -- 7. no silent rounding -----------------------------------------------------------------------------------------
+def test_from_files_csv_refuses_ids_float32_cannot_hold():
+    import kubeps.runtime as kp
+
+    def read(tmp, text):
+        path = tmp / "f.csv"
+        path.write_text(text)
+        return list(kp.Dataset.from_files([str(path)], reader="csv"))
+
+    import tempfile
+    from pathlib import Path
+
+    tmp = Path(tempfile.mkdtemp())
+    for text in ("16777217,1.5\n", "123456789012\n"):  # read as 1.6777216e+07 and 1.2345679e+11 before
+        with pytest.raises(ValueError, match="not exactly representable as float32"):
+            read(tmp, text)
+    (row,) = read(tmp, "16777216,1.5\n")
+    assert row.tolist() == [16777216.0, 1.5]
+
+
+IDS = [2 ** 24 - 1, 2 ** 24, 2 ** 24 + 1, 2 ** 53 - 1, 2 ** 53, 2 ** 53 + 1]
+
+
+@pytest.mark.parametrize("reader", ["lines", "csv", "csv-float64", "csv-int64", "npy", "npz"])
+def test_every_reader_reads_ids_around_2_24_and_2_53_exactly_or_refuses(reader, tmp_path):
+    """Each id either comes back with its exact value or the read is refused: never another number."""
+    import numpy as np
+
+    from kubeps.runtime.data.readers import READERS, read_csv
+
+    for i in IDS:
+        path = tmp_path / f"{reader}-{i}"
+        if reader == "npy":
+            np.save(path.with_suffix(".npy"), np.array([i], np.int64))
+            path = path.with_suffix(".npy")
+        elif reader == "npz":
+            np.savez(path.with_suffix(".npz"), ids=np.array([i], np.int64))
+            path = path.with_suffix(".npz")
+        else:
+            path.write_text(f"{i}\n")
+        if reader.startswith("csv-"):
+            dtype = np.dtype(reader.split("-")[1])
+            records = lambda p, dtype=dtype: read_csv(p, dtype=dtype)  # noqa: E731
+        else:
+            records = READERS[reader]
+        try:
+            (record,) = list(records(str(path)))
+        except ValueError as err:
+            assert "not exactly representable" in str(err)
+            continue
+        value = record["ids"] if isinstance(record, dict) else record
+        got = int(value) if isinstance(value, str) else int(np.asarray(value).reshape(-1)[0])
+        assert got == i, (reader, i, value)
+
+
+# -- 8. kubeps local without --restart ends a run whose ps exited -------------------------------------------------
+def test_a_ps_exiting_before_the_chief_ends_the_run_with_its_status(tmp_path):
+    """Before: the chief waited (ps_startup_timeout, 120 s) for a ps the launcher knew had exited."""
+    from kubeps.runtime.local.launcher import LocalCluster
+
+    from .test_launcher import FOREVER, TASK_SCRIPT
+
+    script = tmp_path / "task.py"
+    script.write_text(TASK_SCRIPT)
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    spec = {"ps": {"exit": 3}, "default": FOREVER}
+    log = open(tmp_path / "log.txt", "w+")
+    out = open(tmp_path / "out.txt", "w+")
+    cluster = LocalCluster(str(script), [str(pid_dir), json.dumps(spec)], num_ps=1, num_workers=1, output=out,
+                           log=log)
+    start = time.monotonic()
+    try:
+        cluster.start()
+        assert cluster.wait(timeout=60) == 3
+    finally:
+        cluster.stop()
+    assert time.monotonic() - start < 30
+    log.seek(0)
+    lines = [line for line in log.read().splitlines() if "ps-0" in line and "exited" in line]
+    assert len(lines) == 1 and "ending the run" in lines[0] and "status 3" in lines[0], lines
+    assert not cluster.tasks[("chief", 0)].running
