@@ -110,8 +110,10 @@ STREAM_IDLE_TIMEOUT_ENV = "KUBEPS_STREAM_IDLE_TIMEOUT_S"
 #: seconds a whole request may take to arrive, however steadily its chunks trickle in (default 120)
 REQUEST_TIMEOUT_ENV = "KUBEPS_REQUEST_TIMEOUT_S"
 
-#: calls one client (one peer address) may have in a server at once; more are refused with RESOURCE_EXHAUSTED
-#: before they hold a thread, and kubeps clients retry them (default: half the server's handler threads)
+#: calls one client (one job identity: the token, with the certificate under mutual TLS; a peer address on an insecure
+#: server) may have in a server at once; a call past it evicts the call whose request arrives slowest, or is refused
+#: with RESOURCE_EXHAUSTED before it holds a thread, and kubeps clients retry it (default: three quarters of the
+#: server's handler threads)
 MAX_CALLS_PER_CLIENT_ENV = "KUBEPS_MAX_CALLS_PER_CLIENT"
 
 #: the largest request data section a server accepts, in bytes (default 1 GiB; methods without tensors take none)

@@ -203,6 +203,25 @@ class _ParkedAnswers:
             return len(self._answers)
 
 
+class _Throttled:
+    """A warning said at most once per ``every_s`` seconds; the next one says how many were held back (a client
+    that makes the server cancel its calls must not also fill its log)."""
+
+    def __init__(self, every_s: float = 5.0):
+        self._every_s, self._lock = every_s, threading.Lock()
+        self._last, self._held = -math.inf, 0
+
+    def warning(self, message: str, *args: Any) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._last < self._every_s:
+                self._held += 1
+                return
+            held, self._held, self._last = self._held, 0, now
+        log.warning(message + (f" ({held} more like it in the last {self._every_s:.0f} s not logged)" if held else ""),
+                    *args)
+
+
 class _Slot:
     """One admitted call: its client, when it was admitted, the bytes of its request that arrived, since when it
     waits for the next chunk (None: not waiting), and whether it still counts against its client."""
@@ -252,6 +271,7 @@ class _Guard:
         #: calls the janitor cancelled, and calls evicted for a newcomer (tests read them)
         self.cancelled = 0
         self.evicted = 0
+        self._evictions_log, self._stalls_log = _Throttled(), _Throttled()
 
     def start(self) -> None:
         if self._thread is None:
@@ -277,8 +297,9 @@ class _Guard:
             self._total += 1
             self._slots.add(slot)
         if victim is not None:
-            log.warning("cancelled a call of %s to admit another: its request arrived slowest (%d bytes in %.1f s)",
-                        victim.client, victim.received, time.monotonic() - victim.start)
+            self._evictions_log.warning("cancelled a call from %s to admit another: its request arrived slowest (%d "
+                                        "bytes in %.1f s)", _address_of(victim.context), victim.received,
+                                        time.monotonic() - victim.start)
             _cancel(victim.context)
         return slot
 
@@ -339,10 +360,10 @@ class _Guard:
                     slot.deadline = math.inf
             for slot in late:
                 self.cancelled += 1
-                log.warning("cancelled a call from %s: its request stalled (no chunk for %.1f s, slower than %d "
-                            "bytes/s, or not complete after %.0f s; %s, %s, %s)", _address_of(slot.context),
-                            self.idle_s, self.min_rate, self.request_s, STREAM_IDLE_TIMEOUT_ENV, MIN_REQUEST_RATE_ENV,
-                            REQUEST_TIMEOUT_ENV)
+                self._stalls_log.warning(
+                    "cancelled a call from %s: its request stalled (no chunk for %.1f s, slower than %d bytes/s, or "
+                    "not complete after %.0f s; %s, %s, %s)", _address_of(slot.context), self.idle_s, self.min_rate,
+                    self.request_s, STREAM_IDLE_TIMEOUT_ENV, MIN_REQUEST_RATE_ENV, REQUEST_TIMEOUT_ENV)
                 _cancel(slot.context)
             if sum(parked.expire() for parked in self._parked):
                 _release_free_memory()

@@ -530,3 +530,17 @@ def test_a_ps_exiting_before_the_chief_ends_the_run_with_its_status(tmp_path):
     lines = [line for line in log.read().splitlines() if "ps-0" in line and "exited" in line]
     assert len(lines) == 1 and "ending the run" in lines[0] and "status 3" in lines[0], lines
     assert not cluster.tasks[("chief", 0)].running
+
+
+def test_eviction_and_stall_warnings_are_rate_limited(caplog):
+    from kubeps.runtime.server.service import _Throttled
+
+    throttled = _Throttled(every_s=60)
+    with caplog.at_level("WARNING", logger="kubeps.runtime.server"):
+        for i in range(500):
+            throttled.warning("cancelled call %d", i)
+    assert [r.getMessage() for r in caplog.records] == ["cancelled call 0"]
+    throttled._last -= 61
+    with caplog.at_level("WARNING", logger="kubeps.runtime.server"):
+        throttled.warning("cancelled call %d", 500)
+    assert caplog.records[-1].getMessage() == "cancelled call 500 (499 more like it in the last 60 s not logged)"
