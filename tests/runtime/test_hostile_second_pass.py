@@ -407,7 +407,7 @@ def test_raced_saves_create_nothing_outside_the_root(tmp_path):
     racer.start()
     outcomes = {"saved": 0, "refused": 0}
     try:
-        for i in range(400):
+        for i in range(2000):
             try:
                 rpc_save_shards(state, _save_request(swapped / f"ck{i % 7}"), [])
                 outcomes["saved"] += 1
@@ -416,9 +416,9 @@ def test_raced_saves_create_nothing_outside_the_root(tmp_path):
     finally:
         stop.set()
         racer.join()
-    print(f"\n400 raced saves: {outcomes}")
+    print(f"\n2000 raced saves: {outcomes}")
     assert list(outside.iterdir()) == []
-    assert outcomes["saved"] + outcomes["refused"] == 400
+    assert outcomes["saved"] + outcomes["refused"] == 2000
 
 
 # -- 6. storage errors have status codes; PushRead needs names --------------------------------------------------
