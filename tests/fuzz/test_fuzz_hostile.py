@@ -56,7 +56,7 @@ def test_any_header_is_decoded_or_refused_in_bounded_time(brackets, pieces, repe
         wire.decode_message(_frame(header))
     except wire.WireError:
         pass
-    assert time.process_time() - start < 0.5  # 64 KB here took 11.5 s before
+    assert time.process_time() - start < 1.0  # 64 KB here took 11.5 s before; the inputs here cost <= 0.03 s
 
 
 # -- 2 -------------------------------------------------------------------------------------------------------------
