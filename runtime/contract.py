@@ -32,10 +32,18 @@ __all__ = [
     "LOGDIR_ENV",
     "LOG_LEVEL_ENV",
     "MAX_ANSWER_BYTES_ENV",
+    "MAX_BLOOM_COUNTERS_ENV",
     "MAX_CALLS_PER_CLIENT_ENV",
+    "MAX_CLIENT_ANSWER_BYTES_ENV",
+    "MAX_HEADER_BYTES_ENV",
     "MAX_PARKED_BYTES_ENV",
+    "MAX_READ_IDS_ENV",
     "MAX_REQUEST_BYTES_ENV",
     "MAX_SLOT_SETS_ENV",
+    "MAX_TABLES_ENV",
+    "MAX_TABLE_DIM_ENV",
+    "MAX_VARIABLES_ENV",
+    "MIN_REQUEST_RATE_ENV",
     "NONFINITE_GRADIENTS_ENV",
     "PARKED_ANSWER_TTL_ENV",
     "REQUEST_TIMEOUT_ENV",
@@ -102,8 +110,10 @@ STREAM_IDLE_TIMEOUT_ENV = "KUBEPS_STREAM_IDLE_TIMEOUT_S"
 #: seconds a whole request may take to arrive, however steadily its chunks trickle in (default 120)
 REQUEST_TIMEOUT_ENV = "KUBEPS_REQUEST_TIMEOUT_S"
 
-#: calls one client (one peer address) may have in a server at once; more are refused with RESOURCE_EXHAUSTED
-#: before they hold a thread, and kubeps clients retry them (default: half the server's handler threads)
+#: calls one client (one job identity: the token, with the certificate under mutual TLS; a peer address on an insecure
+#: server) may have in a server at once; a call past it evicts the call whose request arrives slowest, or is refused
+#: with RESOURCE_EXHAUSTED before it holds a thread, and kubeps clients retry it (default: three quarters of the
+#: server's handler threads)
 MAX_CALLS_PER_CLIENT_ENV = "KUBEPS_MAX_CALLS_PER_CLIENT"
 
 #: the largest request data section a server accepts, in bytes (default 1 GiB; methods without tensors take none)
@@ -120,6 +130,34 @@ MAX_PARKED_BYTES_ENV = "KUBEPS_MAX_PARKED_BYTES"
 
 #: how many slot sets (one per optimizer configuration) one variable may hold on a ps (default 8)
 MAX_SLOT_SETS_ENV = "KUBEPS_MAX_SLOT_SETS"
+
+#: the largest request header (the JSON before the tensors) a server parses, in bytes (default 1 MiB); a bigger one
+#: is refused unparsed
+MAX_HEADER_BYTES_ENV = "KUBEPS_MAX_HEADER_BYTES"
+
+#: the most variables one ps holds (default 100000); a ``CreateVariables`` that would pass it is refused
+MAX_VARIABLES_ENV = "KUBEPS_MAX_VARIABLES"
+
+#: the most dynamic tables one ps holds (default 1024); a ``CreateDynamic`` of one more is refused
+MAX_TABLES_ENV = "KUBEPS_MAX_DYNAMIC_TABLES"
+
+#: the widest row (``dim``) a dynamic table may have on a ps (default 16384)
+MAX_TABLE_DIM_ENV = "KUBEPS_MAX_TABLE_DIM"
+
+#: the most counters of a dynamic table's Bloom filter (2 bytes each) on a ps (default 2**24)
+MAX_BLOOM_COUNTERS_ENV = "KUBEPS_MAX_BLOOM_COUNTERS"
+
+#: the most row ids (or table keys) one call may read or look up on a ps, all its tensors together (default 2**20)
+MAX_READ_IDS_ENV = "KUBEPS_MAX_READ_IDS"
+
+#: the bytes of answers one client (one job identity) may have a ps build at once (default 256 MiB): a read that
+#: would pass it while the client has another answer in flight is refused; alone, a call may build up to
+#: :data:`MAX_ANSWER_BYTES_ENV`
+MAX_CLIENT_ANSWER_BYTES_ENV = "KUBEPS_MAX_CLIENT_ANSWER_BYTES"
+
+#: the slowest a request may arrive, in bytes per second after its first :data:`STREAM_IDLE_TIMEOUT_ENV` seconds
+#: (default 65536): a stream trickling small chunks is cancelled even though each chunk comes in time
+MIN_REQUEST_RATE_ENV = "KUBEPS_MIN_REQUEST_BYTES_PER_S"
 
 #: ``refuse`` (default) or ``allow``: whether a ps applies gradients holding NaN or infinity
 NONFINITE_GRADIENTS_ENV = "KUBEPS_NONFINITE_GRADIENTS"

@@ -31,9 +31,17 @@ from kubeps.runtime.errors import RuntimeConfigError
 
 __all__ = [
     "DEFAULT_MAX_ANSWER_BYTES",
+    "DEFAULT_MAX_BLOOM_COUNTERS",
+    "DEFAULT_MAX_CLIENT_ANSWER_BYTES",
+    "DEFAULT_MAX_HEADER_BYTES",
     "DEFAULT_MAX_PARKED_BYTES",
+    "DEFAULT_MAX_READ_IDS",
     "DEFAULT_MAX_REQUEST_BYTES",
     "DEFAULT_MAX_SLOT_SETS",
+    "DEFAULT_MAX_TABLES",
+    "DEFAULT_MAX_TABLE_DIM",
+    "DEFAULT_MAX_VARIABLES",
+    "DEFAULT_MIN_REQUEST_BYTES_PER_S",
     "DEFAULT_PARKED_ANSWER_TTL_S",
     "DEFAULT_REQUEST_TIMEOUT_S",
     "DEFAULT_STREAM_IDLE_TIMEOUT_S",
@@ -54,6 +62,22 @@ DEFAULT_PARKED_ANSWER_TTL_S = 30.0
 DEFAULT_MAX_PARKED_BYTES = 2 << 30
 #: how many slot sets (one per optimizer configuration) one variable may hold on a parameter server
 DEFAULT_MAX_SLOT_SETS = 8
+#: the largest request header a server parses (bytes): the JSON parse of 1 MiB stays near 0.1 s of CPU
+DEFAULT_MAX_HEADER_BYTES = 1 << 20
+#: the most variables one parameter server holds
+DEFAULT_MAX_VARIABLES = 100_000
+#: the most dynamic tables one parameter server holds
+DEFAULT_MAX_TABLES = 1024
+#: the widest row a dynamic table may have
+DEFAULT_MAX_TABLE_DIM = 16_384
+#: the most Bloom-filter counters a dynamic table may have (2 bytes each: 32 MiB)
+DEFAULT_MAX_BLOOM_COUNTERS = 1 << 24
+#: the most row ids or table keys one call may read or look up
+DEFAULT_MAX_READ_IDS = 1 << 20
+#: the bytes of answers one client may have a parameter server build at once
+DEFAULT_MAX_CLIENT_ANSWER_BYTES = 256 << 20
+#: the slowest a request may arrive after its first idle timeout (bytes per second)
+DEFAULT_MIN_REQUEST_BYTES_PER_S = 64 << 10
 
 #: the level names ``logging.basicConfig(level=...)`` accepts
 _LOG_LEVELS = ("CRITICAL", "FATAL", "ERROR", "WARN", "WARNING", "INFO", "DEBUG", "NOTSET")
@@ -126,7 +150,10 @@ class TaskSettings(BaseModel):
                                         _POSITIVE_SECONDS, gt=0, allow_inf_nan=False)
     request_timeout_s: float = _var(contract.REQUEST_TIMEOUT_ENV, DEFAULT_REQUEST_TIMEOUT_S, _POSITIVE_SECONDS,
                                     gt=0, allow_inf_nan=False)
-    #: None: half the server's handler threads (at least 2)
+    min_request_bytes_per_s: int = _var(contract.MIN_REQUEST_RATE_ENV, DEFAULT_MIN_REQUEST_BYTES_PER_S,
+                                        _POSITIVE_INT + " (bytes per second)", gt=0)
+    #: calls per client (job identity: token and certificate; the peer address on an insecure server); None:
+    #: three quarters of the server's handler threads (at least 2)
     max_calls_per_client: int | None = _var(contract.MAX_CALLS_PER_CLIENT_ENV, None, _POSITIVE_INT, gt=0)
     max_request_bytes: int = _var(contract.MAX_REQUEST_BYTES_ENV, DEFAULT_MAX_REQUEST_BYTES,
                                   _POSITIVE_INT + " (bytes)", gt=0)
@@ -137,6 +164,16 @@ class TaskSettings(BaseModel):
     max_parked_bytes: int = _var(contract.MAX_PARKED_BYTES_ENV, DEFAULT_MAX_PARKED_BYTES, _POSITIVE_INT + " (bytes)",
                                  gt=0)
     max_slot_sets: int = _var(contract.MAX_SLOT_SETS_ENV, DEFAULT_MAX_SLOT_SETS, _POSITIVE_INT, gt=0)
+    max_header_bytes: int = _var(contract.MAX_HEADER_BYTES_ENV, DEFAULT_MAX_HEADER_BYTES, _POSITIVE_INT + " (bytes)",
+                                 gt=0)
+    max_variables: int = _var(contract.MAX_VARIABLES_ENV, DEFAULT_MAX_VARIABLES, _POSITIVE_INT, gt=0)
+    max_tables: int = _var(contract.MAX_TABLES_ENV, DEFAULT_MAX_TABLES, _POSITIVE_INT, gt=0)
+    max_table_dim: int = _var(contract.MAX_TABLE_DIM_ENV, DEFAULT_MAX_TABLE_DIM, _POSITIVE_INT, gt=0)
+    max_bloom_counters: int = _var(contract.MAX_BLOOM_COUNTERS_ENV, DEFAULT_MAX_BLOOM_COUNTERS,
+                                   _POSITIVE_INT, gt=0)
+    max_read_ids: int = _var(contract.MAX_READ_IDS_ENV, DEFAULT_MAX_READ_IDS, _POSITIVE_INT, gt=0)
+    max_client_answer_bytes: int = _var(contract.MAX_CLIENT_ANSWER_BYTES_ENV, DEFAULT_MAX_CLIENT_ANSWER_BYTES,
+                                        _POSITIVE_INT + " (bytes)", gt=0)
     nonfinite_gradients: Literal["refuse", "allow"] = _var(contract.NONFINITE_GRADIENTS_ENV, "refuse",
                                                            "'refuse' (the default) or 'allow'")
 

@@ -46,7 +46,7 @@ from kubeps.runtime.checkpoint.format import (
 from kubeps.runtime.rpc import protocol
 from kubeps.runtime.rpc.protocol import PS, RestoreDynamicRequest, SaveDynamicRequest
 from kubeps.runtime.util.keyhash import SHARD_SEED, shard_of
-from kubeps.runtime.util.storage import storage_for
+from kubeps.runtime.util.storage import Storage, storage_for
 from kubeps.runtime.variables.dynamic import DynamicEmbedding
 from kubeps.runtime.variables.dynamic_table import DynamicTable
 
@@ -94,10 +94,11 @@ class RestoreTableItem(BaseModel):
 
 
 # -- the shard side --------------------------------------------------------------------------------------------
-def save_table(table: DynamicTable, directory: str, item: SaveTableItem) -> DynamicShardEntry:
+def save_table(table: DynamicTable, directory: str, item: SaveTableItem,
+               storage: Storage | None = None) -> DynamicShardEntry:
     """Write one shard of a table (a consistent copy, taken under its lock); a save that fails half-way removes
-    what it wrote."""
-    storage = storage_for(directory)
+    what it wrote. ``storage``: :func:`~kubeps.runtime.util.storage.storage_for`'s unless given (a ps's confined)."""
+    storage = storage_for(directory) if storage is None else storage
     with table.lock:
         state = table.checkpoint_state()
     written: list[str] = []
@@ -154,7 +155,8 @@ def verify_table(directory: str, name: str, entry: DynamicTableEntry) -> None:
                 _check_owner(rows, shard, entry, what)
 
 
-def read_table_shard(directory: str, item: RestoreTableItem, dim: int, dtype: np.dtype) -> dict[str, Any]:
+def read_table_shard(directory: str, item: RestoreTableItem, dim: int, dtype: np.dtype,
+                     storage: Storage | None = None) -> dict[str, Any]:
     """Everything shard ``item.shard`` of ``item.num_shards`` gets from the checkpoint, read and checked (files,
     keys on their shards, no key twice, the table's ``dim`` and ``dtype``): the arguments of
     :meth:`~kubeps.runtime.variables.dynamic_table.DynamicTable.restore_checkpoint`. Changes nothing."""
@@ -164,7 +166,7 @@ def read_table_shard(directory: str, item: RestoreTableItem, dim: int, dtype: np
                                       f"the table on this ps has dim {dim} dtype {dtype.name}")
     if not 0 <= item.shard < item.num_shards:
         raise CheckpointError(f"{what}: shard {item.shard} of {item.num_shards} does not exist")
-    storage = storage_for(directory)
+    storage = storage_for(directory) if storage is None else storage
     same = entry.num_shards == item.num_shards
     sources = [entry.shards[item.shard]] if same else entry.shards
     updates = sources[0].updates if same else max(s.updates for s in entry.shards)
@@ -229,10 +231,10 @@ def _bloom(sources: list[DynamicShardEntry], same: bool,
 
 
 def prepare_restore(table: DynamicTable, directory: str, item: RestoreTableItem,
-                    max_slot_sets: int | None = None) -> dict[str, Any]:
+                    max_slot_sets: int | None = None, storage: Storage | None = None) -> dict[str, Any]:
     """Read and check what ``table`` gets from the checkpoint (:func:`read_table_shard`, and the number of slot
     sets it may hold); changes nothing. :func:`load_table` then loads it."""
-    loaded = read_table_shard(directory, item, table.config.dim, table.dtype)
+    loaded = read_table_shard(directory, item, table.config.dim, table.dtype, storage)
     if max_slot_sets is not None and len(loaded["slot_init"]) > max_slot_sets:
         raise CheckpointMismatchError(f"dynamic table {item.name!r}: the checkpoint holds slots of "
                                       f"{len(loaded['slot_init'])} optimizers; a table here holds at most "

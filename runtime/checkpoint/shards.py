@@ -12,7 +12,8 @@ from pydantic import BaseModel, ConfigDict, StrictInt, ValidationError
 from kubeps.runtime.rpc import protocol
 from kubeps.runtime.rpc.protocol import (PS, RestoreDynamicRequest, RestoreShardsAnswer, RestoreShardsRequest,
                                           SaveDynamicRequest, SavedAnswer, SaveShardsRequest)
-from kubeps.runtime.util.storage import StorageError, confine, storage_for
+from kubeps.runtime.util.confined import confined_storage
+from kubeps.runtime.util.storage import Storage, StorageError, confine, storage_for
 from kubeps.runtime.checkpoint.format import (
     CheckpointError,
     CheckpointMismatchError,
@@ -102,12 +103,14 @@ def _check_save_item(item: SaveItem, shape: tuple[int, ...], dtype: Any) -> None
     dtype_name(dtype, f"variable {item.name!r}")
 
 
-def save_items(access: ShardAccess, directory: str, items: Sequence[SaveItem], parallel: int = 4) -> list[SavedShard]:
+def save_items(access: ShardAccess, directory: str, items: Sequence[SaveItem], parallel: int = 4,
+               storage: Storage | None = None) -> list[SavedShard]:
     """Write each shard (and its slots) to its own files; returns what the manifest needs to know.
 
     Every item is checked (the shard exists, its shape and dtype) before the first file is written, and the files
-    of a save that fails half-way are removed: a refused save leaves nothing behind."""
-    storage = storage_for(directory)
+    of a save that fails half-way are removed: a refused save leaves nothing behind. ``storage`` defaults to
+    :func:`~kubeps.runtime.util.storage.storage_for`'s (a ps passes its confined one)."""
+    storage = storage_for(directory) if storage is None else storage
     for item in items:
         _check_save_item(item, *access.describe(item.key))
     written: list[str] = []
@@ -151,9 +154,10 @@ def save_items(access: ShardAccess, directory: str, items: Sequence[SaveItem], p
         raise
 
 
-def restore_items(access: ShardAccess, directory: str, items: Sequence[RestoreItem], parallel: int = 4) -> int:
+def restore_items(access: ShardAccess, directory: str, items: Sequence[RestoreItem], parallel: int = 4,
+                  storage: Storage | None = None) -> int:
     """Read and verify everything first, then load each shard; returns the number of shards loaded."""
-    storage = storage_for(directory)
+    storage = storage_for(directory) if storage is None else storage
 
     def read(item: RestoreItem):
         what = f"variable {item.name!r}"
@@ -225,7 +229,7 @@ def rpc_save_shards(state: ConfinedShardAccess, request: SaveShardsRequest,
                     arrays: list[Any]) -> tuple[SavedAnswer, list[Any]]:  # noqa: ARG001
     """PS method ``SaveShards``: ``{"directory", "items": [SaveItem]}`` -> ``{"saved": [SavedShard]}``."""
     directory, items = request_items(request, SaveItem, PS.SAVE_SHARDS, state.checkpoint_roots)
-    saved = save_items(state, directory, items)
+    saved = save_items(state, directory, items, storage=confined_storage(directory, state.checkpoint_roots))
     return {"saved": [s.model_dump(mode="json") for s in saved]}, []
 
 
@@ -233,7 +237,8 @@ def rpc_restore_shards(state: ConfinedShardAccess, request: RestoreShardsRequest
                        arrays: list[Any]) -> tuple[RestoreShardsAnswer, list[Any]]:  # noqa: ARG001
     """PS method ``RestoreShards``: ``{"directory", "items": [RestoreItem]}`` -> ``{"restored": n}``."""
     directory, items = request_items(request, RestoreItem, PS.RESTORE_SHARDS, state.checkpoint_roots)
-    return {"restored": restore_items(state, directory, items)}, []
+    storage = confined_storage(directory, state.checkpoint_roots)
+    return {"restored": restore_items(state, directory, items, storage=storage)}, []
 
 
 #: the checkpoint methods of the parameter-server service (:mod:`kubeps.runtime.server.methods` serves them)

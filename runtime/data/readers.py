@@ -3,6 +3,8 @@ rows of a ``.npy`` array or of the arrays in a ``.npz`` file)."""
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
@@ -18,10 +20,19 @@ def read_lines(path: str) -> Iterator[str]:
             yield line.rstrip("\r\n")
 
 
+#: a CSV field that is an integer literal: read with ``dtype``, it must keep its exact value
+_INTEGER = re.compile(r"\s*[+-]?\d+\s*")
+
+
 def read_csv(
     path: str, delimiter: str = ",", skip_header: bool = False, dtype: Any = np.float32
 ) -> Iterator[np.ndarray]:
-    """One 1-D array per CSV row (``dtype`` float32 by default; ``dtype=str`` keeps the text)."""
+    """One 1-D array per CSV row (``dtype`` float32 by default; ``dtype=str`` keeps the text).
+
+    Nothing is rounded silently: an integer field (an id) that ``dtype`` cannot hold exactly -- ``16777217`` in
+    float32, ``2**53 + 1`` in float64 -- and a finite number that overflows it are refused with the file, the line
+    and the value; read ids with ``dtype=np.int64`` (or ``str``). Fractions round as floating point does."""
+    dt = np.dtype(dtype)
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             line = line.rstrip("\r\n")
@@ -29,9 +40,24 @@ def read_csv(
                 continue
             fields = line.split(delimiter)
             try:
-                yield np.asarray(fields, dtype=dtype)
-            except ValueError as err:
-                raise ValueError(f"{path}:{lineno}: cannot read {fields!r} as {np.dtype(dtype)}: {err}") from None
+                with np.errstate(over="ignore"):  # an overflow is refused below, naming the value
+                    row = np.asarray(fields, dtype=dtype)
+            except (ValueError, OverflowError) as err:
+                raise ValueError(f"{path}:{lineno}: cannot read {fields!r} as {dt}: {err}") from None
+            if dt.kind == "f":
+                _check_exact(row, fields, dt, f"{path}:{lineno}")
+            yield row
+
+
+def _check_exact(row: np.ndarray, fields: list[str], dt: np.dtype, where: str) -> None:
+    """Refuse a row whose integer fields changed value, or whose finite fields became infinite, when read."""
+    for text, value in zip(fields, row.tolist()):
+        if _INTEGER.fullmatch(text):
+            if not math.isfinite(value) or int(value) != int(text):
+                raise ValueError(f"{where}: value {text.strip()!r} is not exactly representable as {dt} (it would "
+                                 f"read as {value!r}); read ids with dtype=np.int64 or dtype=str")
+        elif not math.isfinite(value) and math.isfinite(float(text)):
+            raise ValueError(f"{where}: value {text.strip()!r} overflows {dt} (it would read as {value!r})")
 
 
 def read_npy(path: str) -> Iterator[np.ndarray]:

@@ -15,7 +15,8 @@ The chief decides the outcome: when it exits, every other task is stopped (SIGTE
 after a grace period) and its exit status is the cluster's. After a chief that succeeded, a running sidecar
 evaluator first gets up to ``evaluator_grace`` seconds (``--evaluator-grace``, default 60) to evaluate the final
 checkpoint and exit by itself. A ps or worker that dies before the chief is reported
-through :meth:`LocalCluster.on_task_exit` -- the hook a restart policy overrides.
+through :meth:`LocalCluster.on_task_exit` -- the hook a restart policy overrides; without one, a ps that exits ends
+the run with its status.
 
 No process is left behind: each task runs in its own session (process group), a task's exit is observed with
 ``waitid(WNOWAIT)`` so its process group id stays reserved until :meth:`LocalCluster.stop` has signalled the group
@@ -424,7 +425,9 @@ class LocalCluster:
                 if status == 0:
                     self.let_evaluator_finish(None if deadline is None else deadline - time.monotonic())
                 return status
-            self.on_task_exit(task)
+            ended = self.on_task_exit(task)
+            if ended is not None:
+                return ended
 
     def let_evaluator_finish(self, timeout: float | None = None) -> bool:
         """After the chief succeeded: wait up to ``evaluator_grace`` seconds (and ``timeout``) for a running
@@ -458,18 +461,25 @@ class LocalCluster:
         self.report(f"{task.name} (pid {task.pid}) exited with status "
                     f"{exit_status(task.returncode if task.returncode is not None else -1)}")
 
-    def on_task_exit(self, task: TaskProcess) -> None:
-        """Called when a task other than the chief exits while the chief runs. Reports it; a restart policy
-        overrides this (and calls :meth:`start_task`)."""
+    def on_task_exit(self, task: TaskProcess) -> int | None:
+        """Called when a task other than the chief exits while the chief runs; returns None to go on, or the exit
+        status that ends the run. Without a restart policy (which overrides this and calls :meth:`start_task`): a
+        ps that exits ends the run with its status (1 if it was 0), said in one line -- the chief cannot finish
+        without it and would only wait for it; a worker or evaluator is reported and the run goes on."""
         if task.task_type == "evaluator":
             self._report_evaluator_exit(task)
-        else:
-            task.exit_handled = True
-            status = exit_status(task.returncode if task.returncode is not None else -1)
-            self.report(
-                f"{task.name} (pid {task.pid}) exited with status {status} before the chief; it is not restarted "
-                f"(the chief may fail or hang without it)"
-            )
+            return None
+        task.exit_handled = True
+        status = exit_status(task.returncode if task.returncode is not None else -1)
+        if task.task_type == "ps":
+            self.report(f"{task.name} (pid {task.pid}) exited with status {status} before the chief; ending the run "
+                        f"with it (the chief cannot finish without its ps; --restart restarts them)")
+            return status or 1
+        self.report(
+            f"{task.name} (pid {task.pid}) exited with status {status} before the chief; it is not restarted "
+            f"(the chief may fail or hang without it)"
+        )
+        return None
 
     def _signal_group(self, task: TaskProcess, sig: int) -> None:
         if task.reaped:

@@ -126,12 +126,13 @@ class RestartingLocalCluster(LocalCluster):
             self._timers.append(timer)
             timer.start()
 
-    def on_task_exit(self, task: TaskProcess) -> None:  # called by LocalCluster.wait for every non-chief exit
+    def on_task_exit(self, task: TaskProcess) -> int | None:  # called by LocalCluster.wait for every non-chief exit
         task.exit_handled = True
         status = exit_status(task.returncode if task.returncode is not None else -1)
         self._record("exit", task.name, status)
         key = (task.task_type, task.index)
         self._apply(self.policy.on_exit(task.task_type, task.index, status, self.restarts.get(key, 0)))
+        return None  # the policy restarted what it restarts: the run goes on
 
     def wait(self, timeout: float | None = None) -> int:
         """Until the job is over: the chief succeeds, fails permanently, or runs out of restarts."""

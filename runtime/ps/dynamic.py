@@ -20,10 +20,12 @@ import numpy as np
 
 from kubeps.runtime.checkpoint.dynamic import RestoreTableItem, SaveTableItem, load_table, prepare_restore, save_table
 from kubeps.runtime.checkpoint.shards import request_items
-from kubeps.runtime.contract import MAX_ANSWER_BYTES_ENV, MAX_SLOT_SETS_ENV
+from kubeps.runtime.contract import (MAX_ANSWER_BYTES_ENV, MAX_BLOOM_COUNTERS_ENV, MAX_READ_IDS_ENV, MAX_SLOT_SETS_ENV,
+                                     MAX_TABLE_DIM_ENV, MAX_TABLES_ENV)
 from kubeps.runtime.errors import LimitExceededError
 from kubeps.runtime.ps.methods import expect_arrays, unique_names
 from kubeps.runtime.ps.state import ParameterServerState, UnknownVariableError
+from kubeps.runtime.util.confined import confined_storage
 from kubeps.runtime.rpc.protocol import (PS, CreateDynamicRequest, CreateVariablesAnswer, DynamicInfoAnswer,
                                           DynamicInfoRequest, DynamicLookup, DynamicTableInfo, ExportDynamicAnswer,
                                           RestoreDynamicAnswer, RestoreDynamicRequest, SaveDynamicRequest,
@@ -41,10 +43,14 @@ class DynamicTables:
         self.tables: dict[str, DynamicTable] = {}
         self._lock = threading.Lock()
 
-    def create(self, name: str, config: TableConfig) -> DynamicTable:
-        """Create (or re-create empty: a restarted coordinator does that) a table."""
-        table = DynamicTable(name, config)
-        with self._lock:
+    def create(self, name: str, config: TableConfig, max_tables: int) -> DynamicTable:
+        """Create (or re-create empty: a restarted coordinator does that) a table; refused when this would make
+        more than ``max_tables``."""
+        with self._lock:  # the table is small until keys arrive (its dim and filter are bounded): made under the lock
+            if name not in self.tables and len(self.tables) >= max_tables:
+                raise LimitExceededError("name", name, f"this ps holds {len(self.tables)} dynamic tables, the most "
+                                         f"it may hold ({MAX_TABLES_ENV}={max_tables})")
+            table = DynamicTable(name, config)
             self.tables[name] = table
         return table
 
@@ -143,11 +149,17 @@ def table_lookups(registry: DynamicTables, raw: list[DynamicLookup], arrays: Seq
 
 def check_answer_size(state: ParameterServerState, lookups: list[Lookup], extra: int) -> None:
     """Refuse lookups whose rows (and ``extra`` bytes) would pass the ps's answer size limit."""
+    keys_total = sum(keys.size for _, keys, _, _ in lookups)
+    if keys_total > state.settings.max_read_ids:
+        raise LimitExceededError("dynamic", [t.name for t, _, _, _ in lookups][:10],
+                                 f"the call looks up {keys_total} keys; a ps looks up at most "
+                                 f"{state.settings.max_read_ids} per call ({MAX_READ_IDS_ENV})")
     total = extra + sum(keys.size * table.config.dim * table.dtype.itemsize for table, keys, _, _ in lookups)
     if total > state.max_answer_bytes:
         raise LimitExceededError("dynamic", [t.name for t, _, _, _ in lookups],
                                  f"the answer would hold {total} bytes; a ps answers at most {state.max_answer_bytes} "
                                  f"({MAX_ANSWER_BYTES_ENV}): look up fewer keys per call")
+    state.answers.charge(total - extra, "dynamic", [t.name for t, _, _, _ in lookups][:10])
 
 
 def prepare_table_pushes(state: ParameterServerState, registry: DynamicTables, config: dict[str, Any] | None,
@@ -177,7 +189,13 @@ def rpc_create_dynamic(state: ParameterServerState, request: CreateDynamicReques
     if not name:
         raise ValueError(f"field 'name' must be a non-empty table name, got {name!r}")
     config = TableConfig.from_spec(request["config"], "field 'config'")
-    tables_of(state).create(name, config)
+    limits = state.settings
+    for field, value, most, env in (("dim", config.dim, limits.max_table_dim, MAX_TABLE_DIM_ENV),
+                                    ("bloom_counters", config.bloom_counters, limits.max_bloom_counters,
+                                     MAX_BLOOM_COUNTERS_ENV)):
+        if value > most:
+            raise LimitExceededError(f"config.{field}", value, f"a ps allows at most {most} ({env})")
+    tables_of(state).create(name, config, limits.max_tables)
     return {"created": 1, "incarnation": state.incarnation}, []
 
 
@@ -209,6 +227,7 @@ def rpc_export_dynamic(state: ParameterServerState, request: TableNameRequest,
         if nbytes > state.max_answer_bytes:
             raise LimitExceededError("name", name, f"the export would hold {nbytes} bytes; a ps answers at most "
                                      f"{state.max_answer_bytes} ({MAX_ANSWER_BYTES_ENV})")
+        state.answers.charge(nbytes, "name", name)
         keys, values, slots, freqs, steps = table.export()
         updates = table.updates
     order = [[okey, s] for okey, group in slots.items() for s in group]
@@ -224,7 +243,8 @@ def rpc_save_dynamic(state: ParameterServerState, request: SaveDynamicRequest,
     directory, items = request_items(request, SaveTableItem, PS.SAVE_DYNAMIC, state.checkpoint_roots)
     registry = tables_of(state)
     tables = [registry.get(i.key) for i in items]  # every table known before the first file is written
-    saved = [save_table(t, directory, i) for t, i in zip(tables, items)]
+    storage = confined_storage(directory, state.checkpoint_roots)
+    saved = [save_table(t, directory, i, storage) for t, i in zip(tables, items)]
     return {"saved": [s.model_dump(mode="json") for s in saved]}, []
 
 
@@ -236,7 +256,8 @@ def rpc_restore_dynamic(state: ParameterServerState, request: RestoreDynamicRequ
     directory, items = request_items(request, RestoreTableItem, PS.RESTORE_DYNAMIC, state.checkpoint_roots)
     registry = tables_of(state)
     tables = [registry.get(i.key) for i in items]
-    prepared = [prepare_restore(t, directory, i, state.max_slot_sets) for t, i in zip(tables, items)]
+    storage = confined_storage(directory, state.checkpoint_roots)
+    prepared = [prepare_restore(t, directory, i, state.max_slot_sets, storage) for t, i in zip(tables, items)]
     # every table's part was read and checked: nothing below is refused
     return {"restored": [load_table(t, loaded) for t, loaded in zip(tables, prepared)]}, []
 

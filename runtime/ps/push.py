@@ -84,7 +84,7 @@ def rpc_push_read(state: ParameterServerState, request: PushReadRequest,
     first (nothing is applied if any of it is malformed); the answer holds the values of ``names``, then the row
     blocks."""
     steps, dynamic_steps, out = _step(state, arrays, request["optimizer"], request["updates"],
-                                      request.get("names", []), request.get("rows", []), [])
+                                      request["names"], request.get("rows", []), [])
     return _answer(steps, dynamic_steps), out
 
 

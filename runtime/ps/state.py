@@ -19,8 +19,10 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from kubeps.runtime.contract import MAX_ANSWER_BYTES_ENV, MAX_SLOT_SETS_ENV, NONFINITE_GRADIENTS_ENV
+from kubeps.runtime.contract import (MAX_ANSWER_BYTES_ENV, MAX_READ_IDS_ENV, MAX_SLOT_SETS_ENV, MAX_VARIABLES_ENV,
+                                     NONFINITE_GRADIENTS_ENV)
 from kubeps.runtime.errors import LimitExceededError, RuntimeConfigError
+from kubeps.runtime.ps.budget import AnswerBudget
 from kubeps.runtime.rpc.protocol import optimizer_key, slot_key
 from kubeps.runtime.settings import TaskSettings
 from kubeps.runtime.util.storage import checkpoint_roots
@@ -93,6 +95,8 @@ class ParameterServerState:
                  settings: TaskSettings | None = None):
         # the task's settings (default: the environment's), read once: limits, gradients policy, checkpoint roots
         settings = TaskSettings.from_env() if settings is None else settings
+        #: the task's settings: the size bounds of every method (docs/runtime.md, "Limits") are read from here
+        self.settings = settings
         self.variables: dict[str, PSVariable] = {}
         self._lock = threading.Lock()  # guards the dict itself, never held during math
         self._optimizer_factory = optimizer_factory or _default_optimizer_factory
@@ -104,6 +108,9 @@ class ParameterServerState:
         self.max_slot_sets = settings.max_slot_sets if max_slot_sets is None else max_slot_sets
         #: the largest answer a read builds (``KUBEPS_MAX_ANSWER_BYTES``)
         self.max_answer_bytes = settings.max_answer_bytes
+        #: the bytes of answers each client may have built at once (``KUBEPS_MAX_CLIENT_ANSWER_BYTES``); the server
+        #: opens a ledger per call
+        self.answers = AnswerBudget(settings.max_client_answer_bytes)
         #: NaN/Inf gradients are refused unless ``KUBEPS_NONFINITE_GRADIENTS=allow``
         self.allow_nonfinite = (settings.nonfinite_gradients == "allow") if allow_nonfinite is None else allow_nonfinite
         #: where ``SaveShards``/``RestoreShards`` may read and write (``KUBEPS_CHECKPOINT_ROOT``), normalised; []:
@@ -129,6 +136,10 @@ class ParameterServerState:
             seen.add(name)
         made = [PSVariable(name=n, value=np.array(v, copy=True, order="C")) for n, v in zip(names, values)]
         with self._lock:
+            total = len(self.variables) + sum(1 for n in seen if n not in self.variables)
+            if total > self.settings.max_variables:
+                raise LimitExceededError("names", names[:10], f"this ps would hold {total} variables; it holds at "
+                                         f"most {self.settings.max_variables} ({MAX_VARIABLES_ENV})")
             self.variables.update((v.name, v) for v in made)
         return made
 
@@ -285,6 +296,10 @@ class ParameterServerState:
     def check_reads(self, names: list[str], rows: list[str], indices: Sequence[Any]) -> None:
         """Refuse a read of unknown variables or rows, or one whose answer would pass ``max_answer_bytes``, before
         anything else of the call happens."""
+        ids = sum(len(idx) for idx in indices)
+        if ids > self.settings.max_read_ids:
+            raise LimitExceededError("rows", rows[:10], f"the call reads {ids} rows; a ps reads at most "
+                                     f"{self.settings.max_read_ids} per call ({MAX_READ_IDS_ENV})")
         total = 0
         for name in names:
             total += self.get(name).value.nbytes
@@ -296,6 +311,7 @@ class ParameterServerState:
             raise LimitExceededError("names", names + rows, f"the answer would hold {total} bytes; a ps answers at "
                                      f"most {self.max_answer_bytes} ({MAX_ANSWER_BYTES_ENV}): read fewer variables "
                                      "or rows per call")
+        self.answers.charge(total, "names", (names + rows)[:10])
 
     # -- checkpoints: one variable with its optimizer state, copied out or loaded back under its lock ----------
     def describe(self, name: str) -> tuple[tuple[int, ...], np.dtype]:

@@ -216,7 +216,7 @@ class PushRequest(TypedDict):
 
 
 class PushReadRequest(PushRequest):
-    names: NotRequired[list[str]]
+    names: list[str]  #: required, as ``ReadMany``'s (``[]`` reads no whole value); without it the call is a ``Push``
     rows: NotRequired[list[str]]
 
 

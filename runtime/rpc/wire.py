@@ -47,7 +47,8 @@ _PREFIX = struct.Struct("<4sI")
 _ALIGN = 8
 #: Frames larger than this travel as several stream messages (tuned with ``bench/pushpull.py``).
 DEFAULT_CHUNK_BYTES = 4 << 20
-#: Upper bound on a header; a bigger one is refused before parsing.
+#: Upper bound on a header; a bigger one is refused before parsing (servers pass their own, smaller bound:
+#: ``KUBEPS_MAX_HEADER_BYTES``).
 MAX_HEADER_BYTES = 16 << 20
 #: Deepest nesting of arrays and objects a header may have (kubeps sends 4 at most); deeper is refused unparsed.
 MAX_JSON_DEPTH = 64
@@ -229,8 +230,9 @@ def _chunk(segments: list[memoryview | bytes], chunk_bytes: int) -> Iterator[byt
 class MessageDecoder:
     """Incremental decoder: ``feed()`` every received chunk, then ``finish()`` returns ``(meta, arrays)``."""
 
-    def __init__(self, max_data_bytes: int | None = None):
+    def __init__(self, max_data_bytes: int | None = None, max_header_bytes: int = MAX_HEADER_BYTES):
         self._max_data_bytes = max_data_bytes
+        self._max_header_bytes = max_header_bytes
         self._header: _Header | None = None
         self._single: memoryview | None = None
         self._buffer: np.ndarray | None = None
@@ -241,7 +243,7 @@ class MessageDecoder:
         view = memoryview(chunk)
         self._chunks += 1
         if self._header is None:
-            self._header, start = _parse_header(view)
+            self._header, start = _parse_header(view, self._max_header_bytes)
             if self._max_data_bytes is not None and self._header.data_bytes > self._max_data_bytes:
                 raise WireError(
                     "data_bytes", self._header.data_bytes, f"at most {self._max_data_bytes} bytes are accepted"
@@ -349,48 +351,46 @@ def _validated_header(raw: Any) -> _Header:
     return _Header(header.meta, [(t.dtype, t.shape, t.offset, t.nbytes) for t in header.tensors], header.data_bytes)
 
 
-def _parse_header(view: memoryview) -> tuple[_Header, int]:
+def _parse_header(view: memoryview, max_header_bytes: int = MAX_HEADER_BYTES) -> tuple[_Header, int]:
     if len(view) < _PREFIX.size:
         raise WireError("frame", bytes(view[:16]), f"message truncated: a frame starts with {_PREFIX.size} bytes")
     magic, length = _PREFIX.unpack_from(view)
     if magic != MAGIC:
         raise WireError("magic", bytes(magic), f"a kubeps frame starts with {MAGIC!r}")
-    if length > MAX_HEADER_BYTES:
-        raise WireError("header_length", length, f"at most {MAX_HEADER_BYTES} bytes")
+    if length > max_header_bytes:
+        raise WireError("header_length", length, f"at most {max_header_bytes} bytes")
     end = _PREFIX.size + length
     if len(view) < end:
         raise WireError("header_length", length, f"message truncated: only {len(view) - _PREFIX.size} header bytes")
     text = bytes(view[_PREFIX.size : end])
-    depth = _json_depth(text)
-    if depth > MAX_JSON_DEPTH:
-        raise WireError("header", text[:60], f"nests arrays and objects {depth} deep; at most {MAX_JSON_DEPTH} allowed")
     try:
         raw = json.loads(text)
     except (ValueError, UnicodeDecodeError, RecursionError) as err:
         raise WireError("header", text[:60], f"must be JSON ({type(err).__name__}: {err})") from None
+    depth = _json_depth(text)
+    if depth > MAX_JSON_DEPTH:
+        raise WireError("header", text[:60], f"nests arrays and objects {depth} deep; at most {MAX_JSON_DEPTH} allowed")
     header = _plain_header(raw) or _validated_header(raw)
     _check_tensor_table(header)
     return header, _align(end)
 
 
-_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
-_JSON_BRACKETS = re.compile(rb"[\[\]{}]")
+#: a JSON string (the unrolled form: one pass, no backtracking); only ever run on text json.loads accepted, where
+#: every string closes, so each match starts at a real opening quote and the scan is linear
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_OPEN_CLOSE = bytes.maketrans(b"[{]}", b"\x01\x01\x02\x02")
 
 
 def _json_depth(text: bytes) -> int:
-    """How deep arrays and objects nest in a JSON text (strings skipped), without parsing it: deep nesting makes
-    the parser (and anything walking its result) recurse past Python's limit. Cheap for a normal header: the
-    exact count runs only when the text holds more brackets than the limit."""
+    """How deep arrays and objects nest in a JSON text that :func:`json.loads` accepted (strings skipped): deep
+    nesting makes anything walking the parsed header recurse past Python's limit. Linear in the text and run in C
+    (a regular expression over valid JSON, then a running sum); the exact count runs only when the text holds more
+    brackets than the limit."""
     if text.count(b"[") + text.count(b"{") <= MAX_JSON_DEPTH:
         return 0
-    depth = deepest = 0
-    for match in _JSON_BRACKETS.finditer(_JSON_STRING.sub(b"", text)):
-        if match.group() in (b"[", b"{"):
-            depth += 1
-            deepest = max(deepest, depth)
-        else:
-            depth -= 1
-    return deepest
+    marks = np.frombuffer(_JSON_STRING.sub(b"", text).translate(_OPEN_CLOSE), dtype=np.uint8)
+    steps = (marks == 1).astype(np.int64) - (marks == 2)
+    return int(np.cumsum(steps).max(initial=0))
 
 
 def _check_tensor_table(header: _Header) -> None:
@@ -418,8 +418,9 @@ def _check_tensor_table(header: _Header) -> None:
             )
 
 
-def decode_chunks(chunks: Iterable[bytes], max_data_bytes: int | None = None) -> tuple[dict[str, Any], list[np.ndarray]]:
-    decoder = MessageDecoder(max_data_bytes)
+def decode_chunks(chunks: Iterable[bytes], max_data_bytes: int | None = None,
+                  max_header_bytes: int = MAX_HEADER_BYTES) -> tuple[dict[str, Any], list[np.ndarray]]:
+    decoder = MessageDecoder(max_data_bytes, max_header_bytes)
     for chunk in chunks:
         decoder.feed(chunk)
     return decoder.finish()

@@ -19,8 +19,12 @@ of its task (ps or worker) until SIGTERM/SIGINT.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import errno
+import hashlib
 import logging
+import math
 import signal
 import sys
 import threading
@@ -34,11 +38,13 @@ import grpc
 from kubeps.runtime.rpc import wire
 from kubeps.runtime.cluster import ClusterSpec, TFConfig, TFConfigError, parse_address
 from kubeps.runtime.checkpoint.format import CheckpointCorruptError, CheckpointError, CheckpointMismatchError
-from kubeps.runtime.errors import LimitExceededError, RuntimeConfigError
-from kubeps.runtime.contract import (MAX_CALLS_PER_CLIENT_ENV, PARKED_ANSWER_TTL_ENV, REQUEST_TIMEOUT_ENV,
-                                     STREAM_IDLE_TIMEOUT_ENV)
+from kubeps.runtime.errors import LimitExceededError, RuntimeConfigError, short_repr
+from kubeps.runtime.util.storage import StorageError
+from kubeps.runtime.contract import (MAX_CALLS_PER_CLIENT_ENV, MIN_REQUEST_RATE_ENV, PARKED_ANSWER_TTL_ENV,
+                                     REQUEST_TIMEOUT_ENV, STREAM_IDLE_TIMEOUT_ENV)
 from kubeps.runtime import settings as _settings
 from kubeps.runtime.settings import TaskSettings
+from kubeps.runtime.ps.budget import AnswerBudget, Ledger
 from kubeps.runtime.ps.state import ParameterServerState, UnknownVariableError
 from kubeps.runtime.server.methods import (BUILTIN_PS_METHODS, BUILTIN_WORKER_METHODS, PS_METHODS, WORKER_METHODS,
                                            Method, load_extensions, ps_methods, register_ps_method,
@@ -83,8 +89,8 @@ _BUILTINS: dict[str, tuple[Mapping[str, Method], Mapping[str, RequestShape]]] = 
 _IDENTITY = lambda b: b  # noqa: E731
 
 
-def _client_of(context: Any) -> str:
-    """The client a call counts against: the peer's address without its port (``ipv4:10.0.0.7``)."""
+def _address_of(context: Any) -> str:
+    """The peer's address without its port (``ipv4:10.0.0.7``)."""
     try:
         peer = context.peer() or "?"
     except Exception:  # noqa: BLE001 - a context without a peer
@@ -93,6 +99,20 @@ def _client_of(context: Any) -> str:
     if kind in ("ipv4", "ipv6"):
         return f"{kind}:{rest.rsplit(':', 1)[0]}"
     return peer
+
+
+def _client_of(context: Any, by_identity: bool) -> str:
+    """The client a call counts against. On a server that checks the job token, the job identity the call
+    presented (the token, with its certificate's fingerprint under mutual TLS): every task of the job is the same
+    client, wherever it connects from, so a second address buys an attacker nothing. On an insecure server (tests):
+    the peer's address."""
+    if not by_identity:
+        return _address_of(context)
+    try:
+        certs = context.auth_context().get("x509_pem_cert") or []
+    except Exception:  # noqa: BLE001 - a context without an auth context
+        certs = []
+    return "job:" + hashlib.sha256(certs[0]).hexdigest()[:16] if certs else "job"
 
 
 #: how often the janitor hands memory freed inside the allocator back to the system (seconds)
@@ -183,23 +203,75 @@ class _ParkedAnswers:
             return len(self._answers)
 
 
-class _Guard:
-    """What keeps one peer from holding a server: at most ``max_calls_per_client`` calls per client address at
-    once (more are refused before they wait for a byte), and a deadline on every chunk of a request (``idle_s``
-    after the previous one, ``request_s`` for the whole request): a janitor thread cancels a call that misses it,
-    which frees its handler thread. The janitor also expires parked answers."""
+class _Throttled:
+    """A warning said at most once per ``every_s`` seconds; the next one says how many were held back (a client
+    that makes the server cancel its calls must not also fill its log)."""
 
-    def __init__(self, idle_s: float, request_s: float, max_calls_per_client: int, parked: list[_ParkedAnswers]):
-        self.idle_s, self.request_s = idle_s, request_s
+    def __init__(self, every_s: float = 5.0):
+        self._every_s, self._lock = every_s, threading.Lock()
+        self._last, self._held = -math.inf, 0
+
+    def warning(self, message: str, *args: Any) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._last < self._every_s:
+                self._held += 1
+                return
+            held, self._held, self._last = self._held, 0, now
+        log.warning(message + (f" ({held} more like it in the last {self._every_s:.0f} s not logged)" if held else ""),
+                    *args)
+
+
+class _Slot:
+    """One admitted call: its client, when it was admitted, the bytes of its request that arrived, since when it
+    waits for the next chunk (None: not waiting), and whether it still counts against its client."""
+
+    __slots__ = ("client", "context", "start", "received", "waiting_since", "deadline", "counted")
+
+    def __init__(self, client: str, context: Any):
+        self.client, self.context = client, context
+        self.start = time.monotonic()
+        self.received = 0
+        self.waiting_since: float | None = None
+        self.deadline = math.inf
+        self.counted = True
+
+
+class _Guard:
+    """What keeps one client from holding a server's handler threads.
+
+    * At most ``max_calls_per_client`` calls per client (:func:`_client_of`: the job identity) and ``max_calls``
+      in all, both below the handler threads. A call past either bound first evicts the admitted call that
+      waits for its request slowest (waiting for its next chunk for at least ``evict_after_s``, fewest bytes per
+      second first; cancelled, its thread is freed); with none to evict it is refused at once (``RESOURCE_EXHAUSTED``,
+      reason ``too-many-calls``, which kubeps clients retry), before it waits for a byte. So stalled streams,
+      from however many addresses, cannot keep a correct call out.
+    * Every request is awaited under deadlines measured on bytes: the next chunk within ``idle_s`` of the previous
+      one, the whole request within ``request_s``, and, after its first ``idle_s``, at least ``min_rate`` bytes per
+      second on average: a stream trickling a few bytes now and then is cancelled even though each chunk comes in
+      time. A janitor thread cancels a call that misses a deadline, which frees its handler thread. The janitor
+      also expires parked answers.
+    """
+
+    def __init__(self, idle_s: float, request_s: float, max_calls_per_client: int, parked: list[_ParkedAnswers], *,
+                 max_calls: int | None = None, min_rate: int = _settings.DEFAULT_MIN_REQUEST_BYTES_PER_S,
+                 by_identity: bool = True, evict_after_s: float = 0.1):
+        self.idle_s, self.request_s, self.min_rate = idle_s, request_s, min_rate
         self.max_calls_per_client = max_calls_per_client
+        self.max_calls = max_calls if max_calls is not None else max_calls_per_client
+        self.evict_after_s = min(evict_after_s, idle_s)
+        self._by_identity = by_identity
         self._parked = parked
         self._lock = threading.Lock()
         self._calls: dict[str, int] = {}
-        self._waiting: dict[object, tuple[float, Any]] = {}
+        self._total = 0
+        self._slots: set[_Slot] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        #: calls the janitor cancelled (tests read it)
+        #: calls the janitor cancelled, and calls evicted for a newcomer (tests read them)
         self.cancelled = 0
+        self.evicted = 0
+        self._evictions_log, self._stalls_log = _Throttled(), _Throttled()
 
     def start(self) -> None:
         if self._thread is None:
@@ -209,38 +281,69 @@ class _Guard:
     def stop(self) -> None:
         self._stop.set()
 
-    def enter(self, context: Any) -> str | None:
-        client = _client_of(context)
+    def enter(self, context: Any) -> _Slot | None:
+        slot = _Slot(_client_of(context, self._by_identity), context)
+        victim: _Slot | None = None
         with self._lock:
-            held = self._calls.get(client, 0)
-            if held >= self.max_calls_per_client:
-                return None
-            self._calls[client] = held + 1
-        return client
+            held = self._calls.get(slot.client, 0)
+            if held >= self.max_calls_per_client or self._total >= self.max_calls:
+                victim = self._slowest(slot.client if held >= self.max_calls_per_client else None)
+                if victim is None:
+                    return None
+                self._uncount(victim)
+                self._slots.discard(victim)
+                self.evicted += 1
+            self._calls[slot.client] = self._calls.get(slot.client, 0) + 1
+            self._total += 1
+            self._slots.add(slot)
+        if victim is not None:
+            self._evictions_log.warning("cancelled a call from %s to admit another: its request arrived slowest (%d "
+                                        "bytes in %.1f s)", _address_of(victim.context), victim.received,
+                                        time.monotonic() - victim.start)
+            _cancel(victim.context)
+        return slot
 
-    def leave(self, client: str) -> None:
+    def _slowest(self, client: str | None) -> _Slot | None:
+        """The waiting call (of ``client``, or of anyone) whose request arrives slowest, if one waited long enough."""
+        now = time.monotonic()
+        waiting = [s for s in self._slots if s.waiting_since is not None and now - s.waiting_since >= self.evict_after_s
+                   and (client is None or s.client == client)]
+        return min(waiting, key=lambda s: s.received / max(now - s.start, 1e-3), default=None)
+
+    def _uncount(self, slot: _Slot) -> None:
+        if not slot.counted:
+            return
+        slot.counted = False
+        self._total -= 1
+        held = self._calls.get(slot.client, 1) - 1
+        if held:
+            self._calls[slot.client] = held
+        else:
+            self._calls.pop(slot.client, None)
+
+    def leave(self, slot: _Slot) -> None:
         with self._lock:
-            held = self._calls.get(client, 1) - 1
-            if held:
-                self._calls[client] = held
-            else:
-                self._calls.pop(client, None)
+            self._uncount(slot)
+            self._slots.discard(slot)
 
-    def receive(self, requests: Any, context: Any) -> Iterator[bytes]:
+    def receive(self, requests: Any, slot: _Slot) -> Iterator[bytes]:
         """The request's chunks, each awaited under the deadlines."""
         it = iter(requests)
-        last = time.monotonic() + self.request_s
+        last = slot.start + self.request_s
         while True:
-            token = object()
+            now = time.monotonic()
             with self._lock:
-                self._waiting[token] = (min(time.monotonic() + self.idle_s, last), context)
+                slot.waiting_since = now
+                slot.deadline = min(now + self.idle_s, last, slot.start + self.idle_s + slot.received / self.min_rate)
             try:
                 chunk = next(it)
             except StopIteration:
                 return
             finally:
                 with self._lock:
-                    self._waiting.pop(token, None)
+                    slot.waiting_since = None
+                    slot.deadline = math.inf
+            slot.received += len(chunk)
             yield chunk
 
     def _janitor(self) -> None:
@@ -252,20 +355,53 @@ class _Guard:
                 last_trim = now
                 _release_free_memory()
             with self._lock:
-                late = [(t, ctx) for t, (deadline, ctx) in self._waiting.items() if deadline < now]
-                for token, _ in late:
-                    del self._waiting[token]
-            for _, ctx in late:
+                late = [s for s in self._slots if s.deadline < now]
+                for slot in late:
+                    slot.deadline = math.inf
+            for slot in late:
                 self.cancelled += 1
-                log.warning("cancelled a call from %s: its request stalled (no chunk for %.1f s, or not complete "
-                            "after %.0f s; %s, %s)", _client_of(ctx), self.idle_s, self.request_s,
-                            STREAM_IDLE_TIMEOUT_ENV, REQUEST_TIMEOUT_ENV)
-                try:
-                    ctx.cancel()
-                except Exception:  # noqa: BLE001 - the call ended meanwhile
-                    pass
+                self._stalls_log.warning(
+                    "cancelled a call from %s: its request stalled (no chunk for %.1f s, slower than %d bytes/s, or "
+                    "not complete after %.0f s; %s, %s, %s)", _address_of(slot.context), self.idle_s, self.min_rate,
+                    self.request_s, STREAM_IDLE_TIMEOUT_ENV, MIN_REQUEST_RATE_ENV, REQUEST_TIMEOUT_ENV)
+                _cancel(slot.context)
             if sum(parked.expire() for parked in self._parked):
                 _release_free_memory()
+
+
+def _cancel(context: Any) -> None:
+    try:
+        context.cancel()
+    except Exception:  # noqa: BLE001 - the call ended meanwhile
+        pass
+
+
+#: errno values that say the request named something unusable (a too-long name, a link, a file for a directory)
+_BAD_PATH_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.ELOOP, errno.ENOTDIR, errno.EISDIR, errno.EINVAL,
+                              errno.EEXIST, errno.EMLINK})
+#: errno values that say the server ran out of something
+_EXHAUSTED_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EMFILE, errno.ENFILE, errno.ENOMEM})
+
+
+def _storage_status(err: OSError) -> Any:
+    """The status code of a file-system error: a path the request should not have named -> INVALID_ARGUMENT, the
+    server out of space or descriptors -> RESOURCE_EXHAUSTED, anything else (missing, not permitted, read-only,
+    I/O) -> FAILED_PRECONDITION. A :class:`~kubeps.runtime.util.storage.StorageError` without an errno is a refused
+    path."""
+    if err.errno in _EXHAUSTED_ERRNOS:
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
+    if err.errno in _BAD_PATH_ERRNOS or (isinstance(err, StorageError) and err.errno is None):
+        return grpc.StatusCode.INVALID_ARGUMENT
+    return grpc.StatusCode.FAILED_PRECONDITION
+
+
+def _storage_message(err: OSError) -> str:
+    """One line: what the file system said, about the path the request gave (shortened), nothing else."""
+    if isinstance(err, StorageError) or err.strerror is None:
+        text = str(err)
+        return text if len(text) <= 300 else text[:297] + "..."
+    where = f" ({short_repr(err.filename, 120)})" if err.filename else ""
+    return f"storage error{where}: {err.strerror}"
 
 
 class _Context(Protocol):
@@ -293,6 +429,8 @@ class _ServiceHandler(grpc.GenericRpcHandler):
         self._builtins, self._requests = _BUILTINS[service]
         self._no_tensors = _NO_TENSORS[service]
         self._state = state
+        #: the state's per-client answer budget (a ps's), charged by its reads while a call runs
+        self._answers: AnswerBudget | None = getattr(state, "answers", None)
         self._server = server
         self.parked = _ParkedAnswers(server.parked_ttl_s, server.max_parked_bytes)
 
@@ -325,21 +463,23 @@ class _ServiceHandler(grpc.GenericRpcHandler):
         return {"incarnation": self._server.incarnation, "job": self._server.job_name,
                 "task": self._server.task_index}, []
 
-    def _enter(self, name: str, context: _Context) -> str:
-        client = self._server.guard.enter(context)
-        if client is None:
+    def _enter(self, name: str, context: _Context) -> _Slot:
+        slot = self._server.guard.enter(context)
+        if slot is None:
             context.set_trailing_metadata(((ERROR_REASON_KEY, TOO_MANY_CALLS),))
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                           f"{name}: this client already has {self._server.guard.max_calls_per_client} calls in "
-                          f"the server, the most one client may have ({MAX_CALLS_PER_CLIENT_ENV}); retry later")
-        return client
+                          f"the server, the most one client may have ({MAX_CALLS_PER_CLIENT_ENV}), and none of "
+                          "them stalls; retry later")
+        return slot
 
-    def _run(self, name: str, fn: Method, chunks, context: _Context) -> list[bytes]:
+    def _run(self, name: str, fn: Method, chunks, context: _Context, slot: _Slot, ledger: Ledger | None) -> list[bytes]:
         """Decode the request, run the method, encode the answer in chunks; failures abort with a status code
         (never UNKNOWN: whatever a request holds, the answer says what was wrong with it)."""
         limit = 0 if name in self._no_tensors else self._server.max_request_bytes
         try:
-            meta, arrays = wire.decode_chunks(self._server.guard.receive(chunks, context), limit)
+            meta, arrays = wire.decode_chunks(self._server.guard.receive(chunks, slot), limit,
+                                              self._server.settings.max_header_bytes)
         except wire.WireError as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: {err}")
         except grpc.RpcError:  # the client went away, or the guard cancelled the stalled call: nobody hears this
@@ -351,7 +491,8 @@ class _ServiceHandler(grpc.GenericRpcHandler):
         shape = self._requests.get(name) if name == PING or self._builtins.get(name) is fn else None
         try:
             request = meta if shape is None else shape.validate(meta)
-            out_meta, out_arrays = fn(self._state, request, arrays)
+            with (ledger.budget.charging(ledger) if ledger is not None else contextlib.nullcontext()):
+                out_meta, out_arrays = fn(self._state, request, arrays)
             return wire.encode_chunks(out_meta, out_arrays, self._server.chunk_bytes)
         except LimitExceededError as err:
             context.set_trailing_metadata(((ERROR_REASON_KEY, LIMIT),))
@@ -366,24 +507,37 @@ class _ServiceHandler(grpc.GenericRpcHandler):
             context.abort(grpc.StatusCode.NOT_FOUND, f"{name}: {err}")
         except MemoryError:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{name}: the server ran out of memory for this call")
+        except OSError as err:  # the file system refused (a checkpoint path): the caller's problem, no traceback
+            context.abort(_storage_status(err), f"{name}: {_storage_message(err)}")
         except Exception as err:  # noqa: BLE001 - never let a method take the server down
             log.exception("method %s failed", name)
             context.abort(grpc.StatusCode.INTERNAL, f"{name}: {type(err).__name__}: {err}")
 
+    def _ledger(self, slot: _Slot) -> Ledger | None:
+        return self._answers.ledger(slot.client) if self._answers is not None else None
+
     def _invoke(self, name: str, fn: Method, requests, context: _Context):
-        client = self._enter(name, context)
+        slot = self._enter(name, context)
+        ledger = self._ledger(slot)
         try:
-            chunks = self._run(name, fn, requests, context)
-        finally:
-            self._server.guard.leave(client)
-        yield from chunks
+            try:
+                chunks = self._run(name, fn, requests, context, slot, ledger)
+            finally:
+                self._server.guard.leave(slot)
+            yield from chunks
+        finally:  # the answer was handed to gRPC: it no longer counts against the client's budget
+            if ledger is not None:
+                ledger.release()
 
     def _invoke_unary(self, name: str, fn: Method, requests, context: _Context) -> bytes:
-        client = self._enter(name, context)
+        slot = self._enter(name, context)
+        ledger = self._ledger(slot)
         try:
-            chunks = self._run(name, fn, requests, context)
+            chunks = self._run(name, fn, requests, context, slot, ledger)
         finally:
-            self._server.guard.leave(client)
+            self._server.guard.leave(slot)
+            if ledger is not None:  # returned or parked (the parked bytes have their own bound)
+                ledger.release()
         if len(chunks) == 1:
             return chunks[0]
         # the method ran (it may not be idempotent: never ask the client to call it again); hand the answer
@@ -394,15 +548,16 @@ class _ServiceHandler(grpc.GenericRpcHandler):
                       f"{name}: the answer has {len(chunks)} chunks; collect it streamed with id {answer_id}")
 
     def _collect(self, requests, context: _Context):
-        client = self._enter(COLLECT, context)
+        slot = self._enter(COLLECT, context)
         try:
-            meta, _ = wire.decode_chunks(self._server.guard.receive(requests, context), 0)
+            meta, _ = wire.decode_chunks(self._server.guard.receive(requests, slot), 0,
+                                         self._server.settings.max_header_bytes)
             answer_id: str = COLLECT_REQUEST.validate(meta)["id"]
         except (wire.WireError, ValueError) as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{COLLECT}: {err} (the id is the one a unary call's "
                                                             f"trailing metadata '{ANSWER_ID_KEY}' named)")
         finally:
-            self._server.guard.leave(client)
+            self._server.guard.leave(slot)
         chunks = self.parked.take(answer_id)
         if chunks is None:
             context.abort(grpc.StatusCode.NOT_FOUND, f"{COLLECT}: no parked answer {answer_id!r} (collected "
@@ -452,7 +607,7 @@ class Server:
         self.max_request_bytes = self.settings.max_request_bytes
         self.parked_ttl_s = self.settings.parked_answer_ttl_s
         self.max_parked_bytes = self.settings.max_parked_bytes
-        max_calls = self.settings.max_calls_per_client or max(2, self._max_workers // 2)
+        max_calls = self.settings.max_calls_per_client or max(2, self._max_workers * 3 // 4)
         idle_s = self.settings.stream_idle_timeout_s
         request_s = self.settings.request_timeout_s
         if job_name == "ps":
@@ -465,7 +620,10 @@ class Server:
         #: random per process start (the state's): a restarted task answers Ping with a new one
         self.incarnation: str = self.state.incarnation
         self._handler = _ServiceHandler(service, table, self.state, self)
-        self.guard = _Guard(idle_s, request_s, max_calls, [self._handler.parked])
+        # below the handler threads in all, so a few are always free to refuse, evict for, or serve a call
+        self.guard = _Guard(idle_s, request_s, max_calls, [self._handler.parked],
+                            max_calls=max(1, self._max_workers - max(2, self._max_workers // 8)),
+                            min_rate=self.settings.min_request_bytes_per_s, by_identity=self._token is not None)
         self._server: grpc.Server | None = None
         self._stopped = threading.Event()
         if start:

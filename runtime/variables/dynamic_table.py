@@ -47,6 +47,10 @@ _SPEC = RequestShape(TableConfigSpec)
 FREQ_MAX = int(np.iinfo(np.int32).max)
 
 
+#: the most hash functions a table's Bloom filter may use (DeepRec uses 3 or 4)
+MAX_BLOOM_HASHES = 16
+
+
 @dataclass(frozen=True)
 class TableConfig:
     """What a dynamic table is; crosses the wire as :meth:`as_dict` (``CreateDynamic``), declared there as
@@ -98,6 +102,9 @@ class TableConfig:
             value = args.get(name, lo)
             if value < lo:
                 raise ValueError(f"{what}.{name}={value!r} is not allowed; allowed: an integer >= {lo}")
+        if args.get("bloom_hashes", 1) > MAX_BLOOM_HASHES:  # each one is a pass over a lookup's keys
+            raise ValueError(f"{what}.bloom_hashes={args['bloom_hashes']!r} is not allowed; allowed: an integer in "
+                             f"[1, {MAX_BLOOM_HASHES}]")
         default = args.get("default_value", 0.0)
         if not math.isfinite(default):
             raise ValueError(f"{what}.default_value={default!r} is not allowed; allowed: a finite number")

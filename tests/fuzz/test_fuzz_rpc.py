@@ -116,12 +116,17 @@ metas = st.fixed_dictionaries({}, optional={
     "names": name_lists, "rows": name_lists, "ops": st.one_of(st.lists(st.sampled_from(["assign", "add", "x"]),
                                                                        max_size=3), json_values),
     "optimizer": optimizers, "updates": updates, "directory": directories, "items": items, "id": json_values,
-    "resource_id": json_values, "junk": json_values})
+    "resource_id": json_values, "junk": json_values, "name": st.one_of(names, json_values),
+    "config": st.one_of(st.fixed_dictionaries({"dim": st.sampled_from([1, 8, 2**14, 2**22, 2**31, 2**63 - 1])},
+                                              optional={"bloom_counters": st.sampled_from([0, 64, 2**30]),
+                                                        "bloom_hashes": st.sampled_from([1, 3, 1000])}),
+                        json_values)})
 arrays = st.lists(hnp.arrays(st.sampled_from(["float32", "float64", "int32", "int64", "uint64", "complex64", "bool",
                                               "uint8"]),
                              hnp.array_shapes(min_dims=0, max_dims=2, max_side=5)), max_size=3)
 PS_METHODS = [PS.CREATE_VARIABLES, PS.READ, PS.READ_ROWS, PS.READ_MANY, PS.ASSIGN, PS.PUSH, PS.PUSH_READ,
-              PS.LIST_VARIABLES, PS.SAVE_SHARDS, PS.RESTORE_SHARDS, PS.SAVE_DYNAMIC, PS.RESTORE_DYNAMIC, "Ping",
+              PS.LIST_VARIABLES, PS.SAVE_SHARDS, PS.RESTORE_SHARDS, PS.SAVE_DYNAMIC, PS.RESTORE_DYNAMIC,
+              PS.CREATE_DYNAMIC, "Ping",
               "Collect", "Nope"]
 MUTATING = {PS.CREATE_VARIABLES, PS.ASSIGN, PS.PUSH, PS.PUSH_READ, PS.RESTORE_SHARDS, PS.RESTORE_DYNAMIC}
 WORKER_METHODS = [WORKER.RUN_CLOSURE, WORKER.CREATE_RESOURCE, "Ping", "Collect", "Nope"]
