@@ -46,6 +46,7 @@ from typing import IO, Any, Callable, Mapping, Sequence
 from kubeps.runtime import certs
 from kubeps.runtime.cluster import TFConfig
 from kubeps.runtime.errors import RuntimeConfigError
+from kubeps.runtime.ops.kernels import DEVICE_ENV, cupy_available
 from kubeps.runtime.settings import TaskSettings
 from kubeps.runtime.util.threads import cpu_budget
 
@@ -235,7 +236,15 @@ class LocalCluster:
             given = TaskSettings.from_env(environ)  # the user's settings, checked before any task starts
         except RuntimeConfigError as err:
             raise LauncherError(str(err)) from None
+        if given.device == "gpu":
+            # every task of kubeps local runs here: no GPU here means no worker could compute where it was asked to
+            usable, why = cupy_available()
+            if not usable:
+                raise LauncherError(f"{DEVICE_ENV}=gpu: the workers would compute on a GPU, but {why}; no task was "
+                                    f"started (set {DEVICE_ENV}=cpu to run on the CPU)")
         decided: dict[str, Any] = {}
+        if given.device == "gpu" and given.gpu_tasks == 1 and num_workers > 1:
+            decided["gpu_tasks"] = num_workers  # the workers share this machine's GPU: each gets its share of memory
         if given.job_token is None and given.job_token_file is None:
             decided["job_token"] = secrets.token_hex(24)
         if given.bind_host is None:
