@@ -47,6 +47,10 @@ else
   VENV=$WORK/venv
   rm -rf "$VENV" "$WORK/src"
   "$PY" -m venv --system-site-packages "$VENV"
+  # and the interpreter's own site folders by name (an image may keep its packages where the venv does not look);
+  # the venv's own packages stay first on the path
+  "$PY" -c 'import site; print("\n".join(site.getsitepackages()))' \
+    >"$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/image-site.pth"
   WHEELS=${KUBEPS_WHEELS:-$REPO/.gpu-deps}
   if ! "$VENV/bin/python" -c 'import pydantic, cryptography, cloudpickle, threadpoolctl, prometheus_client' 2>/dev/null; then
     "$VENV/bin/python" -m pip install --quiet --no-index --no-deps "$WHEELS"/*.whl
