@@ -302,6 +302,8 @@ def main(argv=None) -> int:
                    help="the MLP head's hidden units (e.g. 1024,1024,512,256: the dense-heavy variant); kubeps's "
                         "numpy and JAX sides only")
     args = p.parse_args(argv)
+    # SIGTERM (a time limit around this driver) stops the run under way and its tasks, as an error does
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if args.head != wl.HIDDEN and (args.keras or args.tf_python):
         p.error(f"--head {','.join(map(str, args.head))}: only the kubeps numpy and JAX sides take another head; "
                 "leave out --keras and --tf-python")

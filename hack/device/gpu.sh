@@ -93,15 +93,16 @@ else
   TRAIN=16384 EVAL=2000 DENSE_STEPS=20 STD_STEPS=40 GPUFLAG=
 fi
 HEAD=1024,1024,512,256
-COMMON=(--rounds 1 --train-examples "$TRAIN" --eval-examples "$EVAL" --data "$DATA" --warmup-executions 2)
+# --timeout: the benchmark stops a run of its own that takes longer (and its tasks with it)
+COMMON=(--rounds 1 --train-examples "$TRAIN" --eval-examples "$EVAL" --data "$DATA" --warmup-executions 2 --timeout 60)
 
-step "1. kernel and placement tests" 100 "$KPY" -m pytest -q -p no:cacheprovider tests/kernels \
+step "1. kernel and placement tests" 120 "$KPY" -m pytest -q -p no:cacheprovider tests/kernels \
   tests/runtime/test_device_placement.py
 
-step "2. dense-heavy CTR: head $HEAD, batch 4096" 90 "$KPY" bench/ctr_vs_tf.py "${COMMON[@]}" $GPUFLAG \
+step "2. dense-heavy CTR: head $HEAD, batch 4096" 100 "$KPY" bench/ctr_vs_tf.py "${COMMON[@]}" $GPUFLAG \
   --head "$HEAD" --batch-size 4096 --steps "$DENSE_STEPS" --json "$OUT/dense_heavy.json"
 
-step "3. standard CTR shape, batch 512: overlap on and off" 90 "$KPY" bench/ctr_vs_tf.py "${COMMON[@]}" $GPUFLAG \
+step "3. standard CTR shape, batch 512: overlap on and off" 100 "$KPY" bench/ctr_vs_tf.py "${COMMON[@]}" $GPUFLAG \
   --overlap --steps "$STD_STEPS" --json "$OUT/standard.json"
 
 four_workers() {  # 4 workers of PROGRAM sharing the GPU, with GPU memory sampled meanwhile
@@ -110,7 +111,7 @@ four_workers() {  # 4 workers of PROGRAM sharing the GPU, with GPU memory sample
     nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader -lms 500 >"$OUT/memory-$2.csv" &
     smi=$!
   fi
-  KUBEPS_DEVICE=gpu kubeps local --ps 2 --workers 4 "$program" -- --data "$DATA" --steps 80 --batch-size 8192 \
+  KUBEPS_DEVICE=gpu timeout 50 kubeps local --ps 2 --workers 4 "$program" -- --data "$DATA" --steps 80 --batch-size 8192 \
     --head "$HEAD" --steps-per-execution 10 --warmup-executions 1 2>&1 | tee "$OUT/four-$2.log"
   local rc=${PIPESTATUS[0]}
   [ -n "$smi" ] && kill "$smi" 2>/dev/null
