@@ -96,3 +96,25 @@ def test_on_a_gpu_the_worker_holds_a_cuda_context_and_the_ps_none():
         for proc in procs.values():
             proc.terminate()
             proc.wait(timeout=30)
+
+
+def test_kubeps_local_gives_workers_that_share_a_gpu_their_memory_share(monkeypatch, tmp_path):
+    """With a GPU visible (pretended here) the workers of kubeps local share it: each is told KUBEPS_GPU_TASKS =
+    the worker count, whether KUBEPS_DEVICE says gpu or is unset; with cpu, or one set by the user, nothing
+    changes."""
+    from kubeps.runtime.local import launcher
+
+    monkeypatch.setattr(launcher, "cupy_available", lambda: (True, ""))
+    script = tmp_path / "job.py"
+    script.write_text("")
+
+    def gpu_tasks(**env: str) -> str | None:
+        cluster = launcher.LocalCluster(str(script), num_ps=1, num_workers=3, env=_env(**env))
+        try:
+            return cluster.task_env("worker", 0).get("KUBEPS_GPU_TASKS")
+        finally:
+            cluster.stop()
+
+    assert gpu_tasks(KUBEPS_DEVICE="gpu") == gpu_tasks() == "3"
+    assert gpu_tasks(KUBEPS_DEVICE="cpu") is None
+    assert gpu_tasks(KUBEPS_DEVICE="gpu", KUBEPS_GPU_TASKS="8") == "8"
