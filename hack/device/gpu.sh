@@ -88,9 +88,9 @@ fi
 
 DATA=$WORK/ctr-data
 if [ "$GPU" = 1 ]; then
-  TRAIN=262144 EVAL=20000 DENSE_STEPS=80 STD_STEPS=1000 GPUFLAG=--gpu
+  TRAIN=262144 EVAL=20000 DENSE_STEPS=80 DENSE_BATCH=4096 STD_STEPS=1000 GPUFLAG=--gpu
 else
-  TRAIN=16384 EVAL=2000 DENSE_STEPS=20 STD_STEPS=40 GPUFLAG=
+  TRAIN=16384 EVAL=2000 DENSE_STEPS=40 DENSE_BATCH=256 STD_STEPS=40 GPUFLAG=
 fi
 HEAD=1024,1024,512,256
 # --timeout: the benchmark stops a run of its own that takes longer (and its tasks with it)
@@ -100,8 +100,8 @@ step "1. kernel and placement tests" 120 "$KPY" -m pytest -q -p no:cacheprovider
   tests/runtime/test_device_placement.py
 
 # the CPU workers' side of the dense-heavy run is the slow one (~45 GFLOP a step): it gets 100 s
-step "2. dense-heavy CTR: head $HEAD, batch 4096" 140 "$KPY" bench/ctr_vs_tf.py "${COMMON[@]}" --timeout 100 \
-  $GPUFLAG --head "$HEAD" --batch-size 4096 --steps "$DENSE_STEPS" --json "$OUT/dense_heavy.json"
+step "2. dense-heavy CTR: head $HEAD, batch $DENSE_BATCH" 140 "$KPY" bench/ctr_vs_tf.py "${COMMON[@]}" --timeout 100 \
+  $GPUFLAG --head "$HEAD" --batch-size "$DENSE_BATCH" --steps "$DENSE_STEPS" --json "$OUT/dense_heavy.json"
 
 step "3. standard CTR shape, batch 512: overlap on and off" 100 "$KPY" bench/ctr_vs_tf.py "${COMMON[@]}" $GPUFLAG \
   --overlap --steps "$STD_STEPS" --json "$OUT/standard.json"
