@@ -2,15 +2,13 @@
 # kubeps images. Targets:
 #   runtime       CPU runtime for chief/ps/worker/evaluator pods (numpy, grpcio, kubeps.runtime, tensorboardX)
 #   runtime-keras runtime + Keras 3 and JAX (pip install kubeps[keras,tensorboard]): Keras models trained with fit
-#   runtime-gpu   CUDA 12 runtime + CuPy (pip install kubeps[gpu,tensorboard])
+#   runtime-gpu   runtime + CuPy for CUDA 13 with its CUDA libraries from PyPI (pip install kubeps[gpu]); the driver
+#                 comes from the node (NVIDIA container toolkit). --build-arg GPU_EXTRA=gpu-cuda12 for CUDA 12 drivers
 #   operator      the kopf operator (pip install kubeps[operator]); ENTRYPOINT `kubeps operator`
 # Build: docker build --target runtime -t kubeps-runtime .   (same for runtime-gpu, operator)
-# runtime-gpu is the last stage, so the classic builder (DOCKER_BUILDKIT=0, no registry for BuildKit's frontend:
-# hack/kind.sh) never needs the CUDA base to build runtime or operator.
-# Base images are pinned by tag and digest; override with --build-arg PYTHON_IMAGE=... / CUDA_IMAGE=...
+# Base images are pinned by tag and digest; override with --build-arg PYTHON_IMAGE=...
 # (re-resolve a digest with `docker buildx imagetools inspect python:3.11-slim-bookworm`).
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:a36c24f9cbdf4fd0f52d67f0823eeac19c2028c637cecc392d97f980d4fec56b
-ARG CUDA_IMAGE=nvidia/cuda:12.4.1-runtime-ubuntu22.04@sha256:517da2300c184c9999ec203c2665244bdebd3578d12fcc7065e83667932643d9
 
 # ---------------------------------------------------------------- builder: the kubeps wheel
 FROM ${PYTHON_IMAGE} AS builder
@@ -94,27 +92,22 @@ RUN python /tmp/deps/requirements.py /tmp/deps/pyproject.toml keras >/tmp/deps/r
 ENV KERAS_BACKEND=jax
 USER 65532:65532
 
-# ---------------------------------------------------------------- runtime-gpu (CUDA 12 + CuPy)
-FROM ${CUDA_IMAGE} AS runtime-gpu
-ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
-    PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 DEBIAN_FRONTEND=noninteractive
-# Ubuntu's archive replaces package versions in place; the base image is pinned by digest instead.
-# hadolint ignore=DL3008
-RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 python3-venv \
- && rm -rf /var/lib/apt/lists/* \
- && groupadd --gid 65532 kubeps \
- && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /tmp --shell /usr/sbin/nologin kubeps
-COPY --from=builder /wheels /wheels
-# kubeps_pid1, as in the CPU image: PID 1 exits on SIGTERM.
-COPY images/runtime/ /tmp/pid1/
-# The venv is made with this image's Python (Ubuntu's 3.10), not the builder's; the wheel is pure Python.
-RUN python3 -m venv /opt/venv \
- && WHEEL="$(ls /wheels/kubeps-*.whl)" \
- && /opt/venv/bin/pip install "kubeps[gpu,tensorboard] @ file://${WHEEL}" \
- && mv /tmp/pid1/kubeps_pid1.py /tmp/pid1/kubeps_pid1.pth "$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/" \
- && rm -rf /wheels /tmp/pid1
-COPY examples/ /opt/kubeps/examples/
-WORKDIR /opt/kubeps
+# ---------------------------------------------------------------- runtime-gpu (runtime + CuPy, CUDA 13)
+# Built on the runtime image as runtime-keras is: the same Python, kubeps and pid-1 hook, one more layer. CUDA's
+# user-space libraries come from PyPI with CuPy (cupy-cuda13x[ctk]: nvidia-cuda-runtime, cuBLAS, NVRTC ...), not from
+# an nvidia/cuda base image; the driver (libcuda) is the node's, mounted by the NVIDIA container toolkit, which reads
+# NVIDIA_VISIBLE_DEVICES and NVIDIA_DRIVER_CAPABILITIES. CUDA 13 (the default) needs a driver >= 580 on the node;
+# GPU_EXTRA=gpu-cuda12 builds the CUDA 12 variant for older drivers. The last RUN imports CuPy and kubeps's kernels
+# without a GPU (what CI can check): a wheel that does not load fails the build, not the first pod.
+FROM runtime AS runtime-gpu
+ARG GPU_EXTRA=gpu
+USER 0
+COPY pyproject.toml images/requirements.py /tmp/deps/
+RUN python /tmp/deps/requirements.py /tmp/deps/pyproject.toml "${GPU_EXTRA}" >/tmp/deps/requirements.txt \
+ && PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 /opt/venv/bin/pip install -r /tmp/deps/requirements.txt \
+ && /opt/venv/bin/pip check \
+ && rm -rf /tmp/deps \
+ && python -c "import cupy, kubeps.runtime.ops.kernels as k; print('CuPy', cupy.__version__, k.cupy_available())"
+ENV NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility
 USER 65532:65532
 CMD ["python", "-m", "kubeps.runtime.server"]

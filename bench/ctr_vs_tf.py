@@ -60,7 +60,12 @@ sys.path.insert(0, str(CTR))
 import workload as wl  # noqa: E402 - only numpy
 
 SIDES = {"kubeps": CTR / "kubeps_ctr.py", "plaintext": CTR / "kubeps_ctr.py", "jax": CTR / "jax_ctr.py",
-         "keras": CTR / "keras_ctr.py", "tf": CTR / "tf_ctr.py"}
+         "keras": CTR / "keras_ctr.py", "tf": CTR / "tf_ctr.py", "overlap": CTR / "kubeps_ctr.py",
+         "gpu": CTR / "kubeps_ctr.py", "gpu-overlap": CTR / "kubeps_ctr.py"}
+#: the kubeps numpy layers run another way (``--overlap``, ``--gpu``), each compared with the side named here, of the
+#: same run: (what it is, its baseline)
+PLACEMENTS = {"overlap": ("overlap (rows pulled during the step)", "kubeps"), "gpu": ("GPU workers", "kubeps"),
+              "gpu-overlap": ("GPU workers + overlap", "overlap")}
 #: the same model written another way, each compared with the numpy layers (and TF) of the same run
 VARIANTS = {"jax": "JAX", "keras": "Keras fit"}
 TASK_LINE = re.compile(r"\[kubeps\] (?P<name>(?P<type>[a-z]+)-\d+) pid (?P<pid>\d+)")
@@ -186,12 +191,17 @@ def run_side(side: str, args: argparse.Namespace, data: Path, tf_python: str | N
     cmd += [str(SIDES[side].relative_to(REPO)), "--", "--data", str(data), "--steps", str(args.steps),
             "--batch-size", str(args.batch_size), "--steps-per-execution", str(args.steps_per_execution),
             "--warmup-executions", str(args.warmup_executions)]
+    cmd += ["--overlap"] if side.endswith("overlap") else []
+    cmd += ["--head", ",".join(map(str, args.head))] if args.head != wl.HIDDEN else []
+    env = dict(os.environ)
+    if args.gpu:  # every side says where its workers compute: the CPU sides never pick the GPU up by themselves
+        env["KUBEPS_DEVICE"] = "gpu" if side.startswith("gpu") else "cpu"
     rss = PeakRSS()
     lines: list[str] = []
     result = None
     started = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+                            start_new_session=True, env=env)
     def stop() -> None:
         try:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -282,17 +292,33 @@ def main(argv=None) -> int:
     p.add_argument("--plaintext", action="store_true",
                    help="also run the kubeps side with plaintext between the tasks (--insecure-plaintext), to measure "
                         "what mutual TLS costs in the same run")
+    p.add_argument("--overlap", action="store_true",
+                   help="also run the kubeps side pulling the next batch's embedding rows while each step computes "
+                        "(one step stale), with its ratio and eval log-loss to the kubeps side of the same run")
+    p.add_argument("--gpu", action="store_true",
+                   help="also run the kubeps side with its workers on the GPU (KUBEPS_DEVICE=gpu; the other sides get "
+                        "KUBEPS_DEVICE=cpu), with its ratio to the CPU workers of the same run")
+    p.add_argument("--head", type=wl.hidden_units, default=wl.HIDDEN,
+                   help="the MLP head's hidden units (e.g. 1024,1024,512,256: the dense-heavy variant); kubeps's "
+                        "numpy and JAX sides only")
     args = p.parse_args(argv)
+    # SIGTERM (a time limit around this driver) stops the run under way and its tasks, as an error does
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    if args.head != wl.HIDDEN and (args.keras or args.tf_python):
+        p.error(f"--head {','.join(map(str, args.head))}: only the kubeps numpy and JAX sides take another head; "
+                "leave out --keras and --tf-python")
 
     tf_version, why = tensorflow_version(args.tf_python)
     variants = [v for v in VARIANTS if getattr(args, v)]
     sides = ["kubeps"] + (["plaintext"] if args.plaintext else []) + variants + (["tf"] if tf_version else [])
+    sides += [side for side in PLACEMENTS if (not side.endswith("overlap") or args.overlap)
+              and (not side.startswith("gpu") or args.gpu)]
     if not tf_version:
         print(f"TensorFlow skipped: {why} (see this file's docstring to install it)", flush=True)
     data = data_folder(args)
     load = os.getloadavg()
     print(f"CTR workload: {wl.FIELDS} fields -> {wl.VOCAB} x {wl.DIM} table, {wl.DENSE} dense, MLP "
-          f"{wl.FIELDS * wl.DIM + wl.DENSE}-{'-'.join(map(str, wl.HIDDEN))}-1, Adagrad {wl.LEARNING_RATE}, batch "
+          f"{wl.FIELDS * wl.DIM + wl.DENSE}-{'-'.join(map(str, args.head))}-1, Adagrad {wl.LEARNING_RATE}, batch "
           f"{args.batch_size}; {args.steps} steps on {args.ps} ps + {args.workers} workers; data {data}; "
           f"{os.cpu_count()} CPUs, load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
           + (f"; TensorFlow {tf_version}" if tf_version else ""), flush=True)
@@ -310,12 +336,17 @@ def main(argv=None) -> int:
             line += f" | TLS/plaintext {runs['kubeps'][-1]['examples_per_s'] / runs['plaintext'][-1]['examples_per_s']:.3f}"
         for v in variants:
             line += f" | {v}/numpy {runs[v][-1]['examples_per_s'] / runs['kubeps'][-1]['examples_per_s']:.2f}x"
+        for side in sides:
+            if side in PLACEMENTS:
+                base = PLACEMENTS[side][1]
+                line += f" | {side}/{base} {runs[side][-1]['examples_per_s'] / runs[base][-1]['examples_per_s']:.2f}x"
         print(line + f"  (first: {order[0]})", flush=True)
 
     summary = {side: summarize(runs[side]) for side in sides}
     mb = 1 << 20
     names = {"kubeps": "kubeps (mutual TLS)", "plaintext": "kubeps (plaintext)", "jax": "kubeps + JAX",
-             "keras": "kubeps Keras fit", "tf": f"TensorFlow {tf_version}"}
+             "keras": "kubeps Keras fit", "tf": f"TensorFlow {tf_version}", "overlap": "kubeps overlap",
+             "gpu": "kubeps GPU workers", "gpu-overlap": "kubeps GPU + overlap"}
     print(f"\nmedian of {args.rounds} round(s), {args.steps} steps, batch {args.batch_size}, "
           f"{args.ps} ps + {args.workers} workers:")
     print(f"{'':22}{'examples/s':>12}{'eval log-loss':>15}{'eval AUC':>10}"
@@ -341,6 +372,14 @@ def main(argv=None) -> int:
             summary[f"{v}_tf_ratio"] = j["examples_per_s"] / summary["tf"]["examples_per_s"]
             print(f"ratio {VARIANTS[v]}/TF: {summary[f'{v}_tf_ratio']:.2f}x examples/s (goal >= 2x); eval log-loss "
                   f"{VARIANTS[v]}/TF {j['eval_logloss'] / summary['tf']['eval_logloss']:.4f}")
+    for side in sides:
+        if side in PLACEMENTS:
+            what, base = PLACEMENTS[side]
+            j, k = summary[side], summary[base]
+            summary[f"{side}_ratio"] = j["examples_per_s"] / k["examples_per_s"]
+            summary[f"{side}_logloss_ratio"] = j["eval_logloss"] / k["eval_logloss"]
+            print(f"ratio {what} / {names[base]}: {summary[f'{side}_ratio']:.2f}x examples/s; eval log-loss "
+                  f"{summary[f'{side}_logloss_ratio']:.4f} of it")
     if tf_version:
         k, t = summary["kubeps"], summary["tf"]
         ratio = k["examples_per_s"] / t["examples_per_s"]

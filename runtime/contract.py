@@ -25,6 +25,7 @@ __all__ = [
     "CHUNK_BYTES_ENV",
     "CPUS_ENV",
     "DEVICE_ENV",
+    "GPU_TASKS_ENV",
     "EXIT_PS_UNAVAILABLE",
     "FIRST_RETRYABLE_EXIT",
     "JOB_TOKEN_ENV",
@@ -88,6 +89,9 @@ CPUS_ENV = "KUBEPS_CPUS"
 
 #: ``cpu`` or ``gpu``: where a task's array kernels run (:mod:`kubeps.runtime.ops.kernels`)
 DEVICE_ENV = "KUBEPS_DEVICE"
+
+#: how many GPU tasks share one GPU (a positive integer, default 1): each task's memory share is 0.9 / that
+GPU_TASKS_ENV = "KUBEPS_GPU_TASKS"
 
 #: the size of the chunks a server streams large answers in (bytes)
 CHUNK_BYTES_ENV = "KUBEPS_CHUNK_BYTES"

@@ -136,6 +136,8 @@ class TaskSettings(BaseModel):
                             "a whole number of CPUs >= 1 (or unset: the cgroup quota and CPU affinity decide)", gt=0)
     #: where array kernels run; None: a GPU when CuPy sees one, else the CPU
     device: Literal["cpu", "gpu"] | None = _var(contract.DEVICE_ENV, None, "'cpu', 'gpu' or unset (auto)")
+    #: how many GPU tasks share this task's GPU: each may use 0.9 / gpu_tasks of its memory (CuPy's pool, XLA)
+    gpu_tasks: int = _var(contract.GPU_TASKS_ENV, 1, _POSITIVE_INT + " (the GPU tasks sharing one GPU)", gt=0)
     log_level: str = _var(contract.LOG_LEVEL_ENV, "INFO", f"a logging level name: {', '.join(_LOG_LEVELS)}")
     #: where TensorBoard event files go; None: nowhere unless a program names a log dir
     logdir: str | None = _var(contract.LOGDIR_ENV, None, "a directory or URL")

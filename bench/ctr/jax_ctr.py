@@ -16,7 +16,6 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kubeps_ctr  # noqa: E402 - next to this file: the chief and the dataset
-import workload as wl  # noqa: E402
 
 import kubeps.runtime as kp  # noqa: E402
 
@@ -25,9 +24,10 @@ def loss_fn(params: dict, batch) -> jax.Array:
     _, dense, labels = batch
     rows = params["embedding"]
     x = jnp.concatenate([rows.reshape(rows.shape[0], -1), dense], axis=1)
-    for i in range(len(wl.HIDDEN) + 1):
+    layers = sum(1 for name in params if name.startswith("w"))  # the head's depth (``--head``)
+    for i in range(layers):
         x = x @ params[f"w{i}"] + params[f"b{i}"]
-        if i < len(wl.HIDDEN):
+        if i < layers - 1:
             x = jax.nn.relu(x)
     logits = x[:, 0]
     return jnp.mean(jnp.maximum(logits, 0) - logits * labels + jnp.log1p(jnp.exp(-jnp.abs(logits))))
@@ -43,10 +43,10 @@ class JaxModel:
     def __init__(self, init: dict[str, np.ndarray]):
         self.table = kp.Variable(np.asarray(init["embedding"]), name="embedding")
         self.dense = {f"{k}{i}": kp.Variable(np.asarray(init[f"{k}{i}"]), name=f"dense_{i}/{k}")
-                      for i in range(len(wl.HIDDEN) + 1) for k in ("w", "b")}
+                      for i in range(sum(1 for n in init if n.startswith("w"))) for k in ("w", "b")}
         self.step = kp.value_and_grad(loss_fn, dense=self.dense, tables={"embedding": (self.table, ids_of)})
 
-    def train_step(self, ids, dense, labels, optimizer) -> float:
+    def train_step(self, ids, dense, labels, optimizer, next_ids=None) -> float:  # noqa: ARG002 - no --overlap
         loss, grads = self.step((ids, dense, labels))
         optimizer.apply_gradients(self.step.grads_and_vars(grads))
         return loss

@@ -43,18 +43,24 @@ class Model:
     def __init__(self, init: dict[str, np.ndarray]):
         self.embedding = nn.Embedding(wl.VOCAB, wl.DIM, embeddings=kp.Variable(np.asarray(init["embedding"]),
                                                                                 name="embedding"))
-        sizes = (wl.FIELDS * wl.DIM + wl.DENSE, *wl.HIDDEN, 1)
+        kernels = [np.asarray(init[f"w{i}"]) for i in range(sum(1 for n in init if n.startswith("w")))]
         layers = []
-        for i, (fan_in, units) in enumerate(zip(sizes[:-1], sizes[1:])):
-            layers.append(nn.Dense(units, activation="relu" if i < len(wl.HIDDEN) else None, input_dim=fan_in,
+        for i, kernel in enumerate(kernels):
+            fan_in, units = kernel.shape
+            layers.append(nn.Dense(units, activation="relu" if i < len(kernels) - 1 else None, input_dim=fan_in,
                                    kernel_initializer=FromArray(init[f"w{i}"]),
                                    bias_initializer=FromArray(init[f"b{i}"]), name=f"dense_{i}"))
         self.head = nn.Sequential(layers)
         self.loss = nn.SigmoidCrossEntropy()
 
-    def train_step(self, ids, dense, labels, optimizer) -> float:
-        rows = self.embedding.forward(ids)
-        x = np.concatenate([rows.reshape(len(ids), -1), dense], axis=1)
+    def train_step(self, ids, dense, labels, optimizer, next_ids=None) -> float:
+        """One step; with ``next_ids`` (``--overlap``) the next batch's rows and the dense weights are pulled, with
+        this worker's previous push, while this step computes: the next step's values are one step stale."""
+        rows = self.embedding.forward(ids)  # on a GPU worker: moved there in one transfer
+        if next_ids is not None:
+            self.embedding.prefetch(next_ids)
+        dense, labels = kp.kernels.to_device(dense, labels)  # the batch: one transfer (none on a CPU worker)
+        x = kp.kernels.array_module(rows).concatenate([rows.reshape(len(ids), -1), dense], axis=1)
         loss = self.loss.forward(self.head.forward(x)[:, 0], labels)
         dx = self.head.backward(self.loss.backward()[:, None])
         self.embedding.backward(dx[:, : wl.FIELDS * wl.DIM].reshape(len(ids), wl.FIELDS, wl.DIM))
@@ -96,7 +102,7 @@ def chief_cluster():
 def run_chief(args: argparse.Namespace, build=Model) -> int:
     """The chief with the model ``build(init)`` (``jax_ctr.py`` passes the JAX one)."""
     with chief_cluster() as (strategy, coordinator):
-        init = wl.load(args.data, "init")
+        init = wl.init_weights(args.data, args.head)
         with strategy.scope():
             model = build(init)
         optimizer = kp.Adagrad(learning_rate=wl.LEARNING_RATE, initial_accumulator_value=wl.INITIAL_ACCUMULATOR,
@@ -109,11 +115,16 @@ def run_chief(args: argparse.Namespace, build=Model) -> int:
         iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
         spe = args.steps_per_execution
 
+        overlap = args.overlap
+
         def train_fn(it):
             total = 0.0
-            for _ in range(spe):
-                ids, dense, labels = next(it)
-                total += model.train_step(ids, dense, labels, optimizer)
+            batch = next(it)
+            for step in range(spe):
+                following = next(it) if step + 1 < spe else None
+                next_ids = following[0] if overlap and following is not None else None
+                total += model.train_step(*batch, optimizer, next_ids=next_ids)
+                batch = following
             return total / spe
 
         wl.timed_training(coordinator, train_fn, iterator, args, model.weights, model.side)

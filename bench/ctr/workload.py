@@ -67,6 +67,27 @@ class Teacher:
         return {"ids": hash_ids(values), "dense": dense, "labels": labels, "p": p}
 
 
+def head_weights(hidden: tuple[int, ...], seed: int = 0) -> dict[str, np.ndarray]:
+    """Glorot-uniform kernels and zero biases of an MLP head ``FIELDS*DIM + DENSE -> hidden... -> 1`` other than the
+    data folder's (``--head``: the dense-heavy variant), the same for every program given the same ``seed``."""
+    rng = np.random.default_rng(seed + 7)
+    sizes = (FIELDS * DIM + DENSE, *hidden, 1)
+    out = {}
+    for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+        limit = np.sqrt(6.0 / (fan_in + fan_out))
+        out[f"w{i}"] = rng.uniform(-limit, limit, size=(fan_in, fan_out)).astype(np.float32)
+        out[f"b{i}"] = np.zeros(fan_out, np.float32)
+    return out
+
+
+def init_weights(folder: str, hidden: tuple[int, ...]) -> dict[str, np.ndarray]:
+    """The initial weights of a run: the data folder's, with the head of ``hidden`` when it is not :data:`HIDDEN`."""
+    init = dict(load(folder, "init"))
+    if tuple(hidden) != HIDDEN:
+        init = {"embedding": init["embedding"], **head_weights(tuple(hidden))}
+    return init
+
+
 def initial_weights(seed: int = 0) -> dict[str, np.ndarray]:
     """Keras' defaults: the table ``U(-0.05, 0.05)``, kernels Glorot-uniform, biases zero."""
     rng = np.random.default_rng(seed)
@@ -125,9 +146,10 @@ def evaluate(weights: dict[str, np.ndarray], folder: str) -> dict[str, float]:
     held_out = load(folder, "eval")
     ids, dense = np.asarray(held_out["ids"]), np.asarray(held_out["dense"])
     x = np.concatenate([weights["embedding"][ids].reshape(len(ids), -1), dense], axis=1)
-    for i in range(len(HIDDEN) + 1):
+    layers = sum(1 for name in weights if name.startswith("w"))  # the head's depth (``--head``)
+    for i in range(layers):
         x = x @ weights[f"w{i}"] + weights[f"b{i}"]
-        if i < len(HIDDEN):
+        if i < layers - 1:
             x = np.maximum(x, 0.0)
     p = 1.0 / (1.0 + np.exp(-x[:, 0].astype(np.float64)))
     labels = np.asarray(held_out["labels"])
@@ -170,4 +192,21 @@ def parse_args(description: str, argv=None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=BATCH)
     p.add_argument("--steps-per-execution", type=int, default=STEPS_PER_EXECUTION)
     p.add_argument("--warmup-executions", type=int, default=4)
+    p.add_argument("--head", type=hidden_units, default=HIDDEN,
+                   help="the MLP head's hidden units, e.g. 1024,1024,512,256 (the dense-heavy variant; default "
+                        f"{','.join(map(str, HIDDEN))})")
+    p.add_argument("--overlap", action="store_true",
+                   help="pull the next batch's embedding rows while the current step computes (one step stale)")
     return p.parse_args(argv)
+
+
+def hidden_units(text: str) -> tuple[int, ...]:
+    """``"1024,1024,512,256"`` -> ``(1024, 1024, 512, 256)``: positive integers separated by commas."""
+    try:
+        units = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        units = ()
+    if not units or min(units) < 1:
+        raise argparse.ArgumentTypeError(f"--head={text!r}; allowed: positive integers separated by ',' "
+                                         f"(e.g. 1024,1024,512,256)")
+    return units

@@ -239,8 +239,9 @@ class CTRModel:
 
     def forward(self, ids: np.ndarray, dense: np.ndarray) -> np.ndarray:
         """The logits ``[B]``; looks up only the rows of ``ids`` (from the parameter servers when remote)."""
-        rows = self.embedding.forward(ids)  # [B, FIELDS, DIM]
-        x = np.concatenate([rows.reshape(len(ids), -1), dense], axis=1)
+        rows = self.embedding.forward(ids)  # [B, FIELDS, DIM]; on a GPU worker (KUBEPS_DEVICE) on the GPU
+        (dense,) = kernels.to_device(dense)  # there too, in one transfer (on a CPU worker: as it is)
+        x = kernels.array_module(rows).concatenate([rows.reshape(len(ids), -1), dense], axis=1)
         return self.head.forward(x)[:, 0]
 
     def backward(self, d_logits: np.ndarray) -> None:

@@ -13,7 +13,10 @@ state machine that decides *when* to create or delete them is :mod:`kubeps.opera
 * The main container gets ``KUBEPS_CHECKPOINT_ROOT`` (:func:`checkpoint_root`): a parameter server reads and writes
   checkpoint shards only below its ``KUBEPS_CHECKPOINT_DIR`` and the data volumes it mounts; a template that sets
   the variable keeps its own.
-* The task settings the operator decides (TF_CONFIG, the checkpoint root, the TLS files) are a
+* A main container that asks for ``nvidia.com/gpu`` (:data:`GPU_RESOURCE`, in its limits or requests) gets
+  ``KUBEPS_DEVICE=gpu`` unless its template sets the variable: the task computes on the GPU it was given or fails
+  at start with the reason, never silently on the CPU (:func:`gpu_device`).
+* The task settings the operator decides (TF_CONFIG, the checkpoint root, the TLS files, the device) are a
   :class:`kubeps.runtime.settings.TaskSettings` rendered by its ``to_env``, as ``kubeps local`` renders them: the
   names and formats are the ones a task parses.
 * Every container gets the ``restricted`` Pod Security Standard's settings where the template leaves them unset
@@ -33,7 +36,7 @@ from typing import Any, Mapping
 
 from kubeps.runtime import certs
 from kubeps.runtime.cluster import TaskSpec, TFConfig
-from kubeps.runtime.contract import (CHECKPOINT_DIR_ENV, CHECKPOINT_ROOT_ENV, JOB_TOKEN_ENV, TF_CONFIG_ENV,
+from kubeps.runtime.contract import (CHECKPOINT_DIR_ENV, CHECKPOINT_ROOT_ENV, DEVICE_ENV, JOB_TOKEN_ENV, TF_CONFIG_ENV,
                                      TLS_CA_FILE_ENV, TLS_CERT_FILE_ENV, TLS_KEY_FILE_ENV, TLS_MOUNT_PATH)
 from kubeps.runtime.settings import TaskSettings
 
@@ -237,6 +240,20 @@ def checkpoint_root(pod_spec: Mapping[str, Any], main: Mapping[str, Any]) -> tup
     return tuple(roots) or (SCRATCH_CHECKPOINT_ROOT,)
 
 
+#: the extended resource NVIDIA's device plugin advertises: a container that asks for it computes on a GPU
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+def gpu_device(main: Mapping[str, Any]) -> str | None:
+    """``"gpu"`` when the main container asks for :data:`GPU_RESOURCE` (a count above zero in its limits or requests)
+    and its env does not set ``KUBEPS_DEVICE`` itself; else None (nothing injected)."""
+    if any(e.get("name") == DEVICE_ENV for e in main.get("env") or []):
+        return None
+    resources = main.get("resources") or {}
+    asked = [(resources.get(kind) or {}).get(GPU_RESOURCE) for kind in ("limits", "requests")]
+    return "gpu" if any(str(n).strip() not in ("", "0", "None") for n in asked if n is not None) else None
+
+
 def tf_config_json(job: Mapping[str, Any], spec: PSTrainingJobSpec, replica_type: ReplicaType, index: int,
                    config: PlanConfig) -> str:
     addresses = cluster_addresses(job, spec, config)
@@ -288,6 +305,7 @@ def pod_body(job: Mapping[str, Any], job_spec: PSTrainingJobSpec, replica_type: 
         TF_CONFIG_ENV: tf_config_json(job, job_spec, replica_type, index, config),
         CHECKPOINT_ROOT_ENV: checkpoint_root(spec, main) or (),  # None: the template's own variable stays
         **({env_name: f"{TLS_MOUNT_PATH}/{key}" for env_name, key in TLS_MOUNTED_KEYS.items()} if tls else {}),
+        **({DEVICE_ENV: device} if (device := gpu_device(main)) else {}),
     }).to_env()
     injected = {
         TF_CONFIG_ENV: {"name": TF_CONFIG_ENV, "value": task.pop(TF_CONFIG_ENV)},

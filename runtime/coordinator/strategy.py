@@ -26,7 +26,7 @@ from kubeps.runtime.rpc.security import load_job_token
 from kubeps.runtime.rpc.tls import TLSConfig, load_tls
 from kubeps.runtime.settings import TaskSettings
 from kubeps.runtime.util.threads import limit_math_threads
-from kubeps.runtime.models.xla import size_cpu_backend_if_loaded
+from kubeps.runtime.models.xla import place_jax, size_cpu_backend_if_loaded
 from kubeps.runtime.rpc.transport import PSTransport
 from kubeps.runtime.variables.variable import ShardedVariable, Variable, variable_array
 from kubeps.runtime.rpc.protocol import PING, PS, NamesRequest
@@ -83,6 +83,7 @@ class ParameterServerStrategy:
             )
         settings = TaskSettings.from_env() if settings is None else settings
         limit_math_threads(settings=settings)  # the chief's own numpy work (evaluation, checkpoints) sized to its CPUs
+        place_jax(settings, "chief")  # the chief's jax (where the program loads it) stays on the CPU
         size_cpu_backend_if_loaded(settings)  # and its jax work, where the program imported jax
         self.cluster_resolver = cluster_resolver
         self._cluster_spec = spec

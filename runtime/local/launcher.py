@@ -47,6 +47,7 @@ from typing import IO, Any, Callable, Mapping, Sequence
 from kubeps.runtime import certs
 from kubeps.runtime.cluster import TFConfig
 from kubeps.runtime.errors import RuntimeConfigError
+from kubeps.runtime.ops.kernels import DEVICE_ENV, cupy_available
 from kubeps.runtime.settings import TaskSettings
 from kubeps.runtime.util.threads import cpu_budget
 
@@ -236,7 +237,16 @@ class LocalCluster:
             given = TaskSettings.from_env(environ)  # the user's settings, checked before any task starts
         except RuntimeConfigError as err:
             raise LauncherError(str(err)) from None
+        # every task of kubeps local runs here: no GPU here means no worker could compute where it was asked to
+        gpu, why = cupy_available() if given.device != "cpu" else (False, "")
+        if given.device == "gpu" and not gpu:
+            raise LauncherError(f"{DEVICE_ENV}=gpu: the workers would compute on a GPU, but {why}; no task was "
+                                f"started (set {DEVICE_ENV}=cpu to run on the CPU)")
         decided: dict[str, Any] = {}
+        if gpu and given.gpu_tasks == 1 and num_workers > 1:
+            # the workers (KUBEPS_DEVICE=gpu, or unset: they take the GPU they see) share this machine's GPU: each
+            # gets its share of the memory
+            decided["gpu_tasks"] = num_workers
         if given.job_token is None and given.job_token_file is None:
             decided["job_token"] = secrets.token_hex(24)
         if given.bind_host is None:

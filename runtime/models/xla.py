@@ -17,6 +17,13 @@ program has imported jax by then (:func:`size_cpu_backend_if_loaded`). A program
 either (e.g. initial values with ``jax.random`` at import time) calls :func:`size_cpu_backend` first.
 Where the budget covers every CPU the process may use, or on a platform without ``sched_setaffinity``, the backend is
 created as jax would create it.
+
+Placement (:func:`place_jax`): the task's role and settings decide which platforms jax may use when it creates its
+backend. A chief, a ps and a task with ``KUBEPS_DEVICE=cpu`` get ``jax_platforms=cpu`` (they never grab a GPU); a
+worker on a GPU gets ``jax_default_device`` set to its GPU and XLA's preallocation limited to its share of the
+device (``XLA_PYTHON_CLIENT_MEM_FRACTION`` = 0.9 / ``KUBEPS_GPU_TASKS``, written before the backend is created); a worker
+with ``KUBEPS_DEVICE=gpu`` whose jax sees no GPU fails with
+:class:`~kubeps.runtime.ops.kernels.DeviceUnavailableError`.
 """
 
 from __future__ import annotations
@@ -27,14 +34,19 @@ import sys
 import threading
 from typing import Any
 
+from kubeps.runtime.ops.kernels import DEVICE_ENV, DeviceUnavailableError, memory_share
 from kubeps.runtime.settings import TaskSettings
 from kubeps.runtime.util.threads import cpu_budget
 
-__all__ = ["size_cpu_backend", "size_cpu_backend_if_loaded", "xla_pool_threads"]
+__all__ = ["place_jax", "size_cpu_backend", "size_cpu_backend_if_loaded", "xla_pool_threads"]
 
 _log = logging.getLogger("kubeps.threads")
 _lock = threading.Lock()
 _sized: int | None = None
+#: (role, settings) of this task, once :func:`place_jax` recorded them
+_placement: tuple[str, TaskSettings] | None = None
+#: the environment variable XLA's GPU client reads its memory fraction from
+MEM_FRACTION_ENV = "XLA_PYTHON_CLIENT_MEM_FRACTION"
 #: the name XLA gives the threads of its CPU pool
 POOL_THREAD_NAME = "tf_XLAEigen"
 
@@ -69,7 +81,10 @@ def size_cpu_backend(cpus: int | None = None, settings: TaskSettings | None = No
         import jax  # noqa: PLC0415 - jax is optional: only a process that computes with it loads it
 
         budget = int(cpus) if cpus is not None else int(cpu_budget(settings))
-        if _backend_created():
+        created = _backend_created()
+        if not created:
+            _choose_platforms(jax)
+        if created:
             _log.warning("jax created its backend before kubeps could size XLA's thread pool: it has as many threads "
                          "as the CPUs this process may run on, not the task's budget of %d; call "
                          "kubeps.runtime.models.xla.size_cpu_backend() before computing with jax", budget)
@@ -90,7 +105,46 @@ def size_cpu_backend(cpus: int | None = None, settings: TaskSettings | None = No
                         pass
         _sized = budget
         _log.info("XLA CPU thread pool sized for %d CPU(s)", budget)
+        _choose_device(jax)
         return budget
+
+
+def place_jax(settings: TaskSettings, role: str) -> None:
+    """Record this task's ``role`` (``chief``, ``ps``, ``worker``, ``evaluator``) and settings for jax's placement
+    (module docstring); applied when jax creates its backend (:func:`size_cpu_backend`), now or later. Loads no
+    jax."""
+    global _placement
+    _placement = (role, settings)
+
+
+def _choose_platforms(jax: Any) -> None:
+    """Before the backend exists: CPU only for a task that must not use a GPU; a GPU worker's memory share."""
+    if _placement is None:
+        return
+    role, settings = _placement
+    if role != "worker" or settings.device == "cpu":
+        jax.config.update("jax_platforms", "cpu")
+        return
+    # a write, not a read: XLA's GPU client reads its own variable when the backend is created
+    os.environ[MEM_FRACTION_ENV] = f"{memory_share(settings):.3f}"
+
+
+def _choose_device(jax: Any) -> None:
+    """After the backend exists: a GPU worker computes on its GPU by default; one asked for and absent fails."""
+    if _placement is None:
+        return
+    role, settings = _placement
+    if role != "worker" or settings.device == "cpu":
+        return
+    gpus = [d for d in jax.devices() if d.platform == "gpu"]
+    if not gpus:
+        if settings.device == "gpu":
+            raise DeviceUnavailableError(f"{DEVICE_ENV}=gpu was requested but jax sees no GPU (its devices: "
+                                         f"{[str(d) for d in jax.devices()]}; install jax with its CUDA plugin); set "
+                                         f"{DEVICE_ENV}=cpu to run on the CPU")
+        return
+    jax.config.update("jax_default_device", gpus[0])
+    _log.info("jax computes on %s (XLA memory fraction %.3f)", gpus[0], memory_share(settings))
 
 
 def size_cpu_backend_if_loaded(settings: TaskSettings | None = None) -> None:

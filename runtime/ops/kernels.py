@@ -8,7 +8,14 @@ Backend selection (``backend()``):
 * unset / empty          -> CuPy when it is importable and a GPU is visible, numpy otherwise.
 
 Every kernel takes the array module from its inputs (``array_module(x)``), so the same function serves numpy
-arrays on a PS and CuPy arrays on a GPU worker. This module sits low in the runtime's layers: of the rest of
+arrays on a PS and CuPy arrays on a GPU worker.
+
+Placement (where a worker's ``nn`` layers compute): :func:`use_device` resolves the task's setting once when a worker
+starts (a GPU that is asked for and absent raises :class:`DeviceUnavailableError` there, never later) and caps CuPy's
+memory pool at the task's share of the GPU (``KUBEPS_GPU_TASKS``); :func:`compute_module` is then the module the
+layers compute with. :func:`to_device` moves several host arrays to it in **one** transfer (packed into one buffer),
+:func:`to_host` moves several device arrays back in one transfer. A task that never calls :func:`use_device` (a
+ps, the chief) computes with numpy and never touches a GPU. This module sits low in the runtime's layers: of the rest of
 ``kubeps.runtime`` it imports only the pod contract and the task's settings (:mod:`kubeps.runtime.settings`).
 """
 
@@ -27,6 +34,12 @@ __all__ = [
     "DeviceUnavailableError",
     "array_module",
     "backend",
+    "compute_module",
+    "device_description",
+    "memory_share",
+    "to_device",
+    "to_host",
+    "use_device",
     "backend_name",
     "cupy_available",
     "embedding_gather",
@@ -118,6 +131,114 @@ def array_module(*arrays: Any) -> ModuleType:
             assert cupy is not None
             return cupy
     return np
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Placement: the device a worker's layers compute on, and batched transfers
+# --------------------------------------------------------------------------------------------------------------
+
+#: the part of a GPU's memory the GPU tasks on it share between them (the rest: the driver, fragmentation)
+GPU_MEMORY_USABLE = 0.9
+_compute: ModuleType = np
+_description = "CPU (numpy)"
+#: byte alignment of each array inside a packed transfer buffer (any dtype's alignment divides it)
+_ALIGN = 256
+
+
+def memory_share(settings: TaskSettings) -> float:
+    """The fraction of its GPU's memory one GPU task may use: ``GPU_MEMORY_USABLE / KUBEPS_GPU_TASKS``."""
+    return GPU_MEMORY_USABLE / settings.gpu_tasks
+
+
+def use_device(settings: TaskSettings) -> str:
+    """Resolve where this process's layers compute (once, when a worker starts) and say it in words.
+
+    ``KUBEPS_DEVICE=gpu`` without a usable GPU raises :class:`DeviceUnavailableError` naming the reason. On a GPU,
+    CuPy's default memory pool is capped at :func:`memory_share` of the device, so ``KUBEPS_GPU_TASKS`` processes
+    fit on one GPU."""
+    global _compute, _description
+    if backend_name(settings) == "numpy":
+        _compute, _description = np, "CPU (numpy)"
+        return _description
+    cupy = _import_cupy()
+    assert cupy is not None, "backend_name said cupy"
+    share = memory_share(settings)
+    total = int(cupy.cuda.runtime.memGetInfo()[1])
+    cupy.get_default_memory_pool().set_limit(size=int(total * share))
+    device = cupy.cuda.Device()
+    name = cupy.cuda.runtime.getDeviceProperties(device.id)["name"]
+    name = name.decode() if isinstance(name, bytes) else str(name)
+    _compute = cupy
+    _description = (f"GPU {device.id} ({name}, {total / 2**30:.0f} GiB; CuPy {cupy.__version__}, memory pool limit "
+                    f"{share:.0%} = {total * share / 2**30:.1f} GiB for {settings.gpu_tasks} GPU task(s))")
+    return _description
+
+
+def compute_module() -> ModuleType:
+    """The array module this process's layers compute with: cupy after :func:`use_device` chose a GPU, else
+    numpy."""
+    return _compute
+
+
+def device_description() -> str:
+    """Where this process's layers compute, in words (what a worker logs when it starts)."""
+    return _description
+
+
+def _is_device(x: Any) -> bool:
+    return type(x).__module__.startswith("cupy")
+
+
+def _aligned(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
+
+
+def to_device(*arrays: Any) -> tuple[Any, ...]:
+    """The host arrays among ``arrays`` on the compute device (:func:`compute_module`), copied in one transfer:
+    packed into one host buffer, moved once, viewed back as arrays of their dtypes and shapes. Arrays already on
+    the device, and everything on a CPU task, are returned as they are."""
+    if _compute is np:
+        return tuple(arrays)
+    host = [i for i, a in enumerate(arrays) if not _is_device(a)]
+    if not host:
+        return tuple(arrays)
+    items = [np.ascontiguousarray(arrays[i]) for i in host]
+    offsets, total = [], 0
+    for a in items:
+        offsets.append(total)
+        total += _aligned(a.nbytes)
+    buffer = np.empty(max(total, 1), np.uint8)
+    for a, off in zip(items, offsets):
+        buffer[off:off + a.nbytes] = a.reshape(-1).view(np.uint8)
+    moved = _compute.asarray(buffer)  # the one host-to-device copy
+    out = list(arrays)
+    for i, a, off in zip(host, items, offsets):
+        out[i] = moved[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
+    return tuple(out)
+
+
+def to_host(arrays: Any) -> list[Any]:
+    """``arrays`` with every device array copied to a host numpy array, all in one transfer (packed on the device
+    into one buffer, copied once); host arrays are returned as they are."""
+    arrays = list(arrays)
+    dev = [i for i, a in enumerate(arrays) if _is_device(a)]
+    if not dev:
+        return arrays
+    cupy = _import_cupy()
+    assert cupy is not None, "a CuPy array exists"
+    offsets, total = [], 0
+    for i in dev:
+        offsets.append(total)
+        total += _aligned(arrays[i].nbytes)
+    packed = cupy.empty(max(total, 1), cupy.uint8)
+    for i, off in zip(dev, offsets):
+        a = cupy.ascontiguousarray(arrays[i])
+        packed[off:off + a.nbytes] = a.reshape(-1).view(cupy.uint8)
+    host = packed.get()  # the one device-to-host copy
+    for i, off in zip(dev, offsets):
+        a = arrays[i]
+        arrays[i] = host[off:off + a.nbytes].view(np.dtype(a.dtype)).reshape(a.shape)
+    return arrays
 
 
 def to_numpy(x: Any) -> np.ndarray:

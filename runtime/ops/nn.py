@@ -123,6 +123,19 @@ def _value(var: Any) -> Any:
     raise TypeError(f"weight of type {type(var).__name__} is neither an array nor a kubeps Variable")
 
 
+def _on_device(x: Any, *weights: Any) -> tuple[Any, ...]:
+    """``x`` and ``weights`` where the layer computes: on a GPU worker (:func:`kernels.compute_module`) or when
+    ``x`` is already a device array, the host ones among them moved in one transfer; otherwise as they are."""
+    if kernels.compute_module() is np and kernels.array_module(x) is np:
+        return (x, *weights)
+    if kernels.compute_module() is np:  # a CuPy input on a task that did not choose a device: follow the input
+        xp = kernels.array_module(x)
+        return (x, *(None if w is None else xp.asarray(w) for w in weights))
+    present = [a for a in (x, *weights) if a is not None]
+    moved = iter(kernels.to_device(*present))
+    return tuple(None if a is None else next(moved) for a in (x, *weights))
+
+
 def _check_int(owner: str, name: str, value: Any, lo: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < lo:
         raise ValueError(f"{owner}: {name}={value!r} is not allowed; allowed: an integer >= {lo}")
@@ -240,9 +253,7 @@ class Dense(Layer):
             self.build(int(x.shape[1]))
         w = _value(self.kernel)
         b = _value(self.bias) if self.use_bias else None
-        xp = kernels.array_module(x)
-        w = xp.asarray(w)
-        b = xp.asarray(b) if b is not None else None
+        x, w, b = _on_device(x, w, b)
         if x.shape[1] != w.shape[0]:
             raise ValueError(f"Dense {self.name!r}: input has {x.shape[1]} features; the layer was built for "
                              f"{w.shape[0]}")
@@ -292,6 +303,7 @@ class Embedding(Layer):
                              f"(input_dim, output_dim) = {(self.input_dim, self.output_dim)}")
         self.embeddings = embeddings
         self._cache_ids = None
+        self._cache_prefetch: tuple[np.ndarray, Any] | None = None  # (ids, their PendingLookup)
 
     @property
     def trainable_variables(self) -> list[Any]:
@@ -316,9 +328,38 @@ class Embedding(Layer):
         if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self.input_dim):
             bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
             raise IndexError(f"Embedding {self.name!r}: id {bad} is out of range; allowed: 0 <= id < {self.input_dim}")
-        rows = self._lookup(ids)
+        rows = self._take_prefetched(ids)
+        if rows is None:
+            rows = self._lookup(ids)
         self._cache_ids = ids
+        if kernels.compute_module() is not np and kernels.array_module(rows) is np:
+            (rows,) = kernels.to_device(rows)  # the looked-up rows: one transfer
+            return rows
         return xp.asarray(rows)
+
+    def prefetch(self, ids: Any) -> None:
+        """Start pulling the rows of ``ids`` -- the next batch's -- in the background, right after this step's
+        ``forward``; the next ``forward`` given these same ids takes them instead of pulling. The pull overlaps this
+        step's compute and, inside a scheduled function, is the step's one call per parameter server: it carries
+        this worker's previous push and pulls the dense variables too, so the next step computes on values one step
+        stale (``docs/kernels.md``, "Overlap"). A table that is a local array gathers at ``forward`` as always."""
+        table = self.embeddings
+        if isinstance(table, np.ndarray) or kernels.array_module(table) is not np:
+            return
+        from kubeps.runtime.variables import variable as variables  # noqa: PLC0415 - nn on local arrays loads no grpc
+
+        host = np.asarray(kernels.to_numpy(ids))
+        self._cache_prefetch = (host, variables.start_lookup(table, host))
+
+    def _take_prefetched(self, ids: Any) -> Any:
+        pending, self._cache_prefetch = self._cache_prefetch, None
+        if pending is None:
+            return None
+        want, lookup = pending
+        rows = lookup.result()  # taken even if unused: no lookup outlives its step
+        if want is ids or (want.shape == tuple(ids.shape) and np.array_equal(want, kernels.to_numpy(ids))):
+            return rows
+        return None
 
     def backward(self, dy: Any) -> None:
         if self._cache_ids is None:
@@ -375,7 +416,8 @@ class DynamicEmbeddingLayer(Layer):
 
 
 def _indexed_slices(values: Any, indices: Any, dense_shape: tuple[int, ...]) -> IndexedSlices:
-    return IndexedSlices(kernels.to_numpy(values), kernels.to_numpy(indices), dense_shape)
+    # device arrays stay on the device: apply_gradients moves every gradient of a step back in one transfer
+    return IndexedSlices(values, indices, dense_shape)
 
 
 class Flatten(Layer):

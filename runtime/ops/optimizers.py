@@ -30,6 +30,7 @@ import numpy as np
 
 from kubeps.runtime.ops import kernels
 from kubeps.runtime.ops.hyperparams import boolean, build, number
+from kubeps.runtime.variables.indexed_slices import IndexedSlices
 from kubeps.runtime.ops.schedules import (  # noqa: F401 - re-exported: optimizers take schedules as their rate
     MAX_SCHEDULE_STEP,
     CosineDecay,
@@ -226,7 +227,7 @@ class Optimizer:
         """
         from kubeps.runtime.variables import push as training  # noqa: PLC0415 - the push loads grpc: only a worker pushing needs it
 
-        return training.apply_gradients(self, grads_and_vars)
+        return training.apply_gradients(self, _on_host(list(grads_and_vars)))
 
 
 class SGD(Optimizer):
@@ -397,3 +398,36 @@ class Ftrl(Optimizer):
         quadratic = (new_pow + self.beta) / lr + 2.0 * l2
         var[...] = xp.where(xp.abs(linear) > l1, (xp.sign(linear) * l1 - linear) / quadratic, 0.0)
         accum[...] = accum_new
+
+
+def _on_host(pairs: list[Any]) -> list[Any]:
+    """``(gradient, variable)`` ``pairs`` with every device (CuPy) gradient -- dense arrays, IndexedSlices' values
+    and indices -- moved to the host in one transfer (:func:`kernels.to_host`)."""
+    slots: list[tuple[int, str]] = []  # (pair, "dense" | "values" | "indices")
+    arrays: list[Any] = []
+    for i, pair in enumerate(pairs):
+        grad = pair[0] if isinstance(pair, (tuple, list)) and len(pair) == 2 else None
+        if isinstance(grad, IndexedSlices):
+            for part in ("values", "indices"):
+                if kernels.array_module(getattr(grad, part)) is not np:
+                    slots.append((i, part))
+                    arrays.append(getattr(grad, part))
+        elif grad is not None and kernels.array_module(grad) is not np:
+            slots.append((i, "dense"))
+            arrays.append(grad)
+    if not arrays:
+        return pairs
+    moved = kernels.to_host(arrays)
+    out = list(pairs)
+    sparse: dict[int, dict[str, Any]] = {}
+    for (i, part), host in zip(slots, moved):
+        if part == "dense":
+            out[i] = (host, pairs[i][1])
+        else:
+            sparse.setdefault(i, {})[part] = host
+    for i, parts in sparse.items():
+        grad = pairs[i][0]
+        out[i] = (IndexedSlices(parts.get("values", grad.values), parts.get("indices", grad.indices),
+                                grad.dense_shape), pairs[i][1])
+    return out
+

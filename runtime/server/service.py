@@ -58,7 +58,8 @@ from kubeps.runtime.rpc.validation import COLLECT_REQUEST, PS_REQUESTS, WORKER_R
 from kubeps.runtime.rpc.security import TokenInterceptor, load_job_token, require_job_token
 from kubeps.runtime.rpc.tls import TLSConfig, load_tls
 from kubeps.runtime.util.threads import limit_math_threads
-from kubeps.runtime.models.xla import size_cpu_backend_if_loaded
+from kubeps.runtime.models.xla import place_jax, size_cpu_backend_if_loaded
+from kubeps.runtime.ops import kernels
 from kubeps.runtime.worker.state import WorkerState
 
 __all__ = [
@@ -639,7 +640,12 @@ class Server:
             return
         _map_big_blocks()
         limit_math_threads(settings=self.settings)  # size BLAS/OpenMP pools to this task's CPUs before the first update
-        size_cpu_backend_if_loaded(self.settings)  # and XLA's, where the program imported jax
+        if self.job_name == "worker":
+            # where this worker's layers compute: KUBEPS_DEVICE=gpu without a GPU fails here, with the reason
+            # (a ps never touches a GPU: its updates run on numpy arrays)
+            log.info("kubeps worker task %d computes on %s", self.task_index, kernels.use_device(self.settings))
+        place_jax(self.settings, self.job_name)  # jax, where the program imported it: this task's device and share
+        size_cpu_backend_if_loaded(self.settings)  # and XLA's CPU pool
         load_extensions(self.settings)  # KUBEPS_SERVER_EXTENSIONS: a plain Server(...).join() serves the user's methods
         server = grpc.server(
             ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix=f"kubeps-{self.job_name}"),

@@ -159,6 +159,13 @@ class ClosureContext:
                   timeout: float | None = None) -> dict[int, tuple[dict[str, Any], list[np.ndarray]]]:
         """``PSTransport.call_many`` for calls made inside the closure: a read to a PS with a deferred push
         becomes one ``PushRead`` (same answer layout as the read); before any other method the push is sent."""
+        return self.transport.call_many(self.carry_pushes(requests), timeout)
+
+    def carry_pushes(self, requests: Mapping[int, tuple[str, Mapping[str, Any], Sequence[Any]]]
+                     ) -> dict[int, tuple[str, Mapping[str, Any], Sequence[Any]]]:
+        """The calls :meth:`call_many` sends for ``requests``: the deferred pushes they carry are taken (a push
+        before another method is sent now); the caller sends the calls -- at once, or from another thread while
+        the step computes (:func:`~kubeps.runtime.variables.variable.start_lookup`)."""
         calls: dict[int, tuple[str, Mapping[str, Any], Sequence[Any]]] = {}
         others = []
         for ps, (method, meta, arrays) in requests.items():
@@ -181,7 +188,17 @@ class ClosureContext:
                 calls[ps] = (method, meta, arrays)
         if others:
             self.flush(others)
-        return self.transport.call_many(calls, timeout)
+        return calls
+
+    def prefetch_handles(self) -> list[RemoteHandle]:
+        """Every registered dense variable (what a step's batched pull reads), pulled or not."""
+        return [var for var in self.registered.values() if var.prefetch]
+
+    def store_pulled(self, keys: Sequence[str], arrays: Sequence[np.ndarray]) -> None:
+        """The dense values a pipelined lookup pulled for this step: cached, and the step's batched pull done."""
+        self.store(keys, arrays)
+        self._batched = True
+        self.pulls += 1
 
     def deferred_ps(self) -> list[int]:
         """The parameter servers a deferred push is held for."""

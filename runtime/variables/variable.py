@@ -22,7 +22,7 @@ from kubeps.runtime.variables.partitioners import div_split, owner_of
 from kubeps.runtime.rpc.protocol import PS, AssignOp, AssignRequest, NamesRequest, ReadManyRequest, slot_key
 from kubeps.runtime.variables.slots import slots_for
 
-__all__ = ["ShardedVariable", "Variable", "embedding_lookup", "gather_unique_rows"]
+__all__ = ["PendingLookup", "ShardedVariable", "Variable", "embedding_lookup", "gather_unique_rows", "start_lookup"]
 
 
 def _dtype(dtype: Any) -> np.dtype:
@@ -487,57 +487,120 @@ def gather_unique_rows(params: Variable | ShardedVariable,
     """What :func:`embedding_lookup` reads, before it expands duplicates: ``(ids, unique, inverse, rows)`` with
     ``rows[i] = params[unique[i]]`` and ``params[ids] = rows[inverse].reshape(...)``. A gradient with respect to
     ``rows`` is the row-sparse gradient of ``params`` over ``unique`` (what autodiff on the workers pushes)."""
-    if not isinstance(params, (Variable, ShardedVariable)):
-        raise RuntimeConfigError("params", type(params).__name__, "must be a Variable or ShardedVariable")
-    if len(params.shape) == 0:
-        raise RuntimeConfigError("params", params.name, "embedding_lookup needs a variable of rank >= 1")
-    ids_arr = _check_ids(ids, params.shape[0], params.name)
-    unique, inverse = np.unique(ids_arr.reshape(-1), return_inverse=True)
-    shards = params.variables if isinstance(params, ShardedVariable) else [params]
-    if len(shards) == 1:
-        shard_of, local = np.zeros_like(unique), unique
-    else:
-        shard_of, local = owner_of(unique, params.shape[0], len(shards))
-    rows = np.empty((unique.size,) + tuple(params.shape[1:]), dtype=params.dtype)
-    requests: dict[int, list[tuple[int, np.ndarray]]] = {}  # ps -> [(shard, positions)]
-    transport = None
-    for s, var in enumerate(shards):
-        positions = np.nonzero(shard_of == s)[0]
-        if positions.size == 0:
-            continue
-        if var._local is not None:
-            rows[positions] = var._local[local[positions]]
-            continue
-        ctx = _context.current_closure_context()
-        if ctx is not None and var._key in ctx.cache:
-            rows[positions] = ctx.cache[var._key][local[positions]]
-            continue
-        transport = transport or var._require_transport()
-        assert var._ps_index is not None, "a variable is local or on a parameter server"
-        requests.setdefault(var._ps_index, []).append((s, positions))
-    if requests:
-        ctx = _context.current_closure_context()
-        dense: dict[int, list[str]] = {}  # a batched pull still due rides on these calls (ReadMany)
-        if ctx is not None and ctx.transport is transport:
-            for handle in ctx.take_prefetch():
+    lookup = _RowLookup(params, ids, pipelined=False)
+    return lookup.finish(lookup.send())
+
+
+class PendingLookup:
+    """A lookup :func:`start_lookup` sent from a background thread; :meth:`result` waits for it."""
+
+    def __init__(self, lookup: "_RowLookup", future: Any) -> None:
+        self._lookup, self._future = lookup, future
+
+    def result(self) -> np.ndarray:
+        """``params[ids]`` (shape ``ids.shape + row shape``); inside a scheduled function the dense values pulled
+        with it become the closure's values for the step that takes them."""
+        _, _, inverse, rows = self._lookup.finish(self._future.result())
+        return rows[inverse].reshape(self._lookup.ids.shape + tuple(self._lookup.params.shape[1:]))
+
+
+_lookup_pool: Any = None
+
+
+def start_lookup(params: Variable | ShardedVariable, ids: Any) -> PendingLookup:
+    """Start :func:`embedding_lookup` of ``ids`` -- the *next* step's -- and return at once; the calls go out from a
+    background thread while this step computes.
+
+    Inside a scheduled function the calls also pull every dense variable of the closure and carry this worker's
+    deferred push (``PushRead``): one call per parameter server, as a step without overlap makes. The step that takes
+    the result (:meth:`PendingLookup.result`) computes on values read before the push of the step that ran
+    meanwhile -- one step stale, as between TF's asynchronous workers. Take the result before the next push (at the
+    start of the next step); at most one lookup of a closure is in flight."""
+    global _lookup_pool
+    lookup = _RowLookup(params, ids, pipelined=True)
+    if _lookup_pool is None:
+        from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415 - only an overlapping worker needs it
+
+        _lookup_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kubeps-lookup")
+    return PendingLookup(lookup, _lookup_pool.submit(lookup.send))
+
+
+class _RowLookup:
+    """One lookup of rows in three steps: plan (the calls, in the calling thread, which takes the closure's
+    deferred pushes), send (the calls, from any thread), finish (the rows and the dense values, in the calling
+    thread)."""
+
+    def __init__(self, params: Variable | ShardedVariable, ids: Any, pipelined: bool) -> None:
+        if not isinstance(params, (Variable, ShardedVariable)):
+            raise RuntimeConfigError("params", type(params).__name__, "must be a Variable or ShardedVariable")
+        if len(params.shape) == 0:
+            raise RuntimeConfigError("params", params.name, "embedding_lookup needs a variable of rank >= 1")
+        self.params = params
+        self.pipelined = pipelined
+        self.ids = _check_ids(ids, params.shape[0], params.name)
+        self.unique, self.inverse = np.unique(self.ids.reshape(-1), return_inverse=True)
+        shards = params.variables if isinstance(params, ShardedVariable) else [params]
+        self.shards = shards
+        if len(shards) == 1:
+            shard_of, local = np.zeros_like(self.unique), self.unique
+        else:
+            shard_of, local = owner_of(self.unique, params.shape[0], len(shards))
+        self.rows = np.empty((self.unique.size,) + tuple(params.shape[1:]), dtype=params.dtype)
+        self.requests: dict[int, list[tuple[int, np.ndarray]]] = {}  # ps -> [(shard, positions)]
+        self.ctx = _context.current_closure_context()
+        transport = None
+        for s, var in enumerate(shards):
+            positions = np.nonzero(shard_of == s)[0]
+            if positions.size == 0:
+                continue
+            if var._local is not None:
+                self.rows[positions] = var._local[local[positions]]
+                continue
+            if not pipelined and self.ctx is not None and var._key in self.ctx.cache:
+                self.rows[positions] = self.ctx.cache[var._key][local[positions]]
+                continue
+            transport = transport or var._require_transport()
+            assert var._ps_index is not None, "a variable is local or on a parameter server"
+            self.requests.setdefault(var._ps_index, []).append((s, positions))
+        self.transport: Any = transport
+        self.dense: dict[int, list[str]] = {}  # a batched pull rides on these calls (ReadMany)
+        self.calls: dict[int, tuple[str, Mapping[str, Any], Sequence[Any]]] = {}
+        if not self.requests:
+            return
+        ctx = self.ctx if self.ctx is not None and self.ctx.transport is transport else None
+        self.ctx = ctx
+        if ctx is not None:
+            handles = ctx.prefetch_handles() if pipelined else ctx.take_prefetch()
+            for handle in handles:
                 assert handle.ps_index is not None, "the closure context registers remote variables only"
-                dense.setdefault(handle.ps_index, []).append(handle.key)
+                self.dense.setdefault(handle.ps_index, []).append(handle.key)
         calls: dict[int, tuple[str, Mapping[str, Any], Sequence[Any]]] = {}
-        for ps in sorted(set(requests) | set(dense)):
-            items = requests.get(ps, [])
+        for ps in sorted(set(self.requests) | set(self.dense)):
+            items = self.requests.get(ps, [])
             rows_names = [shards[s]._key for s, _ in items]
             indices = [local[pos] for _, pos in items]
-            if ps in dense:
-                calls[ps] = (PS.READ_MANY, ReadManyRequest(names=dense[ps], rows=rows_names), indices)
+            if ps in self.dense:
+                calls[ps] = (PS.READ_MANY, ReadManyRequest(names=self.dense[ps], rows=rows_names), indices)
             else:
                 calls[ps] = (PS.READ_ROWS, NamesRequest(names=rows_names), indices)
-        results = _calls(transport, calls)
+        self.calls = ctx.carry_pushes(calls) if ctx is not None else calls
+
+    def send(self) -> dict[int, Any]:
+        if not self.calls:
+            return {}
+        assert self.transport is not None, "calls are planned for remote shards, which have a transport"
+        return self.transport.call_many(self.calls)
+
+    def finish(self, results: Mapping[int, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         for ps, (_, arrays) in results.items():
-            values = dense.get(ps, [])
+            values = self.dense.get(ps, [])
             if values:
-                assert ctx is not None, "dense is only filled from the closure context"
-                ctx.store(values, arrays[: len(values)])
-                ctx.pulls += 1
-            for (_, positions), block in zip(requests.get(ps, []), arrays[len(values):]):
-                rows[positions] = block
-    return ids_arr, unique, inverse, rows
+                assert self.ctx is not None, "dense is only filled from the closure context"
+                if self.pipelined:
+                    self.ctx.store_pulled(values, arrays[: len(values)])
+                else:
+                    self.ctx.store(values, arrays[: len(values)])
+                    self.ctx.pulls += 1
+            for (_, positions), block in zip(self.requests.get(ps, []), arrays[len(values):]):
+                self.rows[positions] = block
+        return self.ids, self.unique, self.inverse, self.rows

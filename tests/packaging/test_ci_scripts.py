@@ -130,6 +130,7 @@ def test_ci_runs_the_e2e_after_the_suite():
 def test_runtime_image_exits_on_sigterm_as_pid1_hook_is_installed():
     dockerfile = (REPO / "Dockerfile").read_text()
     stages = {chunk.split("\n", 1)[0].split()[-1]: chunk for chunk in dockerfile.split("\nFROM ")[1:]}
-    for stage in ("runtime-venv", "runtime-gpu"):  # the CPU runtime's venv and the GPU image
-        assert "kubeps_pid1.py" in stages[stage] and "kubeps_pid1.pth" in stages[stage], stage
+    assert "kubeps_pid1.py" in stages["runtime-venv"] and "kubeps_pid1.pth" in stages["runtime-venv"]
+    for stage in ("runtime-keras", "runtime-gpu"):  # built on the runtime image: its venv, hook included
+        assert stages[stage].startswith(f"runtime AS {stage}"), stage
     assert (REPO / "images" / "runtime" / "kubeps_pid1.pth").read_text().strip() == "import kubeps_pid1"

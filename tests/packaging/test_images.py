@@ -221,3 +221,24 @@ def test_the_dependency_layer_lists_what_pyproject_requires():
     done = subprocess.run([sys.executable, str(script), str(REPO / "pyproject.toml"), "tensorbord"],
                           capture_output=True, text=True)
     assert done.returncode == 2 and "no extra tensorbord" in done.stderr and "tensorboard" in done.stderr
+
+
+def test_runtime_gpu_installs_the_cuda_13_extra_on_the_runtime_and_imports_cupy():
+    """What can be checked without docker: runtime-gpu is the runtime image plus the extra its GPU_EXTRA names
+    (CuPy for CUDA 13 with CUDA's libraries from PyPI by default, CUDA 12 on request), as images/requirements.py
+    renders it from pyproject.toml, and the build ends by importing CuPy and kubeps's kernels."""
+    import tomllib
+
+    body = stages()["runtime-gpu"]
+    assert body[0].split()[1] == "runtime"
+    extra = arg_defaults()["GPU_EXTRA"]
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert [r.split(">=")[0] for r in extras[extra]] == ["cupy-cuda13x[ctk]"]
+    assert [r.split(">=")[0] for r in extras["gpu-cuda12"]] == ["cupy-cuda12x[ctk]"]
+    for name in (extra, "gpu-cuda12"):
+        out = subprocess.run([sys.executable, str(REPO / "images" / "requirements.py"), str(REPO / "pyproject.toml"),
+                              name], capture_output=True, text=True, check=True).stdout.splitlines()
+        assert extras[name][0] in out and "numpy>=1.24" in out  # the extra on top of kubeps's own requirements
+    run = " ".join(line for line in body if line.upper().startswith("RUN "))
+    assert '"${GPU_EXTRA}"' in run and "pip check" in run and "import cupy, kubeps.runtime.ops.kernels" in run
+    assert any(line.startswith("ENV NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute") for line in body)

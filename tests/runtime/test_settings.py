@@ -22,6 +22,7 @@ TABLE = {
     contract.BIND_HOST_ENV: (("127.0.0.1", "bind_host", "127.0.0.1"), None),
     contract.CPUS_ENV: ((" 3 ", "cpus", 3), ("0", "a whole number of CPUs >= 1")),
     contract.DEVICE_ENV: ((" GPU ", "device", "gpu"), ("tpu", "'cpu', 'gpu' or unset (auto)")),
+    contract.GPU_TASKS_ENV: (("4", "gpu_tasks", 4), ("0", "a positive integer (the GPU tasks sharing one GPU)")),
     contract.CHUNK_BYTES_ENV: (("65536", "chunk_bytes", 65536), ("-5", "a positive integer (bytes)")),
     contract.LOG_LEVEL_ENV: (("WARNING", "log_level", "WARNING"), ("info", "a logging level name: CRITICAL")),
     contract.LOGDIR_ENV: (("s3://bucket/logs", "logdir", "s3://bucket/logs"), None),
