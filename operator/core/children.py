@@ -140,20 +140,29 @@ def task_port(template: Mapping[str, Any]) -> int:
 def cluster_addresses(job: Mapping[str, Any], spec: PSTrainingJobSpec, config: PlanConfig) -> dict[str, list[str]]:
     """Every task's address by task type. The counts are the parsed spec's (its defaults, as the planner's); the
     ports are read from the templates as written."""
-    name = job["metadata"]["name"]
-    namespace = job["metadata"]["namespace"]
-    suffix = f".{namespace}.svc" + (f".{config.cluster_domain}" if config.cluster_domain else "")
+    return {task_type: list(addresses) for task_type, addresses in _cluster(job, spec, config)}
+
+
+def _cluster(job: Mapping[str, Any], spec: PSTrainingJobSpec,
+             config: PlanConfig) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """:func:`cluster_addresses` as tuples, made once per job shape: every pod's TF_CONFIG lists every address, and
+    formatting them again for each pod cost O(pods^2) per job (5.4 ms per pod body at 1,000 workers + 50 ps)."""
     replica_specs = job["spec"]["replicaSpecs"]
-    cluster: dict[str, list[str]] = {}
+    shape = []
     for rt in models.REPLICA_TYPES:
         replica_spec = spec.replicaSpecs.get(rt)
-        if replica_spec is None:
-            continue
-        count = replica_spec.replicas
-        port = task_port(replica_specs[rt.value].get("template") or {})
-        if count:
-            cluster[rt.task_type] = [f"{child_name(name, rt, i)}{suffix}:{port}" for i in range(count)]
-    return cluster
+        if replica_spec is not None and replica_spec.replicas:
+            shape.append((rt, replica_spec.replicas, task_port(replica_specs[rt.value].get("template") or {})))
+    return _formatted_cluster(job["metadata"]["name"], job["metadata"]["namespace"], config.cluster_domain,
+                              tuple(shape))
+
+
+@functools.lru_cache(maxsize=64)
+def _formatted_cluster(name: str, namespace: str, cluster_domain: str | None,
+                       shape: tuple[tuple[ReplicaType, int, int], ...]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    suffix = f".{namespace}.svc" + (f".{cluster_domain}" if cluster_domain else "")
+    return tuple((rt.task_type, tuple(f"{child_name(name, rt, i)}{suffix}:{port}" for i in range(count)))
+                 for rt, count, port in shape)
 
 
 def tls_hosts(job: Mapping[str, Any], spec: PSTrainingJobSpec, config: PlanConfig,
@@ -256,8 +265,7 @@ def gpu_device(main: Mapping[str, Any]) -> str | None:
 
 def tf_config_json(job: Mapping[str, Any], spec: PSTrainingJobSpec, replica_type: ReplicaType, index: int,
                    config: PlanConfig) -> str:
-    addresses = cluster_addresses(job, spec, config)
-    cluster = tuple((task_type, tuple(task_addresses)) for task_type, task_addresses in addresses.items())
+    cluster = _cluster(job, spec, config)
     task = TaskSpec(type=replica_type.task_type, index=index)
     return _validated(cluster, replica_type.task_type).model_copy(update={"task": task}).to_json()
 

@@ -88,14 +88,22 @@ def _as_remote_error(err: BaseException, address: str) -> RemoteError:
 
 
 # -- shipping functions ----------------------------------------------------------------------------------------------
+#: modules ``_ship_by_value`` has decided on, by name, with the module object it saw: the decision resolves paths
+#: (a few hundred microseconds), and ``schedule`` asks it for every function
+_shipping_decided: dict[str, Any] = {}
+
+
 def _ship_by_value(fn: Any) -> None:
     """Pickle the user's own modules by value, so workers need not import them (``__main__`` always is)."""
     module_name = getattr(fn, "__module__", None)
     if not module_name or module_name == "__main__" or module_name.startswith(("kubeps.", "cloudpickle")):
         return
     module = sys.modules.get(module_name)
+    if module is None or _shipping_decided.get(module_name) is module:
+        return
+    _shipping_decided[module_name] = module
     path = getattr(module, "__file__", None)
-    if module is None or path is None:
+    if path is None:
         return
     path = os.path.realpath(path)
     prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
@@ -209,7 +217,7 @@ class ClusterCoordinator:
         self._resource_ids = itertools.count()
         self._workers = [
             _WorkerHandle(i, address, Client(address, WORKER_SERVICE, strategy.job_token, timeout=closure_timeout,
-                                           tls=strategy.tls))
+                                           tls=strategy.tls, blocking=True))
             for i, address in enumerate(strategy.worker_addresses)
         ]
         #: heartbeats of every ps and busy worker, and the accounting of ps errors (coordinator/failure.py)

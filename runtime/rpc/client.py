@@ -19,6 +19,13 @@ threads; in ``bench/ctr_vs_tf.py`` the workers' CPU per step fell from 8.8-9.3 m
 docs/benchmarks.md). Such a call cannot be aborted on the wire: ``cancel()`` releases its waiter at once and the
 call runs on to its deadline on its thread (the coordinator's calls to workers, which it does cancel, stay
 futures).
+
+A client made with ``blocking=True`` (the coordinator's worker clients) makes a one-chunk call as a blocking gRPC
+call on the thread that reads its result (``finish``/``result``), so no other thread takes part: a gRPC future on
+a channel with no other call in flight starts a new polling thread for every call, which cost the chief's
+dispatch more CPU than the call itself (``bench/dispatch.py``). ``cancel()`` of such a call closes the client's
+channel -- every call on it ends at once with ``CANCELLED`` -- and the next call opens a new one: the coordinator
+cancels a worker's call only when it gives the worker up.
 """
 
 from __future__ import annotations
@@ -73,7 +80,10 @@ class Client:
     """
 
     def __init__(self, address: str, service: str, token: str | None, timeout: float = DEFAULT_TIMEOUT_S,
-                 chunk_bytes: int | None = None, tls: TLSConfig | None = None, sender_threads: bool = False):
+                 chunk_bytes: int | None = None, tls: TLSConfig | None = None, sender_threads: bool = False,
+                 blocking: bool = False):
+        if sender_threads and blocking:
+            raise ValueError("a Client makes its unary calls either on sender threads or blocking, not both")
         self.address = address
         self.tls = tls
         self.service = service
@@ -85,9 +95,15 @@ class Client:
         self._methods: dict[tuple[str, bool], Any] = {}
         #: the threads that make blocking unary calls (``sender_threads``), else None: gRPC futures
         self._senders: _Senders | None = _Senders() if sender_threads else None
+        #: one-chunk calls run blocking on the reader's thread; cancelling one closes the channel
+        self._blocking = blocking
 
     def _method(self, name: str, unary: bool = False) -> Any:
         """The multi-callable of a method: its stream-stream path, or (``unary``) its unary-unary twin."""
+        return self._method_on_channel(name, unary)[1]
+
+    def _method_on_channel(self, name: str, unary: bool = False) -> tuple[grpc.Channel, Any]:
+        """``(channel, multi-callable)``: the method, with the channel it calls on."""
         with self._lock:
             if self._channel is None:
                 target = _connect_address(self.address)
@@ -105,7 +121,15 @@ class Client:
                     method = self._channel.stream_stream(f"/{self.service}/{name}",
                                                          request_serializer=_IDENTITY, response_deserializer=_IDENTITY)
                 self._methods[key] = method
-            return method
+            return self._channel, method
+
+    def _drop_channel(self, channel: grpc.Channel) -> None:
+        """Close ``channel`` (its calls end with ``CANCELLED``); the next call opens a new one."""
+        with self._lock:
+            if self._channel is channel:
+                self._channel = None
+                self._methods.clear()
+        channel.close()
 
     def start(self, name: str, meta: Mapping[str, Any] | None = None, arrays: Sequence[Any] = (),
               timeout: float | None = None) -> "Call":
@@ -235,7 +259,7 @@ class Call:
     ``too-many-calls``) is sent again, with backoff, until its deadline."""
 
     __slots__ = ("_client", "_name", "_timeout", "_chunks", "_deadline", "_future", "_stream", "_collecting",
-                 "_cancelled", "_sent", "_answer", "_error")
+                 "_cancelled", "_sent", "_answer", "_error", "_inline")
 
     def __init__(self, client: Client, name: str, timeout: float, chunks: list[bytes] | None = None, *,
                  future: Any = None, stream: Any = None):
@@ -250,11 +274,15 @@ class Call:
         self._sent: threading.Lock | None = None
         self._answer: bytes | None = None
         self._error: BaseException | None = None
+        #: a blocking call made by the reader (``Client(blocking=True)``): ``(channel, multi-callable)``
+        self._inline: tuple[grpc.Channel, Any] | None = None
 
     def _launch(self, timeout: float) -> None:
         client = self._client
         assert self._chunks is not None, "only a call started from its chunks is launched"
-        if len(self._chunks) == 1 and client._senders is not None:
+        if len(self._chunks) == 1 and client._blocking:
+            self._inline = client._method_on_channel(self._name, unary=True)  # called by result()
+        elif len(self._chunks) == 1 and client._senders is not None:
             self._sent = threading.Lock()
             self._sent.acquire()
             self._answer = self._error = None
@@ -288,14 +316,17 @@ class Call:
 
     @property
     def unary(self) -> bool:
-        return self._future is not None or self._sent is not None
+        return self._future is not None or self._sent is not None or self._inline is not None
 
     def cancel(self) -> bool:
         """Abort the call -- the Collect stream of its parked answer too, once that started; ``result()`` then
         raises a :class:`RemoteError` with code ``CANCELLED``. (A blocking call on a sender thread runs on to its
         deadline there; its waiter is released at once.)"""
         already, self._cancelled = self._cancelled, True
-        if self._sent is not None:
+        if self._inline is not None:
+            cancelled = not already and self._answer is None
+            self._client._drop_channel(self._inline[0])
+        elif self._sent is not None:
             done = self._answer is not None or self._error is not None
             self._release()
             cancelled = not (already or done)
@@ -331,14 +362,17 @@ class Call:
         if self._stream is not None:
             return _read_stream(self._client, self._stream, self._name)
         try:
-            if self._sent is not None:
+            if self._inline is not None:
+                answer = self._call_inline(self._inline[1])
+            elif self._sent is not None:
                 self._sent.acquire()
                 if self._cancelled:
                     raise grpc.FutureCancelledError()
                 if self._error is not None:
                     raise self._error
-                answer = self._answer
-                assert answer is not None, "a call released without an error has its answer"
+                sent_answer = self._answer
+                assert sent_answer is not None, "a call released without an error has its answer"
+                answer = sent_answer
             else:
                 answer = self._future.result()
         except grpc.FutureCancelledError:
@@ -353,6 +387,23 @@ class Call:
                     return self._client._collect(answer_id, self._timeout, call=self)
             raise error from None
         return wire.decode_message(answer)
+
+    def _call_inline(self, method: Any) -> bytes:
+        """The blocking call of a ``Client(blocking=True)``, on this thread; cancelled: ``FutureCancelledError``."""
+        assert self._chunks is not None, "an inline call has its chunks"
+        if self._cancelled:
+            raise grpc.FutureCancelledError()
+        client = self._client
+        try:
+            left = max(0.001, self._deadline - time.monotonic())
+            self._answer = method(self._chunks[0], timeout=left, metadata=client._metadata)
+        except grpc.RpcError:
+            if self._cancelled:  # our cancel() closed the channel under the call
+                raise grpc.FutureCancelledError() from None
+            raise
+        except ValueError:  # "Cannot invoke RPC on closed channel!": cancelled, or the client was closed
+            raise grpc.FutureCancelledError() from None
+        return self._answer
 
 
 def _trailing(err: grpc.RpcError, key: str) -> str | None:

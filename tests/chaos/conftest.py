@@ -1,4 +1,5 @@
-"""Chaos harness: runs the CTR example (``examples/ctr/train.py``, the README's showcase) as a real local cluster
+"""Chaos harness: runs the CTR example (``examples/ctr/train.py``, the README's showcase; or ``scale_program.py``, a
+lightweight one for many workers, which prints the same lines) as a real local cluster
 (RestartingLocalCluster) and records, with timestamps, every line the tasks print, so tests can measure failure
 detection and recovery. The example's own output says what happened: ``no checkpoint in ...`` / ``resumed from step
 N`` when the chief starts, ``step S/T ... saved ckpt-K`` after each checkpoint, ``RESULT {...}`` at the end; its
@@ -65,7 +66,7 @@ class ChaosRun:
     """One run of the CTR example under a restarting local cluster, driven from a background thread."""
 
     def __init__(self, workdir: Path, *, num_ps=2, num_workers=3, evaluator=False, restart=True,
-                 program_args: tuple[str, ...] = ()):
+                 program_args: tuple[str, ...] = (), program: str = PROGRAM, tls: bool = True):
         workdir.mkdir(parents=True, exist_ok=True)
         self.dir = workdir
         self.ckpt = workdir / "ckpt"
@@ -75,7 +76,7 @@ class ChaosRun:
         args = ["--checkpoint-dir", str(self.ckpt), "--closure-log", str(self.runs_log), "--metrics",
                 str(self.metrics), *program_args]
         policy = RestartPolicy(restart=restart, max_restarts=50, backoff_initial=0.2, backoff_max=2.0)
-        self.cluster = RestartingLocalCluster(PROGRAM, args, num_ps=num_ps, num_workers=num_workers,
+        self.cluster = RestartingLocalCluster(program, args, tls=tls, num_ps=num_ps, num_workers=num_workers,
                                               evaluator=evaluator, output=self.stream, log=self.stream,
                                               grace_period=3.0, policy=policy)
         self.status: int | None = None

@@ -908,3 +908,26 @@ def test_the_planner_follows_the_lifecycle_table(rt, policy, exit):
     if decision.outcome is None:  # (a finished job's pods go per cleanPodPolicy)
         assert {a.name for a in plan.of(A.DeletePod)} == {f"ctr-{role}-0" for role in decision.restarts}
         assert world.job["status"].get("chiefEpoch", 0) == (1 if "chief" in decision.restarts[1:] else 0)
+
+
+def test_a_1000_worker_job_formats_its_cluster_once_and_every_pod_gets_it():
+    """Every pod's TF_CONFIG lists all 1,051 tasks; the addresses are formatted once per job shape, not once per pod
+    (that was O(pods^2): 5.4 ms per pod body at this size), and a new shape (scaled workers) gets a new list."""
+    job = make_job(name="big", ps=50, workers=1000)
+    spec = models.parse_spec(job["spec"])
+    config = children.PlanConfig()
+    children._formatted_cluster.cache_clear()
+    bodies = [children.pod_body(job, spec, models.ReplicaType.WORKER, i, 0, config) for i in (0, 999)]
+    bodies.append(children.pod_body(job, spec, models.ReplicaType.PS, 49, 0, config))
+    assert children._formatted_cluster.cache_info().misses == 1
+    for body, (task_type, index) in zip(bodies, [("worker", 0), ("worker", 999), ("ps", 49)]):
+        env = {e["name"]: e.get("value") for e in body["spec"]["containers"][0]["env"]}
+        config_of_pod = TFConfig.parse(env["TF_CONFIG"])
+        assert (config_of_pod.task_type, config_of_pod.task_index) == (task_type, index)
+        assert [len(config_of_pod.cluster[t]) for t in ("chief", "ps", "worker")] == [1, 50, 1000]
+        assert config_of_pod.cluster["worker"][999] == "big-worker-999.ns.svc:2222"
+    scaled = copy.deepcopy(job)
+    scaled["spec"]["replicaSpecs"]["Worker"]["replicas"] = 999
+    body = children.pod_body(scaled, models.parse_spec(scaled["spec"]), models.ReplicaType.WORKER, 998, 0, config)
+    env = {e["name"]: e.get("value") for e in body["spec"]["containers"][0]["env"]}
+    assert len(TFConfig.parse(env["TF_CONFIG"]).cluster["worker"]) == 999

@@ -13,7 +13,10 @@ from __future__ import annotations
 import re
 import time
 
-from .conftest import REPO, OperatorProcess, create_job, delete_namespace, get_job, job_manifest, make_namespace
+import pytest
+
+from .conftest import (REPO, OperatorProcess, create_job, delete_namespace, get_job, job_manifest, make_namespace,
+                       services_of)
 
 BURST = 50
 
@@ -149,3 +152,50 @@ def test_kopf_run_module_runs_a_job(crd, kube, tmp_path):
     finally:
         proc.stop()
         delete_namespace(kube, ns)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_1000_worker_job_gets_every_pod_with_its_tf_config(kube, ns):
+    """One job of 1 chief + 50 ps + 1,000 workers on a fake node of its own (kwok; tainted, so that no other test's
+    pod lands there): all 1,051 pods and Services are created, each pod with the whole cluster in its TF_CONFIG.
+    (Waiting for all of them Running measures kwok more than the operator: 473 s here at load average 45-71.)"""
+    from kubeps.runtime.cluster import TFConfig
+
+    pool = {"kubeps.dev/test-pool": ns}
+    node_name = f"scale-{ns}"[:63]
+    resources = {"cpu": "2000", "memory": "8000Gi", "pods": "1100", "ephemeral-storage": "1000Gi"}
+    kube.core().create_node({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": node_name, "labels": {**pool, "type": "kwok-scale"},
+                     "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"}},
+        "spec": {"taints": [{"key": "kubeps.dev/test-pool", "value": ns, "effect": "NoSchedule"}]},
+        "status": {"allocatable": resources, "capacity": resources},
+    })
+    try:
+        template = {"spec": {"nodeSelector": pool, "containers": [{"name": "kubeps", "image": "registry.test/app:1"}],
+                             "tolerations": [{"key": "kubeps.dev/test-pool", "operator": "Equal", "value": ns,
+                                              "effect": "NoSchedule"}]}}
+        manifest = job_manifest("big", ps=50, workers=1000, templates={r: template for r in ("Chief", "PS", "Worker")})
+        started = time.monotonic()
+        create_job(kube, ns, manifest)
+
+        def all_created():  # the operator's own count of the job's Pending and Running pods
+            counts = (get_job(kube, ns, "big").get("status") or {}).get("replicaStatuses") or {}
+            return [counts.get(r, {}).get("active", 0) for r in ("Chief", "PS", "Worker")] == [1, 50, 1000]
+
+        kube.wait_for(all_created, timeout=400, interval=2.0, what="1,051 pods created")
+        created_s = time.monotonic() - started
+        core = kube.core()
+        for name, task_type, index in (("big-worker-999", "worker", 999), ("big-ps-49", "ps", 49),
+                                       ("big-chief-0", "chief", 0)):
+            env = {e.name: e.value for e in core.read_namespaced_pod(name, ns).spec.containers[0].env}
+            config = TFConfig.parse(env["TF_CONFIG"])
+            assert (config.task_type, config.task_index) == (task_type, index)
+            assert [len(config.cluster[t]) for t in ("chief", "ps", "worker")] == [1, 50, 1000]
+            assert config.cluster["worker"][999].startswith(f"big-worker-999.{ns}.svc:")
+        assert len(services_of(kube, ns, "big")) == 1051
+        print(f"\nSCALE 1,000 workers + 50 ps: all 1,051 pods created {created_s:.1f} s after the job; "
+              f"TF_CONFIG {len(env['TF_CONFIG'])} bytes")
+    finally:
+        kube.core().delete_node(node_name)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -190,3 +191,75 @@ def test_fail_if_running_only_fails_the_callers_attempt():
     assert c.state is ClosureState.FAILED and q.stats()["inflight"] == 0
     with pytest.raises(RuntimeError, match="now"):
         c.remote_value.fetch()
+
+
+class _CountingCondition(threading.Condition):
+    """A condition that counts how often a waiter woke up (notified or timed out)."""
+
+    def __init__(self, lock):
+        super().__init__(lock)
+        self.wakeups = 0
+
+    def wait(self, timeout=None):
+        try:
+            return super().wait(timeout)
+        finally:
+            self.wakeups += 1
+
+
+def _idle_getters(q, workers, taken):
+    def take(worker):
+        closure = q.get(worker, timeout=60)
+        if closure is not None:
+            taken.append((worker, closure))
+
+    threads = []
+    for worker in workers:
+        thread = threading.Thread(target=take, args=(worker,), daemon=True)
+        thread.start()
+        threads.append(thread)
+        deadline = time.monotonic() + 5
+        while worker not in q._idle_workers and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert worker in q._idle_workers
+    return threads
+
+
+def test_a_queued_closure_wakes_one_idle_worker_not_all():
+    """With one condition for everything, each put woke every idle dispatch thread: the chief's CPU per closure grew
+    with the number of workers. Now a closure for any worker wakes one, the idle longest; a tagged one its own."""
+    q = ClosureQueue()
+    conds = {w: _CountingCondition(q._lock) for w in range(32)}
+    q._worker_conds.update(conds)
+    taken: list = []
+    threads = _idle_getters(q, range(32), taken)
+    closures = [Closure(i) for i in range(4)]
+    for closure in closures:
+        q.put(closure)
+    tagged = Closure("tagged")
+    q.put_per_worker(20, tagged)
+    deadline = time.monotonic() + 5
+    while len(taken) < 5 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert sorted(w for w, _ in taken) == [0, 1, 2, 3, 20]
+    assert {c for _, c in taken} == {*closures, tagged}
+    assert sum(c.wakeups for c in conds.values()) == 5  # nobody else woke up
+    q.stop()
+    for thread in threads:
+        thread.join(5)
+    assert not any(thread.is_alive() for thread in threads)
+
+
+def test_a_woken_worker_that_takes_its_tagged_closure_passes_the_wake_up_on():
+    """The closure that woke worker 0 must not wait for a timeout when worker 0 takes a tagged one instead."""
+    q = ClosureQueue()
+    taken: list = []
+    threads = _idle_getters(q, [0, 1], taken)
+    started = time.monotonic()
+    anyone, tagged = Closure("any"), Closure("tagged")
+    q.put(anyone)  # wakes worker 0, idle longest
+    q.put_per_worker(0, tagged)  # worker 0 prefers its tagged closure when it runs
+    for thread in threads:
+        thread.join(5)
+    assert {c for _, c in taken} == {anyone, tagged}
+    assert time.monotonic() - started < 5  # not the getters' 60 s timeout
