@@ -84,6 +84,8 @@ class ParameterServerStrategy:
         settings = TaskSettings.from_env() if settings is None else settings
         limit_math_threads(settings=settings)  # the chief's own numpy work (evaluation, checkpoints) sized to its CPUs
         size_cpu_backend_if_loaded(settings)  # and its jax work, where the program imported jax
+        #: the chief's settings (the coordinator serves its metrics on their port)
+        self.settings = settings
         self.cluster_resolver = cluster_resolver
         self._cluster_spec = spec
         self._variable_partitioner = variable_partitioner
