@@ -32,6 +32,10 @@ API_VERSION = f"{GROUP}/{VERSION}"
 DEFAULT_PORT = 2222
 PORT_NAME = "kubeps-port"
 TFJOB_PORT_NAME = "tfjob-port"
+#: The container port every task serves its Prometheus metrics on (``KUBEPS_METRICS_PORT``), and its name: the
+#: chart's PodMonitor scrapes the port of that name
+DEFAULT_METRICS_PORT = 9090
+METRICS_PORT_NAME = "metrics"
 
 MAX_PS = 100
 MAX_WORKERS = 1000

@@ -172,7 +172,7 @@ class Reconciler:
             written = await self.write_status(key, job, plan.status)
             if written is None:
                 return  # conflict or gone: re-read and re-planned by the next pass
-            self.recorder.transitions(old_status, plan.status)
+            self.recorder.transitions(old_status, plan.status, job)
             job = written
         await self.control.apply(key, job, plan)
         await self.control.force_delete_pods(key, plan.force_deletes)
@@ -297,7 +297,7 @@ class Reconciler:
         if status != (job.get("status") or {}):
             written = await self.write_status(key, job, status)
             if written is not None:
-                self.recorder.transitions(job.get("status") or {}, status)
+                self.recorder.transitions(job.get("status") or {}, status, job)
                 self.recorder.event(written, "Warning", reason, message)
         self.queue.trigger(key)  # clean up per cleanPodPolicy
 

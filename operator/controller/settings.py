@@ -107,6 +107,8 @@ def _optional_int(env: Mapping[str, str], name: str, minimum: int | None = 0) ->
 
 
 KUEUE_MODES = ("auto", "on", "off")
+#: the operator's log formats (``--log-format``, ``KUBEPS_LOG_FORMAT``)
+LOG_FORMATS = ("text", "json")
 
 
 def _choice(name: str, raw: str | None, choices: Iterable[Any], default: str) -> str:
@@ -139,6 +141,8 @@ class Settings:
     liveness_port: int = 8081
     bind_address: str = "0.0.0.0"
     log_level: str = "INFO"
+    #: ``text`` or ``json``: the operator's log lines (JSON: kopf's objects, a job's lines with its ``job`` ref)
+    log_format: str = "text"
     #: ``auto``, ``on`` or ``off``: whether jobs labelled ``kueue.x-k8s.io/queue-name`` wait for Kueue's admission
     kueue: str = "auto"
     peering: str | None = None
@@ -176,6 +180,7 @@ class Settings:
             liveness_port=_int(env, "KUBEPS_LIVENESS_PORT", 8081),
             bind_address=env.get("KUBEPS_BIND_ADDRESS") or "0.0.0.0",
             log_level=(env.get("KUBEPS_LOG_LEVEL") or "INFO").upper(),
+            log_format=_choice("KUBEPS_LOG_FORMAT", env.get("KUBEPS_LOG_FORMAT"), LOG_FORMATS, "text"),
             kueue=_choice("KUBEPS_KUEUE", env.get("KUBEPS_KUEUE"), KUEUE_MODES, "auto"),
             peering=env.get("KOPF_RUN_PEERING") or None,
             peering_priority=_optional_int(env, "KOPF_RUN_PRIORITY", minimum=None),

@@ -283,11 +283,20 @@ class _Context(Protocol):
     def cancel(self) -> None: ...
 
 
+#: per method served: its metric children (calls, answer bytes, seconds), bound once
+_SERVED: dict[str, tuple[Any, Any, Any]] = {}
+
+
 def _observe_served(method: str, started: float, chunks: list[bytes]) -> None:
     """Count one call served (the answer encoded) in the metrics."""
-    _metrics.RPC_SERVER_CALLS.labels(method).inc()
-    _metrics.RPC_SERVER_SENT.labels(method).inc(sum(map(len, chunks)))
-    _metrics.RPC_SERVER_SECONDS.labels(method).observe(time.perf_counter() - started)
+    children = _SERVED.get(method)
+    if children is None:
+        children = _SERVED[method] = (_metrics.RPC_SERVER_CALLS.labels(method), _metrics.RPC_SERVER_SENT.labels(method),
+                                      _metrics.RPC_SERVER_SECONDS.labels(method))
+    calls, sent, seconds = children
+    calls.inc()
+    sent.inc(sum(map(len, chunks)))
+    seconds.observe(time.perf_counter() - started)
 
 
 class _ServiceHandler(grpc.GenericRpcHandler):
