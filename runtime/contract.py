@@ -29,6 +29,7 @@ __all__ = [
     "FIRST_RETRYABLE_EXIT",
     "JOB_TOKEN_ENV",
     "JOB_TOKEN_FILE_ENV",
+    "HOTSPOT_INTERVAL_ENV",
     "LOGDIR_ENV",
     "LOG_FORMAT_ENV",
     "LOG_LEVEL_ENV",
@@ -96,6 +97,10 @@ LOGDIR_ENV = "KUBEPS_LOGDIR"
 #: the TCP port a task serves its Prometheus metrics on (``/metrics``; :mod:`kubeps.runtime.observe.metrics`);
 #: unset: the task neither serves nor records metrics. The operator names it ``metrics`` on the pod
 METRICS_PORT_ENV = "KUBEPS_METRICS_PORT"
+
+#: seconds between two looks of the chief's hot-ps detector at the ps' traffic (default 10;
+#: :mod:`kubeps.runtime.coordinator.hotspots`)
+HOTSPOT_INTERVAL_ENV = "KUBEPS_HOTSPOT_INTERVAL_S"
 
 #: ``text`` (the default) or ``json``: one JSON object per log line, with the job, role, index and step fields
 #: (:mod:`kubeps.runtime.observe.logs`)

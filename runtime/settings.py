@@ -118,6 +118,9 @@ class TaskSettings(BaseModel):
     #: the port the task serves Prometheus metrics on; None: no metrics are recorded or served
     metrics_port: int | None = _var(contract.METRICS_PORT_ENV, None, "a TCP port in 1..65535 (or unset: no metrics)",
                                     gt=0, le=65535)
+    #: seconds between two looks of the chief's hot-ps detector
+    hotspot_interval_s: float = _var(contract.HOTSPOT_INTERVAL_ENV, 10.0, _POSITIVE_SECONDS, gt=0,
+                                     allow_inf_nan=False)
     log_format: Literal["text", "json"] = _var(contract.LOG_FORMAT_ENV, "text", "'text' (the default) or 'json'")
     #: modules a server imports before it serves (the user's methods)
     server_extensions: tuple[str, ...] = _var(contract.SERVER_EXTENSIONS_ENV, (),

@@ -42,7 +42,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from kubeps.runtime.util import nest
 from kubeps.runtime.coordinator.closure_queue import Closure, ClosureQueue, ClosureState, RemoteValue
 from kubeps.runtime.coordinator.failure import FailureDetector, Heartbeat
-from kubeps.runtime.coordinator.hotspots import DEFAULT_HOTSPOT_INTERVAL_S, DEFAULT_HOTSPOT_THRESHOLD, HotSpotDetector
+from kubeps.runtime.coordinator.hotspots import DEFAULT_HOTSPOT_THRESHOLD, HotSpotDetector
 from kubeps.runtime.observe import logs as _logs
 from kubeps.runtime.observe import metrics as _metrics
 from kubeps.runtime.data.distribute import DistributedDataset
@@ -164,7 +164,7 @@ class ClusterCoordinator:
     * ``worker_wait_timeout``: how long a lost worker is waited for before the job fails.
     * ``watchdog_timeout`` (None: off) or ``watchdog`` (a :class:`~kubeps.runtime.coordinator.watchdog.Watchdog`): dump every
       thread's stack when no closure finished for that long while work is pending (diagnosis only).
-    * ``hotspot_interval`` (10 s) and ``hotspot_threshold`` (2): every ``hotspot_interval`` seconds the ps' traffic
+    * ``hotspot_interval`` (default: the settings' ``KUBEPS_HOTSPOT_INTERVAL_S``, 10 s) and ``hotspot_threshold`` (2): every ``hotspot_interval`` seconds the ps' traffic
       is compared; a ps serving more than ``hotspot_threshold`` times the others' mean is reported
       (:mod:`~kubeps.runtime.coordinator.hotspots`; ``hotspots.latest`` is the last verdict).
 
@@ -177,7 +177,7 @@ class ClusterCoordinator:
                  heartbeat_failures: int = 3, ping_timeout: float = 1.0, max_transient_ps_errors: int = 3,
                  ps_error_interval: float = 1.0, ps_error_window: float = 60.0,
                  worker_wait_timeout: float = 3600.0, watchdog_timeout: float | None = None,
-                 watchdog: Watchdog | None = None, hotspot_interval: float = DEFAULT_HOTSPOT_INTERVAL_S,
+                 watchdog: Watchdog | None = None, hotspot_interval: float | None = None,
                  hotspot_threshold: float = DEFAULT_HOTSPOT_THRESHOLD):
         if not isinstance(strategy, ParameterServerStrategy):
             raise RuntimeConfigError("strategy", type(strategy).__name__,
@@ -236,8 +236,9 @@ class ClusterCoordinator:
             worker.thread.start()
         self.failures.start()
         #: the hot-ps detector (coordinator/hotspots.py)
-        self.hotspots = HotSpotDetector(strategy.num_ps, self._ps_variables, interval=hotspot_interval,
-                                        threshold=hotspot_threshold)
+        self.hotspots = HotSpotDetector(
+            strategy.num_ps, self._ps_variables, threshold=hotspot_threshold,
+            interval=strategy.settings.hotspot_interval_s if hotspot_interval is None else hotspot_interval)
         self.hotspots.start()
         if strategy.settings.log_format == "json":  # asked for: the chief's lines as JSON too
             _logs.configure(strategy.settings)

@@ -23,14 +23,15 @@ from typing import Any, Callable, Mapping, Sequence
 
 from kubeps.runtime.errors import RuntimeConfigError
 from kubeps.runtime.observe import metrics as _metrics
+from kubeps.runtime.settings import TaskSettings
 
 __all__ = ["DEFAULT_HOTSPOT_INTERVAL_S", "DEFAULT_HOTSPOT_THRESHOLD", "HotSpotDetector", "Imbalance", "assess",
            "traffic_of"]
 
 log = logging.getLogger("kubeps.runtime.coordinator.hotspots")
 
-#: seconds between two looks at the ps' traffic
-DEFAULT_HOTSPOT_INTERVAL_S = 10.0
+#: seconds between two looks at the ps' traffic (a task's default is its settings', ``KUBEPS_HOTSPOT_INTERVAL_S``)
+DEFAULT_HOTSPOT_INTERVAL_S = TaskSettings.model_fields["hotspot_interval_s"].default
 #: the busiest ps's traffic over the others' mean above which the job is imbalanced
 DEFAULT_HOTSPOT_THRESHOLD = 2.0
 #: the least traffic (bytes, all ps together) a window needs to count as evidence

@@ -26,6 +26,7 @@ TABLE = {
     contract.LOG_LEVEL_ENV: (("WARNING", "log_level", "WARNING"), ("info", "a logging level name: CRITICAL")),
     contract.LOGDIR_ENV: (("s3://bucket/logs", "logdir", "s3://bucket/logs"), None),
     contract.METRICS_PORT_ENV: (("9090", "metrics_port", 9090), ("70000", "a TCP port in 1..65535")),
+    contract.HOTSPOT_INTERVAL_ENV: (("2.5", "hotspot_interval_s", 2.5), ("0", "a positive, finite number")),
     contract.LOG_FORMAT_ENV: ((" JSON ", "log_format", "json"), ("xml", "'text' (the default) or 'json'")),
     contract.SERVER_EXTENSIONS_ENV: (("a.b, c ,", "server_extensions", ("a.b", "c")), None),
     contract.STREAM_IDLE_TIMEOUT_ENV: (("2.5", "stream_idle_timeout_s", 2.5), ("nan", "a positive, finite number")),
