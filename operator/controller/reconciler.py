@@ -32,6 +32,7 @@ from kubeps.operator.kube.client import ApiError, KubeClient
 from .cache import Body, Cache, Key, job_key
 from .control import Control
 from .nodes import NodeWatch
+from .progress import ProgressReader, chief_metrics_url
 from .queue import WorkQueue
 from .recorder import Recorder
 from .scope import Scopes
@@ -56,6 +57,11 @@ class Reconciler:
                                  gang_scheduler_name=settings.gang_scheduler_name)
         self.cache = Cache()
         self.recorder = Recorder()
+        #: writes status.progress from the chiefs' metrics (started with the operator, :meth:`start_progress`)
+        self.progress = ProgressReader(
+            self.cache, self.recorder, self.kube.patch_job_status, interval=settings.progress_interval,
+            writes_per_second=settings.progress_writes_per_second,
+            url=lambda job: chief_metrics_url(job, settings.cluster_domain))
         # `self.reconcile` is looked up at each call (not bound here), so a test may replace it on the instance.
         self.queue = WorkQueue(settings.workers, reconcile=lambda key: self.reconcile(key), ready=self._ready,
                                wanted=self.cache.has_job)
@@ -301,7 +307,12 @@ class Reconciler:
                 self.recorder.event(written, "Warning", reason, message)
         self.queue.trigger(key)  # clean up per cleanPodPolicy
 
+    def start_progress(self) -> None:
+        """Start reading the running jobs' progress (on the operator's event loop)."""
+        self.progress.start()
+
     async def close(self) -> None:
+        await self.progress.close()
         self.queue.close()
         await self.scopes.close()
         if self.nodes is not None:

@@ -153,6 +153,10 @@ class Settings:
     watch_connect_timeout: float = 10.0
     watch_inactivity_timeout: float = 180.0
     node_lost_after: float = 20.0
+    #: seconds between two reads of every running job's chief's metrics (status.progress), and the most status
+    #: writes a second they may cause over all jobs
+    progress_interval: float = 10.0
+    progress_writes_per_second: float = 20.0
     extra: dict = field(default_factory=dict)
 
     @property
@@ -190,6 +194,8 @@ class Settings:
             watch_connect_timeout=_float(env, "KUBEPS_WATCH_CONNECT_TIMEOUT", 10.0),
             watch_inactivity_timeout=_float(env, "KUBEPS_WATCH_INACTIVITY", 180.0),
             node_lost_after=_seconds(env, "KUBEPS_NODE_LOST_AFTER", 20.0),
+            progress_interval=_seconds(env, "KUBEPS_PROGRESS_INTERVAL", 10.0),
+            progress_writes_per_second=_float(env, "KUBEPS_PROGRESS_WRITES_PER_SECOND", 20.0),
         )
 
     def with_overrides(self, **overrides: Any) -> "Settings":
