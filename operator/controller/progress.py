@@ -37,17 +37,20 @@ CONCURRENT_READS = 16
 READ_TIMEOUT_S = 3.0
 
 
-def chief_metrics_url(job: Mapping[str, Any], cluster_domain: str | None) -> str:
+def chief_metrics_url(job: Mapping[str, Any], cluster_domain: str | None, template: str = "") -> str:
     """``http://<job>-chief-0.<namespace>.svc[.<domain>]:<port>/metrics``: the port named ``metrics`` on the chief's
-    template (the operator adds it, 9090, when the template has none)."""
+    template (the operator adds it, 9090, when the template has none). ``template`` (``KUBEPS_CHIEF_METRICS_URL``)
+    replaces that URL, with ``{job}``, ``{namespace}``, ``{domain}`` and ``{port}`` filled in."""
     meta = job["metadata"]
-    template = ((job.get("spec") or {}).get("replicaSpecs") or {}).get("Chief", {}).get("template") or {}
+    pod_template = ((job.get("spec") or {}).get("replicaSpecs") or {}).get("Chief", {}).get("template") or {}
     port = models.DEFAULT_METRICS_PORT
-    for container in (template.get("spec") or {}).get("containers") or []:
+    for container in (pod_template.get("spec") or {}).get("containers") or []:
         for p in container.get("ports") or []:
             if p.get("name") == models.METRICS_PORT_NAME and p.get("containerPort"):
                 port = int(p["containerPort"])
     domain = f".{cluster_domain}" if cluster_domain else ""
+    if template:
+        return template.format(job=meta["name"], namespace=meta["namespace"], domain=domain, port=port)
     return f"http://{meta['name']}-chief-0.{meta['namespace']}.svc{domain}:{port}/metrics"
 
 

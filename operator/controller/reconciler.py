@@ -61,7 +61,7 @@ class Reconciler:
         self.progress = ProgressReader(
             self.cache, self.recorder, self.kube.patch_job_status, interval=settings.progress_interval,
             writes_per_second=settings.progress_writes_per_second,
-            url=lambda job: chief_metrics_url(job, settings.cluster_domain))
+            url=lambda job: chief_metrics_url(job, settings.cluster_domain, settings.chief_metrics_url))
         # `self.reconcile` is looked up at each call (not bound here), so a test may replace it on the instance.
         self.queue = WorkQueue(settings.workers, reconcile=lambda key: self.reconcile(key), ready=self._ready,
                                wanted=self.cache.has_job)

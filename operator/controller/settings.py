@@ -157,6 +157,9 @@ class Settings:
     #: writes a second they may cause over all jobs
     progress_interval: float = 10.0
     progress_writes_per_second: float = 20.0
+    #: where a job's chief serves its metrics, with ``{job}``, ``{namespace}``, ``{domain}`` (``.cluster.local`` or
+    #: empty) and ``{port}`` filled in; "": its Service (an operator outside the cluster names a proxy here)
+    chief_metrics_url: str = ""
     extra: dict = field(default_factory=dict)
 
     @property
@@ -196,6 +199,7 @@ class Settings:
             node_lost_after=_seconds(env, "KUBEPS_NODE_LOST_AFTER", 20.0),
             progress_interval=_seconds(env, "KUBEPS_PROGRESS_INTERVAL", 10.0),
             progress_writes_per_second=_float(env, "KUBEPS_PROGRESS_WRITES_PER_SECOND", 20.0),
+            chief_metrics_url=env.get("KUBEPS_CHIEF_METRICS_URL") or "",
         )
 
     def with_overrides(self, **overrides: Any) -> "Settings":

@@ -50,6 +50,8 @@ def test_chief_metrics_url_follows_the_template_port_and_the_domain():
     job["spec"]["replicaSpecs"]["Chief"]["template"] = {
         "spec": {"containers": [{"ports": [{"name": "metrics", "containerPort": 9400}]}]}}
     assert chief_metrics_url(job, "cluster.local") == "http://ctr-chief-0.team.svc.cluster.local:9400/metrics"
+    assert chief_metrics_url(job, None, "http://127.0.0.1:8001/{namespace}/{job}:{port}{domain}") == \
+        "http://127.0.0.1:8001/team/ctr:9400"
 
 
 class _Chiefs:
