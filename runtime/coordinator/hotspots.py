@@ -59,15 +59,17 @@ def traffic_of(variables: Sequence[Mapping[str, Any]]) -> dict[str, int]:
 
 def assess(before: Traffic, after: Traffic, threshold: float = DEFAULT_HOTSPOT_THRESHOLD,
            min_bytes: int = DEFAULT_MIN_BYTES) -> Imbalance | None:
-    """The verdict on the window between two looks, or None when it holds less than ``min_bytes`` in all (or
-    fewer than 2 ps). A counter that went back (the ps restarted) counts from zero."""
+    """The verdict on the window between two looks, or None when it holds less than ``min_bytes`` in all, when
+    there are fewer than 2 ps, or when a counter went back: a variable was created again (a new coordinator) or its
+    ps restarted, and the window mixes two lives of it (the next window starts from the new counts)."""
     if len(after) < 2:
         return None
     per_var: dict[int, dict[str, int]] = {}
     for ps, now in after.items():
         then = before.get(ps, {})
-        per_var[ps] = {name: count - then.get(name, 0) if count >= then.get(name, 0) else count
-                       for name, count in now.items()}
+        if any(count < then.get(name, 0) for name, count in now.items()):
+            return None
+        per_var[ps] = {name: count - then.get(name, 0) for name, count in now.items()}
     per_ps = {ps: sum(v.values()) for ps, v in per_var.items()}
     total = sum(per_ps.values())
     if total < min_bytes:
