@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/ctr_vs_tf.py --tf-python /path/tfenv/bin/python [--rounds 3] [--steps 3000]
                                         [--train-examples 1048576] [--data DIR] [--json OUT]
+                                        [--plaintext] [--metrics-off] [--jax] [--keras]
 
 The workload (``bench/ctr/workload.py``): a synthetic Criteo-like CTR task with a known answer -- 8 categorical fields
 of skewed popularity (10 to 500k values) hashed into ONE shared 2^20 x 16 embedding table, 13 dense features, an MLP
@@ -59,9 +60,9 @@ CTR = REPO / "bench" / "ctr"
 sys.path.insert(0, str(CTR))
 import workload as wl  # noqa: E402 - only numpy
 
-SIDES = {"kubeps": CTR / "kubeps_ctr.py", "plaintext": CTR / "kubeps_ctr.py", "jax": CTR / "jax_ctr.py",
-         "keras": CTR / "keras_ctr.py", "tf": CTR / "tf_ctr.py", "overlap": CTR / "kubeps_ctr.py",
-         "gpu": CTR / "kubeps_ctr.py", "gpu-overlap": CTR / "kubeps_ctr.py"}
+SIDES = {"kubeps": CTR / "kubeps_ctr.py", "plaintext": CTR / "kubeps_ctr.py", "nometrics": CTR / "kubeps_ctr.py",
+         "jax": CTR / "jax_ctr.py", "keras": CTR / "keras_ctr.py", "tf": CTR / "tf_ctr.py",
+         "overlap": CTR / "kubeps_ctr.py", "gpu": CTR / "kubeps_ctr.py", "gpu-overlap": CTR / "kubeps_ctr.py"}
 #: the kubeps numpy layers run another way (``--overlap``, ``--gpu``), each compared with the side named here, of the
 #: same run: (what it is, its baseline)
 PLACEMENTS = {"overlap": ("overlap (rows pulled during the step)", "kubeps"), "gpu": ("GPU workers", "kubeps"),
@@ -186,6 +187,8 @@ def run_side(side: str, args: argparse.Namespace, data: Path, tf_python: str | N
     cmd = [str(kubeps), "local", "--ps", str(args.ps), "--workers", str(args.workers)]
     if side == "plaintext":  # the kubeps side without mutual TLS between the tasks (kubeps local's default)
         cmd += ["--insecure-plaintext"]
+    if side in ("nometrics", "tf"):  # the kubeps side recording no Prometheus metrics (kubeps local records them)
+        cmd += ["--no-metrics"]
     if side == "tf":
         cmd += ["--python", tf_python]
     cmd += [str(SIDES[side].relative_to(REPO)), "--", "--data", str(data), "--steps", str(args.steps),
@@ -289,6 +292,9 @@ def main(argv=None) -> int:
     p.add_argument("--keras", action="store_true",
                    help="also run the model as a Keras 3 model trained with kubeps's fit (bench/ctr/keras_ctr.py), "
                         "with its ratios to kubeps's numpy layers and to TF measured in the same run")
+    p.add_argument("--metrics-off", action="store_true",
+                   help="also run the kubeps side with no Prometheus metrics (--no-metrics), to measure what recording "
+                        "and serving them costs in the same run")
     p.add_argument("--plaintext", action="store_true",
                    help="also run the kubeps side with plaintext between the tasks (--insecure-plaintext), to measure "
                         "what mutual TLS costs in the same run")
@@ -310,7 +316,8 @@ def main(argv=None) -> int:
 
     tf_version, why = tensorflow_version(args.tf_python)
     variants = [v for v in VARIANTS if getattr(args, v)]
-    sides = ["kubeps"] + (["plaintext"] if args.plaintext else []) + variants + (["tf"] if tf_version else [])
+    sides = (["kubeps"] + (["plaintext"] if args.plaintext else []) + (["nometrics"] if args.metrics_off else [])
+             + variants + (["tf"] if tf_version else []))
     sides += [side for side in PLACEMENTS if (not side.endswith("overlap") or args.overlap)
               and (not side.startswith("gpu") or args.gpu)]
     if not tf_version:
@@ -334,6 +341,9 @@ def main(argv=None) -> int:
             line += f" | ratio {runs['kubeps'][-1]['examples_per_s'] / runs['tf'][-1]['examples_per_s']:.2f}x"
         if args.plaintext:
             line += f" | TLS/plaintext {runs['kubeps'][-1]['examples_per_s'] / runs['plaintext'][-1]['examples_per_s']:.3f}"
+        if args.metrics_off:
+            on_off = runs["kubeps"][-1]["examples_per_s"] / runs["nometrics"][-1]["examples_per_s"]
+            line += f" | metrics on/off {on_off:.3f}"
         for v in variants:
             line += f" | {v}/numpy {runs[v][-1]['examples_per_s'] / runs['kubeps'][-1]['examples_per_s']:.2f}x"
         for side in sides:
@@ -344,9 +354,9 @@ def main(argv=None) -> int:
 
     summary = {side: summarize(runs[side]) for side in sides}
     mb = 1 << 20
-    names = {"kubeps": "kubeps (mutual TLS)", "plaintext": "kubeps (plaintext)", "jax": "kubeps + JAX",
-             "keras": "kubeps Keras fit", "tf": f"TensorFlow {tf_version}", "overlap": "kubeps overlap",
-             "gpu": "kubeps GPU workers", "gpu-overlap": "kubeps GPU + overlap"}
+    names = {"kubeps": "kubeps (mutual TLS)", "plaintext": "kubeps (plaintext)", "nometrics": "kubeps (no metrics)",
+             "jax": "kubeps + JAX", "keras": "kubeps Keras fit", "tf": f"TensorFlow {tf_version}",
+             "overlap": "kubeps overlap", "gpu": "kubeps GPU workers", "gpu-overlap": "kubeps GPU + overlap"}
     print(f"\nmedian of {args.rounds} round(s), {args.steps} steps, batch {args.batch_size}, "
           f"{args.ps} ps + {args.workers} workers:")
     print(f"{'':22}{'examples/s':>12}{'eval log-loss':>15}{'eval AUC':>10}"
@@ -363,6 +373,10 @@ def main(argv=None) -> int:
     if args.plaintext:
         summary["tls_cost"] = 1 - summary["kubeps"]["examples_per_s"] / summary["plaintext"]["examples_per_s"]
         print(f"mutual TLS costs {summary['tls_cost']:.1%} of plaintext's examples/s (goal <= 15%)")
+    if args.metrics_off:
+        summary["metrics_cost"] = 1 - summary["kubeps"]["examples_per_s"] / summary["nometrics"]["examples_per_s"]
+        print(f"Prometheus metrics cost {summary['metrics_cost']:.1%} of examples/s without them (goal <= 3%; median "
+              f"of {args.rounds} round(s))")
     for v in variants:
         j, k = summary[v], summary["kubeps"]
         summary[f"{v}_ratio"] = j["examples_per_s"] / k["examples_per_s"]

@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="Kueue integration: jobs labelled kueue.x-k8s.io/queue-name wait for their Workload's "
                         "admission; auto (default) turns it on when the API server serves kueue.x-k8s.io/v1beta2")
     parser.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper)
+    parser.add_argument("--log-format", choices=["text", "json"],
+                        help="text lines (default) or one JSON object per line with the job's reference")
     parser.add_argument("--peering", metavar="NAME",
                         help="kopf peering object to coordinate with other operator replicas (needs kopf's "
                         "peering CRDs); default: standalone")
@@ -76,6 +78,7 @@ def settings_from_args(argv: list[str] | None, env: Mapping[str, str] | None = N
         api_burst=args.api_burst,
         workers=args.workers,
         log_level=args.log_level,
+        log_format=args.log_format,
         kueue=args.kueue,
         peering=args.peering,
         peering_priority=args.peering_priority,
@@ -89,6 +92,19 @@ def settings_from_args(argv: list[str] | None, env: Mapping[str, str] | None = N
     return settings
 
 
+def configure_logging(settings: Settings) -> None:
+    """Text lines, or (``--log-format json``) kopf's JSON lines: one object per line with ``timestamp``, ``severity``,
+    ``message`` and, for what is logged about a job, its reference under ``job`` (namespace, name, uid)."""
+    if settings.log_format == "json":
+        import kopf  # noqa: PLC0415 - main imports kopf only after hiding the kubernetes package
+
+        kopf.configure(log_format=kopf.LogFormat.JSON, log_refkey="job")
+        logging.getLogger().setLevel(settings.log_level)
+    else:
+        logging.basicConfig(level=settings.log_level,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     settings = settings_from_args(argv)
     _skip_kubernetes_package()
@@ -97,13 +113,14 @@ def main(argv: list[str] | None = None) -> int:
     from .controller import handlers, metrics  # noqa: PLC0415, F401 - importing handlers registers them with kopf
     from .controller.reconciler import Reconciler  # noqa: PLC0415
 
-    logging.basicConfig(level=settings.log_level,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    configure_logging(settings)
     for noisy in ("aiohttp", "kopf.objects"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(settings.log_level)))
+    reconciler = Reconciler(settings)
     if settings.metrics_port:
+        metrics.watch_jobs(lambda: reconciler.cache.jobs.values())  # kubeps_jobs{phase}, at each scrape
         metrics.serve(settings.metrics_port, settings.bind_address)
-    kopf.run(**kopf_run_options(settings), memo=kopf.Memo(reconciler=Reconciler(settings)))
+    kopf.run(**kopf_run_options(settings), memo=kopf.Memo(reconciler=reconciler))
     return 0
 
 

@@ -1,7 +1,7 @@
 """The ``kubeps`` command.
 
 - ``kubeps local SCRIPT [--ps N] [--workers M] [--evaluator] [--evaluator-grace S] [--restart] [--host H]
-  [--port-base P] [--insecure-plaintext] [-- ARGS...]``: run a training program as a local cluster of processes (see :mod:`kubeps.runtime.local.launcher`).
+  [--port-base P] [--insecure-plaintext] [--no-metrics] [-- ARGS...]``: run a training program as a local cluster of processes (see :mod:`kubeps.runtime.local.launcher`).
 - ``kubeps export CHECKPOINT --model FILE.py:FUNCTION --output DIR [--format keras|onnx ...] [-- ARGS...]``: the
   latest checkpoint as a ``.keras`` file and an ONNX model for serving (see :mod:`kubeps.runtime.models.export`).
 - ``kubeps operator [ARGS...]``: the Kubernetes operator (``kubeps.operator.main``; needs ``kubeps[operator]``).
@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         usage=(
             "kubeps local SCRIPT [--ps N] [--workers M] [--evaluator] [--evaluator-grace S] [--restart] [--host H] "
-            "[--port-base P] [--insecure-plaintext] [-- ARGS...]"
+            "[--port-base P] [--insecure-plaintext] [--no-metrics] [-- ARGS...]"
         ),
     )
     local.add_argument("script", help="the training program (the same file runs as every task)")
@@ -143,6 +143,14 @@ def build_parser() -> argparse.ArgumentParser:
         help=(
             "talk plaintext between the tasks (the job token still authenticates); by default they use mutual TLS "
             "with a throw-away CA made for this run"
+        ),
+    )
+    local.add_argument(
+        "--no-metrics",
+        action="store_true",
+        help=(
+            "record and serve no Prometheus metrics; by default every task serves them on a free port of its own "
+            "(the start lines name the URLs)"
         ),
     )
     local.add_argument("--python", default=sys.executable, help="interpreter for the tasks (default: this one)")
@@ -273,6 +281,7 @@ def _run_local(args: argparse.Namespace, script_args: list[str]) -> int:
             grace_period=args.grace_period,
             evaluator_grace=args.evaluator_grace,
             tls=not args.insecure_plaintext,
+            metrics=not args.no_metrics,
             cluster_factory=RestartingLocalCluster if args.restart else LocalCluster,
         )
     except LauncherError as err:

@@ -30,7 +30,9 @@ __all__ = [
     "FIRST_RETRYABLE_EXIT",
     "JOB_TOKEN_ENV",
     "JOB_TOKEN_FILE_ENV",
+    "HOTSPOT_INTERVAL_ENV",
     "LOGDIR_ENV",
+    "LOG_FORMAT_ENV",
     "LOG_LEVEL_ENV",
     "MAX_ANSWER_BYTES_ENV",
     "MAX_BLOOM_COUNTERS_ENV",
@@ -45,6 +47,7 @@ __all__ = [
     "MAX_TABLE_DIM_ENV",
     "MAX_VARIABLES_ENV",
     "MIN_REQUEST_RATE_ENV",
+    "METRICS_PORT_ENV",
     "NONFINITE_GRADIENTS_ENV",
     "PARKED_ANSWER_TTL_ENV",
     "REQUEST_TIMEOUT_ENV",
@@ -102,6 +105,18 @@ LOG_LEVEL_ENV = "KUBEPS_LOG_LEVEL"
 #: where TensorBoard event files go: the job's log dir; the chief writes ``train/``, the evaluator ``eval/`` under it
 #: (a mounted volume's path, or an ``s3://``/``gs://`` URL; :mod:`kubeps.runtime.observe.summary`)
 LOGDIR_ENV = "KUBEPS_LOGDIR"
+
+#: the TCP port a task serves its Prometheus metrics on (``/metrics``; :mod:`kubeps.runtime.observe.metrics`);
+#: unset: the task neither serves nor records metrics. The operator names it ``metrics`` on the pod
+METRICS_PORT_ENV = "KUBEPS_METRICS_PORT"
+
+#: seconds between two looks of the chief's hot-ps detector at the ps' traffic (default 10;
+#: :mod:`kubeps.runtime.coordinator.hotspots`)
+HOTSPOT_INTERVAL_ENV = "KUBEPS_HOTSPOT_INTERVAL_S"
+
+#: ``text`` (the default) or ``json``: one JSON object per log line, with the job, role, index and step fields
+#: (:mod:`kubeps.runtime.observe.logs`)
+LOG_FORMAT_ENV = "KUBEPS_LOG_FORMAT"
 
 #: modules (comma-separated) a ps or worker server imports before it serves: the user's own methods
 #: (:mod:`kubeps.runtime.server.methods`)

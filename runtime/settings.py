@@ -141,6 +141,13 @@ class TaskSettings(BaseModel):
     log_level: str = _var(contract.LOG_LEVEL_ENV, "INFO", f"a logging level name: {', '.join(_LOG_LEVELS)}")
     #: where TensorBoard event files go; None: nowhere unless a program names a log dir
     logdir: str | None = _var(contract.LOGDIR_ENV, None, "a directory or URL")
+    #: the port the task serves Prometheus metrics on; None: no metrics are recorded or served
+    metrics_port: int | None = _var(contract.METRICS_PORT_ENV, None, "a TCP port in 1..65535 (or unset: no metrics)",
+                                    gt=0, le=65535)
+    #: seconds between two looks of the chief's hot-ps detector
+    hotspot_interval_s: float = _var(contract.HOTSPOT_INTERVAL_ENV, 10.0, _POSITIVE_SECONDS, gt=0,
+                                     allow_inf_nan=False)
+    log_format: Literal["text", "json"] = _var(contract.LOG_FORMAT_ENV, "text", "'text' (the default) or 'json'")
     #: modules a server imports before it serves (the user's methods)
     server_extensions: tuple[str, ...] = _var(contract.SERVER_EXTENSIONS_ENV, (),
                                               "module names separated by ','")
@@ -179,7 +186,7 @@ class TaskSettings(BaseModel):
     nonfinite_gradients: Literal["refuse", "allow"] = _var(contract.NONFINITE_GRADIENTS_ENV, "refuse",
                                                            "'refuse' (the default) or 'allow'")
 
-    @field_validator("device", mode="before")
+    @field_validator("device", "log_format", mode="before")
     @classmethod
     def _device_case(cls, value: Any) -> Any:
         return value.strip().lower() if isinstance(value, str) else value

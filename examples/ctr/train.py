@@ -367,7 +367,8 @@ def run_chief(args: argparse.Namespace, resolver: TFConfigClusterResolver, build
         train_logdir = summary.resolve_logdir(args.logdir, "train")
         if train_logdir:  # a resumed run hides the crashed run's events after its checkpoint (purge_step)
             writer = summary.create_file_writer(train_logdir, purge_step=start + 1 if start else None)
-            metrics = TrainMetricsLogger(writer, batch_size=args.batch_size, start_step=start)
+        # the train scalars (with a log dir) and the progress metrics (kubeps_train_step, ..._examples_total)
+        metrics = TrainMetricsLogger(writer, batch_size=args.batch_size, start_step=start)
         while done < executions:
             n = min(chunk, executions - done)
             losses = [coordinator.schedule(train_fn, args=(iterator, done + i)) for i in range(n)]

@@ -86,12 +86,17 @@ def status_schema() -> dict[str, Any]:
     return schema
 
 
-PRINTER_COLUMNS = [
+PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "State", "type": "string", "jsonPath": ".status.state", "description": "Latest condition"},
     {"name": "Chief", "type": "string", "jsonPath": ".status.chief", "description": "Chief pod phase"},
     {"name": "PS", "type": "string", "jsonPath": ".status.ps", "description": "Ready/total parameter servers"},
     {"name": "Workers", "type": "string", "jsonPath": ".status.workers", "description": "Ready/total workers"},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "description": "Pod restarts"},
+    {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step", "description": "Training step (chief)"},
+    {"name": "Examples/s", "type": "string", "jsonPath": ".status.progress.examplesPerSecond",
+     "description": "Examples per second (chief's metrics)"},
+    {"name": "Checkpoint", "type": "integer", "jsonPath": ".status.progress.lastCheckpointStep",
+     "description": "Step of the last checkpoint", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

@@ -32,6 +32,10 @@ API_VERSION = f"{GROUP}/{VERSION}"
 DEFAULT_PORT = 2222
 PORT_NAME = "kubeps-port"
 TFJOB_PORT_NAME = "tfjob-port"
+#: The container port every task serves its Prometheus metrics on (``KUBEPS_METRICS_PORT``), and its name: the
+#: chart's PodMonitor scrapes the port of that name
+DEFAULT_METRICS_PORT = 9090
+METRICS_PORT_NAME = "metrics"
 
 MAX_PS = 100
 MAX_WORKERS = 1000
@@ -486,6 +490,21 @@ class ReplicaStatus(BaseModel):
     restarts: int = 0
 
 
+class Progress(BaseModel):
+    """How far training is, read by the operator from the chief's metrics (``kubectl get psjob`` shows it)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    #: the step the chief last reported (``kubeps_train_step``)
+    step: int | None = None
+    #: examples per second between the operator's last two reads of the chief's metrics, as text ("12345")
+    examplesPerSecond: str | None = None
+    #: the step of the last checkpoint the chief wrote (``kubeps_checkpoint_step``)
+    lastCheckpointStep: int | None = None
+    #: when the operator read them
+    lastUpdateTime: str | None = None
+
+
 class PSTrainingJobStatus(BaseModel):
     """What the operator observed: conditions, per-role counts, times and restart counters (written by the
     operator only)."""
@@ -512,6 +531,8 @@ class PSTrainingJobStatus(BaseModel):
     chiefEpoch: int = 0
     #: UIDs of failed or finished pods already accounted for (so a restarted operator never counts twice).
     handledPods: list[str] = Field(default_factory=list, max_length=4096)
+    #: Training progress from the chief's metrics (absent until the chief serves a step).
+    progress: Progress | None = None
 
 
 class SpecError(ValueError):

@@ -8,6 +8,7 @@
 * :mod:`.scope`: the watches behind the jobs of a namespace (or the cluster), started and retired with its jobs;
 * :mod:`.control`: the actuator: creates and deletes pods, Services, Secrets and jobs;
 * :mod:`.nodes`: the watch of Nodes and their Leases, a timer per node for a Lease going stale;
+* :mod:`.progress`: reads the running jobs' chiefs' metrics into ``status.progress`` (and ``PSImbalance`` Events);
 * :mod:`.kopf_namespaces`: a fix for kopf's namespace patterns missing a namespace created at start;
 * :mod:`.recorder`: Events (one summary per reason), status transitions counted, metrics observed;
 * :mod:`.settings`, :mod:`.metrics`: the operator's settings (environment and flags) and Prometheus metrics.

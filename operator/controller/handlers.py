@@ -49,6 +49,7 @@ async def _startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -
         memo.reconciler = Reconciler(ours)
     ours = memo.reconciler.settings
     kueue_on = await memo.reconciler.start_kueue()
+    memo.reconciler.start_progress()
     memo.reconciler.configure(
         clusterwide=settings.peering.clusterwide,
         peering=None if settings.peering.standalone else (settings.peering.name, settings.peering.priority))

@@ -32,6 +32,7 @@ from kubeps.operator.kube.client import ApiError, KubeClient
 from .cache import Body, Cache, Key, job_key
 from .control import Control
 from .nodes import NodeWatch
+from .progress import ProgressReader, chief_metrics_url
 from .queue import WorkQueue
 from .recorder import Recorder
 from .scope import Scopes
@@ -56,6 +57,11 @@ class Reconciler:
                                  gang_scheduler_name=settings.gang_scheduler_name)
         self.cache = Cache()
         self.recorder = Recorder()
+        #: writes status.progress from the chiefs' metrics (started with the operator, :meth:`start_progress`)
+        self.progress = ProgressReader(
+            self.cache, self.recorder, self.kube.patch_job_status, interval=settings.progress_interval,
+            writes_per_second=settings.progress_writes_per_second,
+            url=lambda job: chief_metrics_url(job, settings.cluster_domain, settings.chief_metrics_url))
         # `self.reconcile` is looked up at each call (not bound here), so a test may replace it on the instance.
         self.queue = WorkQueue(settings.workers, reconcile=lambda key: self.reconcile(key), ready=self._ready,
                                wanted=self.cache.has_job)
@@ -172,7 +178,7 @@ class Reconciler:
             written = await self.write_status(key, job, plan.status)
             if written is None:
                 return  # conflict or gone: re-read and re-planned by the next pass
-            self.recorder.transitions(old_status, plan.status)
+            self.recorder.transitions(old_status, plan.status, job)
             job = written
         await self.control.apply(key, job, plan)
         await self.control.force_delete_pods(key, plan.force_deletes)
@@ -297,11 +303,16 @@ class Reconciler:
         if status != (job.get("status") or {}):
             written = await self.write_status(key, job, status)
             if written is not None:
-                self.recorder.transitions(job.get("status") or {}, status)
+                self.recorder.transitions(job.get("status") or {}, status, job)
                 self.recorder.event(written, "Warning", reason, message)
         self.queue.trigger(key)  # clean up per cleanPodPolicy
 
+    def start_progress(self) -> None:
+        """Start reading the running jobs' progress (on the operator's event loop)."""
+        self.progress.start()
+
     async def close(self) -> None:
+        await self.progress.close()
         self.queue.close()
         await self.scopes.close()
         if self.nodes is not None:

@@ -3,7 +3,7 @@
 * Events are posted by kopf (:func:`kopf.event`); the children a reconcile created or deleted are summed up in one
   Event per reason (:meth:`Recorder.summaries`), not one per child.
 * Status transitions are counted from the old and the new status (:meth:`Recorder.transitions`): jobs created,
-  succeeded, failed (by reason), replica restarts (by role).
+  successful, failed (by reason), restarted, the time to Running, replica restarts (by role and reason).
 * Every other metric of :mod:`.metrics` is observed here, so the actuator and the reconciler name what happened,
   not how it is counted.
 """
@@ -51,23 +51,33 @@ class Recorder:
             self.event(job, "Normal", reason, message)
 
     @staticmethod
-    def transitions(old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
-        """Count what changed from the ``old`` status to the ``new`` one."""
+    def transitions(old: Mapping[str, Any], new: Mapping[str, Any], job: Mapping[str, Any]) -> None:
+        """Count what changed from the ``old`` status to the ``new`` one of ``job``."""
         def true_conditions(status: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
             return {c["type"]: c for c in status.get("conditions") or [] if c.get("status") == "True"}
 
+        namespace = str(job.get("metadata", {}).get("namespace") or "")
         before, after = true_conditions(old), true_conditions(new)
-        if "Created" in after and "Created" not in before:
-            metrics.JOBS_CREATED.inc()
-        if "Succeeded" in after and "Succeeded" not in before:
-            metrics.JOBS_SUCCEEDED.inc()
-        if "Failed" in after and "Failed" not in before:
-            metrics.JOBS_FAILED.labels(after["Failed"].get("reason") or "").inc()
+        began = {kind for kind in after if kind not in before}
+        if "Created" in began:
+            metrics.JOBS_CREATED.labels(namespace).inc()
+        if "Succeeded" in began:
+            metrics.JOBS_SUCCESSFUL.labels(namespace).inc()
+        if "Failed" in began:
+            metrics.JOBS_FAILED.labels(namespace, after["Failed"].get("reason") or "").inc()
+        if "Restarting" in began:
+            metrics.JOBS_RESTARTED.labels(namespace).inc()
+        if "Running" in began and not (old.get("conditions") and any(
+                c.get("type") == "Running" for c in old.get("conditions") or [])):  # the first time only
+            created = parse_time(job.get("metadata", {}).get("creationTimestamp"))
+            if created is not None:
+                metrics.TIME_TO_RUNNING.observe(max(0.0, (datetime.now(timezone.utc) - created).total_seconds()))
+        reason = str((after.get("Restarting") or {}).get("reason") or "")
         old_rs, new_rs = old.get("replicaStatuses") or {}, new.get("replicaStatuses") or {}
         for role, rs in new_rs.items():
             delta = rs.get("restarts", 0) - (old_rs.get(role) or {}).get("restarts", 0)
             if delta > 0:
-                metrics.RESTARTS.labels(role).inc(delta)
+                metrics.RESTARTS.labels(role, reason).inc(delta)
 
     def all_children_present(self, job: Mapping[str, Any]) -> None:
         """The job's pods, Services and Secret are all observed: the time since its creation, once per job."""

@@ -107,6 +107,8 @@ def _optional_int(env: Mapping[str, str], name: str, minimum: int | None = 0) ->
 
 
 KUEUE_MODES = ("auto", "on", "off")
+#: the operator's log formats (``--log-format``, ``KUBEPS_LOG_FORMAT``)
+LOG_FORMATS = ("text", "json")
 
 
 def _choice(name: str, raw: str | None, choices: Iterable[Any], default: str) -> str:
@@ -139,6 +141,8 @@ class Settings:
     liveness_port: int = 8081
     bind_address: str = "0.0.0.0"
     log_level: str = "INFO"
+    #: ``text`` or ``json``: the operator's log lines (JSON: kopf's objects, a job's lines with its ``job`` ref)
+    log_format: str = "text"
     #: ``auto``, ``on`` or ``off``: whether jobs labelled ``kueue.x-k8s.io/queue-name`` wait for Kueue's admission
     kueue: str = "auto"
     peering: str | None = None
@@ -149,6 +153,13 @@ class Settings:
     watch_connect_timeout: float = 10.0
     watch_inactivity_timeout: float = 180.0
     node_lost_after: float = 20.0
+    #: seconds between two reads of every running job's chief's metrics (status.progress), and the most status
+    #: writes a second they may cause over all jobs
+    progress_interval: float = 10.0
+    progress_writes_per_second: float = 20.0
+    #: where a job's chief serves its metrics, with ``{job}``, ``{namespace}``, ``{domain}`` (``.cluster.local`` or
+    #: empty) and ``{port}`` filled in; "": its Service (an operator outside the cluster names a proxy here)
+    chief_metrics_url: str = ""
     extra: dict = field(default_factory=dict)
 
     @property
@@ -176,6 +187,7 @@ class Settings:
             liveness_port=_int(env, "KUBEPS_LIVENESS_PORT", 8081),
             bind_address=env.get("KUBEPS_BIND_ADDRESS") or "0.0.0.0",
             log_level=(env.get("KUBEPS_LOG_LEVEL") or "INFO").upper(),
+            log_format=_choice("KUBEPS_LOG_FORMAT", env.get("KUBEPS_LOG_FORMAT"), LOG_FORMATS, "text"),
             kueue=_choice("KUBEPS_KUEUE", env.get("KUBEPS_KUEUE"), KUEUE_MODES, "auto"),
             peering=env.get("KOPF_RUN_PEERING") or None,
             peering_priority=_optional_int(env, "KOPF_RUN_PRIORITY", minimum=None),
@@ -185,6 +197,9 @@ class Settings:
             watch_connect_timeout=_float(env, "KUBEPS_WATCH_CONNECT_TIMEOUT", 10.0),
             watch_inactivity_timeout=_float(env, "KUBEPS_WATCH_INACTIVITY", 180.0),
             node_lost_after=_seconds(env, "KUBEPS_NODE_LOST_AFTER", 20.0),
+            progress_interval=_seconds(env, "KUBEPS_PROGRESS_INTERVAL", 10.0),
+            progress_writes_per_second=_float(env, "KUBEPS_PROGRESS_WRITES_PER_SECOND", 20.0),
+            chief_metrics_url=env.get("KUBEPS_CHIEF_METRICS_URL") or "",
         )
 
     def with_overrides(self, **overrides: Any) -> "Settings":

@@ -10,6 +10,7 @@
 * :mod:`.kueue`: the Kueue Workload protocol of a queued job;
 * :mod:`.gang`: the job's PodGroup for the operator's gang scheduler, and how a pod joins it;
 * :mod:`.disruption`: the job's PodDisruptionBudget over the chief and the parameter servers;
+* :mod:`.progress`: a job's training progress read from its chief's metrics text (the step, examples/s);
 * :mod:`.state`: :class:`~.state.Observed`, everything one reconcile decides from, built once by the shell;
 * :mod:`.draft`: :class:`~.draft.Draft`, the working state the rules share while one plan is drafted;
 * :mod:`.restarts`, :mod:`.timeline`, :mod:`.security`, :mod:`.scale`: the rules, one module per concern (the

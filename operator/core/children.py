@@ -36,7 +36,8 @@ from typing import Any, Mapping
 
 from kubeps.runtime import certs
 from kubeps.runtime.cluster import TaskSpec, TFConfig
-from kubeps.runtime.contract import (CHECKPOINT_DIR_ENV, CHECKPOINT_ROOT_ENV, DEVICE_ENV, JOB_TOKEN_ENV, TF_CONFIG_ENV,
+from kubeps.runtime.contract import (CHECKPOINT_DIR_ENV, CHECKPOINT_ROOT_ENV, DEVICE_ENV, JOB_TOKEN_ENV,
+                                     METRICS_PORT_ENV, TF_CONFIG_ENV,
                                      TLS_CA_FILE_ENV, TLS_CERT_FILE_ENV, TLS_KEY_FILE_ENV, TLS_MOUNT_PATH)
 from kubeps.runtime.settings import TaskSettings
 
@@ -308,8 +309,13 @@ def pod_body(job: Mapping[str, Any], job_spec: PSTrainingJobSpec, replica_type: 
     ports = main.setdefault("ports", [])
     if not any(p.get("name") in (models.PORT_NAME, models.TFJOB_PORT_NAME) for p in ports):
         ports.append({"name": models.PORT_NAME, "containerPort": models.DEFAULT_PORT, "protocol": "TCP"})
+    metrics = next((p for p in ports if p.get("name") == models.METRICS_PORT_NAME), None)
+    if metrics is None:  # every task serves Prometheus metrics on the port named "metrics" (the template's, if any)
+        metrics = {"name": models.METRICS_PORT_NAME, "containerPort": models.DEFAULT_METRICS_PORT, "protocol": "TCP"}
+        ports.append(metrics)
     tls = tls_enabled(job_spec)
     task = TaskSettings.model_validate({  # by variable name; what is left unset is not rendered
+        METRICS_PORT_ENV: int(metrics["containerPort"]),
         TF_CONFIG_ENV: tf_config_json(job, job_spec, replica_type, index, config),
         CHECKPOINT_ROOT_ENV: checkpoint_root(spec, main) or (),  # None: the template's own variable stays
         **({env_name: f"{TLS_MOUNT_PATH}/{key}" for env_name, key in TLS_MOUNTED_KEYS.items()} if tls else {}),

@@ -10,6 +10,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from kubeps.runtime.observe import metrics as _metrics
 from kubeps.runtime.util.storage import normalize_path, storage_for
 from kubeps.runtime.checkpoint.dynamic import TableSaveable, check_table, restore_tables, save_tables, verify_table
 from kubeps.runtime.checkpoint.format import (
@@ -33,6 +34,20 @@ from kubeps.runtime.checkpoint.shards import RestoreItem, SavedShard, SaveItem
 from kubeps.runtime.variables.dynamic import DynamicEmbedding
 
 log = logging.getLogger(__name__)
+
+
+def _manifest_bytes(manifest: Manifest) -> int:
+    """The bytes of the variables and their slots a manifest describes (dynamic tables apart)."""
+    total = 0
+    for entry in manifest.variables.values():
+        tensors = [(entry.shape, entry.dtype)] + [(t.shape, t.dtype) for g in entry.slots.values() for t in g.values()]
+        total += sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize for shape, dtype in tensors)
+    return total
+
+
+def _observe_checkpoint(operation: str, started: float, manifest: Manifest) -> None:
+    _metrics.CHECKPOINT_SECONDS.labels(operation).observe(time.perf_counter() - started)
+    _metrics.CHECKPOINT_BYTES.labels(operation).inc(_manifest_bytes(manifest))
 
 
 def _is_stateful(obj: Any) -> bool:
@@ -131,6 +146,7 @@ class Checkpoint:
     # -- save ------------------------------------------------------------------------------------------------
     def write(self, path: str, *, checkpoint_number: int = 0, step: int | None = None, final: bool = False) -> str:
         """Write a complete checkpoint to the directory ``path`` (a ``ckpt-N`` directory); returns ``path``."""
+        started = time.perf_counter()
         path = normalize_path(path)
         storage = storage_for(path)
         saveables, stateful, _, tables = self._flatten()
@@ -192,11 +208,16 @@ class Checkpoint:
                             checkpoint_number=checkpoint_number, step=step, final=final, created=time.time(),
                             variables=variables, dynamic=dynamic, objects=objects)
         commit_manifest(path, manifest)
+        if _metrics.ENABLED:
+            _observe_checkpoint("save", started, manifest)
+            if step is not None:
+                _metrics.CHECKPOINT_STEP.set(step)
         return path
 
     # -- restore ---------------------------------------------------------------------------------------------
     def restore(self, path: str) -> int | None:
         """Restore every object from the checkpoint at ``path``; returns the checkpoint's training step."""
+        started = time.perf_counter()
         path = normalize_path(path)
         manifest = read_manifest(path)
         saveables, stateful, _, tables = self._flatten()
@@ -253,4 +274,6 @@ class Checkpoint:
             restore_tables(tables, entries, path, verify=False)
         for key, obj in stateful.items():
             obj.set_state(manifest.objects[key])
+        if _metrics.ENABLED:
+            _observe_checkpoint("restore", started, manifest)
         return manifest.step

@@ -154,6 +154,9 @@ class ClosureQueue:
         self._error: BaseException | None = None
         self._epoch = 0
         self._stopped = False
+        #: transitions counted since the queue was made (the metrics read them): closures queued by put, finished,
+        #: failed, re-queued after their worker was lost, cancelled
+        self.counts = {"scheduled": 0, "finished": 0, "failed": 0, "retried": 0, "cancelled": 0}
 
     # -- coordinator side --------------------------------------------------------------------------------------
     def put(self, closure: Closure) -> None:
@@ -161,6 +164,7 @@ class ClosureQueue:
         with self._cond:
             self._raise_if_error()
             self._enqueue(closure, self._queue)
+            self.counts["scheduled"] += 1
 
     def put_per_worker(self, worker: int, closure: Closure) -> None:
         """Queue a closure only ``worker`` may run (per-worker resources)."""
@@ -252,6 +256,7 @@ class ClosureQueue:
         while self._queue:
             closure = self._queue.popleft()
             closure.state = ClosureState.CANCELLED
+            self.counts["cancelled"] += 1
             closure.remote_value._set_error(cancelled)
         self._cond.notify_all()
 
@@ -297,6 +302,7 @@ class ClosureQueue:
         with self._cond:
             self._inflight.discard(closure)
             closure.state = ClosureState.FINISHED
+            self.counts["finished"] += 1
             closure.remote_value._set_value(value)
             self._cond.notify_all()
 
@@ -305,6 +311,7 @@ class ClosureQueue:
         with self._cond:
             self._inflight.discard(closure)
             closure.state = ClosureState.FAILED
+            self.counts["failed"] += 1
             closure.remote_value._set_error(error)
             if closure.epoch == self._epoch:
                 self._record_error(error)
@@ -336,10 +343,12 @@ class ClosureQueue:
             pending = self._error is not None and closure.worker is None
             if closure.epoch != self._epoch or self._stopped or pending:
                 closure.state = ClosureState.CANCELLED
+                self.counts["cancelled"] += 1
                 why = f"an earlier one failed: {self._error!r}" if pending else "its worker failed"
                 closure.remote_value._set_error(CancelledError(f"the function was cancelled after {why}"))
             else:
                 closure.state = ClosureState.QUEUED
+                self.counts["retried"] += 1
                 target = self._queue if closure.worker is None else self._per_worker[closure.worker]
                 target.appendleft(closure)
                 self._wake_for(closure)
@@ -372,3 +381,8 @@ class ClosureQueue:
         with self._cond:
             return {"queued": len(self._queue), "inflight": len(self._inflight),
                     "per_worker": sum(len(q) for q in self._per_worker.values())}
+
+    def counters(self) -> dict[str, int]:
+        """A copy of :attr:`counts`, taken under the queue's lock."""
+        with self._cond:
+            return dict(self.counts)

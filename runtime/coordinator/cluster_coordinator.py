@@ -37,10 +37,14 @@ from typing import Any, Callable
 import cloudpickle
 import grpc
 import numpy as np
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from kubeps.runtime.util import nest
 from kubeps.runtime.coordinator.closure_queue import Closure, ClosureQueue, ClosureState, RemoteValue
 from kubeps.runtime.coordinator.failure import FailureDetector, Heartbeat
+from kubeps.runtime.coordinator.hotspots import DEFAULT_HOTSPOT_THRESHOLD, HotSpotDetector
+from kubeps.runtime.observe import logs as _logs
+from kubeps.runtime.observe import metrics as _metrics
 from kubeps.runtime.data.distribute import DistributedDataset
 from kubeps.runtime.variables.context import current_input_context
 from kubeps.runtime.errors import (
@@ -53,7 +57,7 @@ from kubeps.runtime.errors import (
     WorkerUnavailableError,
 )
 from kubeps.runtime.rpc.client import Client
-from kubeps.runtime.rpc.protocol import PING, WORKER, WORKER_SERVICE, CreateResourceRequest, RunClosureRequest
+from kubeps.runtime.rpc.protocol import PING, PS, WORKER, WORKER_SERVICE, CreateResourceRequest, RunClosureRequest
 from kubeps.runtime.coordinator.strategy import ParameterServerStrategy
 from kubeps.runtime.coordinator.values import PerWorkerDataset, PerWorkerIterator, PerWorkerValues
 from kubeps.runtime.coordinator.watchdog import Watchdog
@@ -168,13 +172,21 @@ class ClusterCoordinator:
     * ``worker_wait_timeout``: how long a lost worker is waited for before the job fails.
     * ``watchdog_timeout`` (None: off) or ``watchdog`` (a :class:`~kubeps.runtime.coordinator.watchdog.Watchdog`): dump every
       thread's stack when no closure finished for that long while work is pending (diagnosis only).
+    * ``hotspot_interval`` (default: the settings' ``KUBEPS_HOTSPOT_INTERVAL_S``, 10 s) and ``hotspot_threshold`` (2): every ``hotspot_interval`` seconds the ps' traffic
+      is compared; a ps serving more than ``hotspot_threshold`` times the others' mean is reported
+      (:mod:`~kubeps.runtime.coordinator.hotspots`; ``hotspots.latest`` is the last verdict).
+
+    With a metrics port in the strategy's settings (``KUBEPS_METRICS_PORT``), the chief serves its Prometheus
+    metrics there (:mod:`kubeps.runtime.observe.metrics`): the closure queue's counters, each worker's closure
+    time, the RPCs to the ps, the hot-spot verdicts.
     """
 
     def __init__(self, strategy: Any, *, closure_timeout: float = 3600.0, heartbeat_interval: float = 1.0,
                  heartbeat_failures: int = 3, ping_timeout: float = 1.0, max_transient_ps_errors: int = 3,
                  ps_error_interval: float = 1.0, ps_error_window: float = 60.0,
                  worker_wait_timeout: float = 3600.0, watchdog_timeout: float | None = None,
-                 watchdog: Watchdog | None = None):
+                 watchdog: Watchdog | None = None, hotspot_interval: float | None = None,
+                 hotspot_threshold: float = DEFAULT_HOTSPOT_THRESHOLD):
         if not isinstance(strategy, ParameterServerStrategy):
             raise RuntimeConfigError("strategy", type(strategy).__name__,
                                      "ClusterCoordinator needs a ParameterServerStrategy")
@@ -231,6 +243,16 @@ class ClusterCoordinator:
                                              name=f"kubeps-worker-{worker.index}")
             worker.thread.start()
         self.failures.start()
+        #: the hot-ps detector (coordinator/hotspots.py)
+        self.hotspots = HotSpotDetector(
+            strategy.num_ps, self._ps_variables, threshold=hotspot_threshold,
+            interval=strategy.settings.hotspot_interval_s if hotspot_interval is None else hotspot_interval)
+        self.hotspots.start()
+        if strategy.settings.log_format == "json":  # asked for: the chief's lines as JSON too
+            _logs.configure(strategy.settings)
+        self._collector = None
+        if _metrics.serve(strategy.settings) is not None:
+            self._collector = _metrics.add_collector(self._metric_families)
         self._stop_watchdog = False
         if self.watchdog is not None and not self.watchdog.running:
             self.watchdog.start()
@@ -314,6 +336,10 @@ class ClusterCoordinator:
                 worker.thread.join(timeout=5)
             worker.client.close()
         self.failures.stop()
+        self.hotspots.stop()
+        if self._collector is not None:
+            _metrics.remove_collector(self._collector)
+            self._collector = None
         if self._stop_watchdog and self.watchdog is not None:
             self.watchdog.stop()
 
@@ -422,6 +448,7 @@ class ClusterCoordinator:
         meta_in: RunClosureRequest | CreateResourceRequest = (
             RunClosureRequest(closure_id=closure.id) if closure.kind == "closure"
             else CreateResourceRequest(closure_id=closure.id, resource_id=closure.info["resource_id"]))
+        started = time.perf_counter()
         try:
             try:
                 worker.call = worker.client.start(method, meta_in, [closure.payload], timeout=self.closure_timeout)
@@ -450,6 +477,8 @@ class ClusterCoordinator:
                 return
             self._queue.mark_finished(closure, result)
             self._closure_done()
+            if _metrics.ENABLED and closure.kind == "closure":
+                _metrics.CLOSURE_SECONDS.labels(str(worker.index)).observe(time.perf_counter() - started)
         elif status == "resource_missing":
             self.handle_worker_failure(worker, closure, ResourceMissingError(meta.get("message", "")))
         elif status == "ps_unavailable":
@@ -458,6 +487,30 @@ class ClusterCoordinator:
         else:
             self._queue.mark_failed(closure, self._closure_error(meta, arrays, worker))
             self._closure_done()
+
+    # -- metrics -----------------------------------------------------------------------------------------------
+    def _ps_variables(self, ps: int) -> list[Any]:
+        """``ListVariables`` of one ps: what the hot-spot detector compares."""
+        meta, _ = self.strategy.transport.call(ps, PS.LIST_VARIABLES, timeout=self.ping_timeout * 5)
+        return list(meta.get("variables", []))
+
+    def _metric_families(self) -> Any:
+        """The closure queue's counters and sizes, read at each scrape."""
+        counts = self._queue.counters()
+        for name, text in (("scheduled", "Functions scheduled"), ("finished", "Scheduled functions that finished"),
+                           ("failed", "Scheduled functions that failed (non-retryable)"),
+                           ("retried", "Scheduled functions re-queued after their worker was lost"),
+                           ("cancelled", "Scheduled functions cancelled")):
+            family = CounterMetricFamily(f"kubeps_closures_{name}", text)
+            family.add_metric([], counts[name])
+            yield family
+        stats = self._queue.stats()
+        queued = GaugeMetricFamily("kubeps_closures_queued", "Scheduled functions waiting for a worker")
+        queued.add_metric([], stats["queued"] + stats["per_worker"])
+        yield queued
+        inflight = GaugeMetricFamily("kubeps_closures_in_flight", "Scheduled functions running on a worker")
+        inflight.add_metric([], stats["inflight"])
+        yield inflight
 
     # -- watchdog ----------------------------------------------------------------------------------------------
     def _closure_done(self) -> None:

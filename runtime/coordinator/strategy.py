@@ -85,6 +85,8 @@ class ParameterServerStrategy:
         limit_math_threads(settings=settings)  # the chief's own numpy work (evaluation, checkpoints) sized to its CPUs
         place_jax(settings, "chief")  # the chief's jax (where the program loads it) stays on the CPU
         size_cpu_backend_if_loaded(settings)  # and its jax work, where the program imported jax
+        #: the chief's settings (the coordinator serves its metrics on their port)
+        self.settings = settings
         self.cluster_resolver = cluster_resolver
         self._cluster_spec = spec
         self._variable_partitioner = variable_partitioner

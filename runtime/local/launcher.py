@@ -3,7 +3,9 @@
 :class:`LocalCluster` starts the chief, the parameter servers, the workers and (optionally) the evaluator of one
 job as child processes of this one, each running ``python SCRIPT ARGS`` with its own ``TF_CONFIG`` (built with
 :meth:`kubeps.runtime.cluster.TFConfig.for_task`, so the evaluator is never part of the training cluster) on free
-loopback ports. Every task's output is streamed line by line with a ``[type-index]`` prefix.
+loopback ports. Every task's output is streamed line by line with a ``[type-index]`` prefix. Every task serves its
+Prometheus metrics on a free port of its own (``KUBEPS_METRICS_PORT``; the start lines name the URLs) unless
+``metrics=False`` (``--no-metrics``).
 
 The tasks talk mutual TLS: a throw-away CA and the tasks' certificate (for the ``--host`` address and
 ``localhost``) are made in a temporary directory (mode 0700) that :meth:`LocalCluster.stop` removes (or the
@@ -194,6 +196,7 @@ class LocalCluster:
         output: IO[str] | None = None,
         log: IO[str] | None = None,
         tls: bool = True,
+        metrics: bool = True,
     ):
         if num_ps < 1:
             raise LauncherArgumentError("num_ps", num_ps, "allowed is a number of parameter servers >= 1")
@@ -269,7 +272,15 @@ class LocalCluster:
             self.tls_dir, files = _throwaway_credentials(host)
             self._remove_tls_dir = weakref.finalize(self, shutil.rmtree, self.tls_dir, ignore_errors=True)
             decided.update(files)
-        #: what every task is told (TF_CONFIG apart: :meth:`task_settings`), rendered into its environment
+        #: each task's Prometheus metrics port (free ports; ``metrics=False``, ``--no-metrics``: none, and no
+        #: task records metrics)
+        self.metrics_ports: dict[tuple[str, int], int] = {}
+        if metrics:
+            keys = [(t, i) for t in START_ORDER for i in range(counts[t])]
+            self.metrics_ports = dict(zip(keys, free_ports(len(keys), host)))
+        decided["metrics_port"] = None
+        #: what every task is told (TF_CONFIG and the metrics port apart: :meth:`task_settings`), rendered into
+        #: its environment
         self.settings = given.model_copy(update=decided)
         # the rest of the environment passes through; the task's settings are only ever the rendered ones
         self._base_env = {k: v for k, v in environ.items() if k not in set(TaskSettings.variables().values())}
@@ -300,8 +311,17 @@ class LocalCluster:
         return TFConfig.for_task(self.cluster, task_type, index).to_json()
 
     def task_settings(self, task_type: str, index: int) -> TaskSettings:
-        """The settings of one task: the cluster's, with the task's TF_CONFIG."""
-        return self.settings.model_copy(update={"tf_config": self.tf_config(task_type, index)})
+        """The settings of one task: the cluster's, with the task's TF_CONFIG and metrics port."""
+        return self.settings.model_copy(update={"tf_config": self.tf_config(task_type, index),
+                                                "metrics_port": self.metrics_ports.get((task_type, index))})
+
+    def _metrics_host(self) -> str:
+        return f"[{self.host}]" if ":" in self.host else self.host
+
+    def metrics_url(self, task_type: str, index: int) -> str | None:
+        """``http://host:port/metrics`` of one task, None without metrics."""
+        port = self.metrics_ports.get((task_type, index))
+        return f"http://{self._metrics_host()}:{port}/metrics" if port else None
 
     def task_env(self, task_type: str, index: int) -> dict[str, str]:
         """The environment of one task: this process's (or ``env``), its settings rendered over it."""
@@ -408,7 +428,9 @@ class LocalCluster:
         self.report(f"starting {self.script} on {summary}")
         for task_type, index in self.task_keys():
             task = self.start_task(task_type, index)
-            self.report(f"{task.name} pid {task.pid} at {task.address}")
+            port = self.metrics_ports.get((task_type, index))
+            metrics = f", metrics http://{self._metrics_host()}:{port}/metrics" if port else ""
+            self.report(f"{task.name} pid {task.pid} at {task.address}{metrics}")
 
     def wait(self, timeout: float | None = None) -> int:
         """Block until the chief exits; return its exit status (``128 + signal`` if killed). Tasks that exit

@@ -9,6 +9,10 @@ created, for the first call)::
     logger = TrainMetricsLogger(writer, batch_size=512, start_step=0)
     ...  # schedule and join steps_per_execution steps
     logger.log(step=20, loss=0.41)   # loss, global_step/sec, examples/sec at step 20
+
+Where the task records metrics (:mod:`kubeps.runtime.observe.metrics`), each call also sets ``kubeps_train_step``
+and counts the steps and examples since the previous call (``kubeps_train_steps_total``,
+``kubeps_train_examples_total``).
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import time
 from typing import Callable, Protocol
 
 from kubeps.runtime.errors import RuntimeConfigError
+from kubeps.runtime.observe import logs as _logs
+from kubeps.runtime.observe import metrics as _metrics
 from kubeps.runtime.observe.summary import as_scalar, as_step
 
 __all__ = ["ScalarWriter", "TrainMetricsLogger"]
@@ -31,6 +37,8 @@ class ScalarWriter(Protocol):
 class TrainMetricsLogger:
     """Writes ``loss``, ``global_step/sec`` and ``examples/sec`` (and any other metrics given) at each call.
 
+    ``writer`` None writes no event file: the logger then only keeps the task's Prometheus progress metrics.
+
     ``batch_size`` is the number of examples in one training step (the global batch: the examples every step
     consumes, whichever worker runs it); without it no ``examples/sec`` is written. ``start_step`` is the step
     training starts (or resumes) from. ``clock`` returns seconds (``time.perf_counter``; tests pass their own).
@@ -38,15 +46,16 @@ class TrainMetricsLogger:
 
     def __init__(
         self,
-        writer: ScalarWriter,
+        writer: ScalarWriter | None,
         *,
         batch_size: int | None = None,
         start_step: int = 0,
         clock: Callable[[], float] = time.perf_counter,
     ):
-        if not callable(getattr(writer, "scalar", None)):
+        if writer is not None and not callable(getattr(writer, "scalar", None)):
             raise RuntimeConfigError(
-                "writer", writer, "an object with a scalar(name, value, step) method, e.g. kp.summary.create_file_writer()"
+                "writer", writer, "an object with a scalar(name, value, step) method, e.g. kp.summary.create_file_writer(),"
+                " or None (the Prometheus metrics only)"
             )
         if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
             raise RuntimeConfigError("batch_size", batch_size, "None or an int >= 1 (examples per training step)")
@@ -78,7 +87,14 @@ class TrainMetricsLogger:
             values["global_step/sec"] = steps_per_s
             if self.batch_size is not None:
                 values["examples/sec"] = steps_per_s * self.batch_size
-        for name, value in values.items():
-            self.writer.scalar(name, value, step)
+        if self.writer is not None:
+            for name, value in values.items():
+                self.writer.scalar(name, value, step)
+        if _metrics.ENABLED:  # the same progress in Prometheus: kubeps_train_step, ..._steps_total, ..._examples_total
+            _metrics.TRAIN_STEP.set(step)
+            _metrics.TRAIN_STEPS.inc(step - self.last_step)
+            if self.batch_size is not None:
+                _metrics.TRAIN_EXAMPLES.inc((step - self.last_step) * self.batch_size)
+        _logs.set_step(step)
         self.last_step, self.last_time = step, now
         return values

@@ -106,7 +106,8 @@ def rpc_list_variables(state: ParameterServerState, request: EmptyRequest,  # no
     for name in state.names():
         var = state.variables[name]
         out.append({"name": name, "shape": list(var.value.shape), "dtype": var.value.dtype.name,
-                    "updates": var.updates})
+                    "updates": var.updates, "rows_read": var.rows_read, "bytes_read": var.bytes_read,
+                    "rows_pushed": var.rows_pushed, "bytes_pushed": var.bytes_pushed})
     return {"variables": out}, []
 
 

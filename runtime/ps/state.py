@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -57,6 +58,13 @@ class PSVariable:
     slots: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
     #: number of optimizer updates applied so far (the ``step`` the next update sees is ``updates + 1``)
     updates: int = 0
+    #: the traffic this variable served, counted per call under its lock (the metrics and the chief's hot-spot
+    #: detection read them): rows and bytes read, rows and bytes of gradients pushed, seconds waited for the lock
+    rows_read: int = 0
+    bytes_read: int = 0
+    rows_pushed: int = 0
+    bytes_pushed: int = 0
+    lock_wait_s: float = 0.0
 
 
 def _all_finite(array: np.ndarray) -> bool:
@@ -159,15 +167,23 @@ class ParameterServerState:
 
     def read(self, name: str) -> np.ndarray:
         var = self.get(name)
+        asked = time.perf_counter()
         with var.lock:
+            var.lock_wait_s += time.perf_counter() - asked
             value: np.ndarray = var.value.copy()
+            var.rows_read += value.shape[0] if value.ndim else 1
+            var.bytes_read += value.nbytes
         return value
 
     def read_rows(self, name: str, indices: np.ndarray) -> np.ndarray:
         var = self.get(name)
         idx = self._check_rows(var, indices, "indices")
+        asked = time.perf_counter()
         with var.lock:
+            var.lock_wait_s += time.perf_counter() - asked
             rows: np.ndarray = var.value[idx]
+            var.rows_read += rows.shape[0]
+            var.bytes_read += rows.nbytes
         return rows
 
     def assign(self, name: str, value: np.ndarray) -> None:
@@ -250,7 +266,9 @@ class ParameterServerState:
                 raise ValueError(f"updates[{i}]: the gradient for {name!r} holds NaN or infinite values; allowed: "
                                  f"finite values (set {NONFINITE_GRADIENTS_ENV}=allow on the ps to apply them)")
             checked.append((var, rows, grad))
+        asked = time.perf_counter()
         with _locked(var for var, _, _ in checked):
+            waited = time.perf_counter() - asked
             steps = {id(var): var.updates for var, _, _ in checked}
             planned = []
             for var, _, _ in checked:
@@ -276,6 +294,9 @@ class ParameterServerState:
                 else:
                     opt.apply_sparse(var.value, idx, grad, slots, step)
                 var.updates = step
+                var.rows_pushed += grad.shape[0] if grad.ndim else 1
+                var.bytes_pushed += grad.nbytes
+                var.lock_wait_s += waited
         return planned
 
     @staticmethod

@@ -38,6 +38,7 @@ from typing import Any, Mapping, Sequence
 import grpc
 import numpy as np
 
+from kubeps.runtime.observe import metrics as _metrics
 from kubeps.runtime.rpc import wire
 from kubeps.runtime.errors import RemoteError, UnauthenticatedError
 from kubeps.runtime.rpc.protocol import (ANSWER_ID_KEY, ANSWER_PARKED, COLLECT, CollectRequest, ERROR_REASON_KEY, TOO_MANY_CALLS,
@@ -97,6 +98,8 @@ class Client:
         self._senders: _Senders | None = _Senders() if sender_threads else None
         #: one-chunk calls run blocking on the reader's thread; cancelling one closes the channel
         self._blocking = blocking
+        #: the metric children of each method called (bound once; :mod:`kubeps.runtime.observe.metrics`)
+        self._metrics: dict[str, _metrics.CallMetrics] = {}
 
     def _method(self, name: str, unary: bool = False) -> Any:
         """The multi-callable of a method: its stream-stream path, or (``unary``) its unary-unary twin."""
@@ -169,7 +172,7 @@ class Client:
             call._collecting = stream
             if call._cancelled:  # cancel() ran before the stream was attached: it did not see it
                 stream.cancel()
-        return _read_stream(self, stream, COLLECT)
+        return _read_stream(self, stream, COLLECT, call)
 
     def remote_error(self, err: grpc.RpcError, method: str | None = None) -> RemoteError:
         """The :class:`RemoteError` (or :class:`UnauthenticatedError`) for a failed gRPC call to this task; the
@@ -238,11 +241,16 @@ class _Senders:
             jobs.put(None)
 
 
-def _read_stream(client: Client, stream: Any, method: str) -> tuple[dict[str, Any], list[np.ndarray]]:
+def _read_stream(client: Client, stream: Any, method: str,
+                 call: "Call | None" = None) -> tuple[dict[str, Any], list[np.ndarray]]:
     try:
         decoder = wire.MessageDecoder()
+        received = 0
         for chunk in stream:
+            received += len(chunk)
             decoder.feed(chunk)
+        if call is not None:
+            call._received = received
         return decoder.finish()
     except grpc.RpcError as err:
         raise client.remote_error(err, method) from None
@@ -259,7 +267,7 @@ class Call:
     ``too-many-calls``) is sent again, with backoff, until its deadline."""
 
     __slots__ = ("_client", "_name", "_timeout", "_chunks", "_deadline", "_future", "_stream", "_collecting",
-                 "_cancelled", "_sent", "_answer", "_error", "_inline")
+                 "_cancelled", "_sent", "_answer", "_error", "_inline", "_started", "_received")
 
     def __init__(self, client: Client, name: str, timeout: float, chunks: list[bytes] | None = None, *,
                  future: Any = None, stream: Any = None):
@@ -276,6 +284,8 @@ class Call:
         self._error: BaseException | None = None
         #: a blocking call made by the reader (``Client(blocking=True)``): ``(channel, multi-callable)``
         self._inline: tuple[grpc.Channel, Any] | None = None
+        self._started = time.perf_counter()
+        self._received = 0  # answer bytes, for the metrics
 
     def _launch(self, timeout: float) -> None:
         client = self._client
@@ -349,18 +359,34 @@ class Call:
         pause = _BUSY_BACKOFF_S[0]
         while True:
             try:
-                return self._result()
+                answer = self._result()
+                if _metrics.ENABLED:
+                    self._observe(None)
+                return answer
             except RemoteError as error:
                 left = self._deadline - time.monotonic()
                 if error.reason != TOO_MANY_CALLS or self._cancelled or left <= pause or self._chunks is None:
+                    if _metrics.ENABLED:
+                        self._observe(error.code or "UNKNOWN")
                     raise
             time.sleep(pause)
             pause = min(pause * 2, _BUSY_BACKOFF_S[1])
             self._launch(max(0.001, self._deadline - time.monotonic()))
 
+    def _observe(self, code: str | None) -> None:
+        """Count this call in the metrics (``code``: the gRPC code of its failure, None when it succeeded)."""
+        client = self._client
+        children = _metrics.client_call(client._metrics, self._name, client.address)
+        seconds = time.perf_counter() - self._started
+        sent = sum(map(len, self._chunks)) if self._chunks is not None else 0
+        if code is None:
+            children.observe(seconds, sent, self._received)
+        else:
+            children.failed(seconds, sent, code)
+
     def _result(self) -> tuple[dict[str, Any], list[np.ndarray]]:
         if self._stream is not None:
-            return _read_stream(self._client, self._stream, self._name)
+            return _read_stream(self._client, self._stream, self._name, self)
         try:
             if self._inline is not None:
                 answer = self._call_inline(self._inline[1])
@@ -386,6 +412,7 @@ class Call:
                         raise self._cancelled_error() from None
                     return self._client._collect(answer_id, self._timeout, call=self)
             raise error from None
+        self._received = len(answer)
         return wire.decode_message(answer)
 
     def _call_inline(self, method: Any) -> bytes:

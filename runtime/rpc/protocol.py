@@ -120,7 +120,8 @@ class PS:
     ASSIGN = "Assign"  #: :class:`AssignRequest` + one value per name -> ``{}``
     PUSH = "Push"  #: :class:`PushRequest` + the updates' tensors -> :class:`PushAnswer`
     PUSH_READ = "PushRead"  #: :class:`PushReadRequest`: a ``Push`` and then a ``ReadMany`` in one call
-    LIST_VARIABLES = "ListVariables"  #: ``{}`` -> ``{"variables": [{name, shape, dtype, updates}]}``
+    #: ``{}`` -> ``{"variables": [{name, shape, dtype, updates, rows_read, bytes_read, rows_pushed, bytes_pushed}]}``
+    LIST_VARIABLES = "ListVariables"
     SAVE_SHARDS = "SaveShards"  #: :class:`SaveShardsRequest` -> ``{"saved": [SavedShard]}``
     #: dynamic embedding tables (:mod:`kubeps.runtime.ps.dynamic`): ``{"name", "config"}`` -> :class:`CreateVariablesAnswer`
     CREATE_DYNAMIC = "CreateDynamic"
@@ -251,6 +252,12 @@ class VariableInfo(TypedDict):
     shape: list[int]
     dtype: str
     updates: int
+    #: the traffic the variable served since the ps started (the chief's hot-spot detection compares the ps by it):
+    #: rows and bytes read, rows and bytes of gradients pushed
+    rows_read: int
+    bytes_read: int
+    rows_pushed: int
+    bytes_pushed: int
 
 
 class ListVariablesAnswer(TypedDict):

@@ -1,5 +1,6 @@
 """A ps or worker task's process: the gRPC ``Server`` (``service``), the table of methods each service offers,
-composed here from the ps, worker and checkpoint packages (``methods``, the composition root), and
+composed here from the ps, worker and checkpoint packages (``methods``, the composition root), what the task's
+state tells Prometheus at each scrape (``metrics``), and
 ``python -m kubeps.runtime.server`` (``__main__``).
 
 Rule: the only package that imports task-side code (:mod:`kubeps.runtime.ps`, :mod:`kubeps.runtime.worker`);

@@ -35,6 +35,8 @@ from typing import Any, Iterator, Mapping, NoReturn, Protocol
 
 import grpc
 
+from kubeps.runtime.observe import logs
+from kubeps.runtime.observe import metrics as _metrics
 from kubeps.runtime.rpc import wire
 from kubeps.runtime.cluster import ClusterSpec, TFConfig, TFConfigError, parse_address
 from kubeps.runtime.checkpoint.format import CheckpointCorruptError, CheckpointError, CheckpointMismatchError
@@ -46,6 +48,7 @@ from kubeps.runtime import settings as _settings
 from kubeps.runtime.settings import TaskSettings
 from kubeps.runtime.ps.budget import AnswerBudget, Ledger
 from kubeps.runtime.ps.state import ParameterServerState, UnknownVariableError
+from kubeps.runtime.server.metrics import state_collector
 from kubeps.runtime.server.methods import (BUILTIN_PS_METHODS, BUILTIN_WORKER_METHODS, PS_METHODS, WORKER_METHODS,
                                            Method, load_extensions, ps_methods, register_ps_method,
                                            register_worker_method, worker_methods)
@@ -417,6 +420,22 @@ class _Context(Protocol):
     def cancel(self) -> None: ...
 
 
+#: per method served: its metric children (calls, answer bytes, seconds), bound once
+_SERVED: dict[str, tuple[Any, Any, Any]] = {}
+
+
+def _observe_served(method: str, started: float, chunks: list[bytes]) -> None:
+    """Count one call served (the answer encoded) in the metrics."""
+    children = _SERVED.get(method)
+    if children is None:
+        children = _SERVED[method] = (_metrics.RPC_SERVER_CALLS.labels(method), _metrics.RPC_SERVER_SENT.labels(method),
+                                      _metrics.RPC_SERVER_SECONDS.labels(method))
+    calls, sent, seconds = children
+    calls.inc()
+    sent.inc(sum(map(len, chunks)))
+    seconds.observe(time.perf_counter() - started)
+
+
 class _ServiceHandler(grpc.GenericRpcHandler):
     """Routes ``/<service>/<Method>`` (stream-stream) and ``/<service>/Unary.<Method>`` (one message each way) to
     the method table, looked up per call; ``/<service>/Collect`` streams a parked answer.
@@ -478,6 +497,7 @@ class _ServiceHandler(grpc.GenericRpcHandler):
         """Decode the request, run the method, encode the answer in chunks; failures abort with a status code
         (never UNKNOWN: whatever a request holds, the answer says what was wrong with it)."""
         limit = 0 if name in self._no_tensors else self._server.max_request_bytes
+        started = time.perf_counter() if _metrics.ENABLED else 0.0
         try:
             meta, arrays = wire.decode_chunks(self._server.guard.receive(chunks, slot), limit,
                                               self._server.settings.max_header_bytes)
@@ -494,7 +514,10 @@ class _ServiceHandler(grpc.GenericRpcHandler):
             request = meta if shape is None else shape.validate(meta)
             with (ledger.budget.charging(ledger) if ledger is not None else contextlib.nullcontext()):
                 out_meta, out_arrays = fn(self._state, request, arrays)
-            return wire.encode_chunks(out_meta, out_arrays, self._server.chunk_bytes)
+            answer: list[bytes] = wire.encode_chunks(out_meta, out_arrays, self._server.chunk_bytes)
+            if started:
+                _observe_served(name, started, answer)
+            return answer
         except LimitExceededError as err:
             context.set_trailing_metadata(((ERROR_REASON_KEY, LIMIT),))
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{name}: {err}")
@@ -626,6 +649,7 @@ class Server:
                             max_calls=max(1, self._max_workers - max(2, self._max_workers // 8)),
                             min_rate=self.settings.min_request_bytes_per_s, by_identity=self._token is not None)
         self._server: grpc.Server | None = None
+        self._collector: Any = None  # the state's scrape-time metrics, once served
         self._stopped = threading.Event()
         if start:
             self.start()
@@ -672,6 +696,8 @@ class Server:
         server.start()
         self.guard.start()
         self._server = server
+        if _metrics.serve(self.settings) is not None and self._collector is None:
+            self._collector = _metrics.add_collector(state_collector(self.state))
         log.info("kubeps %s task %d serving %s on port %d", self.job_name, self.task_index,
                  "mutual TLS" if self.tls is not None else "plaintext", self.port)
 
@@ -690,6 +716,9 @@ class Server:
         if self._server is not None:
             self._server.stop(grace).wait()
         self.guard.stop()
+        if self._collector is not None:
+            _metrics.remove_collector(self._collector)
+            self._collector = None
         close = getattr(self.state, "close", None)
         if close:
             close()
@@ -704,7 +733,7 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
     except RuntimeConfigError as err:
         print(f"kubeps server: {err}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logs.configure(settings)  # text, or JSON lines with the job, role, index and step (KUBEPS_LOG_FORMAT)
     try:
         load_extensions(settings)
         config = TFConfig.parse(settings.tf_config)

@@ -157,6 +157,10 @@ class DynamicTable:
         self.size = 0
         self.updates = 0
         self.evicted = 0
+        #: keys looked up, of them found with a row, keys admitted (the metrics' hit rate and admissions)
+        self.lookups = 0
+        self.hits = 0
+        self.admitted = 0
         self._cap = 0
         self.keys = np.zeros(0, dtype=np.int64)
         self.index = RowIndex(self.keys)  # key -> row, the keys read from ``keys``
@@ -218,6 +222,8 @@ class DynamicTable:
         admits the keys that reach ``filter_freq``; any other lookup changes nothing. Keys without a row read
         ``default_value``."""
         rows = self.index.lookup(keys)
+        self.lookups += keys.size
+        self.hits += int(np.count_nonzero(rows >= 0))
         if train:
             counts = np.ones(keys.size, dtype=np.int64) if counts is None else counts
             hit = rows >= 0
@@ -229,6 +235,7 @@ class DynamicTable:
                 admitted = miss[chosen]
                 if admitted.size:
                     rows[admitted] = self._create(keys[admitted], totals, protect=rows[hit])
+                    self.admitted += int(np.count_nonzero(rows[admitted] >= 0))
         out = np.empty((keys.size, self.config.dim), dtype=self.dtype)
         found = rows >= 0
         out[found] = self.values[rows[found]]

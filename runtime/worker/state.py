@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import pickle
 import threading
+import time
 import traceback
 import uuid
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import cloudpickle
 import numpy as np
 
+from kubeps.runtime.observe import metrics as _metrics
+from kubeps.runtime.util import nest
 from kubeps.runtime.variables import context as _context
 from kubeps.runtime.variables.context import ClosureContext
 from kubeps.runtime.errors import PSUnavailableError, ResourceMissingError
@@ -32,7 +35,7 @@ from kubeps.runtime.rpc.transport import PSTransport, ps_restarted
 from kubeps.runtime.rpc.tls import TLSConfig
 from kubeps.runtime.variables.variable import ShardedVariable, Variable
 
-__all__ = ["BUILTIN_METHODS", "WorkerState"]
+__all__ = ["BUILTIN_METHODS", "MeasuredIterator", "WorkerState"]
 
 
 class WorkerState:
@@ -53,6 +56,36 @@ class WorkerState:
 
     def close(self) -> None:
         self.transport.close()
+
+
+class MeasuredIterator:
+    """A per-worker iterator that tells the metrics how long each ``next()`` waited for its batch and how many
+    examples the batch holds (the leading dimension of its first tensor); anything else goes to the iterator."""
+
+    def __init__(self, inner: Iterator[Any]):
+        self._inner = inner
+
+    def __iter__(self) -> "MeasuredIterator":
+        return self
+
+    def __next__(self) -> Any:
+        started = time.perf_counter()
+        batch = next(self._inner)
+        _metrics.INPUT_WAIT.observe(time.perf_counter() - started)
+        _metrics.WORKER_BATCHES.inc()
+        try:
+            shape = getattr(nest.first_leaf(batch), "shape", None)
+        except IndexError:  # a batch with no tensor
+            shape = None
+        if shape:
+            _metrics.WORKER_EXAMPLES.inc(shape[0])
+        return batch
+
+    def get_next(self) -> Any:
+        return self.__next__()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
 
 
 def _to_array(item: Any) -> Any:
@@ -135,7 +168,10 @@ def rpc_create_resource(state: WorkerState, request: CreateResourceRequest,
     payload = _payload(arrays, WORKER.CREATE_RESOURCE)
 
     def build(fn: Callable[[], Any]) -> None:
-        state.resources[resource_id] = fn()
+        resource = fn()
+        if _metrics.ENABLED and isinstance(resource, Iterator):
+            resource = MeasuredIterator(resource)
+        state.resources[resource_id] = resource
         return None
 
     return _run(state, payload, build)

@@ -32,17 +32,18 @@ class OperatorProcess:
     """The operator as a subprocess on loopback; stopped by its own PID only."""
 
     def __init__(self, kube, namespaces: list[str], log_path: Path, extra_args: list[str] | None = None,
-                 kopf_cli: bool = False):
+                 kopf_cli: bool = False, extra_env: dict[str, str] | None = None):
         self.kube = kube
         self.namespaces = namespaces
         self.log_path = log_path
         self.extra_args = extra_args or []
         self.kopf_cli = kopf_cli  # `kopf run -m kubeps.operator.controller.handlers` instead of `kubeps operator`
+        self.extra_env = dict(extra_env or {})
         self.proc: subprocess.Popen | None = None
         self.metrics_port, self.liveness_port = free_ports(2)  # held together: never the same port twice
 
     def start(self, wait: bool = True) -> "OperatorProcess":
-        env = dict(self.kube.env, PYTHONUNBUFFERED="1")
+        env = dict(self.kube.env, PYTHONUNBUFFERED="1", **self.extra_env)
         if self.kopf_cli:  # our settings from the environment, kopf's from its own flags
             env["KUBEPS_DEFAULT_IMAGE"] = "registry.test/kubeps-runtime:test"
             args = [sys.executable, "-m", "kopf", "run", "-m", "kubeps.operator.controller.handlers",

@@ -44,7 +44,7 @@ def test_crd_names_defaults_and_rules():
     version = doc["spec"]["versions"][0]
     assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
     assert [c["name"] for c in version["additionalPrinterColumns"]] == [
-        "State", "Chief", "PS", "Workers", "Restarts", "Age"]
+        "State", "Chief", "PS", "Workers", "Restarts", "Step", "Examples/s", "Checkpoint", "Age"]
     spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
     run_policy = spec["properties"]["runPolicy"]
     assert run_policy["default"] == {}

@@ -63,7 +63,7 @@ def test_job_yields_pods_services_secret_and_tf_config(kube, ns, operator):
         assert env["GRPC_FAIL_FAST"].value == "use_caller"
         assert env["KUBEPS_JOB_TOKEN"].value_from.secret_key_ref.name == "ctr-kubeps-token"
         ports = [(p.name, p.container_port) for p in pod.spec.containers[0].ports]
-        assert ports == [("kubeps-port", 2222)]
+        assert ports == [("kubeps-port", 2222), ("metrics", 9090)]
         svc = svcs[name]
         assert svc.spec.cluster_ip == "None" and svc.spec.publish_not_ready_addresses is True
         assert svc.spec.selector == {"kubeps.dev/job-name": "ctr", "kubeps.dev/replica-type": task_type,
@@ -81,7 +81,8 @@ def test_job_yields_pods_services_secret_and_tf_config(kube, ns, operator):
     assert status["observedGeneration"] == 1 and status["startTime"]
     assert condition(job, "Created")["status"] == "True"
     table = kube.kubectl("get", "psjob", "ctr", "-n", ns).stdout
-    assert table.split("\n")[0].split() == ["NAME", "STATE", "CHIEF", "PS", "WORKERS", "RESTARTS", "AGE"]
+    assert table.split("\n")[0].split() == ["NAME", "STATE", "CHIEF", "PS", "WORKERS", "RESTARTS", "STEP",
+                                                "EXAMPLES/S", "AGE"]
     assert table.split("\n")[1].split()[:6] == ["ctr", "Running", "Running", "2/2", "2/2", "0"]
     events = kube.core().list_namespaced_event(ns, field_selector="involvedObject.name=ctr").items
     reasons = {e.reason for e in events}

@@ -183,9 +183,11 @@ def test_pod_body_labels_owner_env_port_and_restart_policy():
     assert ref["uid"] == "job-uid" and ref["controller"] is True and ref["kind"] == "PSTrainingJob"
     assert ps1["spec"]["restartPolicy"] == "Never"
     container = ps1["spec"]["containers"][0]
-    assert container["ports"] == [{"name": "kubeps-port", "containerPort": 2222, "protocol": "TCP"}]
+    assert container["ports"] == [{"name": "kubeps-port", "containerPort": 2222, "protocol": "TCP"},
+                                  {"name": "metrics", "containerPort": 9090, "protocol": "TCP"}]
     env = {e["name"]: e for e in container["env"]}
     assert env["GRPC_FAIL_FAST"]["value"] == "use_caller"
+    assert env["KUBEPS_METRICS_PORT"]["value"] == "9090"
     assert env["KUBEPS_JOB_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "ctr-kubeps-token", "key": "token"}
     tf = TFConfig.parse(env["TF_CONFIG"]["value"])
     assert tf.task_type == "ps" and tf.task_index == 1
@@ -197,6 +199,16 @@ def test_pod_body_labels_owner_env_port_and_restart_policy():
     ev = TFConfig.parse(next(e["value"] for e in bodies["ctr-evaluator-0"]["spec"]["containers"][0]["env"]
                              if e["name"] == "TF_CONFIG"))
     assert ev.cluster == {"evaluator": ["ctr-evaluator-0.ns.svc:2222"]}
+
+
+def test_a_template_port_named_metrics_is_the_metrics_port():
+    job = make_job(ps=1, workers=1)
+    container = job["spec"]["replicaSpecs"]["PS"]["template"]["spec"]["containers"][0]
+    container["ports"] = [{"name": "metrics", "containerPort": 9400}]
+    body = next(a.body for a in World(job).plan().of(A.CreatePod) if a.name == "ctr-ps-0")
+    main = body["spec"]["containers"][0]
+    assert [p["name"] for p in main["ports"]] == ["metrics", "kubeps-port"]
+    assert {e["name"]: e.get("value") for e in main["env"]}["KUBEPS_METRICS_PORT"] == "9400"
 
 
 def test_tf_config_lists_exactly_the_pods_the_planner_makes_with_replicas_left_to_their_default():
@@ -233,13 +245,14 @@ def test_default_image_custom_port_cluster_domain_and_user_tf_config_replaced():
     plan = P.plan(observe(job, [], [], None, NOW, config))
     bodies = {a.name: a.body for a in plan.of(A.CreatePod)}
     ps = bodies["ctr-ps-0"]["spec"]["containers"][0]
-    assert ps["image"] == "reg/rt:2" and ps["ports"] == [{"name": "kubeps-port", "containerPort": 5000}]
+    assert ps["image"] == "reg/rt:2" and ps["ports"] == [
+        {"name": "kubeps-port", "containerPort": 5000}, {"name": "metrics", "containerPort": 9090, "protocol": "TCP"}]
     worker = bodies["ctr-worker-0"]["spec"]["containers"]
     assert worker[0]["name"] == "sidecar" and worker[0]["image"] == "reg/rt:2" and "env" not in worker[0]
     env = worker[1]["env"]
     assert [e["name"] for e in env] == ["KEEP", "TF_CONFIG", "KUBEPS_JOB_TOKEN", "GRPC_FAIL_FAST",
                                         "KUBEPS_CHECKPOINT_ROOT", "KUBEPS_TLS_CA_FILE", "KUBEPS_TLS_CERT_FILE",
-                                        "KUBEPS_TLS_KEY_FILE"]
+                                        "KUBEPS_TLS_KEY_FILE", "KUBEPS_METRICS_PORT"]
     tf = json.loads(env[1]["value"])
     assert tf["cluster"]["ps"] == ["ctr-ps-0.ns.svc.cluster.local:5000", "ctr-ps-1.ns.svc.cluster.local:5000"]
     svc = next(a.body for a in plan.of(A.CreateService) if a.name == "ctr-ps-1")

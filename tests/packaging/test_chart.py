@@ -15,6 +15,9 @@ REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "kubeps"
 VARIANTS = {p.name.removesuffix("-values.yaml"): p for p in sorted((CHART / "ci").glob("*-values.yaml"))}
 PEERING_CRDS = CHART / "charts" / "kopf-peering" / "crds" / "kopf-peering.yaml"
+#: a minimal PodMonitor CRD written for the tests (hack/crds): the schema of the fields the chart sets
+PODMONITOR_CRD = REPO / "hack" / "crds" / "podmonitors.monitoring.coreos.com.yaml"
+DASHBOARD = CHART / "files" / "dashboard.json"
 
 
 def variant_args(name: str) -> list[str]:
@@ -55,6 +58,10 @@ def test_rendering_is_valid_kubernetes_strict(render, variant):
         elif kind == "ServiceMonitor":
             # No prometheus-operator schema offline: check what it must get right, that it scrapes our Service.
             check_service_monitor(obj, objects)
+        elif kind == "PodMonitor":
+            crd = yaml.safe_load(PODMONITOR_CRD.read_text())
+            jsonschema.validate(obj, crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+            assert obj["apiVersion"] == "monitoring.coreos.com/v1"
         else:
             kubernetes_validate.validate(obj, kubernetes_validate.latest_version(), strict=True)
 
@@ -81,6 +88,26 @@ def test_servicemonitor_only_when_enabled(render):
     proc = render.run("template", "x", str(CHART), "--set", "serviceMonitor.enabled=true",
                       "--set", "metrics.service.enabled=false", check=False)
     assert proc.returncode != 0 and "serviceMonitor.enabled needs metrics.service.enabled" in proc.stderr
+
+
+def test_podmonitor_and_dashboard_only_when_enabled(render):
+    import json
+
+    default = render.template()
+    assert not render.by_kind(default, "PodMonitor")
+    assert not [o for o in render.by_kind(default, "ConfigMap") if o["metadata"]["name"].endswith("-dashboard")]
+    objects = render.template("--values", str(VARIANTS["podmonitor"]))
+    monitor = render.one(objects, "PodMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    assert monitor["spec"]["selector"]["matchExpressions"] == [{"key": "kubeps.dev/job-name", "operator": "Exists"}]
+    assert monitor["spec"]["namespaceSelector"] == {"any": True}
+    assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == ["metrics"]  # the operator's port name
+    dashboard = next(o for o in render.by_kind(objects, "ConfigMap") if o["metadata"]["name"].endswith("-dashboard"))
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(dashboard["data"]["kubeps.json"]) == json.loads(DASHBOARD.read_text())
+    scoped = render.one(render.template("--values", str(VARIANTS["podmonitor"]), "--set", "watchNamespaces={a,b}"),
+                        "PodMonitor")
+    assert scoped["spec"]["namespaceSelector"] == {"matchNames": ["a", "b"]}
 
 
 @pytest.mark.parametrize(

@@ -354,6 +354,18 @@ def test_local_cluster_start_task_checks(script, tmp_path):
     cluster.stop()  # never started: nothing to do
 
 
+def test_every_task_gets_a_metrics_port_of_its_own_unless_metrics_are_off(script, monkeypatch):
+    monkeypatch.setenv("KUBEPS_METRICS_PORT", "9090")  # one port for every task would collide: each gets its own
+    cluster = LocalCluster(str(script), num_ps=2, num_workers=1, evaluator=True, tls=False)
+    ports = {key: cluster.task_settings(*key).metrics_port for key in cluster.task_keys()}
+    assert None not in ports.values() and len(set(ports.values())) == len(ports) == 5 and 9090 not in ports.values()
+    assert cluster.task_env("ps", 1)["KUBEPS_METRICS_PORT"] == str(ports[("ps", 1)])
+    assert cluster.metrics_url("chief", 0) == f"http://127.0.0.1:{ports[('chief', 0)]}/metrics"
+    off = LocalCluster(str(script), num_ps=1, num_workers=1, tls=False, metrics=False)
+    assert all(off.task_settings(*key).metrics_port is None for key in off.task_keys())
+    assert "KUBEPS_METRICS_PORT" not in off.task_env("worker", 0) and off.metrics_url("chief", 0) is None
+
+
 def test_the_throw_away_tls_directory_goes_with_stop_or_with_the_cluster(script):
     """The CA and key a cluster makes for its tasks are removed by stop(), and by the cluster's collection when
     nothing stopped it (a cluster built only to look at its settings); a stopped cluster's second stop is a no-op."""

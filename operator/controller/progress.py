@@ -1,0 +1,165 @@
+"""Training progress in ``kubectl get psjob``: the operator reads each running job's chief's metrics and writes
+``status.progress`` (Kubeflow's controllers have no such reader; pods get no API credentials for it).
+
+Every ``progress_interval`` seconds (default 10) :class:`ProgressReader` GETs ``/metrics`` of the chief of every
+Running or Restarting job it watches (``http://<job>-chief-0.<namespace>.svc[.<domain>]:<metrics port>``, at most
+16 at a time, 3 s each), reads the step, the examples counter and the last checkpoint's step
+(:mod:`kubeps.operator.core.progress`), and patches ``status.progress`` when the step or the checkpoint changed.
+The writes are spaced to at most ``progress_writes_per_second`` (default 20) over all jobs, so 200 jobs cost the
+API server 20 status patches a second at most, and a job's progress is at most ``200 / 20 = 10`` s behind the
+interval. A hot ps the chief's detector flags (``kubeps_ps_imbalanced``) becomes a Warning Event
+``PSImbalance`` on the job, once per change, naming the ps and its busiest variable shard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from datetime import datetime, timezone
+from typing import Any, Callable, Mapping
+
+import aiohttp
+
+from kubeps.operator.api import models
+from kubeps.operator.core.observed import fmt_time
+from kubeps.operator.core.progress import ChiefReading, progress, read_chief
+
+from .cache import Cache
+from .metrics import phase_of
+from .recorder import Recorder
+
+__all__ = ["ProgressReader", "chief_metrics_url"]
+
+log = logging.getLogger("kubeps.operator.progress")
+#: chiefs read at once, and the seconds one read may take
+CONCURRENT_READS = 16
+READ_TIMEOUT_S = 3.0
+
+
+def chief_metrics_url(job: Mapping[str, Any], cluster_domain: str | None, template: str = "") -> str:
+    """``http://<job>-chief-0.<namespace>.svc[.<domain>]:<port>/metrics``: the port named ``metrics`` on the chief's
+    template (the operator adds it, 9090, when the template has none). ``template`` (``KUBEPS_CHIEF_METRICS_URL``)
+    replaces that URL, with ``{job}``, ``{namespace}``, ``{domain}`` and ``{port}`` filled in."""
+    meta = job["metadata"]
+    pod_template = ((job.get("spec") or {}).get("replicaSpecs") or {}).get("Chief", {}).get("template") or {}
+    port = models.DEFAULT_METRICS_PORT
+    for container in (pod_template.get("spec") or {}).get("containers") or []:
+        for p in container.get("ports") or []:
+            if p.get("name") == models.METRICS_PORT_NAME and p.get("containerPort"):
+                port = int(p["containerPort"])
+    domain = f".{cluster_domain}" if cluster_domain else ""
+    if template:
+        return template.format(job=meta["name"], namespace=meta["namespace"], domain=domain, port=port)
+    return f"http://{meta['name']}-chief-0.{meta['namespace']}.svc{domain}:{port}/metrics"
+
+
+class ProgressReader:
+    """Reads the chiefs' metrics and writes the jobs' ``status.progress`` (``run()`` until ``close()``).
+
+    ``patch(namespace, name, body)`` writes a status merge patch (the Kubernetes client's ``patch_job_status``);
+    ``url(job)`` is where a job's chief serves its metrics (tests point it at a server of their own)."""
+
+    def __init__(self, cache: Cache, recorder: Recorder, patch: Callable[[str, str, dict], Any], *,
+                 interval: float = 10.0, writes_per_second: float = 20.0,
+                 url: Callable[[Mapping[str, Any]], str] = lambda job: chief_metrics_url(job, None)):
+        self.cache = cache
+        self.recorder = recorder
+        self.patch = patch
+        self.interval = interval
+        self.gap = 1.0 / writes_per_second
+        self.url = url
+        self.readings: dict[str, ChiefReading] = {}
+        self.hot: dict[str, tuple[tuple[str, str], ...]] = {}
+        self.writes = 0
+        self._next_write = 0.0
+        self._write_lock = asyncio.Lock()
+        self._session: aiohttp.ClientSession | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self.run(), name="kubeps-progress")
+
+    async def run(self) -> None:
+        while True:
+            started = time.monotonic()
+            try:
+                await self.read_all()
+            except Exception:  # noqa: BLE001 - progress is best effort: never stop the loop
+                log.exception("reading the chiefs' progress failed")
+            await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - started)))
+
+    async def read_all(self) -> None:
+        """One pass over the running jobs."""
+        jobs = [job for job in list(self.cache.jobs.values()) if phase_of(job) in ("Running", "Restarting")]
+        alive = {job["metadata"].get("uid") for job in jobs}
+        for uid in [u for u in self.readings if u not in alive]:  # finished or gone: forget their last reading
+            self.readings.pop(uid, None)
+            self.hot.pop(uid, None)
+        limit = asyncio.Semaphore(CONCURRENT_READS)
+
+        async def one(job: Mapping[str, Any]) -> None:
+            async with limit:
+                await self.read_one(job)
+
+        await asyncio.gather(*(one(job) for job in jobs))
+
+    async def read_one(self, job: Mapping[str, Any]) -> None:
+        meta = job["metadata"]
+        uid = str(meta.get("uid"))
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=READ_TIMEOUT_S))
+        try:
+            async with self._session.get(self.url(job)) as answer:
+                if answer.status != 200:
+                    return
+                text = await answer.text()
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
+            log.debug("progress of %s/%s: the chief's metrics did not answer: %s", meta["namespace"], meta["name"], err)
+            return
+        reading = read_chief(text, time.monotonic())
+        new = progress(self.readings.get(uid), reading, fmt_time(datetime.now(timezone.utc)))
+        self.readings[uid] = reading
+        self._hot_ps(job, uid, reading)
+        old = (job.get("status") or {}).get("progress") or {}
+        if new is None or (new.get("step"), new.get("lastCheckpointStep")) == (old.get("step"),
+                                                                                old.get("lastCheckpointStep")):
+            return  # nothing moved: no write
+        await self._spaced()
+        try:
+            await self.patch(meta["namespace"], meta["name"], {"status": {"progress": new}})
+            self.writes += 1
+        except Exception as err:  # noqa: BLE001 - the job may be gone; the next pass tries again
+            log.debug("progress of %s/%s not written: %s", meta["namespace"], meta["name"], err)
+
+    async def _spaced(self) -> None:
+        """Wait for this write's turn: writes over all jobs at least ``gap`` seconds apart."""
+        async with self._write_lock:
+            now = time.monotonic()
+            wait = self._next_write - now
+            self._next_write = max(now, self._next_write) + self.gap
+        if wait > 0:
+            await asyncio.sleep(wait)
+
+    def _hot_ps(self, job: Mapping[str, Any], uid: str, reading: ChiefReading) -> None:
+        if reading.hot == self.hot.get(uid, ()):
+            return
+        self.hot[uid] = reading.hot
+        for ps, variable in reading.hot:
+            self.recorder.event(job, "Warning", "PSImbalance",
+                                f"ps {ps} serves more than twice the mean of the other ps; its busiest variable shard "
+                                f"is {variable!r}. Remedy: more shards than ps, or hash the ids "
+                                "(docs/observability.md)")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - closing
+                pass
+            self._task = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None

@@ -1,0 +1,162 @@
+"""status.progress from the chief's metrics: the reading (pure), and the reader's passes against a real HTTP server
+serving a chief's exposition: what it writes, when it does not write, how it spaces writes, the PSImbalance Event."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from kubeps.operator.controller.cache import Cache
+from kubeps.operator.controller.progress import ProgressReader, chief_metrics_url
+from kubeps.operator.controller.recorder import Recorder
+from kubeps.operator.core.progress import ChiefReading, progress, read_chief
+
+CHIEF = """# HELP kubeps_train_step The training step the chief last reported
+# TYPE kubeps_train_step gauge
+kubeps_train_step {step}.0
+# TYPE kubeps_train_examples_total counter
+kubeps_train_examples_total {examples}
+# TYPE kubeps_checkpoint_step gauge
+kubeps_checkpoint_step {ckpt}.0
+# TYPE kubeps_ps_imbalanced gauge
+{hot}"""
+
+
+def chief_text(step: int, examples: float, ckpt: int = 0, hot: str = "") -> str:
+    return CHIEF.format(step=step, examples=examples, ckpt=ckpt, hot=hot)
+
+
+def test_read_chief_and_progress():
+    first = read_chief(chief_text(100, 51200.0), at=10.0)
+    assert first == ChiefReading(at=10.0, step=100, examples=51200.0, checkpoint_step=0, hot=())
+    hot = 'kubeps_ps_imbalanced{ps="0",variable="emb/part_0"} 1.0\n'
+    second = read_chief(chief_text(300, 153600.0, ckpt=200, hot=hot), at=20.0)
+    assert second.hot == (("0", "emb/part_0"),)
+    assert progress(None, first, "t") == {"step": 100, "lastUpdateTime": "t"}  # no rate from one reading
+    assert progress(first, second, "t") == {"step": 300, "lastCheckpointStep": 200, "examplesPerSecond": "10240",
+                                            "lastUpdateTime": "t"}
+    restarted = read_chief(chief_text(310, 512.0, ckpt=200), at=30.0)
+    assert "examplesPerSecond" not in progress(second, restarted, "t")  # the counter went back: no rate
+    assert progress(None, read_chief("# nothing yet\n", at=1.0), "t") is None
+
+
+def test_chief_metrics_url_follows_the_template_port_and_the_domain():
+    job = {"metadata": {"name": "ctr", "namespace": "team"}, "spec": {"replicaSpecs": {"Chief": {"template": {}}}}}
+    assert chief_metrics_url(job, None) == "http://ctr-chief-0.team.svc:9090/metrics"
+    job["spec"]["replicaSpecs"]["Chief"]["template"] = {
+        "spec": {"containers": [{"ports": [{"name": "metrics", "containerPort": 9400}]}]}}
+    assert chief_metrics_url(job, "cluster.local") == "http://ctr-chief-0.team.svc.cluster.local:9400/metrics"
+    assert chief_metrics_url(job, None, "http://127.0.0.1:8001/{namespace}/{job}:{port}{domain}") == \
+        "http://127.0.0.1:8001/team/ctr:9400"
+
+
+class _Chiefs:
+    """An HTTP server answering ``/<job>/metrics`` with the text set for that job."""
+
+    def __init__(self) -> None:
+        self.texts: dict[str, str] = {}
+        texts = self.texts
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                text = texts.get(self.path.split("/")[1])
+                if text is None:
+                    self.send_error(404)
+                    return
+                body = text.encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def url(self, job) -> str:
+        return f"http://127.0.0.1:{self.server.server_port}/{job['metadata']['name']}/metrics"
+
+
+@pytest.fixture
+def chiefs():
+    served = _Chiefs()
+    yield served
+    served.server.shutdown()
+
+
+def _job(name: str, phase: str = "Running", progress_now: dict | None = None) -> dict:
+    status = {"conditions": [{"type": "Created", "status": "True"}, {"type": phase, "status": "True"}]}
+    if progress_now:
+        status["progress"] = progress_now
+    return {"metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}"}, "status": status}
+
+
+def test_the_reader_writes_progress_only_when_it_moved_and_spaces_its_writes(chiefs, monkeypatch):
+    cache = Cache()
+    writes: list[tuple[str, dict, float]] = []
+    events: list[tuple[str, str, str]] = []
+    monkeypatch.setattr(Recorder, "event", staticmethod(
+        lambda job, etype, reason, message: events.append((job["metadata"]["name"], reason, message))))
+
+    async def patch(namespace, name, body):
+        writes.append((name, body["status"]["progress"], time.monotonic()))
+        return {}
+
+    names = [f"j{i}" for i in range(5)]
+    for name in names:
+        cache.jobs[("ns", name)] = _job(name)
+        chiefs.texts[name] = chief_text(100, 51200.0)
+    cache.jobs[("ns", "done")] = _job("done", phase="Succeeded")
+    chiefs.texts["done"] = chief_text(5, 10.0)
+    reader = ProgressReader(cache, Recorder(), patch, writes_per_second=10.0, url=chiefs.url)
+
+    async def scenario() -> None:
+        await reader.read_all()
+        assert sorted(w[0] for w in writes) == names  # the finished job is not read
+        times = sorted(w[2] for w in writes)
+        assert times[-1] - times[0] >= 4 * 0.1 * 0.9  # 5 writes at most 10 a second
+        for name in names:  # as the API server would now show them
+            cache.jobs[("ns", name)]["status"]["progress"] = next(w[1] for w in writes if w[0] == name)
+        writes.clear()
+        await reader.read_all()
+        assert writes == []  # nothing moved: nothing written
+        hot = 'kubeps_ps_imbalanced{ps="1",variable="emb/part_1"} 1.0\n'
+        chiefs.texts["j0"] = chief_text(300, 51200.0 + 20 * 512 * 200, ckpt=200, hot=hot)
+        await reader.read_all()
+        cache.jobs[("ns", "j0")]["status"]["progress"] = writes[-1][1]
+        await reader.read_all()  # the same step and the same hot ps again: no write, no second Event
+        await reader.close()
+
+    asyncio.run(scenario())
+    (name, written, _), = writes
+    assert name == "j0" and written["step"] == 300 and written["lastCheckpointStep"] == 200
+    assert float(written["examplesPerSecond"]) > 0
+    assert events == [("j0", "PSImbalance", "ps 1 serves more than twice the mean of the other ps; its busiest "
+                       "variable shard is 'emb/part_1'. Remedy: more shards than ps, or hash the ids "
+                       "(docs/observability.md)")]
+
+
+def test_a_chief_that_does_not_answer_is_skipped(chiefs):
+    cache = Cache()
+    cache.jobs[("ns", "mute")] = _job("mute")
+    writes: list = []
+
+    async def patch(namespace, name, body):
+        writes.append(name)
+
+    async def scenario() -> None:
+        reader = ProgressReader(cache, Recorder(), patch, url=chiefs.url)  # 404 for an unknown job
+        await reader.read_all()
+        dead = ProgressReader(cache, Recorder(), patch, url=lambda job: "http://127.0.0.1:9/metrics")
+        await dead.read_all()
+        await reader.close()
+        await dead.close()
+
+    asyncio.run(scenario())
+    assert writes == []
