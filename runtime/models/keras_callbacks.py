@@ -29,10 +29,13 @@ __all__ = ["BackupAndRestore", "Callback", "CallbackList", "History", "ModelChec
 
 class Callback:
     """Override any of the hooks. ``self.trainer`` is the :class:`~kubeps.runtime.models.keras_fit.KerasTrainer`
-    (``self.model`` its Keras model); set ``self.trainer.stop_training = True`` to stop after the epoch. A
-    callback that needs to see a step (a checkpoint every N steps) sets ``sync_every = N``."""
+    (``self.model`` its Keras model, holding the weights of the step the hook reports: ``fit`` pulls them from the
+    parameter servers before the hooks run); set ``self.trainer.stop_training = True`` (or
+    ``self.model.stop_training``) to stop. A callback that needs to see a step (a checkpoint every N steps) sets
+    ``sync_every = N``; one that never reads the model's weights sets ``reads_model = False`` (no pull for it)."""
 
     sync_every: int | None = None
+    reads_model = True
 
     def __init__(self) -> None:
         self.trainer: Any = None
@@ -56,12 +59,18 @@ class Callback:
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         pass
 
+    def on_train_batch_begin(self, step: int, logs: dict[str, Any] | None = None) -> None:
+        pass
+
     def on_train_batch_end(self, step: int, logs: dict[str, Any] | None = None) -> None:
         pass
 
 
 class History(Callback):
-    """``history``: every ``on_epoch_end`` log by key (``loss``, ``examples_per_s``, ...); ``epoch``: the epochs."""
+    """``history``: every ``on_epoch_end`` log by key (``loss``, the metrics, ``val_loss``, ``examples_per_s``,
+    ...); ``epoch``: the epochs."""
+
+    reads_model = False
 
     def __init__(self) -> None:
         super().__init__()
@@ -81,8 +90,7 @@ class CallbackList:
         for i, cb in enumerate(callbacks):
             if not isinstance(cb, Callback):
                 raise RuntimeConfigError(f"callbacks[{i}]", type(cb).__name__,
-                                         "must be a kubeps.runtime.models.keras_callbacks.Callback (Keras's own "
-                                         "callbacks need model.fit's machinery)")
+                                         "must be a kubeps.runtime.models.keras_callbacks.Callback")
             cb.set_trainer(trainer)
         self.callbacks = list(callbacks)
 
@@ -105,6 +113,10 @@ class CallbackList:
         for cb in self.callbacks:
             cb.on_epoch_end(epoch, logs)
 
+    def on_train_batch_begin(self, step: int, logs: dict[str, Any] | None = None) -> None:
+        for cb in self.callbacks:
+            cb.on_train_batch_begin(step, logs)
+
     def on_train_batch_end(self, step: int, logs: dict[str, Any] | None = None) -> None:
         for cb in self.callbacks:
             cb.on_train_batch_end(step, logs)
@@ -114,10 +126,11 @@ class ModelCheckpoint(Callback):
     """``ModelCheckpoint(directory, save_freq="epoch", max_to_keep=5)``: a kubeps checkpoint of every weight (on
     the parameter servers, with the optimizer's slots) and the step, at the end of every epoch or every
     ``save_freq`` steps (a multiple of ``steps_per_execution``); the checkpoint at the last step is saved ``final``
-    (the sidecar evaluator stops after it). Objects: ``model`` (the weights by Keras path, the tables by name) and
+    (the sidecar evaluator stops after it), and so is the one where a callback stopped the training early. Objects: ``model`` (the weights by Keras path, the tables by name) and
     ``step``; :func:`kubeps.runtime.models.keras_fit.restore_weights` loads them into a Keras model."""
 
     restore = False
+    reads_model = False
 
     def __init__(self, directory: str, save_freq: str | int = "epoch", max_to_keep: int | None = 5,
                  verbose: int = 1):
@@ -135,6 +148,7 @@ class ModelCheckpoint(Callback):
         self.verbose = verbose
         self.manager: CheckpointManager | None = None
         self.last_saved: int | None = None
+        self.last_final = False
         self.saved: list[str] = []
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
@@ -153,13 +167,13 @@ class ModelCheckpoint(Callback):
         if self.verbose:
             print(text, flush=True)
 
-    def _save(self) -> None:
+    def _save(self, final: bool = False) -> None:
         step = self.trainer.step.value
-        if self.manager is None or step == self.last_saved:
+        if self.manager is None or (step == self.last_saved and (self.last_final or not final)):
             return
-        final = step == self.trainer.total_steps
+        final = final or step == self.trainer.total_steps
         path = self.manager.save(step=step, final=final)
-        self.last_saved = step
+        self.last_saved, self.last_final = step, final
         self.saved.append(path)
         self._say(f"step {step}: saved {path}" + (" (final)" if final else ""))
 
@@ -172,8 +186,10 @@ class ModelCheckpoint(Callback):
             self._save()
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
-        if self.trainer.step.value == self.trainer.total_steps:
-            self._save()  # the final checkpoint, when the last interval ended between save points
+        if self.trainer.step.value == self.trainer.total_steps or self.trainer.stop_training:
+            # the final checkpoint, when the last interval ended between save points or a callback stopped early
+            # (saved again as final if the epoch's end saved it already: the evaluator stops after a final one)
+            self._save(final=True)
 
 
 class BackupAndRestore(ModelCheckpoint):
@@ -190,8 +206,11 @@ class TensorBoard(Callback):
     """``TensorBoard(log_dir=None, update_freq="epoch")``, as Keras's: writes ``loss``, ``examples/sec`` and
     ``global_step/sec`` to ``<log_dir>/train`` (``log_dir`` defaults to ``$KUBEPS_LOGDIR``; unset: nothing is
     written) at every epoch's end, or every ``update_freq`` steps (a multiple of ``steps_per_execution``), plus
-    ``epoch_loss`` at each epoch's end. A chief resumed from a checkpoint at step S purges the events the lost run
+    ``epoch_<key>`` of every metric in the epoch's logs (``epoch_loss``, ``epoch_accuracy``, ``epoch_val_loss``,
+    ...) at each epoch's end. A chief resumed from a checkpoint at step S purges the events the lost run
     wrote after S, so the curves do not overlap (TensorBoard's ``purge_step``)."""
+
+    reads_model = False
 
     def __init__(self, log_dir: str | None = None, update_freq: str | int = "epoch"):
         super().__init__()
@@ -225,7 +244,9 @@ class TensorBoard(Callback):
         step = int(logs["step"])
         if self.sync_every is None:
             self._log(step, logs)
-        self.writer.scalars({"epoch_loss": logs["loss"], "epoch_examples/sec": logs["examples_per_s"]}, step)
+        scalars = {f"epoch_{k}": float(v) for k, v in logs.items()
+                   if k not in ("step", "examples", "examples_per_s") and isinstance(v, (int, float))}
+        self.writer.scalars({**scalars, "epoch_examples/sec": logs["examples_per_s"]}, step)
         self.writer.flush()
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
