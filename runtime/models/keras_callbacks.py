@@ -4,7 +4,8 @@ every epoch or every N steps) and :class:`BackupAndRestore` (the same, and resto
 training starts, so a chief restarted after a lost parameter server continues from its step and epoch), and
 :class:`TensorBoard` (train scalars as event files, through :mod:`kubeps.runtime.observe.summary`).
 
-The hooks are called on the chief. ``fit`` schedules ``steps_per_execution`` steps per function and waits for them
+Keras's own callbacks (``keras.callbacks.Callback``) are called through their protocol by
+:mod:`kubeps.runtime.models.keras_fit`; this module stays free of keras. The hooks are called on the chief. ``fit`` schedules ``steps_per_execution`` steps per function and waits for them
 (``coordinator.join()``) at the end of every epoch and every ``sync_every`` steps a callback asks for;
 ``on_train_batch_end(step, logs)`` is called at each of those points, with ``logs``: ``loss`` (mean over the steps
 since the last call), ``step``, ``examples``, ``examples_per_s``. ``on_epoch_end(epoch, logs)`` gets the epoch's
@@ -23,8 +24,11 @@ from kubeps.runtime.checkpoint.manager import CheckpointManager
 from kubeps.runtime.errors import RuntimeConfigError
 from kubeps.runtime.observe.summary import SummaryWriter, create_file_writer, resolve_logdir
 from kubeps.runtime.observe.train_metrics import TrainMetricsLogger
+from kubeps.runtime.settings import TaskSettings
+from kubeps.runtime.util.storage import StorageError, checkpoint_roots, confine, normalize_path
 
-__all__ = ["BackupAndRestore", "Callback", "CallbackList", "History", "ModelCheckpoint", "TensorBoard"]
+__all__ = ["BackupAndRestore", "Callback", "CallbackList", "History", "ModelCheckpoint", "TensorBoard",
+           "check_checkpoint_root"]
 
 
 class Callback:
@@ -122,6 +126,19 @@ class CallbackList:
             cb.on_train_batch_end(step, logs)
 
 
+def check_checkpoint_root(directory: str, field: str, settings: TaskSettings | None = None) -> None:
+    """Refuse, before anything is written, a checkpoint directory the parameter servers would refuse at the first
+    save: outside the job's checkpoint roots (``KUBEPS_CHECKPOINT_ROOT``, the task's settings; ``kubeps local`` and
+    the operator give the chief the ps's), or relative."""
+    settings = TaskSettings.from_env() if settings is None else settings
+    roots = checkpoint_roots(settings.checkpoint_root)
+    try:
+        confine(normalize_path(directory), roots, field)
+    except StorageError as err:
+        raise RuntimeConfigError(field, directory, f"the parameter servers write only inside the job's checkpoint "
+                                 f"roots {roots or '(any absolute path)'} (KUBEPS_CHECKPOINT_ROOT): {err}") from None
+
+
 class ModelCheckpoint(Callback):
     """``ModelCheckpoint(directory, save_freq="epoch", max_to_keep=5)``: a kubeps checkpoint of every weight (on
     the parameter servers, with the optimizer's slots) and the step, at the end of every epoch or every
@@ -152,6 +169,7 @@ class ModelCheckpoint(Callback):
         self.saved: list[str] = []
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        check_checkpoint_root(self.directory, f"{type(self).__name__} directory")
         checkpoint = Checkpoint(model=self.trainer.variables, step=self.trainer.step)
         self.manager = CheckpointManager(checkpoint, self.directory, max_to_keep=self.max_to_keep)
         if self.restore:

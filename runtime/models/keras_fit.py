@@ -13,8 +13,12 @@ steps per scheduled function, callbacks (:mod:`kubeps.runtime.models.keras_callb
   ``optimizer.apply_gradients``: dense gradients and row-sparse ``IndexedSlices`` of the tables, pushed with the
   next step's reads. Nothing of Keras is forked.
 * **The optimizer runs on the parameter servers**: a kubeps optimizer, or a Keras optimizer mapped to one
-  (:func:`kubeps_optimizer`: SGD, Adagrad, Adam, Ftrl, with their hyper-parameters; learning-rate schedules, weight
-  decay, clipping and EMA are refused).
+  (:func:`kubeps_optimizer`: SGD, Adagrad, Adam, Ftrl, with their hyper-parameters; other Keras optimizers,
+  learning-rate schedules, weight decay, clipping and EMA are refused by name).
+* **Keras's side of fit**: ``compile``'s optimizer, loss and metrics (metrics on the workers, validation on the
+  chief: :mod:`~kubeps.runtime.models.keras_metrics`), ``class_weight``, Keras's own callbacks through their
+  protocol (``model.optimizer.learning_rate`` is the kubeps optimizer's), the model's weights pulled before a hook
+  that may read them, and the step a job resumed from on the workers' ``InputContext.initial_step``.
 * **Non-trainable variables**: Keras's random-seed states (``Dropout``) stay on each worker (each has its own
   stream); any other non-trainable variable (``BatchNormalization`` statistics) is refused with an error naming it.
 
@@ -27,12 +31,14 @@ from __future__ import annotations
 import functools
 import math
 import time
+import types
 import warnings
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from kubeps.runtime.checkpoint.saveables import StepCounter
+from kubeps.runtime.data.options import InputContext
 from kubeps.runtime.errors import RuntimeConfigError
 from kubeps.runtime.models.keras_callbacks import Callback, CallbackList, History
 from kubeps.runtime.models.keras_layers import KubepsEmbedding, LookupFeed, keras, lookup_feed, replica_build
@@ -96,8 +102,8 @@ def kubeps_optimizer(optimizer: Any) -> Optimizer:
         return Ftrl(lr, float(config["learning_rate_power"]), float(config["initial_accumulator_value"]),
                     float(config["l1_regularization_strength"]), float(config["l2_regularization_strength"]),
                     float(config["l2_shrinkage_regularization_strength"]), float(config["beta"]))
-    raise RuntimeConfigError("optimizer", kind, "allowed Keras optimizers: SGD, Adagrad, Adam, Ftrl (or pass a "
-                             "kubeps optimizer)")
+    raise RuntimeConfigError("optimizer", kind, "allowed Keras optimizers: SGD, Adagrad, Adam, Ftrl, the ones "
+                             "whose update kubeps runs on the parameter servers (or pass a kubeps optimizer)")
 
 
 # -- the model's parts ----------------------------------------------------------------------------------------------
@@ -222,6 +228,8 @@ class _Replica:
         return total, examples, configs, [[np.asarray(v) for v in state] for state in states]
 
 
+#: dataset functions fit wraps to pass the resumed step (a DistributedDataset or PerWorkerDataset goes as it is)
+_FUNCTION_TYPES = (types.FunctionType, functools.partial)
 #: what a scheduled function returns: loss sum, examples, metric configs, metric states
 StepsResult = tuple[float, int, list[Any], list[list[np.ndarray]]]
 
@@ -243,6 +251,32 @@ def _train_execution(replica: _Replica, iterator: Any, variables: list[Any], tab
                      class_weight: Mapping[int, float] | None = None) -> StepsResult:
     """What the coordinator schedules: ``steps`` steps on whichever worker runs it."""
     return replica.run(iterator, variables, tables, optimizer, steps, metrics, class_weight)
+
+
+class _ResumedDatasetFn:
+    """``dataset_fn`` called with an ``InputContext`` whose ``initial_step`` is the step ``fit`` starts from (the
+    step ``BackupAndRestore`` restored), so a worker's dataset can skip what the lost run consumed; a
+    ``dataset_fn()`` without arguments is called as it is. Carries the user function's ``__module__`` so the
+    coordinator ships the user's module by value, as it does for the bare function."""
+
+    def __init__(self, dataset_fn: Callable[..., Any], initial_step: int):
+        self.dataset_fn = dataset_fn
+        self.initial_step = initial_step
+        self.__module__ = getattr(dataset_fn, "__module__", __name__)
+
+    def __call__(self, input_context: Any) -> Any:
+        import inspect  # noqa: PLC0415 - once per worker
+
+        try:
+            takes_context = any(p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY,
+                                                                                    p.POSITIONAL_OR_KEYWORD)
+                                for p in inspect.signature(self.dataset_fn).parameters.values())
+        except (TypeError, ValueError):
+            takes_context = True
+        if not takes_context:
+            return self.dataset_fn()
+        return self.dataset_fn(InputContext(input_context.num_input_pipelines, input_context.input_pipeline_id,
+                                            input_context.num_replicas_in_sync, initial_step=self.initial_step))
 
 
 def _plain(value: Any) -> Any:
@@ -279,7 +313,7 @@ class _OptimizerView:
 
     @property
     def learning_rate(self) -> float:
-        return float(self._trainer.optimizer.lr_at(int(self._trainer.step.value)))
+        return float(self._trainer.optimizer.lr_at(int(self._trainer.step.value) + 1))  # the next update's
 
     @learning_rate.setter
     def learning_rate(self, value: Any) -> None:
@@ -526,6 +560,8 @@ class KerasTrainer:
         start = self.step.value
         if start % spx:
             raise RuntimeConfigError("restored step", start, f"must be a multiple of steps_per_execution={spx}")
+        if callable(dataset_fn) and isinstance(dataset_fn, _FUNCTION_TYPES):
+            dataset_fn = _ResumedDatasetFn(dataset_fn, start)  # the step reaches the workers' InputContext
         iterator = iter(self.coordinator.create_per_worker_dataset(dataset_fn))
         totals = MetricTotals()
         for epoch in range(start // steps_per_epoch, epochs):

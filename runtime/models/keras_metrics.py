@@ -175,6 +175,7 @@ class Validation:
             raise RuntimeConfigError("validation_data", type(data).__name__,
                                      "a tuple (x, y) or (x, y, sample_weight) of arrays, or an iterable of such "
                                      "batches (a list, a kubeps Dataset)")
+        loss_fn = keras.losses.get(loss_fn) if isinstance(loss_fn, (str, dict)) else loss_fn
         self.model, self.loss_fn, self.specs, self.data = model, loss_fn, list(specs), data
         self.steps, self.freq = steps, freq
         kwargs = {"training": False} if model._call_has_training_arg else {}
