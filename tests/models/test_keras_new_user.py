@@ -50,10 +50,14 @@ def test_a_keras_program_from_the_docs_validates_stops_early_saves_predicts_and_
     # stopping early saved a final checkpoint, and the evaluator finished after it
     assert re.search(r"^\[chief-0\] step 60: saved \S+ \(final\)$", out, re.M), out[-4000:]
     evaluated = json.loads((tmp_path / "evaluator.json").read_text())
-    assert [r["step"] for r in evaluated] == [20, 40, 60] and evaluated[-1]["final"], evaluated
-    for record, val_loss, val_accuracy in zip(evaluated, history["val_loss"], history["val_accuracy"]):
-        assert record["loss"] == pytest.approx(val_loss, abs=1e-4), (evaluated, history)
-        assert record["accuracy"] == pytest.approx(val_accuracy, abs=1e-4), (evaluated, history)
+    # (a loaded machine may let the evaluator see the step-60 checkpoint before it was saved again as final, or
+    # skip one: it evaluates the latest it finds)
+    assert evaluated[-1]["step"] == 60 and evaluated[-1]["final"], evaluated
+    assert {r["step"] for r in evaluated} <= {20, 40, 60}, evaluated
+    for record in evaluated:
+        epoch = history["step"].index(record["step"])
+        assert record["loss"] == pytest.approx(history["val_loss"][epoch], abs=1e-4), (evaluated, history)
+        assert record["accuracy"] == pytest.approx(history["val_accuracy"][epoch], abs=1e-4), (evaluated, history)
     # model.evaluate on the chief after fit: the trained table rows and weights, as the final checkpoint
     assert chief["evaluate"]["loss"] == pytest.approx(evaluated[-1]["loss"], abs=1e-4), chief
     assert chief["evaluate"]["accuracy"] == pytest.approx(evaluated[-1]["accuracy"], abs=1e-4), chief
