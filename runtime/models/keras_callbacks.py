@@ -201,7 +201,8 @@ class ModelCheckpoint(Callback):
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if self.save_freq == "epoch":
-            self._save()
+            # Keras's callbacks ran first: an EarlyStopping that stopped here makes this the final checkpoint
+            self._save(final=bool(getattr(self.trainer, "stopping", False)))
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         if self.trainer.step.value == self.trainer.total_steps or self.trainer.stop_training:

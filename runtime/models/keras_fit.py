@@ -522,8 +522,8 @@ class KerasTrainer:
                 raise RuntimeConfigError(f"callbacks[{i}]", type(cb).__name__,
                                          "must be a keras.callbacks.Callback or a "
                                          "kubeps.runtime.models.keras_callbacks.Callback")
-        if theirs:
-            ours.append(_KerasCallbacks(theirs, epochs, steps_per_epoch, verbose))
+        if theirs:  # first: EarlyStopping decides before a checkpoint callback saves the epoch (then as final)
+            ours.insert(0, _KerasCallbacks(theirs, epochs, steps_per_epoch, verbose))
         self.steps_per_epoch, self.total_steps = steps_per_epoch, epochs * steps_per_epoch
         callback_list = CallbackList([*ours, history], self)
         for cb in callback_list:
@@ -542,6 +542,11 @@ class KerasTrainer:
         finally:
             object.__setattr__(self._model, "optimizer", saved_optimizer)
         return history
+
+    @property
+    def stopping(self) -> bool:
+        """Whether a callback asked ``fit`` to stop (``stop_training`` on the trainer or on the Keras model)."""
+        return self._stopping()
 
     def _stopping(self) -> bool:
         if getattr(self._model, "stop_training", False):  # Keras's callbacks (EarlyStopping) set it on the model

@@ -129,6 +129,12 @@ def test_a_callback_stopping_early_leaves_a_final_checkpoint(tmp_path):
     callback.on_train_end({"step": 40})
     readers = [CheckpointReader(p) for p in callback.saved]
     assert [(r.step, r.final) for r in readers] == [(40, False), (40, True)]
+    trainer.stopping = True  # Keras's EarlyStopping ran before the checkpoint callback at this epoch's end
+    step.assign(60)
+    callback.on_epoch_end(2, {"loss": 1.0})
+    callback.on_train_end({"step": 60})
+    readers = [CheckpointReader(p) for p in callback.saved[2:]]
+    assert [(r.step, r.final) for r in readers] == [(60, True)]
 
 
 def test_a_checkpoint_directory_outside_the_roots_is_refused_before_anything_is_written(tmp_path):
