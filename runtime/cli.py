@@ -17,7 +17,7 @@ import ipaddress
 import os
 import sys
 from importlib.metadata import PackageNotFoundError, version
-from typing import Sequence
+from typing import Any, Sequence
 
 __all__ = ["build_parser", "main"]
 
@@ -296,20 +296,41 @@ def _load_builder(spec: str, parser: argparse.ArgumentParser):
     where, sep, name = spec.rpartition(":")
     if not sep or not where or not name.isidentifier():
         parser.error(f"--model must be FILE.py:FUNCTION or MODULE:FUNCTION, got {spec!r}")
-    if where.endswith(".py"):
-        if not os.path.isfile(where):
-            parser.error(f"--model {spec!r}: file not found: {where}")
-        module_spec = importlib.util.spec_from_file_location("kubeps_export_model", where)
-        assert module_spec is not None and module_spec.loader is not None
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[module_spec.name] = module
-        module_spec.loader.exec_module(module)
-    else:
-        module = importlib.import_module(where)
+    try:
+        if where.endswith(".py"):
+            if not os.path.isfile(where):
+                parser.error(f"--model {spec!r}: file not found: {where}")
+            # as `python FILE.py` would: the file's folder first on sys.path, for the modules beside it
+            sys.path.insert(0, os.path.dirname(os.path.abspath(where)))
+            module_spec = importlib.util.spec_from_file_location("kubeps_export_model", where)
+            assert module_spec is not None and module_spec.loader is not None
+            module = importlib.util.module_from_spec(module_spec)
+            sys.modules[module_spec.name] = module
+            module_spec.loader.exec_module(module)  # as a module, not __main__: a guarded program does not run
+        else:
+            module = importlib.import_module(where)
+    except SystemExit as exit_:
+        parser.error(f"--model {spec!r}: importing {where} ran the program (it exited with status {exit_.code}): "
+                     "kubeps export imports the file as a module, so put what runs a task under "
+                     "`if __name__ == \"__main__\":`")
     builder = getattr(module, name, None)
     if not callable(builder):
         parser.error(f"--model {spec!r}: {where} has no function {name!r}")
     return builder
+
+
+def _call_builder(builder: Any, script_args: list[str], parser: argparse.ArgumentParser) -> Any:
+    """The model: ``builder(script_args)`` (the arguments after ``--``), or ``builder()`` for a function that takes
+    no argument (a ``build_model()`` written for the training program)."""
+    import inspect  # noqa: PLC0415 - only `kubeps export` loads user code
+
+    try:
+        takes_none = not inspect.signature(builder).parameters
+    except (TypeError, ValueError):  # a builtin or C callable: call it as documented
+        takes_none = False
+    if takes_none and script_args:
+        parser.error(f"--model's function {builder.__name__}() takes no arguments; got {script_args} after --")
+    return builder() if takes_none else builder(script_args)
 
 
 def _run_export(args: argparse.Namespace, script_args: list[str]) -> int:
@@ -320,7 +341,7 @@ def _run_export(args: argparse.Namespace, script_args: list[str]) -> int:
     parser: argparse.ArgumentParser = args._export_parser
     try:
         checkpoint = export.resolve_checkpoint(args.checkpoint)
-        model = _load_builder(args.model, parser)(script_args)
+        model = _call_builder(_load_builder(args.model, parser), script_args, parser)
         is_function = isinstance(model, export.ServingFunction)
         formats = args.format or (["onnx"] if is_function else ["keras", "onnx"])
         if is_function and "keras" in formats:

@@ -92,8 +92,12 @@ class Predictor:
 
 
 def make_dataset(args: argparse.Namespace, input_context: kp.InputContext) -> kp.Dataset:
-    """The numpy example's dataset, with Keras's ``(x, y)`` elements."""
-    return ctr.make_dataset(args, input_context).map(lambda ids, dense, labels: ((ids, dense), labels[:, None]))
+    """The numpy example's dataset, with Keras's ``(x, y)`` elements. Resumed from a checkpoint at step S
+    (``input_context.initial_step``), each worker skips its share of the S batches the lost run consumed, so the
+    resumed run does not train on the same examples again."""
+    consumed = input_context.initial_step // input_context.num_input_pipelines
+    return (ctr.make_dataset(args, input_context).skip(consumed)
+            .map(lambda ids, dense, labels: ((ids, dense), labels[:, None])))
 
 
 def run_chief(args: argparse.Namespace, resolver: kp.TFConfigClusterResolver) -> int:

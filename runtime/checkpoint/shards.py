@@ -203,32 +203,33 @@ ItemModel = TypeVar("ItemModel", bound=BaseModel)
 
 
 def request_items(request: SaveShardsRequest | RestoreShardsRequest | SaveDynamicRequest | RestoreDynamicRequest,
-                  model: type[ItemModel], method: str, roots: list[str]) -> tuple[str, list[ItemModel]]:
+                  model: type[ItemModel], roots: list[str]) -> tuple[str, list[ItemModel]]:
     """The request's directory -- normalised, and confined to the ps's checkpoint ``roots``
     (``KUBEPS_CHECKPOINT_ROOT``, :attr:`ConfinedShardAccess.checkpoint_roots`) before anything touches the file
     system -- and its items as ``model`` objects (the server validated the request's shape; the manifest entries an
-    item carries are the manifest format's to check), each shard named once."""
+    item carries are the manifest format's to check), each shard named once. The messages name the field; the
+    server puts the method's name before them (``SaveShards: field 'directory' ...``)."""
     directory = request["directory"]
     if not directory:
-        raise ValueError(f"{method}: field 'directory' must be a checkpoint directory path or URL, got {directory!r}")
+        raise ValueError(f"field 'directory' must be a checkpoint directory path or URL, got {directory!r}")
     try:
         directory = confine(directory, roots)
     except StorageError as err:
-        raise ValueError(f"{method}: {err}") from None
+        raise ValueError(str(err)) from None
     try:
         items = [model.model_validate(i) for i in request["items"]]
     except ValidationError as err:
-        raise ValueError(f"{method}: field 'items' is malformed: {err}") from None
+        raise ValueError(f"field 'items' is malformed: {err}") from None
     keys = [getattr(i, "key", None) for i in items]  # every item model has one
     if len(set(keys)) != len(keys):
-        raise ValueError(f"{method}: field 'items' names a shard more than once ({keys}); each once")
+        raise ValueError(f"field 'items' names a shard more than once ({keys}); each once")
     return directory, items
 
 
 def rpc_save_shards(state: ConfinedShardAccess, request: SaveShardsRequest,
                     arrays: list[Any]) -> tuple[SavedAnswer, list[Any]]:  # noqa: ARG001
     """PS method ``SaveShards``: ``{"directory", "items": [SaveItem]}`` -> ``{"saved": [SavedShard]}``."""
-    directory, items = request_items(request, SaveItem, PS.SAVE_SHARDS, state.checkpoint_roots)
+    directory, items = request_items(request, SaveItem, state.checkpoint_roots)
     saved = save_items(state, directory, items, storage=confined_storage(directory, state.checkpoint_roots))
     return {"saved": [s.model_dump(mode="json") for s in saved]}, []
 
@@ -236,7 +237,7 @@ def rpc_save_shards(state: ConfinedShardAccess, request: SaveShardsRequest,
 def rpc_restore_shards(state: ConfinedShardAccess, request: RestoreShardsRequest,
                        arrays: list[Any]) -> tuple[RestoreShardsAnswer, list[Any]]:  # noqa: ARG001
     """PS method ``RestoreShards``: ``{"directory", "items": [RestoreItem]}`` -> ``{"restored": n}``."""
-    directory, items = request_items(request, RestoreItem, PS.RESTORE_SHARDS, state.checkpoint_roots)
+    directory, items = request_items(request, RestoreItem, state.checkpoint_roots)
     storage = confined_storage(directory, state.checkpoint_roots)
     return {"restored": restore_items(state, directory, items, storage=storage)}, []
 

@@ -14,15 +14,23 @@ class InputContext:
     """What an input function needs to know to shard and batch, as ``tf.distribute.InputContext``.
 
     ``num_input_pipelines`` is the number of workers building a pipeline, ``input_pipeline_id`` this worker's
-    index among them, ``num_replicas_in_sync`` how many replicas share one global batch.
+    index among them, ``num_replicas_in_sync`` how many replicas share one global batch. ``initial_step`` (not in
+    TensorFlow's) is the training step the job resumed from, 0 on a fresh start: Keras ``fit`` sets it after
+    ``BackupAndRestore`` restored a checkpoint, so a dataset function can skip what was consumed or reseed.
     """
 
-    def __init__(self, num_input_pipelines: int = 1, input_pipeline_id: int = 0, num_replicas_in_sync: int = 1):
+    def __init__(self, num_input_pipelines: int = 1, input_pipeline_id: int = 0, num_replicas_in_sync: int = 1,
+                 initial_step: int = 0):
         self._num_input_pipelines = int_arg("num_input_pipelines", num_input_pipelines, 1)
         self._input_pipeline_id = index_arg(
             "input_pipeline_id", input_pipeline_id, self._num_input_pipelines, "num_input_pipelines"
         )
         self._num_replicas_in_sync = int_arg("num_replicas_in_sync", num_replicas_in_sync, 1)
+        self._initial_step = int_arg("initial_step", initial_step, 0)
+
+    @property
+    def initial_step(self) -> int:
+        return self._initial_step
 
     @property
     def num_input_pipelines(self) -> int:
@@ -49,16 +57,19 @@ class InputContext:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, InputContext):
             return NotImplemented
-        return (self._num_input_pipelines, self._input_pipeline_id, self._num_replicas_in_sync) == (
+        return (self._num_input_pipelines, self._input_pipeline_id, self._num_replicas_in_sync,
+                self._initial_step) == (
             other._num_input_pipelines,
             other._input_pipeline_id,
             other._num_replicas_in_sync,
+            other._initial_step,
         )
 
     def __repr__(self) -> str:
         return (
             f"InputContext(num_input_pipelines={self._num_input_pipelines}, "
-            f"input_pipeline_id={self._input_pipeline_id}, num_replicas_in_sync={self._num_replicas_in_sync})"
+            f"input_pipeline_id={self._input_pipeline_id}, num_replicas_in_sync={self._num_replicas_in_sync}"
+            + (f", initial_step={self._initial_step})" if self._initial_step else ")")
         )
 
 

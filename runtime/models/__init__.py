@@ -6,7 +6,9 @@ runs ``jax.value_and_grad`` (jit-compiled) and hands dense and row-sparse gradie
 ``xla`` creates jax's CPU backend with its thread pool sized to the task's CPU budget.
 
 ``keras_fit`` trains Keras 3 models (JAX backend) through a ``fit``-style entry point, with ``keras_layers``
-(``KubepsEmbedding``: tables on the ps) and ``keras_callbacks`` (``ModelCheckpoint``, ``BackupAndRestore``).
+(``KubepsEmbedding``: tables on the ps), ``keras_callbacks`` (``ModelCheckpoint``, ``BackupAndRestore``,
+``TensorBoard``; Keras's own callbacks are called through their protocol) and ``keras_metrics`` (Keras metrics summed
+from the workers' states, validation on the chief).
 ``export`` turns a checkpoint into a ``.keras`` file and an ONNX model for serving (``kubeps export``).
 
 Rule: sits on top of :mod:`kubeps.runtime.variables`, :mod:`kubeps.runtime.ops` and

@@ -38,6 +38,8 @@ from kubeps.runtime.util.storage import normalize_path, storage_for
 __all__ = ["ServingFunction", "dynamic_tables", "export_keras", "export_onnx", "keras_serving_model", "load_params",
            "resolve_checkpoint"]
 
+#: the size from which an ONNX model keeps its weights in a ``.data`` file beside it (protobuf's 2 GiB limit)
+_ONNX_ONE_FILE_LIMIT = (2 << 30) - (64 << 20)
 #: what ``ServingFunction`` inputs may be (the dtypes ONNX serving takes without 64-bit JAX)
 _INPUT_DTYPES = ("float32", "int32", "bool")
 
@@ -197,7 +199,8 @@ def export_onnx(model: Any, checkpoint: str | CheckpointReader, path: str, prefi
                 opset: int = 17) -> str:
     """Convert ``model`` -- a Keras model (as :func:`keras_serving_model` takes) or a :class:`ServingFunction` --
     with the checkpoint's weights as constants into an ONNX model at ``path`` (jax2onnx); returns ``path``. The
-    inputs keep their names (a Keras model's ``Input`` names), their batch dimension is free."""
+    inputs keep their names (a Keras model's ``Input`` names), their batch dimension is free. The model is one
+    file, its weights inside, up to protobuf's 2 GiB; a bigger one keeps them in ``<path>.data`` beside it."""
     if not isinstance(path, str) or not path.endswith(".onnx"):
         raise RuntimeConfigError("path", path, "must be a file name ending in '.onnx'")
     if isinstance(model, ServingFunction):
@@ -223,6 +226,16 @@ def export_onnx(model: Any, checkpoint: str | CheckpointReader, path: str, prefi
             raise RuntimeConfigError(f"input {name!r} dtype", dtype, f"allowed for ONNX: {', '.join(_INPUT_DTYPES)}")
     shapes = [jax.ShapeDtypeStruct(_symbolic(shape), dtype) for _, shape, dtype in spec]
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    to_onnx(forward, shapes, model_name="kubeps_export", opset=opset, input_names=[name for name, _, _ in spec],
-            output_names=["predictions"], return_mode="file", output_path=path)
+    proto = to_onnx(forward, shapes, model_name="kubeps_export", opset=opset,
+                    input_names=[name for name, _, _ in spec], output_names=["predictions"], return_mode="proto")
+    import onnx  # noqa: PLC0415 - the `export` extra (jax2onnx needs it)
+
+    data = path + ".data"
+    if os.path.exists(data):
+        os.remove(data)  # a sidecar an earlier export left: the model written now does not name it
+    # one self-contained file, as a serving system expects; protobuf caps a file at 2 GiB, so a bigger model keeps
+    # its weights in `<path>.data` beside it (both files are then shipped together)
+    big = proto.ByteSize() >= _ONNX_ONE_FILE_LIMIT
+    onnx.save_model(proto, path, save_as_external_data=big, all_tensors_to_one_file=True,
+                    location=os.path.basename(data))
     return path

@@ -4,7 +4,8 @@ every epoch or every N steps) and :class:`BackupAndRestore` (the same, and resto
 training starts, so a chief restarted after a lost parameter server continues from its step and epoch), and
 :class:`TensorBoard` (train scalars as event files, through :mod:`kubeps.runtime.observe.summary`).
 
-The hooks are called on the chief. ``fit`` schedules ``steps_per_execution`` steps per function and waits for them
+Keras's own callbacks (``keras.callbacks.Callback``) are called through their protocol by
+:mod:`kubeps.runtime.models.keras_fit`; this module stays free of keras. The hooks are called on the chief. ``fit`` schedules ``steps_per_execution`` steps per function and waits for them
 (``coordinator.join()``) at the end of every epoch and every ``sync_every`` steps a callback asks for;
 ``on_train_batch_end(step, logs)`` is called at each of those points, with ``logs``: ``loss`` (mean over the steps
 since the last call), ``step``, ``examples``, ``examples_per_s``. ``on_epoch_end(epoch, logs)`` gets the epoch's
@@ -23,16 +24,22 @@ from kubeps.runtime.checkpoint.manager import CheckpointManager
 from kubeps.runtime.errors import RuntimeConfigError
 from kubeps.runtime.observe.summary import SummaryWriter, create_file_writer, resolve_logdir
 from kubeps.runtime.observe.train_metrics import TrainMetricsLogger
+from kubeps.runtime.settings import TaskSettings
+from kubeps.runtime.util.storage import StorageError, checkpoint_roots, confine, normalize_path
 
-__all__ = ["BackupAndRestore", "Callback", "CallbackList", "History", "ModelCheckpoint", "TensorBoard"]
+__all__ = ["BackupAndRestore", "Callback", "CallbackList", "History", "ModelCheckpoint", "TensorBoard",
+           "check_checkpoint_root"]
 
 
 class Callback:
     """Override any of the hooks. ``self.trainer`` is the :class:`~kubeps.runtime.models.keras_fit.KerasTrainer`
-    (``self.model`` its Keras model); set ``self.trainer.stop_training = True`` to stop after the epoch. A
-    callback that needs to see a step (a checkpoint every N steps) sets ``sync_every = N``."""
+    (``self.model`` its Keras model, holding the weights of the step the hook reports: ``fit`` pulls them from the
+    parameter servers before the hooks run); set ``self.trainer.stop_training = True`` (or
+    ``self.model.stop_training``) to stop. A callback that needs to see a step (a checkpoint every N steps) sets
+    ``sync_every = N``; one that never reads the model's weights sets ``reads_model = False`` (no pull for it)."""
 
     sync_every: int | None = None
+    reads_model = True
 
     def __init__(self) -> None:
         self.trainer: Any = None
@@ -56,12 +63,18 @@ class Callback:
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         pass
 
+    def on_train_batch_begin(self, step: int, logs: dict[str, Any] | None = None) -> None:
+        pass
+
     def on_train_batch_end(self, step: int, logs: dict[str, Any] | None = None) -> None:
         pass
 
 
 class History(Callback):
-    """``history``: every ``on_epoch_end`` log by key (``loss``, ``examples_per_s``, ...); ``epoch``: the epochs."""
+    """``history``: every ``on_epoch_end`` log by key (``loss``, the metrics, ``val_loss``, ``examples_per_s``,
+    ...); ``epoch``: the epochs."""
+
+    reads_model = False
 
     def __init__(self) -> None:
         super().__init__()
@@ -81,8 +94,7 @@ class CallbackList:
         for i, cb in enumerate(callbacks):
             if not isinstance(cb, Callback):
                 raise RuntimeConfigError(f"callbacks[{i}]", type(cb).__name__,
-                                         "must be a kubeps.runtime.models.keras_callbacks.Callback (Keras's own "
-                                         "callbacks need model.fit's machinery)")
+                                         "must be a kubeps.runtime.models.keras_callbacks.Callback")
             cb.set_trainer(trainer)
         self.callbacks = list(callbacks)
 
@@ -105,19 +117,37 @@ class CallbackList:
         for cb in self.callbacks:
             cb.on_epoch_end(epoch, logs)
 
+    def on_train_batch_begin(self, step: int, logs: dict[str, Any] | None = None) -> None:
+        for cb in self.callbacks:
+            cb.on_train_batch_begin(step, logs)
+
     def on_train_batch_end(self, step: int, logs: dict[str, Any] | None = None) -> None:
         for cb in self.callbacks:
             cb.on_train_batch_end(step, logs)
+
+
+def check_checkpoint_root(directory: str, field: str, settings: TaskSettings | None = None) -> None:
+    """Refuse, before anything is written, a checkpoint directory the parameter servers would refuse at the first
+    save: outside the job's checkpoint roots (``KUBEPS_CHECKPOINT_ROOT``, the task's settings; ``kubeps local`` and
+    the operator give the chief the ps's), or relative."""
+    settings = TaskSettings.from_env() if settings is None else settings
+    roots = checkpoint_roots(settings.checkpoint_root)
+    try:
+        confine(normalize_path(directory), roots, field)
+    except StorageError as err:
+        raise RuntimeConfigError(field, directory, f"the parameter servers write only inside the job's checkpoint "
+                                 f"roots {roots or '(any absolute path)'} (KUBEPS_CHECKPOINT_ROOT): {err}") from None
 
 
 class ModelCheckpoint(Callback):
     """``ModelCheckpoint(directory, save_freq="epoch", max_to_keep=5)``: a kubeps checkpoint of every weight (on
     the parameter servers, with the optimizer's slots) and the step, at the end of every epoch or every
     ``save_freq`` steps (a multiple of ``steps_per_execution``); the checkpoint at the last step is saved ``final``
-    (the sidecar evaluator stops after it). Objects: ``model`` (the weights by Keras path, the tables by name) and
+    (the sidecar evaluator stops after it), and so is the one where a callback stopped the training early. Objects: ``model`` (the weights by Keras path, the tables by name) and
     ``step``; :func:`kubeps.runtime.models.keras_fit.restore_weights` loads them into a Keras model."""
 
     restore = False
+    reads_model = False
 
     def __init__(self, directory: str, save_freq: str | int = "epoch", max_to_keep: int | None = 5,
                  verbose: int = 1):
@@ -135,9 +165,11 @@ class ModelCheckpoint(Callback):
         self.verbose = verbose
         self.manager: CheckpointManager | None = None
         self.last_saved: int | None = None
+        self.last_final = False
         self.saved: list[str] = []
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        check_checkpoint_root(self.directory, f"{type(self).__name__} directory")
         checkpoint = Checkpoint(model=self.trainer.variables, step=self.trainer.step)
         self.manager = CheckpointManager(checkpoint, self.directory, max_to_keep=self.max_to_keep)
         if self.restore:
@@ -153,13 +185,13 @@ class ModelCheckpoint(Callback):
         if self.verbose:
             print(text, flush=True)
 
-    def _save(self) -> None:
+    def _save(self, final: bool = False) -> None:
         step = self.trainer.step.value
-        if self.manager is None or step == self.last_saved:
+        if self.manager is None or (step == self.last_saved and (self.last_final or not final)):
             return
-        final = step == self.trainer.total_steps
+        final = final or step == self.trainer.total_steps
         path = self.manager.save(step=step, final=final)
-        self.last_saved = step
+        self.last_saved, self.last_final = step, final
         self.saved.append(path)
         self._say(f"step {step}: saved {path}" + (" (final)" if final else ""))
 
@@ -169,11 +201,14 @@ class ModelCheckpoint(Callback):
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if self.save_freq == "epoch":
-            self._save()
+            # Keras's callbacks ran first: an EarlyStopping that stopped here makes this the final checkpoint
+            self._save(final=bool(getattr(self.trainer, "stopping", False)))
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
-        if self.trainer.step.value == self.trainer.total_steps:
-            self._save()  # the final checkpoint, when the last interval ended between save points
+        if self.trainer.step.value == self.trainer.total_steps or self.trainer.stop_training:
+            # the final checkpoint, when the last interval ended between save points or a callback stopped early
+            # (saved again as final if the epoch's end saved it already: the evaluator stops after a final one)
+            self._save(final=True)
 
 
 class BackupAndRestore(ModelCheckpoint):
@@ -190,8 +225,11 @@ class TensorBoard(Callback):
     """``TensorBoard(log_dir=None, update_freq="epoch")``, as Keras's: writes ``loss``, ``examples/sec`` and
     ``global_step/sec`` to ``<log_dir>/train`` (``log_dir`` defaults to ``$KUBEPS_LOGDIR``; unset: nothing is
     written) at every epoch's end, or every ``update_freq`` steps (a multiple of ``steps_per_execution``), plus
-    ``epoch_loss`` at each epoch's end. A chief resumed from a checkpoint at step S purges the events the lost run
+    ``epoch_<key>`` of every metric in the epoch's logs (``epoch_loss``, ``epoch_accuracy``, ``epoch_val_loss``,
+    ...) at each epoch's end. A chief resumed from a checkpoint at step S purges the events the lost run
     wrote after S, so the curves do not overlap (TensorBoard's ``purge_step``)."""
+
+    reads_model = False
 
     def __init__(self, log_dir: str | None = None, update_freq: str | int = "epoch"):
         super().__init__()
@@ -225,7 +263,9 @@ class TensorBoard(Callback):
         step = int(logs["step"])
         if self.sync_every is None:
             self._log(step, logs)
-        self.writer.scalars({"epoch_loss": logs["loss"], "epoch_examples/sec": logs["examples_per_s"]}, step)
+        scalars = {f"epoch_{k}": float(v) for k, v in logs.items()
+                   if k not in ("step", "examples", "examples_per_s") and isinstance(v, (int, float))}
+        self.writer.scalars({**scalars, "epoch_examples/sec": logs["examples_per_s"]}, step)
         self.writer.flush()
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:

@@ -13,8 +13,12 @@ steps per scheduled function, callbacks (:mod:`kubeps.runtime.models.keras_callb
   ``optimizer.apply_gradients``: dense gradients and row-sparse ``IndexedSlices`` of the tables, pushed with the
   next step's reads. Nothing of Keras is forked.
 * **The optimizer runs on the parameter servers**: a kubeps optimizer, or a Keras optimizer mapped to one
-  (:func:`kubeps_optimizer`: SGD, Adagrad, Adam, Ftrl, with their hyper-parameters; learning-rate schedules, weight
-  decay, clipping and EMA are refused).
+  (:func:`kubeps_optimizer`: SGD, Adagrad, Adam, Ftrl, with their hyper-parameters; other Keras optimizers,
+  learning-rate schedules, weight decay, clipping and EMA are refused by name).
+* **Keras's side of fit**: ``compile``'s optimizer, loss and metrics (metrics on the workers, validation on the
+  chief: :mod:`~kubeps.runtime.models.keras_metrics`), ``class_weight``, Keras's own callbacks through their
+  protocol (``model.optimizer.learning_rate`` is the kubeps optimizer's), the model's weights pulled before a hook
+  that may read them, and the step a job resumed from on the workers' ``InputContext.initial_step``.
 * **Non-trainable variables**: Keras's random-seed states (``Dropout``) stay on each worker (each has its own
   stream); any other non-trainable variable (``BatchNormalization`` statistics) is refused with an error naming it.
 
@@ -27,15 +31,19 @@ from __future__ import annotations
 import functools
 import math
 import time
+import types
 import warnings
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from kubeps.runtime.checkpoint.saveables import StepCounter
+from kubeps.runtime.data.options import InputContext
 from kubeps.runtime.errors import RuntimeConfigError
 from kubeps.runtime.models.keras_callbacks import Callback, CallbackList, History
 from kubeps.runtime.models.keras_layers import KubepsEmbedding, LookupFeed, keras, lookup_feed, replica_build
+from kubeps.runtime.models.keras_metrics import (MetricTotals, Validation, batch_loss, check_class_weight, class_weights,
+                                                 metric_specs, resolve_metrics, unpack)
 from kubeps.runtime.ops.optimizers import SGD, Adagrad, Adam, Ftrl, Momentum, Optimizer
 from kubeps.runtime.variables.context import resolve_resource
 from kubeps.runtime.variables.indexed_slices import IndexedSlices
@@ -94,8 +102,8 @@ def kubeps_optimizer(optimizer: Any) -> Optimizer:
         return Ftrl(lr, float(config["learning_rate_power"]), float(config["initial_accumulator_value"]),
                     float(config["l1_regularization_strength"]), float(config["l2_regularization_strength"]),
                     float(config["l2_shrinkage_regularization_strength"]), float(config["beta"]))
-    raise RuntimeConfigError("optimizer", kind, "allowed Keras optimizers: SGD, Adagrad, Adam, Ftrl (or pass a "
-                             "kubeps optimizer)")
+    raise RuntimeConfigError("optimizer", kind, "allowed Keras optimizers: SGD, Adagrad, Adam, Ftrl, the ones "
+                             "whose update kubeps runs on the parameter servers (or pass a kubeps optimizer)")
 
 
 # -- the model's parts ----------------------------------------------------------------------------------------------
@@ -112,13 +120,6 @@ def _check_non_trainable(model: Any) -> None:
                                  "(Dropout): BatchNormalization statistics and the like are not supported yet")
 
 
-def _unpack(batch: Any) -> tuple[Any, Any, Any]:
-    if isinstance(batch, (tuple, list)) and len(batch) in (2, 3):
-        return batch[0], batch[1], batch[2] if len(batch) == 3 else None
-    raise RuntimeConfigError("dataset element", type(batch).__name__,
-                             "fit needs (x, y) or (x, y, sample_weight) elements, as Keras's fit")
-
-
 class _Replica:
     """A worker's copy of the model (no weights of its own: they come from the parameter servers) and its two
     jitted functions. Built once per worker (a per-worker resource), from the model's Keras config."""
@@ -130,6 +131,8 @@ class _Replica:
         self.loss = keras.losses.get(loss) if isinstance(loss, (str, dict)) else loss
         self.shapes = [tuple(s) for s in shapes]
         self.tables = tables
+        self.metric_specs: list[Any] = []
+        self.metrics: list[Any] | None = None  # resolved against the first batch, as Keras's compile does
         self.built = False
 
     def _build(self, x: Any) -> None:
@@ -165,29 +168,33 @@ class _Replica:
                 with lookup_feed(feed):
                     y_pred, non_trainable_out, losses = model.stateless_call(
                         trainable, non_trainable, x, return_losses=True, **kwargs)
-                if isinstance(loss_fn, keras.losses.Loss):
-                    loss = loss_fn(y, y_pred) if sample_weight is None else loss_fn(y, y_pred, sample_weight=sample_weight)
-                else:  # "mse" or a function: one loss per example, averaged over the batch as Keras's compile does
-                    loss = loss_fn(y, y_pred)
-                    loss = keras.ops.mean(loss if sample_weight is None else loss * sample_weight)
-                for extra in losses:  # the layers' own losses (regularizers, add_loss), as Keras's fit adds them
-                    loss = loss + extra
-                return loss, non_trainable_out
+                return batch_loss(loss_fn, y, y_pred, sample_weight, losses), (non_trainable_out, y_pred)
 
-            (loss, non_trainable_out), grads = jax.value_and_grad(loss_of, argnums=(0, 1), has_aux=True)(
+            (loss, (non_trainable_out, y_pred)), grads = jax.value_and_grad(loss_of, argnums=(0, 1), has_aux=True)(
                 trainable, rows)
-            return loss, grads[0], grads[1], non_trainable_out
+            return loss, grads[0], grads[1], non_trainable_out, y_pred
+
+        def update_metrics(states: Any, y: Any, y_pred: Any, sample_weight: Any) -> Any:
+            return [m.stateless_update_state(s, y, y_pred, sample_weight=sample_weight)
+                    for m, s in zip(self.metrics or [], states)]
 
         self.ids_pass = jax.jit(ids_pass)
         self.loss_and_grads = jax.jit(loss_and_grads)
+        self.update_metrics = jax.jit(update_metrics)
         self.built = True
 
     def run(self, iterator: Any, variables: Sequence[Variable | ShardedVariable],
-            tables: Sequence[Variable | ShardedVariable], optimizer: Optimizer, steps: int) -> tuple[float, int]:
-        """``steps`` training steps; ``(sum of the batch losses, examples)``."""
-        total, examples = 0.0, 0
+            tables: Sequence[Variable | ShardedVariable], optimizer: Optimizer, steps: int,
+            metrics: Sequence[Any] = (), class_weight: Mapping[int, float] | None = None) -> "StepsResult":
+        """``steps`` training steps; ``(sum of the batch losses, examples, metric configs, metric states)``: the
+        states of the training ``metrics`` (specs: :func:`~kubeps.runtime.models.keras_metrics.metric_specs`) over
+        these steps, from their initial values, which the chief adds up."""
+        if list(metrics) != self.metric_specs:
+            self.metric_specs, self.metrics = list(metrics), None
+        total, examples, states = 0.0, 0, None
         for _ in range(steps):
-            x, y, sample_weight = _unpack(next(iterator))
+            x, y, sample_weight = unpack(next(iterator))
+            sample_weight = class_weights(class_weight, y, sample_weight)
             if not self.built:
                 self._build(x)
             rows, inverse, unique_ids = [], [], []
@@ -202,14 +209,29 @@ class _Replica:
                     inverse.append(inv.reshape(ids.shape).astype(np.int32))
                     unique_ids.append(unique)
             values = [v.read_value() for v in variables]  # from the step's pull (cached)
-            loss, grads, row_grads, self.non_trainable = self.loss_and_grads(
+            loss, grads, row_grads, self.non_trainable, y_pred = self.loss_and_grads(
                 values, rows, inverse, self.non_trainable, x, y, sample_weight)
+            if self.metric_specs:
+                if self.metrics is None:
+                    self.metrics = resolve_metrics(self.metric_specs, y, y_pred)
+                if states is None:
+                    states = [[v.value for v in m.variables] for m in self.metrics]
+                states = self.update_metrics(states, y, y_pred, sample_weight)
             pairs: list[tuple[Any, Any]] = [(np.asarray(g), v) for g, v in zip(grads, variables)]
             pairs += [(IndexedSlices(np.asarray(g)[: u.size], u), t) for g, u, t in zip(row_grads, unique_ids, tables)]
             optimizer.apply_gradients(pairs)  # deferred: rides with the next step's reads
             total += float(loss)
             examples += len(np.asarray(y))
-        return total, examples
+        if states is None:
+            return total, examples, [], []
+        configs = [keras.metrics.serialize(m) for m in self.metrics or []]
+        return total, examples, configs, [[np.asarray(v) for v in state] for state in states]
+
+
+#: dataset functions fit wraps to pass the resumed step (a DistributedDataset or PerWorkerDataset goes as it is)
+_FUNCTION_TYPES = (types.FunctionType, functools.partial)
+#: what a scheduled function returns: loss sum, examples, metric configs, metric states
+StepsResult = tuple[float, int, list[Any], list[list[np.ndarray]]]
 
 
 class _ReplicaRef:
@@ -225,9 +247,36 @@ class _ReplicaRef:
 
 
 def _train_execution(replica: _Replica, iterator: Any, variables: list[Any], tables: list[Any],
-                     optimizer: Optimizer, steps: int) -> tuple[float, int]:
+                     optimizer: Optimizer, steps: int, metrics: Sequence[Any] = (),
+                     class_weight: Mapping[int, float] | None = None) -> StepsResult:
     """What the coordinator schedules: ``steps`` steps on whichever worker runs it."""
-    return replica.run(iterator, variables, tables, optimizer, steps)
+    return replica.run(iterator, variables, tables, optimizer, steps, metrics, class_weight)
+
+
+class _ResumedDatasetFn:
+    """``dataset_fn`` called with an ``InputContext`` whose ``initial_step`` is the step ``fit`` starts from (the
+    step ``BackupAndRestore`` restored), so a worker's dataset can skip what the lost run consumed; a
+    ``dataset_fn()`` without arguments is called as it is. Carries the user function's ``__module__`` so the
+    coordinator ships the user's module by value, as it does for the bare function."""
+
+    def __init__(self, dataset_fn: Callable[..., Any], initial_step: int):
+        self.dataset_fn = dataset_fn
+        self.initial_step = initial_step
+        self.__module__ = getattr(dataset_fn, "__module__", __name__)
+
+    def __call__(self, input_context: Any) -> Any:
+        import inspect  # noqa: PLC0415 - once per worker
+
+        try:
+            takes_context = any(p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY,
+                                                                                    p.POSITIONAL_OR_KEYWORD)
+                                for p in inspect.signature(self.dataset_fn).parameters.values())
+        except (TypeError, ValueError):
+            takes_context = True
+        if not takes_context:
+            return self.dataset_fn()
+        return self.dataset_fn(InputContext(input_context.num_input_pipelines, input_context.input_pipeline_id,
+                                            input_context.num_replicas_in_sync, initial_step=self.initial_step))
 
 
 def _plain(value: Any) -> Any:
@@ -253,12 +302,120 @@ def _custom_objects(model: Any) -> dict[str, type]:
 
 
 # -- the trainer ------------------------------------------------------------------------------------------------
+class _OptimizerView:
+    """``model.optimizer`` while kubeps's ``fit`` runs, for Keras's callbacks: ``learning_rate`` reads the kubeps
+    optimizer's rate (at the current step, for a schedule) and setting it (``ReduceLROnPlateau``,
+    ``LearningRateScheduler``) sets the kubeps optimizer's constant rate, which the next scheduled function carries
+    to the workers and their pushes to the parameter servers (where the update runs; the slots are kept)."""
+
+    def __init__(self, trainer: "KerasTrainer"):
+        self._trainer = trainer
+
+    @property
+    def learning_rate(self) -> float:
+        return float(self._trainer.optimizer.lr_at(int(self._trainer.step.value) + 1))  # the next update's
+
+    @learning_rate.setter
+    def learning_rate(self, value: Any) -> None:
+        optimizer = self._trainer.optimizer
+        if not isinstance(optimizer.learning_rate, (int, float)):
+            raise RuntimeConfigError("optimizer learning_rate", type(optimizer.learning_rate).__name__,
+                                     "a callback cannot set the rate of an optimizer with a schedule: use a constant "
+                                     "rate with ReduceLROnPlateau/LearningRateScheduler, or the schedule alone")
+        optimizer.learning_rate = optimizer._check_learning_rate(float(np.asarray(value)))
+
+    @property
+    def iterations(self) -> int:
+        return int(self._trainer.step.value)
+
+
+#: Keras callbacks that need Keras's trainer, with the kubeps callback that does their work
+_KERAS_REPLACED = {"ModelCheckpoint": "keras_callbacks.ModelCheckpoint", "BackupAndRestore":
+                   "keras_callbacks.BackupAndRestore", "TensorBoard": "keras_callbacks.TensorBoard"}
+#: keys of fit's logs that are bookkeeping, not metrics: Keras's callbacks (CSVLogger, ProgbarLogger) see the rest
+_BOOKKEEPING = ("step", "examples", "examples_per_s")
+
+
+class _KerasCallbacks(Callback):
+    """Keras's own callbacks (``keras.callbacks.Callback`` subclasses: ``EarlyStopping``, ``CSVLogger``,
+    ``LambdaCallback``, ``ProgbarLogger``, ``ReduceLROnPlateau``, ``TerminateOnNaN``, the user's) called through
+    Keras's protocol: ``set_model`` (the chief's model, its weights pulled before every hook), ``set_params``
+    (``epochs``, ``steps``, ``verbose``), ``on_train_batch_begin/end`` with the batch index in the epoch, and
+    ``self.model.stop_training`` honoured after every hook."""
+
+    def __init__(self, callbacks: Sequence[Any], epochs: int, steps_per_epoch: int, verbose: int):
+        super().__init__()
+        for cb in callbacks:
+            name = type(cb).__name__
+            if isinstance(cb, (keras.callbacks.ModelCheckpoint, keras.callbacks.BackupAndRestore,
+                               keras.callbacks.TensorBoard)):
+                raise RuntimeConfigError("callbacks", f"keras.callbacks.{name}",
+                                         f"needs Keras's own trainer and weights in the process: use "
+                                         f"kubeps.runtime.models.{_KERAS_REPLACED[name]}")
+            if isinstance(cb, keras.callbacks.EarlyStopping) and cb.restore_best_weights:
+                raise RuntimeConfigError("EarlyStopping restore_best_weights", True,
+                                         "the weights live on the parameter servers (the tables are not in "
+                                         "get_weights): keep it False and load the best checkpoint of a "
+                                         "ModelCheckpoint instead")
+        self.callbacks = list(callbacks)
+        self.params = {"epochs": epochs, "steps": steps_per_epoch, "verbose": verbose}
+
+    def set_trainer(self, trainer: Any) -> None:
+        super().set_trainer(trainer)
+        for cb in self.callbacks:
+            cb.set_model(trainer.model)
+            cb.set_params(dict(self.params))
+
+    def _epoch_batch(self, step: int) -> int:
+        return (step - 1) % self.trainer.steps_per_epoch
+
+    @staticmethod
+    def _metrics(logs: dict[str, Any] | None) -> dict[str, Any]:
+        return {k: v for k, v in (logs or {}).items() if k not in _BOOKKEEPING}
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        for cb in self.callbacks:
+            cb.on_train_begin(self._metrics(logs))
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        for cb in self.callbacks:
+            cb.on_epoch_begin(epoch, self._metrics(logs))
+
+    def on_train_batch_begin(self, step: int, logs: dict[str, Any] | None = None) -> None:
+        for cb in self.callbacks:
+            cb.on_train_batch_begin(self._epoch_batch(step + 1), self._metrics(logs))
+
+    def on_train_batch_end(self, step: int, logs: dict[str, Any] | None = None) -> None:
+        for cb in self.callbacks:
+            cb.on_train_batch_end(self._epoch_batch(step), self._metrics(logs))
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        metrics = self._metrics(logs)
+        for cb in self.callbacks:
+            cb.on_epoch_end(epoch, metrics)
+        if logs is not None:
+            logs.update(metrics)  # ReduceLROnPlateau adds learning_rate: the History keeps it, as Keras's does
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        for cb in self.callbacks:
+            cb.on_train_end(self._metrics(logs))
+
+
+class _TableWeight:
+    """A table's shape and dtype, for ``model.summary()``'s totals (the rows stay on the parameter servers)."""
+
+    def __init__(self, table: Any):
+        self.shape, self.dtype = tuple(table.shape), table.dtype
+
+
 class KerasTrainer:
     """A built Keras model's weights on the parameter servers, the kubeps optimizer that updates them there, and
     the training step the workers run; :meth:`fit` trains it. Created by :func:`fit`, or directly to keep the
-    variables between ``fit`` calls."""
+    variables between ``fit`` calls. ``optimizer``, ``loss`` and ``metrics`` default to the model's ``compile``
+    arguments."""
 
-    def __init__(self, model: Any, coordinator: Any, *, optimizer: Any, loss: Any, steps_per_execution: int = 1):
+    def __init__(self, model: Any, coordinator: Any, *, optimizer: Any = None, loss: Any = None,
+                 metrics: Any = None, steps_per_execution: int = 1):
         if not isinstance(model, keras.Model):
             raise RuntimeConfigError("model", type(model).__name__, "must be a keras.Model (Keras 3, JAX backend)")
         if not model.built or not model.trainable_variables:
@@ -272,16 +429,27 @@ class KerasTrainer:
         if isinstance(steps_per_execution, bool) or not isinstance(steps_per_execution, int) \
                 or steps_per_execution < 1:
             raise RuntimeConfigError("steps_per_execution", steps_per_execution, "must be an integer >= 1")
+        compiled = getattr(model, "_compile_config", None)
+        compiled = compiled.config if compiled is not None and getattr(model, "compiled", False) else {}
+        optimizer = compiled.get("optimizer") if optimizer is None else optimizer
+        loss = compiled.get("loss") if loss is None else loss
+        metrics = compiled.get("metrics") if metrics is None else metrics
+        if optimizer is None:
+            raise RuntimeConfigError("optimizer", None, "fit needs an optimizer: pass optimizer= or compile the "
+                                     "model with one (a kubeps or Keras optimizer)")
         if loss is None:
             raise RuntimeConfigError("loss", None, "fit needs a loss: a Keras loss object, its name, or a function "
-                                     "loss(y_true, y_pred)")
+                                     "loss(y_true, y_pred) (fit(loss=...) or model.compile(loss=...))")
         if isinstance(loss, str):
             keras.losses.get(loss)  # an unknown name fails here, on the chief
         _check_non_trainable(model)
-        self.model = model
+        self._model = model
+        self._stale = False
         self.coordinator = coordinator
         self.optimizer = kubeps_optimizer(optimizer)
         self.loss = loss
+        self.loss_fn = keras.losses.get(loss) if isinstance(loss, (str, dict)) else loss
+        self.metrics = metric_specs(metrics)
         self.steps_per_execution = steps_per_execution
         self.step = StepCounter()  # training steps done (a checkpoint saves and restores it)
         self.steps_per_epoch: int | None = None
@@ -304,19 +472,34 @@ class KerasTrainer:
             **{v.path: w for v, w in zip(keras_vars, weights)},
             **{t.name: t for t in tables},
         }
+        # model.summary() totals: Keras counts `_collected_trainable_weights` when a model has it (its only hook);
+        # set around Keras's attribute tracking, which would wrap the list
+        object.__setattr__(model, "_collected_trainable_weights",
+                           [*keras_vars, *(_TableWeight(t) for t in tables)])
         spec = (type(model), _plain(model.get_config()), _custom_objects(model), loss,
                 [tuple(v.shape) for v in keras_vars], len(tables))
         self.replica = coordinator.create_per_worker_resource(functools.partial(_Replica, *spec), "keras-model",
                                                               _ReplicaRef)
 
+    @property
+    def model(self) -> Any:
+        """The Keras model, its dense weights pulled from the parameter servers when training moved them since the
+        last pull (its ``KubepsEmbedding`` layers read their rows from the parameter servers)."""
+        if self._stale:
+            self.pull_weights()
+        return self._model
+
     def pull_weights(self) -> None:
         """Copy the weights from the parameter servers into the Keras model (the tables stay there: the model's
         ``KubepsEmbedding`` layers look their rows up)."""
-        for keras_var, weight in zip(self.model.trainable_variables, self.weights):
+        for keras_var, weight in zip(self._model.trainable_variables, self.weights):
             keras_var.assign(weight.read_value())
+        self._stale = False
 
-    def fit(self, dataset_fn: Any, *, epochs: int = 1, steps_per_epoch: int, callbacks: Iterable[Callback] = (),
-            initial_epoch: int = 0, verbose: int = 1) -> History:
+    def fit(self, dataset_fn: Any, *, epochs: int = 1, steps_per_epoch: int, callbacks: Iterable[Any] = (),
+            initial_epoch: int = 0, verbose: int = 1, validation_data: Any = None,
+            validation_steps: int | None = None, validation_freq: int = 1, validation_batch_size: int | None = None,
+            class_weight: Mapping[int, float] | None = None) -> History:
         """Train for ``epochs`` epochs of ``steps_per_epoch`` steps (from ``initial_epoch``, or from the step a
         callback restored), as ``model.fit`` with ``ParameterServerStrategy``; returns the :class:`History`."""
         for field, value, low in (("epochs", epochs, 1), ("steps_per_epoch", steps_per_epoch, 1),
@@ -327,67 +510,136 @@ class KerasTrainer:
         if steps_per_epoch % spx:
             raise RuntimeConfigError("steps_per_epoch", steps_per_epoch,
                                      f"must be a multiple of steps_per_execution={spx}")
+        class_weight = check_class_weight(class_weight)
+        validation = None if validation_data is None else Validation(
+            self._model, self.loss_fn, self.metrics, validation_data, validation_steps, validation_freq,
+            validation_batch_size)
         history = History()
-        callback_list = CallbackList([*callbacks, history], self)
+        ours = [cb for cb in callbacks if isinstance(cb, Callback)]
+        theirs = [cb for cb in callbacks if isinstance(cb, keras.callbacks.Callback)]
+        for i, cb in enumerate(callbacks):
+            if not isinstance(cb, (Callback, keras.callbacks.Callback)):
+                raise RuntimeConfigError(f"callbacks[{i}]", type(cb).__name__,
+                                         "must be a keras.callbacks.Callback or a "
+                                         "kubeps.runtime.models.keras_callbacks.Callback")
+        if theirs:  # first: EarlyStopping decides before a checkpoint callback saves the epoch (then as final)
+            ours.insert(0, _KerasCallbacks(theirs, epochs, steps_per_epoch, verbose))
+        self.steps_per_epoch, self.total_steps = steps_per_epoch, epochs * steps_per_epoch
+        callback_list = CallbackList([*ours, history], self)
         for cb in callback_list:
             if cb.sync_every is not None and cb.sync_every % spx:
                 raise RuntimeConfigError(f"{type(cb).__name__} save_freq", cb.sync_every,
                                          f"must be a multiple of steps_per_execution={spx}")
-        self.steps_per_epoch, self.total_steps = steps_per_epoch, epochs * steps_per_epoch
+        # a callback other than kubeps's checkpoints and writers may read the model: pull before every hook
+        reads_model = any(cb.reads_model for cb in callback_list)
         self.stop_training = False
+        self._model.stop_training = False
+        saved_optimizer = self._model.__dict__.get("optimizer")
+        object.__setattr__(self._model, "optimizer", _OptimizerView(self))  # what Keras's callbacks adjust
+        try:
+            self._fit(dataset_fn, epochs, steps_per_epoch, initial_epoch, verbose, callback_list, validation,
+                      class_weight, reads_model)
+        finally:
+            object.__setattr__(self._model, "optimizer", saved_optimizer)
+        return history
+
+    @property
+    def stopping(self) -> bool:
+        """Whether a callback asked ``fit`` to stop (``stop_training`` on the trainer or on the Keras model)."""
+        return self._stopping()
+
+    def _stopping(self) -> bool:
+        if getattr(self._model, "stop_training", False):  # Keras's callbacks (EarlyStopping) set it on the model
+            self.stop_training = True
+        return self.stop_training
+
+    def _fit(self, dataset_fn: Any, epochs: int, steps_per_epoch: int, initial_epoch: int, verbose: int,
+             callback_list: CallbackList, validation: Validation | None, class_weight: dict[int, float] | None,
+             reads_model: bool) -> None:
+        spx = self.steps_per_execution
         if self.step.value < initial_epoch * steps_per_epoch:
             self.step.assign(initial_epoch * steps_per_epoch)
+        self._stale = True
         callback_list.on_train_begin()  # BackupAndRestore restores the variables and the step here
+        self._stale = True
         start = self.step.value
         if start % spx:
             raise RuntimeConfigError("restored step", start, f"must be a multiple of steps_per_execution={spx}")
+        if callable(dataset_fn) and isinstance(dataset_fn, _FUNCTION_TYPES):
+            dataset_fn = _ResumedDatasetFn(dataset_fn, start)  # the step reaches the workers' InputContext
         iterator = iter(self.coordinator.create_per_worker_dataset(dataset_fn))
+        totals = MetricTotals()
         for epoch in range(start // steps_per_epoch, epochs):
-            if self.stop_training:
+            if self._stopping():
                 break
             callback_list.on_epoch_begin(epoch)
             epoch_end = (epoch + 1) * steps_per_epoch
             loss_sum, examples, started, first = 0.0, 0, time.perf_counter(), self.step.value
-            while self.step.value < epoch_end:
+            totals.reset()
+            while self.step.value < epoch_end and not self._stopping():
                 step = self.step.value
                 stop = min([epoch_end] + [(step // cb.sync_every + 1) * cb.sync_every
                                           for cb in callback_list if cb.sync_every])
                 t0 = time.perf_counter()
+                callback_list.on_train_batch_begin(step)
                 results = [self.coordinator.schedule(
-                    _train_execution, args=(self.replica, iterator, self.weights, self.tables, self.optimizer, spx))
+                    _train_execution, args=(self.replica, iterator, self.weights, self.tables, self.optimizer, spx,
+                                            self.metrics, class_weight))
                     for _ in range((stop - step) // spx)]
                 self.coordinator.join()
                 chunk = [rv.fetch() for rv in results]
                 chunk_loss, chunk_examples = sum(c[0] for c in chunk), sum(c[1] for c in chunk)
                 loss_sum, examples = loss_sum + chunk_loss, examples + chunk_examples
+                chunk_metrics = MetricTotals()
+                for _, _, configs, states in chunk:
+                    chunk_metrics.add(configs, states)
+                    totals.add(configs, states)
                 self.step.assign(stop)
+                self._stale = True
+                if reads_model:
+                    self.pull_weights()
                 seconds = time.perf_counter() - t0
                 callback_list.on_train_batch_end(stop, {
-                    "loss": chunk_loss / (stop - step), "step": stop, "examples": chunk_examples,
-                    "examples_per_s": chunk_examples / seconds if seconds > 0 else math.inf})
+                    "loss": chunk_loss / (stop - step), **chunk_metrics.results(), "step": stop,
+                    "examples": chunk_examples, "examples_per_s": chunk_examples / seconds if seconds > 0 else math.inf})
             seconds = time.perf_counter() - started
-            logs = {"loss": loss_sum / max(1, self.step.value - first), "step": self.step.value, "examples": examples,
-                    "examples_per_s": examples / seconds if seconds > 0 else math.inf}
+            logs = {"loss": loss_sum / max(1, self.step.value - first), **totals.results(), "step": self.step.value,
+                    "examples": examples, "examples_per_s": examples / seconds if seconds > 0 else math.inf}
+            if validation is not None and validation.due(epoch):
+                self.pull_weights()
+                logs.update(validation.run())
+            elif reads_model:
+                self.pull_weights()
             if verbose:
-                print(f"epoch {epoch + 1}/{epochs}: loss {logs['loss']:.4f}  step {self.step.value}/"
-                      f"{self.total_steps}  {logs['examples_per_s']:.0f} examples/s", flush=True)
+                shown = "  ".join(f"{k} {v:.4f}" for k, v in logs.items() if k not in _BOOKKEEPING)
+                print(f"epoch {epoch + 1}/{epochs}: {shown}  step {self.step.value}/{self.total_steps}  "
+                      f"{logs['examples_per_s']:.0f} examples/s", flush=True)
             callback_list.on_epoch_end(epoch, logs)
-        callback_list.on_train_end({"step": self.step.value})
+        self._stopping()
         self.pull_weights()
-        return history
+        callback_list.on_train_end({"step": self.step.value, "stopped_early": self.step.value != self.total_steps})
 
 
-def fit(model: Any, coordinator: Any, dataset_fn: Any, *, optimizer: Any, loss: Any, epochs: int = 1,
-        steps_per_epoch: int, steps_per_execution: int = 1, callbacks: Iterable[Callback] = (),
-        initial_epoch: int = 0, verbose: int = 1) -> History:
+def fit(model: Any, coordinator: Any, dataset_fn: Any, *, optimizer: Any = None, loss: Any = None,
+        metrics: Any = None, epochs: int = 1, steps_per_epoch: int, steps_per_execution: int = 1,
+        callbacks: Iterable[Any] = (), initial_epoch: int = 0, verbose: int = 1, validation_data: Any = None,
+        validation_steps: int | None = None, validation_freq: int = 1, validation_batch_size: int | None = None,
+        class_weight: Mapping[int, float] | None = None) -> History:
     """``model.fit`` with a parameter server: ``model`` is a built Keras 3 model (JAX backend) made inside
     ``coordinator.strategy.scope()``; ``dataset_fn(input_context)`` runs on every worker and yields ``(x, y)`` or
     ``(x, y, sample_weight)`` batches; ``optimizer`` a kubeps or Keras optimizer (:func:`kubeps_optimizer`);
-    ``loss`` a Keras loss (object or name) or ``loss(y_true, y_pred)``. Returns the :class:`History` (its
-    ``trainer`` holds the variables on the parameter servers); the trained weights are copied into ``model``."""
-    trainer = KerasTrainer(model, coordinator, optimizer=optimizer, loss=loss, steps_per_execution=steps_per_execution)
+    ``loss`` a Keras loss (object or name) or ``loss(y_true, y_pred)``; ``metrics`` Keras metrics (computed on the
+    workers: :mod:`~kubeps.runtime.models.keras_metrics`); the three default to ``model.compile``'s.
+    ``validation_data`` is evaluated on the chief at the end of every ``validation_freq``-th epoch (``val_loss``,
+    ``val_<metric>``); ``class_weight`` weighs each example by its class; ``callbacks`` are kubeps callbacks or
+    Keras's own. Returns the :class:`History` (its ``trainer`` holds the variables on the parameter servers); the
+    trained weights are copied into ``model``."""
+    trainer = KerasTrainer(model, coordinator, optimizer=optimizer, loss=loss, metrics=metrics,
+                           steps_per_execution=steps_per_execution)
     return trainer.fit(dataset_fn, epochs=epochs, steps_per_epoch=steps_per_epoch, callbacks=callbacks,
-                       initial_epoch=initial_epoch, verbose=verbose)
+                       initial_epoch=initial_epoch, verbose=verbose, validation_data=validation_data,
+                       validation_steps=validation_steps, validation_freq=validation_freq,
+                       validation_batch_size=validation_batch_size, class_weight=class_weight)
 
 
 def restore_weights(model: Any, values: Mapping[str, Any], prefix: str = "model/") -> None:

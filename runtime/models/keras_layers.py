@@ -4,7 +4,9 @@ Keras layer whose table is a kubeps ``Variable``/``ShardedVariable`` on the para
 ``KubepsEmbedding(input_dim, output_dim)`` is used like ``keras.layers.Embedding``. Built inside
 ``strategy.scope()`` its table is created on the parameter servers (sharded by the scope's partitioner); built
 outside a scope (the sidecar evaluator) it is a local variable. Called eagerly it looks up only the rows of its
-ids (``embedding_lookup``: from their owners when remote). Inside :func:`kubeps.runtime.models.keras_fit.fit` a
+ids (``embedding_lookup``: from their owners when remote); under ``jax.jit`` (Keras's ``model.predict`` and
+``model.evaluate``) it looks them up the same way through a ``jax.pure_callback``. ``model.save()`` writes the whole
+table (read from the parameter servers) and ``model.summary()`` counts it. Inside :func:`kubeps.runtime.models.keras_fit.fit` a
 training step never calls it eagerly: the step first runs the model in *ids* mode (every ``KubepsEmbedding``
 records its ids and returns zeros; jitted, so XLA keeps only the ids' computation), fetches the batch's unique rows
 in one round trip per parameter server, then runs the model in *rows* mode under ``jax.value_and_grad``, where the
@@ -106,6 +108,19 @@ def replica_build() -> Iterator[None]:
         _state.replica = previous
 
 
+def _host_lookup(layer: "KubepsEmbedding", ids: Any) -> Any:
+    """The rows of traced ``ids`` (Keras's ``predict``/``evaluate`` run the model under ``jax.jit``), looked up on
+    the host by a ``jax.pure_callback``: the live rows of the parameter servers, or of the local table. Forward
+    only: the rows are constants to a gradient, so :meth:`KubepsEmbedding.call` refuses ``training=True`` here."""
+    out = jax.ShapeDtypeStruct(tuple(ids.shape) + (layer.output_dim,), layer.compute_dtype)
+
+    def lookup(concrete: Any) -> Any:
+        rows = embedding_lookup(layer.table, np.asarray(concrete).astype(np.int64, copy=False))
+        return np.asarray(rows, dtype=layer.compute_dtype)
+
+    return jax.pure_callback(lookup, out, ids, vmap_method="sequential")
+
+
 _Layer: Any = keras.layers.Layer  # a module attribute mypy cannot see through `keras = import_keras()`
 
 
@@ -147,20 +162,44 @@ class KubepsEmbedding(_Layer):
     def compute_output_shape(self, input_shape: Any) -> tuple[Any, ...]:
         return tuple(input_shape) + (self.output_dim,)
 
-    def call(self, ids: Any) -> Any:
+    def call(self, ids: Any, training: Any = None) -> Any:
         feed = getattr(_state, "feed", None)
         if feed is not None:
             return feed.lookup(self, ids)
         if in_symbolic_scope():  # Keras traces a model's call for shapes only (to build it): no lookup
             return keras.ops.zeros(tuple(ids.shape) + (self.output_dim,), dtype=self.compute_dtype)
-        try:
-            ids_array = np.asarray(ids)
-        except Exception as err:  # noqa: BLE001 - a jax tracer: say where lookups can run
-            raise RuntimeConfigError(f"KubepsEmbedding {self.name!r} ids", type(ids).__name__,
-                                     "a lookup outside kubeps fit needs concrete ids: call the model eagerly "
-                                     f"(not under jax.jit) ({type(err).__name__})") from None
-        rows = embedding_lookup(self.table, ids_array.astype(np.int64, copy=False))
+        if isinstance(ids, jax.core.Tracer):  # model.predict / model.evaluate jit the call: look up from the host
+            if training:  # Keras's own model.fit: the table would silently stay as it is
+                raise RuntimeConfigError(f"KubepsEmbedding {self.name!r}", "trained by Keras's model.fit",
+                                         "Keras's own fit cannot update a table on the parameter servers: train with "
+                                         "kubeps.runtime.models.keras_fit.fit(model, coordinator, dataset_fn, ...); "
+                                         "model.predict and model.evaluate work")
+            return _host_lookup(self, ids)
+        rows = embedding_lookup(self.table, np.asarray(ids).astype(np.int64, copy=False))
         return keras.ops.convert_to_tensor(rows, dtype=self.compute_dtype)
+
+    def count_params(self) -> int:
+        """The table's size (``model.summary()`` counts it, though its rows live on the parameter servers)."""
+        return self.input_dim * self.output_dim
+
+    def save_own_variables(self, store: Any) -> None:
+        """``model.save()`` writes the whole table, read from its owners (the trained rows on the parameter
+        servers): a ``.keras`` file that loads back with kubeps installed. A table too big for one process is
+        exported with ``kubeps export`` instead."""
+        store["0"] = np.asarray(self.table.numpy())
+
+    def load_own_variables(self, store: Any) -> None:
+        """``keras.saving.load_model`` puts the saved table into this layer's table (local, or on the parameter
+        servers when loaded inside ``strategy.scope()``)."""
+        if "0" not in store:
+            raise RuntimeConfigError(f"KubepsEmbedding {self.name!r} saved variables", sorted(store.keys()),
+                                     "the file has no table for this layer (saved by a kubeps before model.save "
+                                     "wrote tables?): export the checkpoint with kubeps export")
+        value = np.asarray(store["0"])
+        if value.shape != (self.input_dim, self.output_dim):
+            raise RuntimeConfigError(f"KubepsEmbedding {self.name!r} saved table shape", value.shape,
+                                     f"must be ({self.input_dim}, {self.output_dim})")
+        self.table.assign(value)
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()

@@ -240,7 +240,7 @@ def rpc_save_dynamic(state: ParameterServerState, request: SaveDynamicRequest,
     """``SaveDynamic``: ``{"directory", "items": [SaveTableItem]}`` -> ``{"saved": [DynamicShardEntry]}``: this
     ps's shard of each table written to the checkpoint directory."""
     expect_arrays(PS.SAVE_DYNAMIC, arrays, 0)
-    directory, items = request_items(request, SaveTableItem, PS.SAVE_DYNAMIC, state.checkpoint_roots)
+    directory, items = request_items(request, SaveTableItem, state.checkpoint_roots)
     registry = tables_of(state)
     tables = [registry.get(i.key) for i in items]  # every table known before the first file is written
     storage = confined_storage(directory, state.checkpoint_roots)
@@ -253,7 +253,7 @@ def rpc_restore_dynamic(state: ParameterServerState, request: RestoreDynamicRequ
     """``RestoreDynamic``: ``{"directory", "items": [RestoreTableItem]}`` -> ``{"restored": [rows]}``: each table
     replaced by the checkpointed keys that hash to this ps (read and checked before it changes)."""
     expect_arrays(PS.RESTORE_DYNAMIC, arrays, 0)
-    directory, items = request_items(request, RestoreTableItem, PS.RESTORE_DYNAMIC, state.checkpoint_roots)
+    directory, items = request_items(request, RestoreTableItem, state.checkpoint_roots)
     registry = tables_of(state)
     tables = [registry.get(i.key) for i in items]
     storage = confined_storage(directory, state.checkpoint_roots)

@@ -46,7 +46,7 @@ from kubeps.runtime.rpc.protocol import (ANSWER_ID_KEY, ANSWER_PARKED, COLLECT, 
 from kubeps.runtime.rpc.security import token_metadata
 from kubeps.runtime.rpc.tls import TLSConfig
 
-__all__ = ["CHANNEL_OPTIONS", "DEFAULT_TIMEOUT_S", "Call", "Client"]
+__all__ = ["CHANNEL_OPTIONS", "DEFAULT_TIMEOUT_S", "SERVER_KEEPALIVE_OPTIONS", "Call", "Client"]
 
 #: Deadline of a call that has none of its own (seconds).
 DEFAULT_TIMEOUT_S = 30.0
@@ -64,6 +64,16 @@ CHANNEL_OPTIONS = [
     # big flow-control windows let one stream fill the pipe (tuned with bench/pushpull.py)
     ("grpc.http2.lookahead_bytes", 8 << 20),
     ("grpc.http2.bdp_probe", 1),
+]
+
+#: The server's side of the keepalive policy: accept the clients' pings (every ``grpc.keepalive_time_ms``, with or
+#: without calls in flight) on an idle channel. gRPC's defaults (a ping without data at most every 5 minutes, 2
+#: strikes) answer an idle worker's pings with GOAWAY ``too_many_pings`` (a chief waiting on its callbacks, an early
+#: stop), which closes the channel.
+SERVER_KEEPALIVE_OPTIONS = [
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    ("grpc.http2.min_time_between_pings_ms", 5_000),
+    ("grpc.http2.max_ping_strikes", 0),
 ]
 
 _IDENTITY = lambda b: b  # noqa: E731

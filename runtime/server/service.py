@@ -52,7 +52,7 @@ from kubeps.runtime.server.metrics import state_collector
 from kubeps.runtime.server.methods import (BUILTIN_PS_METHODS, BUILTIN_WORKER_METHODS, PS_METHODS, WORKER_METHODS,
                                            Method, load_extensions, ps_methods, register_ps_method,
                                            register_worker_method, worker_methods)
-from kubeps.runtime.rpc.client import CHANNEL_OPTIONS
+from kubeps.runtime.rpc.client import CHANNEL_OPTIONS, SERVER_KEEPALIVE_OPTIONS
 from kubeps.runtime.rpc.protocol import (ANSWER_ID_KEY, ANSWER_PARKED, COLLECT, COLLECT_SPEC, ERROR_REASON_KEY,
                                           LIMIT, PING, PS_SERVICE, PS_SPECS, TOO_MANY_CALLS, UNARY_PREFIX,
                                           UNKNOWN_VARIABLE, WORKER_SERVICE, WORKER_SPECS, EmptyRequest, MethodSpec,
@@ -675,7 +675,7 @@ class Server:
             ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix=f"kubeps-{self.job_name}"),
             handlers=[self._handler],
             interceptors=[TokenInterceptor(self._token)],
-            options=CHANNEL_OPTIONS + [("grpc.so_reuseport", 0)],
+            options=CHANNEL_OPTIONS + SERVER_KEEPALIVE_OPTIONS + [("grpc.so_reuseport", 0)],
         )
         hosts = [self.bind_host] if self.bind_host else ["[::]", "0.0.0.0"]
         bound, errors = 0, []

@@ -233,6 +233,37 @@ def test_export_command_reports_a_missing_checkpoint_and_a_bad_model_flag(tmp_pa
         assert done.returncode == 2 and message in done.stderr, done.stderr
 
 
+def test_export_imports_a_program_from_its_folder_and_refuses_one_that_runs_on_import(tmp_path, capsys):
+    """``--model FILE.py:FN`` imports FILE as a module with its folder on sys.path (a helper module beside it
+    imports), calls a builder that takes no arguments without any, and refuses a program that runs (exits) on
+    import with the ``__main__`` guard named."""
+    import argparse
+
+    from kubeps.runtime import cli
+
+    (tmp_path / "helpers.py").write_text("WIDTH = 3\n")
+    (tmp_path / "guarded.py").write_text(textwrap.dedent("""
+        import sys
+        import helpers
+
+        def build_model():
+            return ("model", helpers.WIDTH)
+
+        if __name__ == "__main__":
+            sys.exit(3)
+    """))
+    (tmp_path / "unguarded.py").write_text("import sys\nsys.exit(3)\ndef build_model():\n    return 1\n")
+    parser = argparse.ArgumentParser(prog="kubeps export")
+    builder = cli._load_builder(f"{tmp_path / 'guarded.py'}:build_model", parser)
+    assert cli._call_builder(builder, [], parser) == ("model", 3)
+    with pytest.raises(SystemExit):
+        cli._call_builder(builder, ["--vocab-size", "8"], parser)
+    assert "takes no arguments" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli._load_builder(f"{tmp_path / 'unguarded.py'}:build_model", parser)
+    assert 'ran the program (it exited with status 3)' in capsys.readouterr().err
+
+
 def test_export_command_names_the_dynamic_tables_it_skips(tmp_path):
     """A checkpoint with a dynamic embedding table beside the model's weights: the Keras export writes the model and
     says which table it skipped (a serving model holds fixed-shape weights)."""

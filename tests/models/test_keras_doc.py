@@ -31,6 +31,8 @@ def test_the_doc_has_an_install_line_a_command_and_a_program():
                           "KERAS_BACKEND=jax"),
                      ("", "kubeps local --ps 2 --workers 2 --evaluator --restart train.py"),
                      ("python", "import os"),
+                     ("", "kubeps export /tmp/keras-doc-ckpt --model train.py:build_model --output "
+                          "/tmp/keras-doc-serving"),
                      # On Kubernetes: run by tests/e2e/test_kind.py (the image and examples/keras/job.yaml)
                      ("sh", "docker build --target runtime-keras -t kubeps-runtime-keras:latest .")]
     extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["keras"]
@@ -38,9 +40,11 @@ def test_the_doc_has_an_install_line_a_command_and_a_program():
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_the_doc_program_trains_checkpoints_and_is_evaluated_under_kubeps_local(tmp_path):
-    (_, _), (_, command), (_, program), _ = blocks()
+    """The program trains with validation and a metric, the evaluator's `model.evaluate` of the final checkpoint is
+    the chief's `model.evaluate` after `fit`, and `kubeps export` imports the (guarded) program and exports it."""
+    (_, _), (_, command), (_, program), (_, export), _ = blocks()
     (tmp_path / "train.py").write_text(program)
     args = command.split()
     assert args[:1] == ["kubeps"] and args[-1] == "train.py"
@@ -54,3 +58,16 @@ def test_the_doc_program_trains_checkpoints_and_is_evaluated_under_kubeps_local(
     assert len(losses) == 3 and losses[-1] < losses[0] < 0.7, out[-3000:]
     evaluated = re.search(r"^\[evaluator-0\] evaluated (\[.*\])$", out, re.M)
     assert evaluated and "(120, " in evaluated.group(1), out[-3000:]
+    val_auc = [float(x) for x in re.findall(r"^\[chief-0\] epoch \d: loss [\d.]+, val_auc ([\d.]+)", out, re.M)]
+    assert len(val_auc) == 3 and val_auc[-1] > 0.6, out[-3000:]
+    chief = re.search(r"^\[chief-0\] chief evaluates \{.*'loss': ([\d.]+)", out, re.M)
+    final = re.search(r"\(120, ([\d.]+)\)", evaluated.group(1))
+    assert chief and final and float(chief.group(1)) == pytest.approx(float(final.group(1)), abs=1e-4), out[-3000:]
+    args = export.replace("/tmp/keras-doc-ckpt", str(tmp_path / "ckpt")).replace(
+        "/tmp/keras-doc-serving", str(tmp_path / "serving")).split()
+    done = subprocess.run([sys.executable, "-m", "kubeps.runtime.cli", *args[1:]], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert (tmp_path / "serving" / "model.keras").is_file() and (tmp_path / "serving" / "model.onnx").is_file(), \
+        done.stdout
+    assert not (tmp_path / "serving" / "model.onnx.data").exists()  # one file: the weights inside

@@ -63,7 +63,7 @@ def test_a_replica_step_applies_keras_gradients_with_the_table_row_sparse():
     replica = keras_fit._Replica(type(model), keras_fit._plain(model.get_config()), {}, loss,
                                  [tuple(v.shape) for v in model.trainable_variables], 1)
     before = table.numpy()
-    total, examples = replica.run(iter([(x, y)]), weights, [table], SGD(1.0), 1)
+    total, examples, _, _ = replica.run(iter([(x, y)]), weights, [table], SGD(1.0), 1)
     assert examples == 8 and total == pytest.approx(float(ref_loss([v.value for v in reference.trainable_variables])),
                                                       rel=1e-5)
     np.testing.assert_allclose(table.numpy(), expected[0], rtol=1e-5, atol=1e-6)
@@ -84,7 +84,7 @@ def test_a_loss_given_by_name_is_averaged_over_the_batch_as_compile_does():
     expected = float(np.mean((np.asarray(model(x)) - y) ** 2))
     replica = keras_fit._Replica(type(model), keras_fit._plain(model.get_config()), {}, "mse",
                                  [tuple(v.shape) for v in model.trainable_variables], 0)
-    total, examples = replica.run(iter([(x, y)]), weights, [], SGD(0.1), 1)
+    total, examples, _, _ = replica.run(iter([(x, y)]), weights, [], SGD(0.1), 1)
     assert examples == 8 and total == pytest.approx(expected, rel=1e-5)
 
 
