@@ -1,12 +1,14 @@
 """CTR training throughput, kubeps vs TensorFlow's own parameter-server runtime, side by side in one run.
 
-    .venv/bin/python bench/ctr_vs_tf.py --tf-python /path/tfenv/bin/python [--rounds 3] [--steps 3000]
-                                        [--train-examples 1048576] [--data DIR] [--json OUT]
+    .venv/bin/python bench/ctr_vs_tf.py --tf-python /path/tfenv/bin/python [--shape standard|wide] [--rounds 3]
+                                        [--steps 3000] [--train-examples 1048576] [--data DIR] [--json OUT]
 
 The workload (``bench/ctr/workload.py``): a synthetic Criteo-like CTR task with a known answer -- 8 categorical fields
 of skewed popularity (10 to 500k values) hashed into ONE shared 2^20 x 16 embedding table, 13 dense features, an MLP
 head 141-64-32-1 (ReLU), sigmoid cross-entropy, Adagrad (lr 0.05, accumulator from 0.1, eps 1e-7), batch 512, 10
 steps per scheduled function; labels drawn from a logistic teacher, whose own held-out log-loss is the floor.
+``--shape wide`` makes the table 2^20 x 64 and the batch 2048 (16x the bytes per step: rows pulled, gradients pushed,
+the head's input), the shape where per-byte costs of the step path show.
 The data set, the held-out set and the initial weights are written once as ``.npy`` files (cached under
 ``~/.cache/kubeps/bench-ctr/``, keyed by the parameters and the workload's source) so both runtimes start from the
 same bytes.
@@ -74,11 +76,13 @@ def data_folder(args: argparse.Namespace) -> Path:
         folder = Path(args.data)
     else:
         digest = hashlib.sha256((CTR / "workload.py").read_bytes()).hexdigest()[:10]
+        width = "" if wl.DIM == wl.SHAPES["standard"][0] else f"-d{wl.DIM}"
         folder = (Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kubeps" / "bench-ctr"
-                  / f"n{args.train_examples}-e{args.eval_examples}-s{args.seed}-{digest}")
+                  / f"n{args.train_examples}-e{args.eval_examples}-s{args.seed}{width}-{digest}")
     if (folder / "meta.json").exists():
         meta = json.loads((folder / "meta.json").read_text())
-        if meta.get("train_examples") == args.train_examples and meta.get("seed") == args.seed:
+        if (meta.get("train_examples") == args.train_examples and meta.get("seed") == args.seed
+                and meta.get("dim", wl.SHAPES["standard"][0]) == wl.DIM):
             return folder
     print(f"writing the data set ({args.train_examples} training examples) to {folder} ...", flush=True)
     partial = folder.with_name(folder.name + f".partial-{os.getpid()}")
@@ -267,7 +271,10 @@ def main(argv=None) -> int:
     p.add_argument("--data", help="data folder (written there if missing; default: a cache folder)")
     p.add_argument("--ps", type=int, default=2)
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--batch-size", type=int, default=wl.BATCH)
+    p.add_argument("--shape", choices=sorted(wl.SHAPES), default="standard",
+                   help="standard: table width 16, batch 512; wide: width 64, batch 2048 (--batch-size overrides the "
+                        "batch)")
+    p.add_argument("--batch-size", type=int, help="examples per step (default: the shape's)")
     p.add_argument("--steps-per-execution", type=int, default=wl.STEPS_PER_EXECUTION)
     p.add_argument("--warmup-executions", type=int, default=4)
     p.add_argument("--timeout", type=float, default=1800, help="seconds one run may take before it is stopped")
@@ -283,6 +290,9 @@ def main(argv=None) -> int:
                    help="also run the kubeps side with plaintext between the tasks (--insecure-plaintext), to measure "
                         "what mutual TLS costs in the same run")
     args = p.parse_args(argv)
+    dim, batch = wl.SHAPES[args.shape]
+    wl.use_dim(dim)
+    args.batch_size = args.batch_size or batch
 
     tf_version, why = tensorflow_version(args.tf_python)
     variants = [v for v in VARIANTS if getattr(args, v)]
