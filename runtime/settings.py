@@ -110,6 +110,8 @@ class TaskSettings(BaseModel):
     #: the CPUs the task may use; None: its cgroup quota and CPU affinity decide
     cpus: int | None = _var(contract.CPUS_ENV, None,
                             "a whole number of CPUs >= 1 (or unset: the cgroup quota and CPU affinity decide)", gt=0)
+    #: server processes per ps task, the same in every task of the job (a ps uses that many cores)
+    ps_processes: int = _var(contract.PS_PROCESSES_ENV, 1, "a whole number of processes per ps task >= 1", gt=0)
     #: where array kernels run; None: a GPU when CuPy sees one, else the CPU
     device: Literal["cpu", "gpu"] | None = _var(contract.DEVICE_ENV, None, "'cpu', 'gpu' or unset (auto)")
     log_level: str = _var(contract.LOG_LEVEL_ENV, "INFO", f"a logging level name: {', '.join(_LOG_LEVELS)}")

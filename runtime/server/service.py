@@ -40,6 +40,7 @@ from kubeps.runtime.contract import (MAX_CALLS_PER_CLIENT_ENV, PARKED_ANSWER_TTL
 from kubeps.runtime import settings as _settings
 from kubeps.runtime.settings import TaskSettings
 from kubeps.runtime.ps.state import ParameterServerState, UnknownVariableError
+from kubeps.runtime.server.processes import PSProcesses
 from kubeps.runtime.server.methods import (BUILTIN_PS_METHODS, BUILTIN_WORKER_METHODS, PS_METHODS, WORKER_METHODS,
                                            Method, load_extensions, ps_methods, register_ps_method,
                                            register_worker_method, worker_methods)
@@ -479,6 +480,9 @@ class Server:
         self.guard = _Guard(idle_s, request_s, max_calls, [self._handler.parked])
         self._server: grpc.Server | None = None
         self._stopped = threading.Event()
+        #: the other server processes of a ps task of several (``KUBEPS_PS_PROCESSES``), started with this one
+        self.processes = (PSProcesses(self.cluster_spec, task_index, self.settings)
+                          if job_name == "ps" and self.settings.ps_processes > 1 else None)
         if start:
             self.start()
 
@@ -519,6 +523,8 @@ class Server:
         server.start()
         self.guard.start()
         self._server = server
+        if self.processes is not None:
+            self.processes.start()
         log.info("kubeps %s task %d serving %s on port %d", self.job_name, self.task_index,
                  "mutual TLS" if self.tls is not None else "plaintext", self.port)
 
@@ -534,6 +540,8 @@ class Server:
         self._server.wait_for_termination()
 
     def stop(self, grace: float | None = 1.0) -> None:
+        if self.processes is not None:
+            self.processes.stop()
         if self._server is not None:
             self._server.stop(grace).wait()
         self.guard.stop()
@@ -554,7 +562,7 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         load_extensions(settings)
-        config = TFConfig.parse(settings.tf_config)
+        config = TFConfig.parse(settings.tf_config).with_ps_processes(settings.ps_processes)
         if config.task is None or not config.cluster:
             raise TFConfigError("TF_CONFIG", settings.tf_config,
                                 "must name a cluster and a task, e.g. {\"cluster\": {...}, \"task\": {\"type\": \"ps\", \"index\": 0}}")

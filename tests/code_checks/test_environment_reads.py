@@ -25,6 +25,9 @@ ALLOWED = {
     "runtime/local/launcher.py": (
         1, "kubeps local passes its whole environment on to the tasks it starts; the task settings in it are parsed "
            "by TaskSettings.from_env and rendered back by to_env, never read here"),
+    "runtime/server/processes.py": (
+        1, "a ps task of several processes starts the others with its whole environment, the task settings in it "
+           "replaced by theirs (rendered by to_env), as kubeps local does; it reads no setting from it"),
     "runtime/models/keras_layers.py": (
         1, "KERAS_BACKEND is Keras's own variable, which Keras reads when imported: kubeps sets its default (jax)"),
 }
