@@ -120,13 +120,20 @@ def vm_hwm_bytes(pid: int) -> int | None:
 
 
 def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU time of a process so far (all its threads)."""
+    """User + system CPU time of a process so far (all its threads), and of the processes it started that still
+    run (a ps task of several server processes)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    total = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            children = [int(c) for c in f.read().split()]
+    except OSError:
+        children = []
+    return total + sum(c for child in children if (c := cpu_seconds(child)) is not None)
 
 
 class PeakRSS:
@@ -181,8 +188,9 @@ class PeakRSS:
 
 def run_side(side: str, args: argparse.Namespace, data: Path, tf_python: str | None) -> dict:
     """One training run of ``side`` under ``kubeps local``; its RESULT plus the peak RSS of each task."""
-    kubeps = Path(sys.executable).parent / "kubeps"
-    cmd = [str(kubeps), "local", "--ps", str(args.ps), "--workers", str(args.workers)]
+    cmd = [sys.executable, "-m", "kubeps.runtime.cli", "local", "--ps", str(args.ps), "--workers", str(args.workers)]
+    if getattr(args, "ps_processes", None):
+        cmd += ["--ps-processes", str(args.ps_processes)]
     if side == "plaintext":  # the kubeps side without mutual TLS between the tasks (kubeps local's default)
         cmd += ["--insecure-plaintext"]
     if side == "tf":

@@ -3,7 +3,8 @@
     .venv/bin/python bench/ps_capacity.py [--cores 1,2] [--clients 4] [--seconds 8] [--tls] [--json OUT]
 
 One ps task (``python -m kubeps.runtime.server``) and ``--clients`` client processes run pinned together to the
-same ``c`` cores (``taskset -c 0..c-1``: the clients share the cores with the ps, as workers do on a small node).
+same ``c`` cores (``taskset -c 0..c-1``: the clients share the cores with the ps, as workers do on a small node;
+the clients pin every thread of theirs once connected and warm, so that their start-up is not what is measured).
 Each client is a coordinator of its own (``ParameterServerStrategy``) with an embedding table of 2^16 x 16 float32
 partitioned over the task's servers and Adagrad on the ps, and repeats the step a CTR worker makes: pull the rows
 of a batch of 512 x 8 ids (one ``nn.Embedding`` lookup: one RPC per server) and push their gradients (Adagrad's
@@ -62,6 +63,9 @@ def client(args: argparse.Namespace) -> int:
 
     for i in range(5):  # warm-up: connections, slots, allocations
         step(i)
+    cores = set(range(args.pin))
+    for tid in os.listdir("/proc/self/task"):  # every thread, gRPC's included, onto the measured cores
+        os.sched_setaffinity(int(tid), cores)
     print("READY", flush=True)
     sys.stdin.readline()  # the driver's go, once every client is ready
     count, end = 0, time.monotonic() + args.seconds
@@ -93,7 +97,7 @@ def measure(cores: int, processes: int, args: argparse.Namespace, env: dict[str,
     try:
         for i in range(args.clients):
             clients.append(subprocess.Popen(
-                pin + [sys.executable, __file__, "--client-id", str(i), "--seconds", str(args.seconds)],
+                [sys.executable, __file__, "--client-id", str(i), "--seconds", str(args.seconds), "--pin", str(cores)],
                 env=dict(base, TF_CONFIG=TFConfig.for_task(cluster, "chief", 0).to_json()),
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
         for proc in clients:  # every client connected and warm before any is timed
@@ -136,6 +140,7 @@ def main(argv=None) -> int:
     p.add_argument("--seconds", type=float, default=8.0, help="timed window per measurement (default 8)")
     p.add_argument("--json", help="write the figures to this file")
     p.add_argument("--client-id", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--pin", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.client_id is not None:
         return client(args)
@@ -161,7 +166,7 @@ def main(argv=None) -> int:
         print(f"{r['cores']:>6}{r['processes']:>11}{r['ops_per_s']:16.0f}{r['ratio']:7.2f}x")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"args": {k: v for k, v in vars(args).items() if k != "client_id"},
+            json.dump({"args": {k: v for k, v in vars(args).items() if k not in ("client_id", "pin")},
                        "rows": rows, "load": os.getloadavg()}, f, indent=2)
     return 0
 
