@@ -16,7 +16,7 @@ cd "$(dirname "$0")/../.."
 PY=${PYTHON:-python3}
 : "${OUT:?set OUT to the folder the table goes to}"
 mkdir -p "$OUT"
-STEPS=${SCALE_STEPS:-3000}
+STEPS=${SCALE_STEPS:-2000}
 EXAMPLES=${SCALE_EXAMPLES:-524288}
 SECONDS_EACH=${SCALE_SECONDS:-4}
 CORES=${SCALE_CORES:-1,2,4,8}

@@ -52,7 +52,7 @@ from kubeps.runtime.rpc.protocol import (ANSWER_ID_KEY, ANSWER_PARKED, COLLECT, 
 from kubeps.runtime.rpc.validation import COLLECT_REQUEST, PS_REQUESTS, WORKER_REQUESTS, RequestShape
 from kubeps.runtime.rpc.security import TokenInterceptor, load_job_token, require_job_token
 from kubeps.runtime.rpc.tls import TLSConfig, load_tls
-from kubeps.runtime.util.threads import limit_math_threads
+from kubeps.runtime.util.threads import MathThreadTuner, limit_math_threads
 from kubeps.runtime.models.xla import size_cpu_backend_if_loaded
 from kubeps.runtime.worker.state import WorkerState
 
@@ -495,7 +495,9 @@ class Server:
         if self._server is not None:
             return
         _tune_allocator()
-        limit_math_threads(settings=self.settings)  # size BLAS/OpenMP pools to this task's CPUs before the first update
+        budget = limit_math_threads(settings=self.settings)  # BLAS/OpenMP pools capped to the task's CPUs
+        if isinstance(self.state, WorkerState) and budget > 1:
+            self.state.threads = MathThreadTuner(budget)  # and a worker's sized by what threads buy within the cap
         size_cpu_backend_if_loaded(self.settings)  # and XLA's, where the program imported jax
         load_extensions(self.settings)  # KUBEPS_SERVER_EXTENSIONS: a plain Server(...).join() serves the user's methods
         server = grpc.server(
