@@ -1,13 +1,15 @@
 """CTR training throughput, kubeps vs TensorFlow's own parameter-server runtime, side by side in one run.
 
-    .venv/bin/python bench/ctr_vs_tf.py --tf-python /path/tfenv/bin/python [--rounds 3] [--steps 3000]
-                                        [--train-examples 1048576] [--data DIR] [--json OUT]
+    .venv/bin/python bench/ctr_vs_tf.py --tf-python /path/tfenv/bin/python [--shape standard|wide] [--rounds 3]
+                                        [--steps 3000] [--train-examples 1048576] [--data DIR] [--json OUT]
                                         [--plaintext] [--metrics-off] [--jax] [--keras]
 
 The workload (``bench/ctr/workload.py``): a synthetic Criteo-like CTR task with a known answer -- 8 categorical fields
 of skewed popularity (10 to 500k values) hashed into ONE shared 2^20 x 16 embedding table, 13 dense features, an MLP
 head 141-64-32-1 (ReLU), sigmoid cross-entropy, Adagrad (lr 0.05, accumulator from 0.1, eps 1e-7), batch 512, 10
 steps per scheduled function; labels drawn from a logistic teacher, whose own held-out log-loss is the floor.
+``--shape wide`` makes the table 2^20 x 64 and the batch 2048 (16x the bytes per step: rows pulled, gradients pushed,
+the head's input), the shape where per-byte costs of the step path show.
 The data set, the held-out set and the initial weights are written once as ``.npy`` files (cached under
 ``~/.cache/kubeps/bench-ctr/``, keyed by the parameters and the workload's source) so both runtimes start from the
 same bytes.
@@ -72,6 +74,8 @@ VARIANTS = {"jax": "JAX", "keras": "Keras fit"}
 TASK_LINE = re.compile(r"\[kubeps\] (?P<name>(?P<type>[a-z]+)-\d+) pid (?P<pid>\d+)")
 RESULT_LINE = re.compile(r"^(?:\[chief-0\] )?RESULT (?P<json>\{.*\})\s*$")
 POLL_S = 0.3
+#: the examples/s ratio to TF each shape aims at
+GOALS = {"standard": 2, "wide": 1.5}
 
 
 def data_folder(args: argparse.Namespace) -> Path:
@@ -80,11 +84,13 @@ def data_folder(args: argparse.Namespace) -> Path:
         folder = Path(args.data)
     else:
         digest = hashlib.sha256((CTR / "workload.py").read_bytes()).hexdigest()[:10]
+        width = "" if wl.DIM == wl.SHAPES["standard"][0] else f"-d{wl.DIM}"
         folder = (Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kubeps" / "bench-ctr"
-                  / f"n{args.train_examples}-e{args.eval_examples}-s{args.seed}-{digest}")
+                  / f"n{args.train_examples}-e{args.eval_examples}-s{args.seed}{width}-{digest}")
     if (folder / "meta.json").exists():
         meta = json.loads((folder / "meta.json").read_text())
-        if meta.get("train_examples") == args.train_examples and meta.get("seed") == args.seed:
+        if (meta.get("train_examples") == args.train_examples and meta.get("seed") == args.seed
+                and meta.get("dim", wl.SHAPES["standard"][0]) == wl.DIM):
             return folder
     print(f"writing the data set ({args.train_examples} training examples) to {folder} ...", flush=True)
     partial = folder.with_name(folder.name + f".partial-{os.getpid()}")
@@ -122,13 +128,20 @@ def vm_hwm_bytes(pid: int) -> int | None:
 
 
 def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU time of a process so far (all its threads)."""
+    """User + system CPU time of a process so far (all its threads), and of the processes it started that still
+    run (a ps task of several server processes)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    total = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            children = [int(c) for c in f.read().split()]
+    except OSError:
+        children = []
+    return total + sum(c for child in children if (c := cpu_seconds(child)) is not None)
 
 
 class PeakRSS:
@@ -183,8 +196,9 @@ class PeakRSS:
 
 def run_side(side: str, args: argparse.Namespace, data: Path, tf_python: str | None) -> dict:
     """One training run of ``side`` under ``kubeps local``; its RESULT plus the peak RSS of each task."""
-    kubeps = Path(sys.executable).parent / "kubeps"
-    cmd = [str(kubeps), "local", "--ps", str(args.ps), "--workers", str(args.workers)]
+    cmd = [sys.executable, "-m", "kubeps.runtime.cli", "local", "--ps", str(args.ps), "--workers", str(args.workers)]
+    if getattr(args, "ps_processes", None):
+        cmd += ["--ps-processes", str(args.ps_processes)]
     if side == "plaintext":  # the kubeps side without mutual TLS between the tasks (kubeps local's default)
         cmd += ["--insecure-plaintext"]
     if side in ("nometrics", "tf"):  # the kubeps side recording no Prometheus metrics (kubeps local records them)
@@ -280,7 +294,10 @@ def main(argv=None) -> int:
     p.add_argument("--data", help="data folder (written there if missing; default: a cache folder)")
     p.add_argument("--ps", type=int, default=2)
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--batch-size", type=int, default=wl.BATCH)
+    p.add_argument("--shape", choices=sorted(wl.SHAPES), default="standard",
+                   help="standard: table width 16, batch 512; wide: width 64, batch 2048 (--batch-size overrides the "
+                        "batch)")
+    p.add_argument("--batch-size", type=int, help="examples per step (default: the shape's)")
     p.add_argument("--steps-per-execution", type=int, default=wl.STEPS_PER_EXECUTION)
     p.add_argument("--warmup-executions", type=int, default=4)
     p.add_argument("--timeout", type=float, default=1800, help="seconds one run may take before it is stopped")
@@ -313,6 +330,9 @@ def main(argv=None) -> int:
     if args.head != wl.HIDDEN and (args.keras or args.tf_python):
         p.error(f"--head {','.join(map(str, args.head))}: only the kubeps numpy and JAX sides take another head; "
                 "leave out --keras and --tf-python")
+    dim, batch = wl.SHAPES[args.shape]
+    wl.use_dim(dim)
+    args.batch_size = args.batch_size or batch
 
     tf_version, why = tensorflow_version(args.tf_python)
     variants = [v for v in VARIANTS if getattr(args, v)]
@@ -384,7 +404,7 @@ def main(argv=None) -> int:
               f"{VARIANTS[v]}/numpy {j['eval_logloss'] / k['eval_logloss']:.4f}")
         if tf_version:
             summary[f"{v}_tf_ratio"] = j["examples_per_s"] / summary["tf"]["examples_per_s"]
-            print(f"ratio {VARIANTS[v]}/TF: {summary[f'{v}_tf_ratio']:.2f}x examples/s (goal >= 2x); eval log-loss "
+            print(f"ratio {VARIANTS[v]}/TF: {summary[f'{v}_tf_ratio']:.2f}x examples/s (goal >= {GOALS[args.shape]}x); eval log-loss "
                   f"{VARIANTS[v]}/TF {j['eval_logloss'] / summary['tf']['eval_logloss']:.4f}")
     for side in sides:
         if side in PLACEMENTS:
@@ -397,7 +417,7 @@ def main(argv=None) -> int:
     if tf_version:
         k, t = summary["kubeps"], summary["tf"]
         ratio = k["examples_per_s"] / t["examples_per_s"]
-        print(f"ratio kubeps/TF: {ratio:.2f}x examples/s (goal >= 2x); eval log-loss kubeps/TF "
+        print(f"ratio kubeps/TF: {ratio:.2f}x examples/s (goal >= {GOALS[args.shape]}x); eval log-loss kubeps/TF "
               f"{k['eval_logloss'] / t['eval_logloss']:.4f}")
         summary["ratio"] = ratio
         if k["eval_logloss"] > t["eval_logloss"] * 1.01:

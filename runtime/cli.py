@@ -118,6 +118,11 @@ def build_parser() -> argparse.ArgumentParser:
     local.add_argument("--ps", type=_int_at_least(1, "--ps"), default=2, help="parameter servers (default 2)")
     local.add_argument("--workers", type=_int_at_least(1, "--workers"), default=2, help="workers (default 2)")
     local.add_argument("--evaluator", action="store_true", help="also run a sidecar evaluator task")
+    local.add_argument(
+        "--ps-processes", type=_int_at_least(1, "--ps-processes"), default=None,
+        help=("server processes per ps task, each on its own port and core (default: KUBEPS_PS_PROCESSES, else the "
+              "ps task's CPU share: the machine's CPUs divided by ps + workers)"),
+    )
     local.add_argument("--host", type=_host, default="127.0.0.1", help="address the tasks listen on (default 127.0.0.1)")
     local.add_argument(
         "--port-base", type=_port_base, default=None, help="use consecutive ports from this one (default: free ports)"
@@ -264,9 +269,9 @@ def _run_local(args: argparse.Namespace, script_args: list[str]) -> int:
         local_parser.error(f"script file not found: {args.script}")
     if not os.path.isfile(args.script):
         local_parser.error(f"script must be a file, got a directory: {args.script}")
-    highest = max_port_base(args.ps, args.workers, args.evaluator)
+    highest = max_port_base(args.ps, args.workers, args.evaluator, args.ps_processes or 1)
     if args.port_base is not None and args.port_base > highest:  # LocalCluster checks it too, naming port_base
-        tasks = 1 + args.ps + args.workers + (1 if args.evaluator else 0)
+        tasks = 1 + args.ps * (args.ps_processes or 1) + args.workers + (1 if args.evaluator else 0)
         local_parser.error(f"--port-base must be in 1..{highest} for {tasks} tasks, got {args.port_base}")
     try:
         return run_local(
@@ -282,6 +287,7 @@ def _run_local(args: argparse.Namespace, script_args: list[str]) -> int:
             evaluator_grace=args.evaluator_grace,
             tls=not args.insecure_plaintext,
             metrics=not args.no_metrics,
+            ps_processes=args.ps_processes,
             cluster_factory=RestartingLocalCluster if args.restart else LocalCluster,
         )
     except LauncherError as err:

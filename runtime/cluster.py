@@ -21,6 +21,7 @@ from typing import Any, Iterable, Mapping
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from kubeps.runtime.errors import FieldError, short_repr
+from kubeps.runtime.contract import PS_PROCESSES_ENV
 from kubeps.runtime.settings import TaskSettings
 
 __all__ = [
@@ -196,8 +197,42 @@ class TFConfig(BaseModel):
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "TFConfig":
-        """``TF_CONFIG`` of the environment (default ``os.environ``), as the task's settings read it."""
-        return cls.parse(TaskSettings.from_env(environ).tf_config)
+        """``TF_CONFIG`` of the environment (default ``os.environ``), as the task's settings read it: with its ps
+        tasks' processes as ps of their own (:meth:`with_ps_processes`) when ``KUBEPS_PS_PROCESSES`` says so."""
+        settings = TaskSettings.from_env(environ)
+        return cls.parse(settings.tf_config).with_ps_processes(settings.ps_processes)
+
+    def with_ps_processes(self, processes: int, process: int = 0) -> "TFConfig":
+        """This TF_CONFIG as kubeps tasks see it when every ps task runs ``processes`` server processes: ps task
+        ``i`` at ``host:port`` serves on ``port``, ``port + 1``, ..., each process a ps of its own. The ps list
+        grows from P to P x ``processes`` addresses, the tasks' own first (``0..P-1``, unchanged), then every
+        task's second process, and so on, so that consecutive shards of a partitioned variable land on different
+        ps tasks. ``process`` makes this config that process's: ps task index ``i + process * P``. With one
+        process per task the config is returned unchanged."""
+        if not isinstance(processes, int) or processes < 1:
+            raise TFConfigError(PS_PROCESSES_ENV, processes, "a whole number of processes per ps task >= 1")
+        if not isinstance(process, int) or not 0 <= process < processes:
+            raise TFConfigError("process", process, f"a process number in 0..{processes - 1} "
+                                f"({PS_PROCESSES_ENV}={processes})")
+        if processes == 1:
+            return self
+        if process and self.task_type != "ps":
+            raise TFConfigError("process", process, f"0: only a ps task runs several processes, this task is "
+                                f"{self.task_type!r}")
+        ps = self.cluster.get("ps", [])
+        expanded = []
+        for shift in range(processes):
+            for address in ps:
+                host, port = parse_address(address)
+                if port + shift > 65535:
+                    raise TFConfigError(PS_PROCESSES_ENV, processes, f"at most {65536 - port} processes: ps "
+                                        f"address {address} would need ports up to {port + processes - 1}")
+                expanded.append(f"[{host}]:{port + shift}" if ":" in host else f"{host}:{port + shift}")
+        task = self.task
+        if task is not None and task.type == "ps":
+            task = TaskSpec(type="ps", index=task.index + process * len(ps))
+        return self.model_copy(update={"cluster": {**self.cluster, "ps": expanded} if ps else self.cluster,
+                                       "task": task})
 
     @classmethod
     def for_task(

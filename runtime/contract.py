@@ -50,6 +50,7 @@ __all__ = [
     "METRICS_PORT_ENV",
     "NONFINITE_GRADIENTS_ENV",
     "PARKED_ANSWER_TTL_ENV",
+    "PS_PROCESSES_ENV",
     "REQUEST_TIMEOUT_ENV",
     "SERVER_EXTENSIONS_ENV",
     "STREAM_IDLE_TIMEOUT_ENV",
@@ -89,6 +90,11 @@ BIND_HOST_ENV = "KUBEPS_BIND_HOST"
 
 #: the CPUs a task may use (a positive integer); sizes its math thread pools (:mod:`kubeps.runtime.util.threads`)
 CPUS_ENV = "KUBEPS_CPUS"
+
+#: server processes per ps task (a positive integer, the same in every task of the job): a ps task then serves on
+#: its port and the next ones, each process a ps of its own to the chief and the workers
+#: (:meth:`kubeps.runtime.cluster.TFConfig.with_ps_processes`); ``kubeps local`` and the operator size it
+PS_PROCESSES_ENV = "KUBEPS_PS_PROCESSES"
 
 #: ``cpu`` or ``gpu``: where a task's array kernels run (:mod:`kubeps.runtime.ops.kernels`)
 DEVICE_ENV = "KUBEPS_DEVICE"

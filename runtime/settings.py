@@ -134,6 +134,8 @@ class TaskSettings(BaseModel):
     #: the CPUs the task may use; None: its cgroup quota and CPU affinity decide
     cpus: int | None = _var(contract.CPUS_ENV, None,
                             "a whole number of CPUs >= 1 (or unset: the cgroup quota and CPU affinity decide)", gt=0)
+    #: server processes per ps task, the same in every task of the job (a ps uses that many cores)
+    ps_processes: int = _var(contract.PS_PROCESSES_ENV, 1, "a whole number of processes per ps task >= 1", gt=0)
     #: where array kernels run; None: a GPU when CuPy sees one, else the CPU
     device: Literal["cpu", "gpu"] | None = _var(contract.DEVICE_ENV, None, "'cpu', 'gpu' or unset (auto)")
     #: how many GPU tasks share this task's GPU: each may use 0.9 / gpu_tasks of its memory (CuPy's pool, XLA)

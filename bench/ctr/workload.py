@@ -23,6 +23,7 @@ import numpy as np
 
 FIELDS = 8
 VOCAB = 1 << 20
+#: the embedding width; a data folder records the one it was written with and :func:`parse_args` adopts it
 DIM = 16
 DENSE = 13
 HIDDEN = (64, 32)
@@ -34,6 +35,8 @@ STEPS_PER_EXECUTION = 10
 SHUFFLE_BUFFER = 10_000
 CARDINALITIES = (10, 300, 1_000, 5_000, 20_000, 50_000, 200_000, 500_000)
 TEACHER_SEED = 20261123
+#: ``bench/ctr_vs_tf.py --shape``: (embedding width, batch size). "wide" moves 16x the bytes per step of "standard"
+SHAPES = {"standard": (16, 512), "wide": (64, 2048)}
 
 #: names of the weight arrays in the data folder, in model order (the table, then the head's kernels and biases)
 WEIGHTS = ("embedding", "w0", "b0", "w1", "b1", "w2", "b2")
@@ -88,6 +91,14 @@ def init_weights(folder: str, hidden: tuple[int, ...]) -> dict[str, np.ndarray]:
     return init
 
 
+def use_dim(dim: int) -> None:
+    """Make ``dim`` this process's embedding width (:data:`DIM`, which the models read when they are built)."""
+    global DIM
+    if dim not in {d for d, _ in SHAPES.values()}:
+        raise ValueError(f"embedding width {dim!r}: expected one of the shapes' widths {sorted(SHAPES.values())}")
+    DIM = dim
+
+
 def initial_weights(seed: int = 0) -> dict[str, np.ndarray]:
     """Keras' defaults: the table ``U(-0.05, 0.05)``, kernels Glorot-uniform, biases zero."""
     rng = np.random.default_rng(seed)
@@ -112,7 +123,7 @@ def write(folder: str, train_examples: int = 1 << 20, eval_examples: int = 100_0
         np.save(os.path.join(folder, f"eval_{name}.npy"), held_out[name])
     for name, array in initial_weights(seed).items():
         np.save(os.path.join(folder, f"init_{name}.npy"), array)
-    meta = {"train_examples": train_examples, "eval_examples": eval_examples, "seed": seed,
+    meta = {"train_examples": train_examples, "eval_examples": eval_examples, "seed": seed, "dim": DIM,
             "teacher_logloss": log_loss(held_out["labels"], held_out["p"]),
             "base_logloss": log_loss(held_out["labels"], np.full(eval_examples, held_out["labels"].mean()))}
     with open(os.path.join(folder, "meta.json"), "w") as f:
@@ -197,7 +208,10 @@ def parse_args(description: str, argv=None) -> argparse.Namespace:
                         f"{','.join(map(str, HIDDEN))})")
     p.add_argument("--overlap", action="store_true",
                    help="pull the next batch's embedding rows while the current step computes (one step stale)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    with open(os.path.join(args.data, "meta.json")) as f:
+        use_dim(json.load(f).get("dim", DIM))  # the table's width is the data folder's
+    return args
 
 
 def hidden_units(text: str) -> tuple[int, ...]:

@@ -48,6 +48,7 @@ from typing import IO, Any, Callable, Mapping, Sequence
 
 from kubeps.runtime import certs
 from kubeps.runtime.cluster import TFConfig
+from kubeps.runtime.contract import PS_PROCESSES_ENV
 from kubeps.runtime.errors import RuntimeConfigError
 from kubeps.runtime.ops.kernels import DEVICE_ENV, cupy_available
 from kubeps.runtime.settings import TaskSettings
@@ -61,6 +62,7 @@ __all__ = [
     "LocalCluster",
     "TaskProcess",
     "exit_status",
+    "free_port_runs",
     "free_ports",
     "max_port_base",
     "run_local",
@@ -83,9 +85,10 @@ class LauncherArgumentError(RuntimeConfigError, LauncherError):
     (``kubeps local`` checks its own flags before, and words its errors with them)."""
 
 
-def max_port_base(num_ps: int, num_workers: int, evaluator: bool) -> int:
-    """The highest first port of a job whose tasks take consecutive ports (``port_base``, ``--port-base``)."""
-    return 65535 - (1 + num_ps + num_workers + (1 if evaluator else 0)) + 1
+def max_port_base(num_ps: int, num_workers: int, evaluator: bool, ps_processes: int = 1) -> int:
+    """The highest first port of a job whose tasks take consecutive ports (``port_base``, ``--port-base``; a ps
+    task of several processes takes one port per process)."""
+    return 65535 - (1 + num_ps * ps_processes + num_workers + (1 if evaluator else 0)) + 1
 
 
 # -- ports --------------------------------------------------------------------------------------------------------
@@ -101,6 +104,42 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
         return [s.getsockname()[1] for s in sockets]
     finally:
         for s in sockets:
+            s.close()
+
+
+def free_port_runs(count: int, length: int, host: str = "127.0.0.1", attempts: int = 200) -> list[int]:
+    """The first ports of ``count`` runs of ``length`` consecutive free TCP ports on ``host`` (a ps task of
+    ``length`` processes serves on its port and the next ones)."""
+    if length == 1:
+        return free_ports(count, host)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    held: list[socket.socket] = []
+    firsts: list[int] = []
+    try:
+        for _ in range(attempts):
+            if len(firsts) == count:
+                break
+            first = socket.socket(family, socket.SOCK_STREAM)
+            first.bind((host, 0))
+            run = [first]
+            port = first.getsockname()[1]
+            try:
+                for shift in range(1, length):
+                    s = socket.socket(family, socket.SOCK_STREAM)
+                    run.append(s)
+                    s.bind((host, port + shift))
+            except OSError:
+                for s in run:
+                    s.close()
+                continue
+            held.extend(run)
+            firsts.append(port)
+        if len(firsts) < count:
+            raise LauncherError(f"found only {len(firsts)} of {count} runs of {length} consecutive free ports on "
+                                f"{host} in {attempts} attempts: give --port-base")
+        return firsts
+    finally:
+        for s in held:
             s.close()
 
 
@@ -197,6 +236,7 @@ class LocalCluster:
         log: IO[str] | None = None,
         tls: bool = True,
         metrics: bool = True,
+        ps_processes: int | None = None,
     ):
         if num_ps < 1:
             raise LauncherArgumentError("num_ps", num_ps, "allowed is a number of parameter servers >= 1")
@@ -206,6 +246,10 @@ class LocalCluster:
             raise LauncherArgumentError("grace_period", grace_period, "allowed is a number of seconds >= 0")
         if not evaluator_grace >= 0:
             raise LauncherArgumentError("evaluator_grace", evaluator_grace, "allowed is a number of seconds >= 0")
+        if ps_processes is not None and not (isinstance(ps_processes, int) and ps_processes >= 1):
+            raise LauncherArgumentError("ps_processes", ps_processes,
+                                        "allowed is a number of server processes per ps task >= 1, or None (the "
+                                        "ps task's CPU share decides)")
         if not os.path.isfile(script):
             raise LauncherError(f"script file not found: {script}")
         self.script = script
@@ -219,22 +263,6 @@ class LocalCluster:
         self._log = log
         self._write_lock = threading.Lock()
 
-        counts = {"chief": 1, "ps": num_ps, "worker": num_workers, "evaluator": 1 if evaluator else 0}
-        total = sum(counts.values())
-        if port_base is not None:
-            highest = max_port_base(num_ps, num_workers, evaluator)
-            if not 1 <= port_base <= highest:
-                raise LauncherArgumentError("port_base", port_base,
-                                            f"allowed is a port in 1..{highest}: {total} tasks take consecutive ports")
-            ports = list(range(port_base, port_base + total))
-            _check_ports_free(host, ports)
-        else:
-            ports = free_ports(total, host)
-        host_part = f"[{host}]" if ":" in host else host
-        addresses = iter(f"{host_part}:{p}" for p in ports)
-        self.cluster: dict[str, list[str]] = {
-            t: [next(addresses) for _ in range(counts[t])] for t in ("chief", "ps", "worker", "evaluator") if counts[t]
-        }
         environ = dict(os.environ if env is None else env)
         try:
             given = TaskSettings.from_env(environ)  # the user's settings, checked before any task starts
@@ -262,6 +290,40 @@ class LocalCluster:
             # the machine's CPUs shared by the tasks that compute (ps and workers): math thread pools sized to
             # one task's share instead of every task starting one thread per core (see kubeps.runtime.util.threads)
             decided["cpus"] = max(1, int(cpu_budget(given)) // (num_ps + num_workers))
+        if ps_processes is not None:
+            decided["ps_processes"] = ps_processes
+        elif PS_PROCESSES_ENV not in environ:
+            # a ps task uses its CPU share with one server process per core (kubeps.runtime.server.processes)
+            decided["ps_processes"] = decided.get("cpus", given.cpus)
+        processes = decided.get("ps_processes", given.ps_processes)
+        counts = {"chief": 1, "ps": num_ps, "worker": num_workers, "evaluator": 1 if evaluator else 0}
+        total = sum(counts.values())
+        # a ps task of several processes takes one port per process: its own and the next ones
+        widths = {"chief": 1, "ps": processes, "worker": 1, "evaluator": 1}
+        if port_base is not None:
+            highest = max_port_base(num_ps, num_workers, evaluator, processes)
+            if not 1 <= port_base <= highest:
+                raise LauncherArgumentError("port_base", port_base,
+                                            f"allowed is a port in 1..{highest}: {total} tasks take consecutive ports")
+            ports: list[int] = []
+            taken: list[int] = []
+            port = port_base
+            for t in ("chief", "ps", "worker", "evaluator"):
+                for _ in range(counts[t]):
+                    ports.append(port)
+                    taken.extend(range(port, port + widths[t]))
+                    port += widths[t]
+            _check_ports_free(host, taken)
+        else:
+            ps_ports = iter(free_port_runs(num_ps, processes, host))
+            others = iter(free_ports(total - num_ps, host))
+            ports = [next(ps_ports) if t == "ps" else next(others)
+                     for t in ("chief", "ps", "worker", "evaluator") for _ in range(counts[t])]
+        host_part = f"[{host}]" if ":" in host else host
+        addresses = iter(f"{host_part}:{p}" for p in ports)
+        self.cluster: dict[str, list[str]] = {
+            t: [next(addresses) for _ in range(counts[t])] for t in ("chief", "ps", "worker", "evaluator") if counts[t]
+        }
         #: the throw-away directory of this run's CA and certificate (removed by stop(), or when the cluster is
         #: garbage-collected or the interpreter exits without a stop()), if one was made
         self.tls_dir: str | None = None

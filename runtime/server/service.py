@@ -49,6 +49,7 @@ from kubeps.runtime.settings import TaskSettings
 from kubeps.runtime.ps.budget import AnswerBudget, Ledger
 from kubeps.runtime.ps.state import ParameterServerState, UnknownVariableError
 from kubeps.runtime.server.metrics import state_collector
+from kubeps.runtime.server.processes import PSProcesses
 from kubeps.runtime.server.methods import (BUILTIN_PS_METHODS, BUILTIN_WORKER_METHODS, PS_METHODS, WORKER_METHODS,
                                            Method, load_extensions, ps_methods, register_ps_method,
                                            register_worker_method, worker_methods)
@@ -60,7 +61,7 @@ from kubeps.runtime.rpc.protocol import (ANSWER_ID_KEY, ANSWER_PARKED, COLLECT, 
 from kubeps.runtime.rpc.validation import COLLECT_REQUEST, PS_REQUESTS, WORKER_REQUESTS, RequestShape
 from kubeps.runtime.rpc.security import TokenInterceptor, load_job_token, require_job_token
 from kubeps.runtime.rpc.tls import TLSConfig, load_tls
-from kubeps.runtime.util.threads import limit_math_threads
+from kubeps.runtime.util.threads import MathThreadTuner, limit_math_threads
 from kubeps.runtime.models.xla import place_jax, size_cpu_backend_if_loaded
 from kubeps.runtime.ops import kernels
 from kubeps.runtime.worker.state import WorkerState
@@ -123,12 +124,21 @@ def _client_of(context: Any, by_identity: bool) -> str:
 _TRIM_EVERY_S = 2.0
 
 
-#: glibc's ``mallopt`` parameter for the size from which a block gets its own mapping (returned to the system on
-#: free). glibc raises it dynamically after each big free (up to 32 MiB), after which a ps's multi-MB tensors are
-#: carved out of the per-thread arenas and kept there: with 64 handler threads, tens of MB held after a burst.
+#: glibc's ``mallopt`` parameters: the size from which a block gets its own mapping, and how much free memory at the
+#: top of a heap is kept rather than handed back at once
 _M_MMAP_THRESHOLD = -3
-#: tensors from 1 MiB up are mapped on their own: freed, they leave the process
-_MMAP_THRESHOLD_BYTES = 1 << 20
+_M_TRIM_THRESHOLD = -1
+_M_ARENA_MAX = -8
+#: Fixed thresholds (which also stop glibc's dynamic ones). Blocks up to 32 MiB -- a step's rows, gradients and
+#: activations, 4-8 MiB at batch 2048 x 8 fields x 64 floats -- are reused from the heap: with a 1 MiB threshold
+#: each of them was a fresh mapping whose pages the kernel faulted in and zeroed on every step, 2.5x the CPU of the
+#: arithmetic on them. Freed memory is kept in the heap (up to 128 MiB at its top) until the server's janitor
+#: hands it back to the system every ``_TRIM_EVERY_S`` (``malloc_trim``), so a ps's memory follows what it holds
+#: rather than its worst moment. Two arenas, not one per handler thread (up to 8 per core): freed blocks spread over
+#: dozens of arenas were not given back (+20-40 MB after 60 pushes of a 4.8 MB tensor); in two they are.
+_MMAP_THRESHOLD_BYTES = 32 << 20
+_TRIM_THRESHOLD_BYTES = 128 << 20
+_ARENAS = 2
 
 
 def _libc() -> Any:
@@ -142,12 +152,14 @@ _LIBC = _libc()
 _TRIM = getattr(_LIBC, "malloc_trim", None)
 
 
-def _map_big_blocks() -> None:
-    """A fixed mmap threshold (which also stops glibc's dynamic one), set when a server starts: only a process
-    that serves, not one that merely imports this module, changes its allocator."""
+def _tune_allocator() -> None:
+    """Fixed allocator thresholds (see above), set when a server starts: only a process that serves, not one that
+    merely imports this module, changes its allocator."""
     mallopt = getattr(_LIBC, "mallopt", None)
     if mallopt is not None:
         mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
+        mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD_BYTES)
+        mallopt(_M_ARENA_MAX, _ARENAS)
 
 
 def _release_free_memory() -> None:
@@ -651,6 +663,9 @@ class Server:
         self._server: grpc.Server | None = None
         self._collector: Any = None  # the state's scrape-time metrics, once served
         self._stopped = threading.Event()
+        #: the other server processes of a ps task of several (``KUBEPS_PS_PROCESSES``), started with this one
+        self.processes = (PSProcesses(self.cluster_spec, task_index, self.settings)
+                          if job_name == "ps" and self.settings.ps_processes > 1 else None)
         if start:
             self.start()
 
@@ -662,12 +677,14 @@ class Server:
     def start(self) -> None:
         if self._server is not None:
             return
-        _map_big_blocks()
-        limit_math_threads(settings=self.settings)  # size BLAS/OpenMP pools to this task's CPUs before the first update
+        _tune_allocator()
+        budget = limit_math_threads(settings=self.settings)  # BLAS/OpenMP pools capped to the task's CPUs
         if self.job_name == "worker":
             # where this worker's layers compute: KUBEPS_DEVICE=gpu without a GPU fails here, with the reason
             # (a ps never touches a GPU: its updates run on numpy arrays)
             log.info("kubeps worker task %d computes on %s", self.task_index, kernels.use_device(self.settings))
+        if isinstance(self.state, WorkerState) and budget > 1:
+            self.state.threads = MathThreadTuner(budget)  # and a worker's sized by what threads buy within the cap
         place_jax(self.settings, self.job_name)  # jax, where the program imported it: this task's device and share
         size_cpu_backend_if_loaded(self.settings)  # and XLA's CPU pool
         load_extensions(self.settings)  # KUBEPS_SERVER_EXTENSIONS: a plain Server(...).join() serves the user's methods
@@ -698,6 +715,8 @@ class Server:
         self._server = server
         if _metrics.serve(self.settings) is not None and self._collector is None:
             self._collector = _metrics.add_collector(state_collector(self.state))
+        if self.processes is not None:
+            self.processes.start()
         log.info("kubeps %s task %d serving %s on port %d", self.job_name, self.task_index,
                  "mutual TLS" if self.tls is not None else "plaintext", self.port)
 
@@ -713,6 +732,8 @@ class Server:
         self._server.wait_for_termination()
 
     def stop(self, grace: float | None = 1.0) -> None:
+        if self.processes is not None:
+            self.processes.stop()
         if self._server is not None:
             self._server.stop(grace).wait()
         self.guard.stop()
@@ -736,7 +757,7 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
     logs.configure(settings)  # text, or JSON lines with the job, role, index and step (KUBEPS_LOG_FORMAT)
     try:
         load_extensions(settings)
-        config = TFConfig.parse(settings.tf_config)
+        config = TFConfig.parse(settings.tf_config).with_ps_processes(settings.ps_processes)
         if config.task is None or not config.cluster:
             raise TFConfigError("TF_CONFIG", settings.tf_config,
                                 "must name a cluster and a task, e.g. {\"cluster\": {...}, \"task\": {\"type\": \"ps\", \"index\": 0}}")

@@ -14,6 +14,7 @@ ps answered NOT_FOUND for a variable, i.e. it restarted empty, and the job fails
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import threading
 import time
@@ -34,6 +35,7 @@ from kubeps.runtime.rpc.protocol import WORKER, ClosureAnswer, CreateResourceReq
 from kubeps.runtime.rpc.transport import PSTransport, ps_restarted
 from kubeps.runtime.rpc.tls import TLSConfig
 from kubeps.runtime.variables.variable import ShardedVariable, Variable
+from kubeps.runtime.util.threads import MathThreadTuner
 
 __all__ = ["BUILTIN_METHODS", "MeasuredIterator", "WorkerState"]
 
@@ -50,6 +52,9 @@ class WorkerState:
         self.incarnation = uuid.uuid4().hex
         self.closures_run = 0
         self._lock = threading.Lock()
+        #: sizes the math thread pools by what they buy over the first closures (the server sets it when it
+        #: starts, knowing the task's CPU budget); None: the pools stay as they are
+        self.threads: MathThreadTuner | None = None
 
     def context(self) -> ClosureContext:
         return ClosureContext(self.worker_index, self.transport, self.resources)
@@ -126,7 +131,8 @@ def _run(state: WorkerState, payload: bytes, body: Callable[[Any], Any]) -> tupl
     try:
         try:
             obj = cloudpickle.loads(payload)
-            result = _run_and_flush(ctx, body, obj)
+            with state.threads.measure() if state.threads is not None else contextlib.nullcontext():
+                result = _run_and_flush(ctx, body, obj)
         except ResourceMissingError as err:
             return {"status": "resource_missing", "message": str(err)}, []
         except PSUnavailableError as err:

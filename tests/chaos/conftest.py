@@ -66,7 +66,8 @@ class ChaosRun:
     """One run of the CTR example under a restarting local cluster, driven from a background thread."""
 
     def __init__(self, workdir: Path, *, num_ps=2, num_workers=3, evaluator=False, restart=True,
-                 program_args: tuple[str, ...] = (), program: str = PROGRAM, tls: bool = True):
+                 program_args: tuple[str, ...] = (), program: str = PROGRAM, tls: bool = True,
+                 ps_processes: int | None = 1):
         workdir.mkdir(parents=True, exist_ok=True)
         self.dir = workdir
         self.ckpt = workdir / "ckpt"
@@ -78,7 +79,7 @@ class ChaosRun:
         policy = RestartPolicy(restart=restart, max_restarts=50, backoff_initial=0.2, backoff_max=2.0)
         self.cluster = RestartingLocalCluster(program, args, tls=tls, num_ps=num_ps, num_workers=num_workers,
                                               evaluator=evaluator, output=self.stream, log=self.stream,
-                                              grace_period=3.0, policy=policy)
+                                              grace_period=3.0, policy=policy, ps_processes=ps_processes)
         self.status: int | None = None
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, daemon=True)

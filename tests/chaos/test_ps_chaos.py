@@ -106,3 +106,33 @@ def test_ps_loss_with_restart_resumes_from_latest_checkpoint(chaos_run):
         "chief_starts_after_kill": len(starts) - 1, "log_loss": round(result["logloss"], 5),
         "gap_to_teacher_pct": round(result["gap_pct"], 3),
     })
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(p) for p in f.read().split()]
+
+
+def test_a_lost_process_of_a_ps_of_two_restarts_the_task_and_the_chief_from_the_checkpoint(chaos_run):
+    """A ps task of two server processes (KUBEPS_PS_PROCESSES=2): its second process dies; the task ends, is
+    restarted whole (both processes), and the chief restores the latest checkpoint into it, as for any lost ps."""
+    run = chaos_run("ps-processes", restart=True, ps_processes=2, program_args=ARGS)
+    run.start()
+    wait_until(lambda: _checkpointed(run, 2 * EVERY), 90, "two checkpoints")
+    task = run.task("ps", 0)
+    other = wait_until(lambda: _children(task.pid), 10, "the ps task's second process")
+    assert len(other) == 1, other
+    saved_before = verify_checkpoint(latest_checkpoint(str(run.ckpt))).step
+    t_kill = time.time()
+    os.kill(other[0], signal.SIGKILL)  # a process this test's cluster started (through the ps task)
+    assert run.join(150) == 0, "the job must complete after the ps task and the chief restart"
+    starts = run.starts()
+    assert len(starts) >= 2 and all(s["time"] > t_kill and s["restored_step"] >= saved_before for s in starts[1:]), \
+        (saved_before, starts)
+    assert run.stream.first("ps process /job:ps/task:2 (pid", after=t_kill) is not None
+    ev = run.cluster.events
+    assert any(e.kind == "restart" and e.task == "ps-0" and e.time >= t_kill for e in ev)
+    result = run.result()
+    assert result["logloss"] <= 1.03 * result["teacher_logloss"], result
+    report("ps_process_kill_restart", {"restored_step": starts[-1]["restored_step"],
+                                       "chief_restored_s": round(starts[1]["time"] - t_kill, 3)})

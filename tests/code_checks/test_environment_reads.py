@@ -28,6 +28,9 @@ ALLOWED = {
     "runtime/models/xla.py": (
         1, "XLA_PYTHON_CLIENT_MEM_FRACTION is XLA's own variable, which its GPU client reads when jax creates it: "
            "kubeps writes a GPU worker's memory share there (a write; nothing is read)"),
+    "runtime/server/processes.py": (
+        1, "a ps task of several processes starts the others with its whole environment, the task settings in it "
+           "replaced by theirs (rendered by to_env), as kubeps local does; it reads no setting from it"),
     "runtime/models/keras_layers.py": (
         1, "KERAS_BACKEND is Keras's own variable, which Keras reads when imported: kubeps sets its default (jax)"),
 }

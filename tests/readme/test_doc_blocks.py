@@ -57,6 +57,12 @@ NOT_RUN = {
     ("README.md", "kubectl apply -f examples/ctr/job.yaml"): "needs a cluster with the operator (tests/e2e)",
     ("docs/benchmarks.md", "python3 -m venv /path/tfenv && /path/tfenv/bin/pip install tensorflow-cpu==2.21.0     # the TF side, once"):
         "installs TensorFlow and benchmarks for minutes (make bench)",
+    ("docs/benchmarks.md", ".venv/bin/python bench/ctr_vs_tf.py --shape wide --rounds 1 --steps 800 [--tf-python /path/tfenv/bin/python]"):
+        "benchmarks for minutes; the driver's options are parsed by bench/ctr_vs_tf.py itself",
+    ("docs/benchmarks.md", ".venv/bin/python bench/ps_capacity.py --cores 1,2 --clients 4 --seconds 8"):
+        "benchmarks for minutes, pinning processes to cores",
+    ("docs/benchmarks.md", "KUBEPS_CPUS=1 .venv/bin/python bench/ctr_vs_tf.py --ps 1 --workers 1 --rounds 1 --steps 1500   # then KUBEPS_CPUS=2"):
+        "benchmarks for minutes (twice)",
     ("docs/benchmarks.md", "kubeps local --ps 2 --workers 2 examples/ctr/train.py      # 2400 steps of 512, ~4 passes over 300k examples"):
         "the CTR example: tests/runtime/test_example_ctr.py runs it",
     ("docs/benchmarks.md", ".venv/bin/python bench/side_by_side.py             # --jobs 50 --reps 2; private loopback control plane, ~10 min"):

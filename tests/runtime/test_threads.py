@@ -82,3 +82,55 @@ def test_local_cluster_gives_each_task_its_share(tmp_path):
     assert cluster.task_env("ps", 1)[threads.CPUS_ENV] == "3"
     with pytest.raises(LauncherError, match=threads.CPUS_ENV):
         LocalCluster(str(script), env=dict(env, **{threads.CPUS_ENV: "lots"}))
+
+
+class _FakeClosures:
+    """Closures whose wall and CPU time depend on the thread count the tuner applied."""
+
+    def __init__(self, costs):
+        self.costs, self.threads, self.wall, self.cpu = costs, None, 0.0, 0.0
+
+    def apply(self, n):
+        self.threads = n
+
+    def run(self, tuner):
+        with tuner.measure():
+            wall, cpu = self.costs[self.threads]
+            self.wall += wall
+            self.cpu += cpu
+
+
+@pytest.mark.parametrize("costs, chosen", [
+    # threads that spin on small matmuls: hardly faster, twice or four times the CPU -> one thread
+    ({1: (10, 10), 2: (9.5, 19), 4: (9, 36)}, 1),
+    # a real parallel gain at the same CPU: the fastest within 1.2x the CPU of one thread
+    ({1: (10, 10), 2: (5.5, 11), 4: (3, 12)}, 4),
+    ({1: (10, 10), 2: (5.5, 11), 4: (2.9, 14)}, 2),
+    # cheaper but not 10% faster: not worth a pool
+    ({1: (10, 10), 2: (9.5, 10), 4: (9.4, 10)}, 1),
+])
+def test_a_worker_keeps_the_threads_that_buy_speed_without_costing_cpu(costs, chosen, caplog):
+    from kubeps.runtime.util.threads import MathThreadTuner
+
+    closures = _FakeClosures(costs)
+    tuner = MathThreadTuner(4, trials=3, warmup=2, apply=closures.apply,
+                            clocks=(lambda: closures.wall, lambda: closures.cpu))
+    assert tuner.candidates == [1, 2, 4] and closures.threads == 1
+    with caplog.at_level("INFO", logger="kubeps.threads"):
+        for _ in range(2 + 3 * 3):
+            assert tuner.chosen is None
+            closures.run(tuner)
+    assert tuner.chosen == chosen and closures.threads == chosen
+    assert f"{chosen} thread(s) of a budget of 4, chosen by what they buy" in caplog.text
+
+
+def test_overlapping_closures_are_not_counted_and_a_budget_of_one_needs_no_trial():
+    from kubeps.runtime.util.threads import MathThreadTuner
+
+    applied = []
+    assert MathThreadTuner(1, apply=applied.append).chosen == 1 and applied == []
+    tuner = MathThreadTuner(2, warmup=0, trials=1, apply=applied.append, clocks=(lambda: 0.0, lambda: 0.0))
+    with tuner.measure():
+        with tuner.measure():
+            pass
+    assert tuner.chosen is None and applied == [1]

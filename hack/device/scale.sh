@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The scaling curve on a many-core machine, in one run of at most ~4 minutes (docs/scaling.md):
+#   1. bench/scaling.py: the CTR workload (numpy layers, batch 512, mutual TLS) as 2+2, 2+4, 4+8 ps+workers and
+#      4+8 with 2 and 3 server processes per ps task; examples/s, CPU per task, cores per ps, efficiency vs 2+2;
+#   2. bench/ps_capacity.py: one ps task's pulls+pushes/s given 1, 2, 4, 8 cores (taskset), as 1 process and as one
+#      per core, its 6 clients sharing the cores.
+# Writes the table to $OUT/scaling.txt (and prints it), the raw figures to $OUT/*.json and the runs' output to
+# $OUT/*.log. Needs python3 with kubeps and its dependencies importable, numpy and grpcio; no TensorFlow.
+#
+#   OUT=/some/dir bash hack/device/scale.sh
+#
+# A dry run with tiny sizes: SCALE_STEPS=200 SCALE_EXAMPLES=20000 SCALE_SECONDS=1 SCALE_CORES=1,2 \
+#   SCALE_JOBS=1+1,1+2x2 OUT=/tmp/scale bash hack/device/scale.sh
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+PY=${PYTHON:-python3}
+: "${OUT:?set OUT to the folder the table goes to}"
+mkdir -p "$OUT"
+STEPS=${SCALE_STEPS:-2000}
+EXAMPLES=${SCALE_EXAMPLES:-524288}
+SECONDS_EACH=${SCALE_SECONDS:-4}
+CORES=${SCALE_CORES:-1,2,4,8}
+JOBS=${SCALE_JOBS:-2+2,2+4,4+8,4+8x2,4+8x3}
+CLIENTS=${SCALE_CLIENTS:-6}
+# the data set is written once, outside $OUT (which comes back)
+export XDG_CACHE_HOME=${SCALE_CACHE:-/tmp/kubeps-scale-cache}
+started=$(date +%s)
+
+{
+  echo "kubeps scaling, $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) CPUs, $($PY -c 'import platform; print("Python", platform.python_version())'), git $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+  echo
+} > "$OUT/scaling.txt"
+
+timeout "${SCALE_SCALING_S:-150}" "$PY" bench/scaling.py --jobs "$JOBS" --steps "$STEPS" --train-examples "$EXAMPLES" \
+  --eval-examples 20000 --json "$OUT/scaling.json" > "$OUT/scaling.log" 2>&1
+status_scaling=$?
+timeout "${SCALE_CAPACITY_S:-80}" "$PY" bench/ps_capacity.py --cores "$CORES" --clients "$CLIENTS" --seconds "$SECONDS_EACH" \
+  --json "$OUT/ps_capacity.json" > "$OUT/ps_capacity.log" 2>&1
+status_capacity=$?
+
+{
+  echo "== bench/scaling.py --jobs $JOBS --steps $STEPS --train-examples $EXAMPLES (exit status $status_scaling)"
+  sed -n '/^ *ps + workers/,$p' "$OUT/scaling.log"
+  [ "$status_scaling" = 0 ] || tail -n 30 "$OUT/scaling.log"
+  echo
+  echo "== bench/ps_capacity.py --cores $CORES --clients $CLIENTS --seconds $SECONDS_EACH (exit status $status_capacity)"
+  sed -n '/^ *cores/,$p' "$OUT/ps_capacity.log"
+  [ "$status_capacity" = 0 ] || tail -n 30 "$OUT/ps_capacity.log"
+  echo
+  echo "took $(( $(date +%s) - started )) s"
+} >> "$OUT/scaling.txt"
+cat "$OUT/scaling.txt"
+[ "$status_scaling" = 0 ] && [ "$status_capacity" = 0 ]
