@@ -209,9 +209,10 @@ def run_side(side: str, args: argparse.Namespace, data: Path, tf_python: str | N
             "--batch-size", str(args.batch_size), "--steps-per-execution", str(args.steps_per_execution),
             "--warmup-executions", str(args.warmup_executions)]
     cmd += ["--overlap"] if side.endswith("overlap") else []
-    cmd += ["--head", ",".join(map(str, args.head))] if args.head != wl.HIDDEN else []
+    head = getattr(args, "head", wl.HIDDEN)  # callers of their own (bench/scaling.py) name only what they vary
+    cmd += ["--head", ",".join(map(str, head))] if head != wl.HIDDEN else []
     env = dict(os.environ)
-    if args.gpu:  # every side says where its workers compute: the CPU sides never pick the GPU up by themselves
+    if getattr(args, "gpu", False):  # every side says where its workers compute: the CPU sides never pick the GPU up by themselves
         env["KUBEPS_DEVICE"] = "gpu" if side.startswith("gpu") else "cpu"
     rss = PeakRSS()
     lines: list[str] = []
