@@ -74,9 +74,12 @@ class PSProcesses:
     def start(self) -> None:
         ours = set(TaskSettings.variables().values())
         for index in self.indices:
-            # one core's work each (no math thread pool to share): the task's cores are its processes
+            # one core's work each (no math thread pool to share): the task's cores are its processes. The metrics
+            # port is the task's own process's (the one the pod names): the others serve none (the chief's hot-ps
+            # detector still sees their traffic through ListVariables)
             child = self.settings.model_copy(update={
                 "ps_processes": 1, "cpus": 1, "tf_config": TFConfig.for_task(self.cluster, "ps", index).to_json(),
+                "metrics_port": None,
             })
             env = {k: v for k, v in os.environ.items() if k not in ours}
             env.update(child.to_env())

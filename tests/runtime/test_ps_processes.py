@@ -158,3 +158,5 @@ def test_kubeps_local_trains_on_ps_tasks_of_two_processes(tmp_path):
     text = out.read_text()
     shards = ", ".join(f"'/job:ps/replica:0/task:{i}/device:CPU:0'" for i in range(4))
     assert f"servers 4 shards on [{shards}] sum 120.0" in text, text
+    # the other processes of a ps task serve no metrics: none tries the port of the task's own process
+    assert "cannot serve on port" not in text, text
