@@ -202,7 +202,7 @@ def to_device(*arrays: Any) -> tuple[Any, ...]:
     host = [i for i, a in enumerate(arrays) if not _is_device(a)]
     if not host:
         return tuple(arrays)
-    items = [np.ascontiguousarray(arrays[i]) for i in host]
+    items = [np.asarray(arrays[i], order="C") for i in host]  # ascontiguousarray would make a 0-d array 1-d
     offsets, total = [], 0
     for a in items:
         offsets.append(total)
