@@ -373,14 +373,17 @@ def _job_object_metadata(job: Mapping[str, Any], name: str) -> dict[str, Any]:
 
 
 def network_policy_body(job: Mapping[str, Any]) -> dict[str, Any]:
-    """Ingress to the job's pods from the job's pods only (any port: the tasks, and what the user runs beside)."""
+    """Ingress to the job's pods from the job's pods (any port: the tasks, and what the user runs beside), and to
+    the port named ``metrics`` from any pod of the cluster: the operator reads the chief's progress there, and
+    Prometheus scrapes every task (metrics are read-only; the tasks' own ports stay the job's)."""
     name = job["metadata"]["name"]
     own = {"matchLabels": {LABEL_JOB: name}}
+    metrics = {"from": [{"namespaceSelector": {}}], "ports": [{"protocol": "TCP", "port": models.METRICS_PORT_NAME}]}
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
         "metadata": _job_object_metadata(job, network_policy_name(name)),
-        "spec": {"podSelector": own, "policyTypes": ["Ingress"], "ingress": [{"from": [{"podSelector": own}]}]},
+        "spec": {"podSelector": own, "policyTypes": ["Ingress"], "ingress": [{"from": [{"podSelector": own}]}, metrics]},
     }
 
 

@@ -263,8 +263,8 @@ def enforcer_nodes(kind: Kind) -> list[str]:
 @run_early
 def test_network_policy_admits_the_job_and_refuses_other_pods(kind: Kind, ns: str):
     """`networkPolicy.mode: SameJob` enforced (kube-router on every node): the job's own pods connect across nodes
-    and it trains to Succeeded; a pod labelled as another job's is refused at the ps's port while it reaches
-    cluster DNS."""
+    and it trains to Succeeded, the operator reads its progress through the metrics port; a pod labelled as another
+    job's is refused at the ps's port while it reaches cluster DNS."""
     nodes = kind.run("kind", "get", "nodes", "--name", kind.env["KUBEPS_KIND_CLUSTER"]).split()
     assert sorted(enforcer_nodes(kind)) == sorted(nodes), "kube-router is not running on every node"
     job = ctr_job("np-e2e", steps=1000)
@@ -272,6 +272,9 @@ def test_network_policy_admits_the_job_and_refuses_other_pods(kind: Kind, ns: st
     start_and_time(kind, ns, job, pods=5)
     wait(lambda: kind.kubectl("-n", ns, "get", "networkpolicy", "np-e2e-kubeps", "-o", "name"), 60,
          "the job's NetworkPolicy")
+    # the operator reads the chief's progress through the policy (its metrics port admits any pod of the cluster)
+    wait(lambda: (kind.json("-n", ns, "get", "psjob", "np-e2e").get("status") or {}).get("progress", {}).get("step"),
+         120, "the job's progress in its status")
     worker = kind.json("-n", ns, "get", "pod", "np-e2e-worker-0")
     tf_config = json.loads(next(e["value"] for e in worker["spec"]["containers"][0]["env"] if e["name"] == "TF_CONFIG"))
     port = tf_config["cluster"]["ps"][0].rsplit(":", 1)[1]

@@ -98,8 +98,10 @@ def test_network_policy_from_the_spec_or_the_operators_default():
     plan, _ = pods_planned(api_job({"networkPolicy": {"mode": "SameJob"}}))
     (policy,) = plan.of(A.CreateNetworkPolicy)
     own = {"matchLabels": {children.LABEL_JOB: "sec"}}
-    assert policy.body["spec"] == {"podSelector": own, "policyTypes": ["Ingress"], "ingress": [{"from": [
-        {"podSelector": own}]}]}
+    # the job's pods from the job's pods; the metrics port (the operator's progress reads, Prometheus) from any pod
+    assert policy.body["spec"] == {"podSelector": own, "policyTypes": ["Ingress"], "ingress": [
+        {"from": [{"podSelector": own}]},
+        {"from": [{"namespaceSelector": {}}], "ports": [{"protocol": "TCP", "port": "metrics"}]}]}
     same_job = children.PlanConfig(network_policy=models.NetworkPolicyMode.SAME_JOB)
     assert pods_planned(api_job(), config=same_job)[0].of(A.CreateNetworkPolicy)
     assert not pods_planned(api_job({"networkPolicy": {"mode": "None"}}), config=same_job)[0].of(A.CreateNetworkPolicy)
