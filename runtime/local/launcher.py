@@ -48,7 +48,6 @@ from typing import IO, Any, Callable, Mapping, Sequence
 
 from kubeps.runtime import certs
 from kubeps.runtime.cluster import TFConfig
-from kubeps.runtime.contract import PS_PROCESSES_ENV
 from kubeps.runtime.errors import RuntimeConfigError
 from kubeps.runtime.ops.kernels import DEVICE_ENV, cupy_available
 from kubeps.runtime.settings import TaskSettings
@@ -291,10 +290,9 @@ class LocalCluster:
             # one task's share instead of every task starting one thread per core (see kubeps.runtime.util.threads)
             decided["cpus"] = max(1, int(cpu_budget(given)) // (num_ps + num_workers))
         if ps_processes is not None:
+            # one server process per ps task unless asked: on 16 cores several per task served less than one
+            # (docs/benchmarks.md#scaling-benchscalingpy-benchps_capacitypy)
             decided["ps_processes"] = ps_processes
-        elif PS_PROCESSES_ENV not in environ:
-            # a ps task uses its CPU share with one server process per core (kubeps.runtime.server.processes)
-            decided["ps_processes"] = decided.get("cpus", given.cpus)
         processes = decided.get("ps_processes", given.ps_processes)
         counts = {"chief": 1, "ps": num_ps, "worker": num_workers, "evaluator": 1 if evaluator else 0}
         total = sum(counts.values())
