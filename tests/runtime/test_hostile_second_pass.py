@@ -185,7 +185,9 @@ def test_concurrent_read_rows_amplification_stays_within_the_client_budget(make_
     watcher.join()
     print(f"\n4 concurrent 131 MB ReadRows x3: {outcomes}, ps RSS peak +{peak[0]:.0f} MB over {base:.0f} MB")
     assert "ok" in outcomes and "RESOURCE_EXHAUSTED" in outcomes
-    assert peak[0] < 2 * 131 + 64 + 40  # one answer (and its encoded copy), never four
+    # one answer and its encoded copy (262 MB) plus what the allocator holds on to meanwhile (blocks up to 32 MiB stay
+    # in the heap: kubeps.runtime.server.service._tune_allocator); two answers at once would be 524 MB, four 1 GB
+    assert peak[0] < 3 * 131 + 40
     client.close()
 
 
