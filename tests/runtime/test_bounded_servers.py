@@ -143,6 +143,14 @@ def test_ps_memory_stays_flat_under_the_amplification_cases(make_cluster, tmp_pa
         client.call(PS.PUSH, {"optimizer": optimizer.get_config(), "updates": [{"name": "big"}]}, [big])
     client.call(PS.READ, {"names": ["big"]})
     settle = 2.5  # the server's janitor hands freed memory back every 2 s
+
+    def settled() -> float:
+        """RSS above the baseline once the janitor has had its turn: polled for up to three of its periods more (a
+        loaded machine runs it late), returning as soon as the growth is within the bound."""
+        deadline = time.monotonic() + 6.0
+        while (growth := rss_mb(pid) - base) > 10 and time.monotonic() < deadline:
+            time.sleep(0.25)
+        return growth
     time.sleep(settle)
     base = rss_mb(pid)
     figures = {}
@@ -155,27 +163,27 @@ def test_ps_memory_stays_flat_under_the_amplification_cases(make_cluster, tmp_pa
             unary(frame, timeout=10, metadata=client._metadata)
     figures["30 parked answers, peak"] = rss_mb(pid) - base
     time.sleep(settle)  # TTL 1 s, the janitor looks every 0.25 s or more
-    figures["30 parked answers, after the TTL"] = rss_mb(pid) - base
+    figures["30 parked answers, after the TTL"] = settled()
 
     # 60 distinct optimizer configs on one variable (before: +124 MB, kept for good): slots are keyed by the
     # optimizer's class, so they share Adam's one slot set, and the ps caches a bounded number of optimizer objects
     for i in range(60):
         client.call(PS.PUSH, {"optimizer": Adam(0.001 * (i + 1)).get_config(), "updates": [{"name": "big"}]}, [big])
     time.sleep(settle)
-    figures["60 optimizer configs"] = rss_mb(pid) - base
+    figures["60 optimizer configs"] = settled()
 
     # ReadMany naming the 4.8 MB variable 30 times (today a 144 MB answer)
     for _ in range(5):
         with pytest.raises(RemoteError):
             client.call(PS.READ_MANY, {"names": ["big"] * 30})
     time.sleep(settle)
-    figures["ReadMany x30"] = rss_mb(pid) - base
+    figures["ReadMany x30"] = settled()
 
     # 256 MiB streamed to Ping (today accepted)
     with pytest.raises(RemoteError):
         client.call("Ping", {}, [np.zeros(256 << 20, np.uint8)])
     time.sleep(settle)
-    figures["256 MiB to Ping"] = rss_mb(pid) - base
+    figures["256 MiB to Ping"] = settled()
 
     print("\nps RSS above the baseline (MB):", {k: round(v, 1) for k, v in figures.items()}, f"baseline {base:.0f} MB")
     (tmp_path / "rss.txt").write_text(repr(figures))
