@@ -31,12 +31,13 @@ import json
 import os
 import resource
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+
+from kubeps.runtime.local.launcher import free_ports
 
 TOKEN = "bench-token-" + "0123456789abcdef"
 TICK = os.sysconf("SC_CLK_TCK")
@@ -60,18 +61,6 @@ def serve(tf_config_path: str, job: str, first: int, count: int) -> None:
 
 
 # -- measurement helpers ---------------------------------------------------------------------------------------------
-def _free_ports(n: int) -> list[int]:
-    socks = []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 def _rss_mb() -> float:
     with open("/proc/self/status") as f:
         for line in f:
@@ -128,7 +117,7 @@ def measure(num_workers: int, args, tmp: str, ps_port: int) -> dict:
     import kubeps.runtime as kp
     from kubeps.runtime.cluster import TFConfigClusterResolver
 
-    ports = _free_ports(num_workers)
+    ports = free_ports(num_workers)
     cluster = {"chief": ["127.0.0.1:1"], "ps": [f"127.0.0.1:{ps_port}"], "worker": [f"127.0.0.1:{p}" for p in ports]}
     config_path = os.path.join(tmp, f"tf_config_{num_workers}.json")
     with open(config_path, "w") as f:
@@ -217,7 +206,7 @@ def main() -> int:
     args.worker_counts = [int(w) for w in args.workers.split(",")]
 
     with tempfile.TemporaryDirectory() as tmp:
-        ps_port = _free_ports(1)[0]
+        ps_port = free_ports(1)[0]
         ps_config = os.path.join(tmp, "ps.json")
         with open(ps_config, "w") as f:
             json.dump({"cluster": {"ps": [f"127.0.0.1:{ps_port}"], "worker": ["127.0.0.1:1"]},
