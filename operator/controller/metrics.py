@@ -3,7 +3,7 @@
 The job counters are named as Kubeflow training-operator's (``training_operator_jobs_created_total``,
 ``..._jobs_successful_total``, ``..._jobs_failed_total``, ``..._jobs_restarted_total``, ``..._jobs_deleted_total``)
 with the ``kubeps_`` prefix and a ``namespace`` label; beside them what its users miss: the jobs in each phase
-(:func:`watch_jobs`, read at each scrape), the time from a job's creation to Running, and restarts per role and
+(:func:`watch_jobs`, read at each scrape), the time from a job's creation to Running and to its first training step, and restarts per role and
 reason. docs/observability.md lists them.
 """
 
@@ -27,6 +27,12 @@ RESTARTS = Counter("kubeps_restarts_total", "Replica restarts decided by the ope
 TIME_TO_RUNNING = Histogram(
     "kubeps_job_time_to_running_seconds", "From a job's creationTimestamp (1 s resolution) to its Running condition",
     buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600),
+)
+TIME_TO_FIRST_STEP = Histogram(
+    "kubeps_job_time_to_first_step_seconds",
+    "From a job's creationTimestamp (1 s resolution) to the first read of its chief's metrics that shows a step "
+    "(the reads are progress_interval seconds apart)",
+    buckets=(5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600),
 )
 PODS_CREATED = Counter("kubeps_pods_created_total", "Pods created", ["role"])
 PODS_DELETED = Counter("kubeps_pods_deleted_total", "Pods deleted", ["reason"])

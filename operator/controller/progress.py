@@ -72,6 +72,8 @@ class ProgressReader:
         self.readings: dict[str, ChiefReading] = {}
         self.hot: dict[str, tuple[tuple[str, str], ...]] = {}
         self.writes = 0
+        #: the jobs whose first step was observed (``kubeps_job_time_to_first_step_seconds``)
+        self.started: set[str] = set()
         self._next_write = 0.0
         self._write_lock = asyncio.Lock()
         self._session: aiohttp.ClientSession | None = None
@@ -97,6 +99,7 @@ class ProgressReader:
         for uid in [u for u in self.readings if u not in alive]:  # finished or gone: forget their last reading
             self.readings.pop(uid, None)
             self.hot.pop(uid, None)
+            self.started.discard(uid)
         limit = asyncio.Semaphore(CONCURRENT_READS)
 
         async def one(job: Mapping[str, Any]) -> None:
@@ -130,6 +133,9 @@ class ProgressReader:
         try:
             await self.patch(meta["namespace"], meta["name"], {"status": {"progress": new}})
             self.writes += 1
+            if not old.get("step") and new["step"] > 0 and uid not in self.started:  # its first step: once per job
+                self.started.add(uid)
+                self.recorder.first_step(job)
         except Exception as err:  # noqa: BLE001 - the job may be gone; the next pass tries again
             log.debug("progress of %s/%s not written: %s", meta["namespace"], meta["name"], err)
 

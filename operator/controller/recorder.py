@@ -79,6 +79,14 @@ class Recorder:
             if delta > 0:
                 metrics.RESTARTS.labels(role, reason).inc(delta)
 
+    @staticmethod
+    def first_step(job: Mapping[str, Any]) -> None:
+        """The job's chief reported its first training step (read from its metrics): the job's age, once per job
+        (the caller observes it when ``status.progress`` is written for the first time)."""
+        created = parse_time(job.get("metadata", {}).get("creationTimestamp"))
+        if created is not None:
+            metrics.TIME_TO_FIRST_STEP.observe(max(0.0, (datetime.now(timezone.utc) - created).total_seconds()))
+
     def all_children_present(self, job: Mapping[str, Any]) -> None:
         """The job's pods, Services and Secret are all observed: the time since its creation, once per job."""
         uid = job["metadata"].get("uid")

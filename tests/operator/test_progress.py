@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from prometheus_client import REGISTRY
 
 from kubeps.operator.controller.cache import Cache
 from kubeps.operator.controller.progress import ProgressReader, chief_metrics_url
@@ -140,6 +142,39 @@ def test_the_reader_writes_progress_only_when_it_moved_and_spaces_its_writes(chi
     assert events == [("j0", "PSImbalance", "ps 1 serves more than twice the mean of the other ps; its busiest "
                        "variable shard is 'emb/part_1'. Remedy: more shards than ps, or hash the ids "
                        "(docs/observability.md)")]
+
+
+def test_the_time_to_the_first_step_is_observed_once_per_job_when_its_chief_shows_a_step(chiefs):
+    def count_and_over_30s() -> tuple[float, float]:
+        value = REGISTRY.get_sample_value
+        total = value("kubeps_job_time_to_first_step_seconds_count") or 0.0
+        return total, total - (value("kubeps_job_time_to_first_step_seconds_bucket", {"le": "30.0"}) or 0.0)
+
+    cache = Cache()
+    job = _job("first")
+    job["metadata"]["creationTimestamp"] = (datetime.now(timezone.utc) - timedelta(seconds=45)).strftime(
+        "%Y-%m-%dT%H:%M:%SZ")
+    cache.jobs[("ns", "first")] = job
+
+    async def patch(namespace, name, body):
+        job["status"]["progress"] = body["status"]["progress"]  # as the API server would show it
+
+    reader = ProgressReader(cache, Recorder(), patch, url=chiefs.url)
+    before = count_and_over_30s()
+
+    async def scenario() -> list[tuple[float, float]]:
+        seen = []
+        for step in (0, 3, 10):  # the chief serves step 0 before its first step
+            chiefs.texts["first"] = chief_text(step, 512.0 * step)
+            await reader.read_all()
+            seen.append(count_and_over_30s())
+        await reader.close()
+        return seen
+
+    after_0, after_3, after_10 = asyncio.run(scenario())
+    assert after_0 == before  # step 0 is not a first step
+    assert after_3 == (before[0] + 1, before[1] + 1)  # the job's age, about 45 s: over 30 s
+    assert after_10 == after_3  # once per job
 
 
 def test_a_chief_that_does_not_answer_is_skipped(chiefs):
