@@ -19,9 +19,16 @@ optimizers, layers), ``models`` (gradients of models written with JAX; jax loads
 from __future__ import annotations
 
 import importlib
+import os
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+# gRPC's C core reads GRPC_VERBOSITY once, when grpc is imported; unset, grpcio logs at INFO, which writes one line
+# to stderr for every failed TLS handshake (~440 bytes: any client that reaches a port can write ~40 KB/s to the
+# task's log). Before any module of this package imports grpc, its default becomes ERROR (gRPC's documented
+# default); a user who sets it (GRPC_VERBOSITY=INFO to see the handshakes) keeps their value.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 # public name -> module (relative to this package) that defines it
 _EXPORTS: dict[str, str] = {}

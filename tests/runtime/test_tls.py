@@ -271,3 +271,55 @@ def test_kubeps_local_makes_a_throwaway_ca_and_removes_it(tmp_path, capsys, monk
     directory = Path(next(iter(paths))).parent
     assert not directory.exists()  # removed at exit
     assert "ca.key" not in {Path(p).name for p in paths}
+
+
+def _failed_handshakes(address: str, count: int) -> None:
+    """``count`` rounds of a plaintext byte stream and a TLS handshake without a client certificate."""
+    host, port = address.rsplit(":", 1)
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    context.set_alpn_protocols(["h2"])
+    for _ in range(count):
+        with socket.create_connection((host, int(port)), timeout=5) as raw:
+            raw.sendall(b"GET / HTTP/1.1\r\n\r\n")
+            try:
+                raw.recv(16)
+            except OSError:
+                pass
+        with socket.create_connection((host, int(port)), timeout=5) as raw:
+            try:
+                with context.wrap_socket(raw) as tls:
+                    tls.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+                    tls.recv(16)
+            except (ssl.SSLError, OSError):
+                pass
+
+
+@pytest.mark.parametrize("verbosity", [None, "INFO"])
+def test_failed_handshakes_write_nothing_to_the_log_unless_grpc_verbosity_asks(tmp_path, monkeypatch, verbosity):
+    """gRPC's C core logs each failed handshake at INFO (~440 bytes): by default a task's log stays quiet however
+    many an attacker makes (kubeps sets GRPC_VERBOSITY=ERROR unless the user set it); GRPC_VERBOSITY=INFO shows
+    them, line by line."""
+    from .conftest import LocalCluster
+
+    env = write_credentials(tmp_path / "job", "job")
+    monkeypatch.delenv("GRPC_VERBOSITY", raising=False)  # the task starts as a pod would, without it
+    if verbosity:
+        env["GRPC_VERBOSITY"] = verbosity
+    cluster = LocalCluster(1, 0, tmp_path, extra_env=env).start()
+    try:
+        _failed_handshakes(cluster.cluster["ps"][0], 40)
+        client = cluster.client("ps", 0)
+        try:
+            client.call("Ping")  # still serving
+        finally:
+            client.close()
+        log = cluster.log_text("ps", 0)
+    finally:
+        cluster.stop()
+    refused = [line for line in log.splitlines() if "Handshake failed" in line]
+    if verbosity is None:
+        assert refused == [], refused[:3]
+        assert len(log) < 4096, log[-2000:]
+    else:
+        assert len(refused) >= 40, log[-2000:]
