@@ -8,8 +8,9 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
-#: inputs per target, by profile (docs/testing.md repeats this table)
-EXAMPLES = {"ci": 150, "long": 25_000}
+#: inputs per target, by profile (docs/testing.md repeats this table); ``KUBEPS_FUZZ_EXAMPLES`` overrides the long
+#: profile's count (hack/device/fuzz.sh splits a long run over many processes, each with its own seed)
+EXAMPLES = {"ci": 150, "long": int(os.environ.get("KUBEPS_FUZZ_EXAMPLES") or 25_000)}
 
 for _name, _count in EXAMPLES.items():
     settings.register_profile(
