@@ -12,7 +12,7 @@ PYTEST_WORKERS ?= 2
 
 ACTIONLINT_VERSION := v1.7.12
 
-.PHONY: install example test lint controlplane s3server kueue gang-crds tools e2e kind-down bench clean
+.PHONY: install example test lint controlplane s3server kueue gang-crds monitoring-crds tools e2e kind-down bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,15 @@ gang-crds:
 		echo "go not found: the Volcano and scheduler-plugins PodGroup tests will be skipped (see docs/testing.md)"; \
 	fi
 
+# Generate (cached under ~/.cache/kubeps/monitoring-crds) prometheus-operator's PodMonitor and ServiceMonitor CRDs,
+# which the chart tests validate the chart's monitors against and install on the control plane, when Go is available.
+monitoring-crds:
+	@if command -v go >/dev/null 2>&1 || [ -x /usr/local/go/bin/go ]; then \
+		PATH="$$PATH:/usr/local/go/bin" hack/monitoring-crds.sh build; \
+	else \
+		echo "go not found: the PodMonitor and ServiceMonitor tests will be skipped (see docs/testing.md)"; \
+	fi
+
 # Linters the packaging tests run, built from the Go module proxy into the venv (cached by Go).
 tools: $(STAMP)
 	@if [ -x $(BIN)/actionlint ]; then :; \
@@ -77,7 +86,7 @@ lint: $(STAMP)
 	$(BIN)/lint-imports --no-cache
 	MYPY=$(abspath $(BIN))/mypy hack/mypy.sh
 
-test: $(STAMP) controlplane s3server kueue gang-crds tools
+test: $(STAMP) controlplane s3server kueue gang-crds monitoring-crds tools
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(DURATIONS) $(PYTEST_ARGS)
 
 # End-to-end tests with real pods on a kind cluster: hack/kind.sh builds (cached under ~/.cache/kubeps/kind) what

@@ -26,29 +26,14 @@ DIR="$CACHE_ROOT/scheduler-plugins-$SCHEDULER_PLUGINS_VERSION-volcano-apis-$VOLC
 log() { printf '[gang-crds] %s\n' "$*" >&2; }
 die() { printf '[gang-crds] error: %s\n' "$*" >&2; exit 1; }
 
-find_go() {
-  if [[ -n "${GO:-}" ]]; then echo "$GO"; return; fi
-  if command -v go >/dev/null 2>&1; then command -v go; return; fi
-  if [[ -x /usr/local/go/bin/go ]]; then echo /usr/local/go/bin/go; return; fi
-  return 1
-}
+# shellcheck source=hack/go-modules.sh
+source "$(dirname "${BASH_SOURCE[0]}")/go-modules.sh"
 
 have_all() { [[ -s "$DIR/scheduler-plugins.yaml" && -s "$DIR/volcano.yaml" ]]; }
 
-# The directory of a module version in the module cache (downloaded if needed).
-module_dir() {
-  "$1" mod download -json "$2" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p'
-}
-
-cmd_build() {
-  if have_all; then log "cached in $DIR"; return 0; fi
-  local go src
-  go="$(find_go)" || die "Go is needed to fetch the CRDs (tried \$GO, PATH, /usr/local/go/bin/go)"
-  mkdir -p "$DIR"
-  exec 8>"$DIR/.lock"
-  flock 8
-  if have_all; then log "cached in $DIR"; return 0; fi
-  export GOFLAGS=-mod=mod GOTOOLCHAIN=local CGO_ENABLED=0
+# fill GO: the cache directory's files
+fill() {
+  local go=$1 src
   src="$(module_dir "$go" "sigs.k8s.io/scheduler-plugins@$SCHEDULER_PLUGINS_VERSION")"
   [[ -n "$src" && -s "$src/manifests/coscheduling/crd.yaml" ]] ||
     die "sigs.k8s.io/scheduler-plugins@$SCHEDULER_PLUGINS_VERSION has no manifests/coscheduling/crd.yaml"
@@ -57,22 +42,13 @@ cmd_build() {
 
   src="$(module_dir "$go" "volcano.sh/apis@$VOLCANO_APIS_VERSION")"
   [[ -n "$src" && -d "$src/pkg/apis/scheduling/v1beta1" ]] || die "volcano.sh/apis@$VOLCANO_APIS_VERSION not served"
-  WORK="$(mktemp -d)"
-  trap 'chmod -R u+w "$WORK"; rm -rf "$WORK"' EXIT
-  local work="$WORK"
-  cp -r "$src/." "$work/apis"
-  chmod -R u+w "$work/apis"
   log "generating Volcano's PodGroup CRD with controller-gen $CONTROLLER_TOOLS_VERSION from volcano.sh/apis@$VOLCANO_APIS_VERSION"
-  (cd "$work/apis" && GOBIN="$work/bin" "$go" install "sigs.k8s.io/controller-tools/cmd/controller-gen@$CONTROLLER_TOOLS_VERSION")
-  (cd "$work/apis" && "$go" mod download && "$work/bin/controller-gen" crd:crdVersions=v1,allowDangerousTypes=true \
-    paths=./pkg/apis/scheduling/v1beta1/... output:crd:dir="$work/out")
-  [[ -s "$work/out/scheduling.volcano.sh_podgroups.yaml" ]] || die "controller-gen wrote no scheduling.volcano.sh_podgroups.yaml"
-  cp "$work/out/scheduling.volcano.sh_podgroups.yaml" "$DIR/volcano.yaml"
-  log "cached in $DIR"
+  rm -rf "$DIR/.out"
+  controller_gen_crds "$go" "$src" "$CONTROLLER_TOOLS_VERSION" ./pkg/apis/scheduling/v1beta1/... "$DIR/.out" ||
+    die "controller-gen failed on volcano.sh/apis@$VOLCANO_APIS_VERSION"
+  [[ -s "$DIR/.out/scheduling.volcano.sh_podgroups.yaml" ]] || die "controller-gen wrote no scheduling.volcano.sh_podgroups.yaml"
+  mv -f "$DIR/.out/scheduling.volcano.sh_podgroups.yaml" "$DIR/volcano.yaml"
+  rm -rf "$DIR/.out"
 }
 
-case "${1:-}" in
-  build) cmd_build ;;
-  dir) echo "$DIR" ;;
-  *) die "usage: $0 build|dir" ;;
-esac
+cache_main "$@"

@@ -9,7 +9,7 @@
 #   OUT=/some/dir bash hack/device/fuzz.sh                  # from the repository root
 #   FUZZ_PROCS=1 FUZZ_EXAMPLES=50 OUT=/tmp/fz bash hack/device/fuzz.sh    # a dry run
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit
 REPO=$PWD
 : "${OUT:?set OUT to the folder the summary goes to}"
 mkdir -p "$OUT"

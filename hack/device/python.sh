@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the hack/device scripts: sets KPY to an interpreter that imports kubeps from this tree, with `kubeps`
 # beside it (on PATH). The device machine's Python has numpy, grpcio, hypothesis, pytest (and CuPy, jax) but not
 # kubeps's pure dependencies and reaches no package index: where it lacks them, a venv that sees the image's
@@ -27,4 +28,5 @@ else
   chmod +x "$VENV/bin/kubeps"
   KPY=$VENV/bin/python
 fi
-export PATH=$(dirname "$KPY"):$PATH
+PATH=$(dirname "$KPY"):$PATH
+export PATH

@@ -70,3 +70,24 @@ class Renderer:
 def render(helm_bin: str, tmp_path_factory: pytest.TempPathFactory) -> Renderer:
     return Renderer(helm_bin, tmp_path_factory.mktemp("helm-home"))
 
+
+
+@pytest.fixture(scope="session")
+def monitoring_crds() -> dict[str, dict]:
+    """prometheus-operator's PodMonitor and ServiceMonitor CRDs (hack/monitoring-crds.sh, generated from its API
+    types' markers by controller-gen), by kind. Skipped without Go and the module proxy, unless the control-plane
+    tests are required (CI)."""
+    import yaml
+
+    script = REPO / "hack" / "monitoring-crds.sh"
+    env = dict(os.environ, PATH=os.environ.get("PATH", "") + ":/usr/local/go/bin")
+    proc = subprocess.run(["bash", str(script), "build"], capture_output=True, text=True, timeout=900, env=env)
+    if proc.returncode != 0:
+        reason = f"hack/monitoring-crds.sh build failed (needs Go and the Go module proxy):\n{proc.stderr[-2000:]}"
+        if os.environ.get("KUBEPS_REQUIRE_CONTROL_PLANE") == "1":
+            pytest.fail(f"KUBEPS_REQUIRE_CONTROL_PLANE=1 but {reason}", pytrace=False)
+        pytest.skip(reason)
+    directory = Path(subprocess.run(["bash", str(script), "dir"], capture_output=True, text=True, check=True,
+                                    env=env).stdout.strip())
+    crds = [yaml.safe_load((directory / f"{plural}.yaml").read_text()) for plural in ("podmonitors", "servicemonitors")]
+    return {crd["spec"]["names"]["kind"]: crd for crd in crds}

@@ -15,8 +15,6 @@ REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "kubeps"
 VARIANTS = {p.name.removesuffix("-values.yaml"): p for p in sorted((CHART / "ci").glob("*-values.yaml"))}
 PEERING_CRDS = CHART / "charts" / "kopf-peering" / "crds" / "kopf-peering.yaml"
-#: a minimal PodMonitor CRD written for the tests (hack/crds): the schema of the fields the chart sets
-PODMONITOR_CRD = REPO / "hack" / "crds" / "podmonitors.monitoring.coreos.com.yaml"
 DASHBOARD = CHART / "files" / "dashboard.json"
 
 
@@ -39,8 +37,9 @@ def test_helm_lint_strict(render, variant):
 
 
 @pytest.mark.parametrize("variant", ALL_VARIANTS)
-def test_rendering_is_valid_kubernetes_strict(render, variant):
-    """kubernetes-validate --strict on every built-in object; CRD-typed objects against their own schema."""
+def test_rendering_is_valid_kubernetes_strict(render, variant, monitoring_crds):
+    """kubernetes-validate --strict on every built-in object; CRD-typed objects against their own schema
+    (prometheus-operator's monitors against its CRDs, with no field the schema does not know)."""
     import jsonschema
     import kubernetes_validate
 
@@ -55,15 +54,28 @@ def test_rendering_is_valid_kubernetes_strict(render, variant):
         if kind in peering_schemas:
             jsonschema.validate(obj, peering_schemas[kind])
             assert obj["apiVersion"] == "kopf.dev/v1"
-        elif kind == "ServiceMonitor":
-            # No prometheus-operator schema offline: check what it must get right, that it scrapes our Service.
-            check_service_monitor(obj, objects)
-        elif kind == "PodMonitor":
-            crd = yaml.safe_load(PODMONITOR_CRD.read_text())
-            jsonschema.validate(obj, crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
-            assert obj["apiVersion"] == "monitoring.coreos.com/v1"
+        elif kind in ("ServiceMonitor", "PodMonitor"):
+            (version,) = monitoring_crds[kind]["spec"]["versions"]
+            jsonschema.validate(obj, closed(version["schema"]["openAPIV3Schema"]))
+            assert obj["apiVersion"] == "monitoring.coreos.com/" + version["name"]
+            if kind == "ServiceMonitor":  # and that it scrapes our Service
+                check_service_monitor(obj, objects)
         else:
             kubernetes_validate.validate(obj, kubernetes_validate.latest_version(), strict=True)
+
+
+def closed(schema: dict) -> dict:
+    """``schema`` with ``additionalProperties: false`` wherever it lists the properties of an object (as an API server
+    prunes the fields a structural schema does not list, a misspelt field would vanish silently rather than fail);
+    ``metadata``, which CRD schemas leave open, stays open."""
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: ([closed(v) for v in value] if isinstance(value, list) else
+               {name: closed(sub) for name, sub in value.items()} if k == "properties" else
+               closed(value) if isinstance(value, dict) else value) for k, value in schema.items()}
+    if "properties" in schema and "additionalProperties" not in schema and "metadata" not in schema["properties"]:
+        out["additionalProperties"] = False
+    return out
 
 
 def check_service_monitor(monitor: dict, objects: list[dict]) -> None:

@@ -206,3 +206,39 @@ def test_chart_pods_pass_the_restricted_pod_security_standard(kube, namespace, r
     pods = kube.core().list_namespaced_pod(namespace, label_selector=f"app.kubernetes.io/instance={release}").items
     assert len(pods) == 1
     assert owned(kube, "networkpolicy", release, namespace) == [f"networkpolicy.networking.k8s.io/{release}-kubeps"]
+
+
+def test_monitors_and_dashboard_are_stored_as_rendered_with_prometheus_operators_crds(kube, namespace, release,
+                                                                                     monitoring_crds):
+    """The chart's opt-in monitoring on a real API server that serves prometheus-operator's own PodMonitor and
+    ServiceMonitor CRDs: the monitors and the dashboard ConfigMap are accepted and stored as rendered (a structural
+    schema prunes what it does not know: nothing was), and uninstalling removes them."""
+    for crd in monitoring_crds.values():
+        kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=yaml.safe_dump(crd))
+        kube.kubectl("wait", "--for=condition=Established", "--timeout=30s", f"crd/{crd['metadata']['name']}")
+    args = ["-n", namespace, "--values", str(CHART / "ci" / "podmonitor-values.yaml"),
+            "--values", str(CHART / "ci" / "servicemonitor-values.yaml"),
+            "--set", f"crds.install={str(not crd_exists(kube, CRD_NAME)).lower()}", *INERT_IMAGE]
+    rendered = [o for o in yaml.safe_load_all(kube.helm("template", release, str(CHART), *args).stdout) if o]
+    kube.helm("install", release, str(CHART), *args, timeout=150)
+    custom = kube.custom()
+    stored = {}
+    for kind, plural in (("PodMonitor", "podmonitors"), ("ServiceMonitor", "servicemonitors")):
+        (want,) = [o for o in rendered if o["kind"] == kind]
+        got = custom.get_namespaced_custom_object("monitoring.coreos.com", "v1", namespace, plural,
+                                                  want["metadata"]["name"])
+        assert got["spec"] == want["spec"], kind
+        assert got["metadata"]["labels"]["release"] == "prometheus"
+        stored[kind] = want["metadata"]["name"]
+    (dashboard,) = [o for o in rendered if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-dashboard")]
+    config_map = kube.core().read_namespaced_config_map(dashboard["metadata"]["name"], namespace)
+    assert config_map.metadata.labels["grafana_dashboard"] == "1"
+    assert json.loads(config_map.data["kubeps.json"]) == json.loads((CHART / "files" / "dashboard.json").read_text())
+
+    kube.helm("uninstall", release, "-n", namespace, "--wait", "--timeout", "90s", timeout=150)
+    for kind, plural in (("PodMonitor", "podmonitors"), ("ServiceMonitor", "servicemonitors")):
+        names = [o["metadata"]["name"] for o in custom.list_namespaced_custom_object(
+            "monitoring.coreos.com", "v1", namespace, plural)["items"]]
+        assert stored[kind] not in names, kind
+    assert not [c for c in kube.core().list_namespaced_config_map(namespace).items
+                if c.metadata.name == dashboard["metadata"]["name"]]

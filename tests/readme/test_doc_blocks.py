@@ -81,7 +81,7 @@ NOT_RUN = {
         "a benchmark of minutes that starts 256 workers; tests/runtime/test_closure_queue.py tests the wake-ups",
     ("docs/benchmarks.md", ".venv/bin/python -m pytest tests/chaos/test_scale_chaos.py -s     # prints CHAOS {...}"):
         "runs a test file that make test runs itself",
-    ("docs/benchmarks.md", ".venv/bin/python bench/ctr_vs_tf.py --metrics-off --rounds 3 --steps 1000"):
+    ("docs/benchmarks.md", ".venv/bin/python bench/ctr_vs_tf.py --metrics-off --rounds 4 --steps 3000"):
         "a benchmark of minutes (make bench)",
     ("docs/benchmarks.md", ".venv/bin/python bench/dynamic_embedding.py                  # all three figures (two kubeps local runs, ~1.5 min)"):
         "a benchmark of minutes (make bench); tests/runtime/test_example_ctr_dynamic.py runs the example",
