@@ -24,7 +24,7 @@ from kubeps.runtime.contract import (MAX_ANSWER_BYTES_ENV, MAX_BLOOM_COUNTERS_EN
                                      MAX_TABLE_DIM_ENV, MAX_TABLES_ENV)
 from kubeps.runtime.errors import LimitExceededError
 from kubeps.runtime.ps.methods import expect_arrays, unique_names
-from kubeps.runtime.ps.state import ParameterServerState, UnknownVariableError
+from kubeps.runtime.ps.state import DISTINCT_ROWS_FROM_BYTES, ParameterServerState, UnknownVariableError
 from kubeps.runtime.util.confined import confined_storage
 from kubeps.runtime.rpc.protocol import (PS, CreateDynamicRequest, CreateVariablesAnswer, DynamicInfoAnswer,
                                           DynamicInfoRequest, DynamicLookup, DynamicTableInfo, ExportDynamicAnswer,
@@ -154,6 +154,12 @@ def check_answer_size(state: ParameterServerState, lookups: list[Lookup], extra:
         raise LimitExceededError("dynamic", [t.name for t, _, _, _ in lookups][:10],
                                  f"the call looks up {keys_total} keys; a ps looks up at most "
                                  f"{state.settings.max_read_ids} per call ({MAX_READ_IDS_ENV})")
+    for table, keys, _, _ in lookups:
+        if keys.size * table.config.dim * table.dtype.itemsize > DISTINCT_ROWS_FROM_BYTES and \
+                np.unique(keys).size < keys.size:
+            raise ValueError(f"dynamic keys for {table.name!r}: {keys.size} keys name {np.unique(keys).size} distinct "
+                             f"rows; a lookup whose rows pass {DISTINCT_ROWS_FROM_BYTES} bytes must name each key once "
+                             "(kubeps's lookups send distinct keys with their counts)")
     total = extra + sum(keys.size * table.config.dim * table.dtype.itemsize for table, keys, _, _ in lookups)
     if total > state.max_answer_bytes:
         raise LimitExceededError("dynamic", [t.name for t, _, _, _ in lookups],

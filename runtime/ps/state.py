@@ -40,6 +40,12 @@ __all__ = [
 MAX_OPTIMIZERS = 16
 
 
+
+#: a read of rows whose answer would pass this many bytes must name each row once: repeated ids would let a few KB of
+#: request name an answer of hundreds of MB (a table of wide rows, one row named thousands of times); kubeps's
+#: lookups always send distinct ids (``np.unique``) and the check costs one sort of ids, only on such big reads
+DISTINCT_ROWS_FROM_BYTES = 1 << 20
+
 class UnknownVariableError(KeyError):
     """The parameter server holds no variable of that name (servers answer NOT_FOUND)."""
 
@@ -326,8 +332,14 @@ class ParameterServerState:
             total += self.get(name).value.nbytes
         for name, idx in zip(rows, indices):
             var = self.get(name)
-            self._check_rows(var, idx, "indices")
-            total += len(idx) * (var.value.nbytes // max(1, var.value.shape[0]))
+            checked = self._check_rows(var, idx, "indices")
+            row_bytes = var.value.nbytes // max(1, var.value.shape[0])
+            if len(checked) * row_bytes > DISTINCT_ROWS_FROM_BYTES and (
+                    len(checked) > var.value.shape[0] or np.unique(checked).size < len(checked)):
+                raise ValueError(f"indices for {name!r}: {len(checked)} ids name {np.unique(checked).size} distinct "
+                                 f"rows; a read whose rows pass {DISTINCT_ROWS_FROM_BYTES} bytes must name each row "
+                                 "once (kubeps's lookups send distinct ids and map them back themselves)")
+            total += len(checked) * row_bytes
         if total > self.max_answer_bytes:
             raise LimitExceededError("names", names + rows, f"the answer would hold {total} bytes; a ps answers at "
                                      f"most {self.max_answer_bytes} ({MAX_ANSWER_BYTES_ENV}): read fewer variables "

@@ -107,6 +107,10 @@ def test_answers_are_capped_and_repeated_names_refused(make_cluster):
     assert info.value.code == "INVALID_ARGUMENT" and "more than once" in str(info.value)
     with pytest.raises(RemoteError) as info:  # one row asked 200k times: a 12.8 MB answer from a 1.6 MB request
         client.call(PS.READ_ROWS, {"names": ["emb"]}, [np.zeros(200_000, np.int64)])
+    assert info.value.code == "INVALID_ARGUMENT" and "200000 ids name 1 distinct rows" in str(info.value)
+    client.call(PS.CREATE_VARIABLES, {"names": ["big"]}, [np.zeros((200_000, 16), np.float32)])
+    with pytest.raises(RemoteError) as info:  # 200k distinct rows: 12.8 MB, past the 8 MiB answer bound
+        client.call(PS.READ_ROWS, {"names": ["big"]}, [np.arange(200_000, dtype=np.int64)])
     assert info.value.code == "RESOURCE_EXHAUSTED" and "KUBEPS_MAX_ANSWER_BYTES" in str(info.value)
     assert info.value.reason == "limit"
     client.close()

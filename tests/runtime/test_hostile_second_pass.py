@@ -117,6 +117,27 @@ def test_ids_per_read_and_keys_per_lookup_are_bounded():
         rpc_read_rows(state, {"names": ["emb"]}, [np.zeros(1001, np.int64)])
 
 
+def test_big_reads_and_lookups_must_name_each_row_once():
+    """A few KB of repeated ids naming a big answer are refused before anything is built; distinct ids of the same
+    size are served, and small reads (under 1 MiB of rows) may repeat ids."""
+    import numpy as np
+
+    from kubeps.runtime.ps.dynamic import DynamicTables, check_answer_size
+    from kubeps.runtime.ps.methods import rpc_create_variables, rpc_read_rows
+    from kubeps.runtime.variables.dynamic_table import TableConfig
+
+    state = _state()
+    rpc_create_variables(state, {"names": ["wide"]}, [np.zeros((64, 8192), np.float32)])  # 32 KB rows
+    assert rpc_read_rows(state, {"names": ["wide"]}, [np.zeros(32, np.int64)])[1][0].shape == (32, 8192)  # 1 MiB
+    with pytest.raises(ValueError, match="'wide': 33 ids name 1 distinct rows"):
+        rpc_read_rows(state, {"names": ["wide"]}, [np.zeros(33, np.int64)])
+    assert rpc_read_rows(state, {"names": ["wide"]}, [np.arange(64)])[1][0].shape == (64, 8192)
+    table = DynamicTables().create("t", TableConfig.from_dict({"dim": 8192}), 4)
+    with pytest.raises(ValueError, match="'t': 40 keys name 2 distinct rows"):
+        check_answer_size(state, [(table, np.array([7, 9] * 20, np.int64), np.ones(40, np.int64), True)], 0)
+    check_answer_size(state, [(table, np.arange(40, dtype=np.int64), np.ones(40, np.int64), True)], 0)
+
+
 # -- 5. answers are budgeted per client, not only per call --------------------------------------------------------
 def test_the_answer_budget_refuses_a_second_concurrent_big_answer_of_one_client():
     from kubeps.runtime.errors import LimitExceededError
@@ -140,8 +161,9 @@ def test_the_answer_budget_refuses_a_second_concurrent_big_answer_of_one_client(
 
 
 def test_concurrent_read_rows_amplification_stays_within_the_client_budget(make_cluster):
-    """The round's case: 16 KB of repeated ids naming 131 MB of rows, 4 calls at once (+720 MB before). With a
-    64 MiB client budget one call at a time builds its answer; the others are refused before they allocate."""
+    """The round's case: 16 KB of repeated ids naming 131 MB of rows, 4 calls at once, 3 times (+720 MB before). A
+    read whose rows pass 1 MiB must name each row once: every call is refused before it allocates, and the ps's
+    memory stays within +64 MB; the same table read by distinct ids is served."""
     import concurrent.futures
 
     import numpy as np
@@ -151,8 +173,7 @@ def test_concurrent_read_rows_amplification_stays_within_the_client_budget(make_
 
     from .test_bounded_servers import rss_mb
 
-    cluster = make_cluster(1, 0, extra_env={"KUBEPS_MAX_CLIENT_ANSWER_BYTES": str(64 << 20),
-                                            "KUBEPS_LOG_LEVEL": "WARNING"})
+    cluster = make_cluster(1, 0, extra_env={"KUBEPS_LOG_LEVEL": "WARNING"})  # the default limits
     pid = cluster.procs[("ps", 0)].pid
     client = cluster.client("ps", 0, timeout=60)
     client.call(PS.CREATE_VARIABLES, {"names": ["wide"]}, [np.zeros((4, 16_000), np.float32)])
@@ -176,18 +197,19 @@ def test_concurrent_read_rows_amplification_stays_within_the_client_budget(make_
             client.call(PS.READ_ROWS, {"names": ["wide"]}, [ids])
             return "ok"
         except RemoteError as err:
-            return err.code
+            return err.code, str(err)
 
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         for _ in range(3):
             outcomes += list(pool.map(lambda _: read(), range(4)))
     done.set()
     watcher.join()
-    print(f"\n4 concurrent 131 MB ReadRows x3: {outcomes}, ps RSS peak +{peak[0]:.0f} MB over {base:.0f} MB")
-    assert "ok" in outcomes and "RESOURCE_EXHAUSTED" in outcomes
-    # one answer and its encoded copy (262 MB) plus what the allocator holds on to meanwhile (blocks up to 32 MiB stay
-    # in the heap: kubeps.runtime.server.service._tune_allocator); two answers at once would be 524 MB, four 1 GB
-    assert peak[0] < 3 * 131 + 40
+    print(f"\n4 concurrent 131 MB ReadRows of one repeated id x3: ps RSS peak +{peak[0]:.0f} MB over {base:.0f} MB")
+    assert {o[0] for o in outcomes} == {"INVALID_ARGUMENT"}, outcomes[:2]
+    assert "2048 ids name 1 distinct rows" in outcomes[0][1] and "'wide'" in outcomes[0][1]
+    assert peak[0] <= 64
+    _, (rows,) = client.call(PS.READ_ROWS, {"names": ["wide"]}, [np.array([3, 0, 2, 1], np.int64)])
+    assert rows.shape == (4, 16_000)
     client.close()
 
 
