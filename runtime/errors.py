@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import reprlib
 from typing import Any
 
 __all__ = [
@@ -20,9 +21,16 @@ __all__ = [
 ]
 
 
+_BOUNDED = reprlib.Repr()
+_BOUNDED.maxlevel, _BOUNDED.maxstring, _BOUNDED.maxother = 6, 400, 400
+_BOUNDED.maxlist = _BOUNDED.maxtuple = _BOUNDED.maxdict = _BOUNDED.maxset = _BOUNDED.maxfrozenset = 16
+
+
 def short_repr(value: object, limit: int) -> str:
-    """``repr(value)``, cut to ``limit`` characters so a huge payload never floods an error message."""
-    text = repr(value)
+    """``repr(value)``, cut to ``limit`` characters so a huge payload never floods an error message. A container is
+    shown by :mod:`reprlib` (its first items, six levels deep), so the cost never follows its size: a request's
+    hundred thousand nested lists are not all rendered to show 120 characters of them."""
+    text = _BOUNDED.repr(value) if isinstance(value, (list, tuple, dict, set, frozenset)) else repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

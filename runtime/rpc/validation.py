@@ -16,6 +16,7 @@ from typing import Any, Mapping, Union, get_args, get_origin
 from pydantic import ConfigDict, TypeAdapter, ValidationError, with_config
 from typing_extensions import NotRequired, Required, get_type_hints, is_typeddict
 
+from kubeps.runtime.errors import short_repr
 from kubeps.runtime.rpc import protocol
 from kubeps.runtime.rpc.protocol import COLLECT_SPEC, PS_SPECS, WORKER_SPECS, MethodSpec
 
@@ -65,8 +66,7 @@ def _path(loc: tuple[int | str, ...]) -> str:
 
 
 def _value(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= _MAX_VALUE_CHARS else text[: _MAX_VALUE_CHARS - 3] + "..."
+    return short_repr(value, _MAX_VALUE_CHARS)
 
 
 def describe(declaration: type, err: ValidationError) -> str:

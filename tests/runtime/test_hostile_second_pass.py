@@ -49,6 +49,23 @@ def test_nesting_past_the_limit_is_still_refused_and_strings_do_not_count():
         wire.decode_message(_frame(b"[" * 100_000 + b"]" * 100_000))
 
 
+def test_a_header_of_more_containers_than_allowed_is_refused_unparsed_and_the_costliest_allowed_is_cheap():
+    # 1 MiB of nested empty arrays parsed into ~500,000 lists: 0.5-1 s of CPU, and rendering it for the error
+    # message another 0.3 s
+    unit = b"[" * 32 + b"]" * 32 + b","
+    too_many = b'{"meta":[' + (unit * ((1 << 20) // len(unit))).rstrip(b",") + b"]}"
+    start = time.process_time()
+    with pytest.raises(wire.WireError, match=f"at most {wire.MAX_JSON_CONTAINERS} allowed"):
+        wire.decode_message(_frame(too_many))
+    assert time.process_time() - start < 0.05
+    allowed = (unit * (wire.MAX_JSON_CONTAINERS // 32 - 1)).rstrip(b",")
+    costliest = b'{"meta":{"x":[' + allowed + b'],"pad":"' + b"a" * ((1 << 20) - len(allowed) - 64) + b'"}}'
+    start = time.process_time()
+    with pytest.raises(wire.WireError, match="tensors|data_bytes|meta"):
+        wire.decode_message(_frame(costliest[: len(costliest) - 2] + b'},"tensors":[],"data_bytes":-1}'))
+    assert time.process_time() - start < 0.5  # ~0.05 s on a quiet core; this machine is shared
+
+
 def test_a_header_past_the_servers_bound_is_refused_unparsed():
     header = json.dumps({"meta": {"x": "a" * 5000}, "tensors": [], "data_bytes": 0}).encode()
     with pytest.raises(wire.WireError, match="header_length.*at most 4096 bytes"):
