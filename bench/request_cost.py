@@ -6,8 +6,8 @@ process on loopback, with the ratio to a trivial request (``Ping``) measured in 
 The cases (each sent ``--repeat`` times; CPU read from ``/proc`` around the batch, so its 10 ms tick is divided out):
 
 * ``ping``: a ``Ping`` with an empty header (the baseline; it and ``push-step`` are sent 20 times as often);
-* ``create-max-tensors``: a ``CreateVariables`` of as many scalars as a 1 MiB header describes (the most tensors one
-  request can carry: each costs a header entry, a checked view and a variable), re-creating the same names;
+* ``create-max-tensors``: a ``CreateVariables`` of as many scalars as one request may carry (``KUBEPS_MAX_TENSORS``,
+  within the 1 MiB header: each costs a header entry, a checked view and a variable), re-creating the same names;
 * ``header-1mib-most-containers``: a ``Ping`` whose 1 MiB header is the costliest JSON a server parses (as many
   nested empty arrays as it accepts, the rest a string), refused after the parse;
 * ``header-64kib-unclosed-string``: the brackets and unclosed escaped string that once took 11.5 s (refused);
@@ -39,7 +39,7 @@ from kubeps.runtime.ops.optimizers import Adagrad
 from kubeps.runtime.rpc import wire
 from kubeps.runtime.rpc.client import Client
 from kubeps.runtime.rpc.protocol import PS, PS_SERVICE, UNARY_PREFIX
-from kubeps.runtime.settings import DEFAULT_MAX_HEADER_BYTES
+from kubeps.runtime.settings import DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_TENSORS
 
 TOKEN = "bench-token-" + "0123456789abcdef"
 TICK = os.sysconf("SC_CLK_TCK")
@@ -117,7 +117,7 @@ def main() -> int:
                 except Exception:  # noqa: BLE001 - refused: the cost is what counts
                     pass
 
-            names = max_scalar_names(DEFAULT_MAX_HEADER_BYTES)
+            names = max_scalar_names(DEFAULT_MAX_HEADER_BYTES)[:DEFAULT_MAX_TENSORS]
             scalars = [np.zeros((), np.float32)] * len(names)
             client.call(PS.CREATE_VARIABLES, {"names": ["wide", "emb", "dense"]},
                         [np.zeros((4, 16_000), np.float32), np.zeros((1 << 20, 16), np.float32),

@@ -39,6 +39,7 @@ __all__ = [
     "MAX_CALLS_PER_CLIENT_ENV",
     "MAX_CLIENT_ANSWER_BYTES_ENV",
     "MAX_HEADER_BYTES_ENV",
+    "MAX_TENSORS_ENV",
     "MAX_PARKED_BYTES_ENV",
     "MAX_READ_IDS_ENV",
     "MAX_REQUEST_BYTES_ENV",
@@ -159,6 +160,10 @@ MAX_SLOT_SETS_ENV = "KUBEPS_MAX_SLOT_SETS"
 #: the largest request header (the JSON before the tensors) a server parses, in bytes (default 1 MiB); a bigger one
 #: is refused unparsed
 MAX_HEADER_BYTES_ENV = "KUBEPS_MAX_HEADER_BYTES"
+
+#: the most tensors one request may carry (each costs the server a header entry, a checked view and often a variable:
+#: ~10 us of CPU); a request with more is refused before its header is checked
+MAX_TENSORS_ENV = "KUBEPS_MAX_TENSORS"
 
 #: the most variables one ps holds (default 100000); a ``CreateVariables`` that would pass it is refused
 MAX_VARIABLES_ENV = "KUBEPS_MAX_VARIABLES"

@@ -34,6 +34,7 @@ __all__ = [
     "DEFAULT_MAX_BLOOM_COUNTERS",
     "DEFAULT_MAX_CLIENT_ANSWER_BYTES",
     "DEFAULT_MAX_HEADER_BYTES",
+    "DEFAULT_MAX_TENSORS",
     "DEFAULT_MAX_PARKED_BYTES",
     "DEFAULT_MAX_READ_IDS",
     "DEFAULT_MAX_REQUEST_BYTES",
@@ -64,6 +65,9 @@ DEFAULT_MAX_PARKED_BYTES = 2 << 30
 DEFAULT_MAX_SLOT_SETS = 8
 #: the largest request header a server parses (bytes): the JSON parse of 1 MiB stays near 0.1 s of CPU
 DEFAULT_MAX_HEADER_BYTES = 1 << 20
+#: a Push of every variable of a ps (two tensors per row update) stays far below it; at it a request costs a ps
+#: about 90 ms of CPU (bench/request_cost.py: 16,000 tensors cost 170-190 ms on a quiet core)
+DEFAULT_MAX_TENSORS = 8192
 #: the most variables one parameter server holds
 DEFAULT_MAX_VARIABLES = 100_000
 #: the most dynamic tables one parameter server holds
@@ -177,6 +181,7 @@ class TaskSettings(BaseModel):
     max_slot_sets: int = _var(contract.MAX_SLOT_SETS_ENV, DEFAULT_MAX_SLOT_SETS, _POSITIVE_INT, gt=0)
     max_header_bytes: int = _var(contract.MAX_HEADER_BYTES_ENV, DEFAULT_MAX_HEADER_BYTES, _POSITIVE_INT + " (bytes)",
                                  gt=0)
+    max_tensors: int = _var(contract.MAX_TENSORS_ENV, DEFAULT_MAX_TENSORS, _POSITIVE_INT, gt=0)
     max_variables: int = _var(contract.MAX_VARIABLES_ENV, DEFAULT_MAX_VARIABLES, _POSITIVE_INT, gt=0)
     max_tables: int = _var(contract.MAX_TABLES_ENV, DEFAULT_MAX_TABLES, _POSITIVE_INT, gt=0)
     max_table_dim: int = _var(contract.MAX_TABLE_DIM_ENV, DEFAULT_MAX_TABLE_DIM, _POSITIVE_INT, gt=0)

@@ -56,6 +56,9 @@ MAX_JSON_DEPTH = 64
 #: ~1 us of the server's CPU per 2 bytes (a 1 MiB one ~0.5-1 s). The biggest header kubeps sends, 16,000 tensors in
 #: 1 MiB, holds ~33,000; at this bound the costliest header parses in ~50 ms.
 MAX_JSON_CONTAINERS = 1 << 17
+#: Most tensors a frame may carry where no server setting applies (answers a client decodes); servers apply
+#: ``KUBEPS_MAX_TENSORS`` to requests.
+MAX_TENSORS = 1 << 20
 
 #: dtypes allowed on the wire (numpy names; always little-endian). No object dtype: that would be pickle.
 ALLOWED_DTYPES = (
@@ -234,9 +237,11 @@ def _chunk(segments: list[memoryview | bytes], chunk_bytes: int) -> Iterator[byt
 class MessageDecoder:
     """Incremental decoder: ``feed()`` every received chunk, then ``finish()`` returns ``(meta, arrays)``."""
 
-    def __init__(self, max_data_bytes: int | None = None, max_header_bytes: int = MAX_HEADER_BYTES):
+    def __init__(self, max_data_bytes: int | None = None, max_header_bytes: int = MAX_HEADER_BYTES,
+                 max_tensors: int = MAX_TENSORS):
         self._max_data_bytes = max_data_bytes
         self._max_header_bytes = max_header_bytes
+        self._max_tensors = max_tensors
         self._header: _Header | None = None
         self._single: memoryview | None = None
         self._buffer: np.ndarray | None = None
@@ -247,7 +252,7 @@ class MessageDecoder:
         view = memoryview(chunk)
         self._chunks += 1
         if self._header is None:
-            self._header, start = _parse_header(view, self._max_header_bytes)
+            self._header, start = _parse_header(view, self._max_header_bytes, self._max_tensors)
             if self._max_data_bytes is not None and self._header.data_bytes > self._max_data_bytes:
                 raise WireError(
                     "data_bytes", self._header.data_bytes, f"at most {self._max_data_bytes} bytes are accepted"
@@ -355,7 +360,8 @@ def _validated_header(raw: Any) -> _Header:
     return _Header(header.meta, [(t.dtype, t.shape, t.offset, t.nbytes) for t in header.tensors], header.data_bytes)
 
 
-def _parse_header(view: memoryview, max_header_bytes: int = MAX_HEADER_BYTES) -> tuple[_Header, int]:
+def _parse_header(view: memoryview, max_header_bytes: int = MAX_HEADER_BYTES,
+                  max_tensors: int = MAX_TENSORS) -> tuple[_Header, int]:
     if len(view) < _PREFIX.size:
         raise WireError("frame", bytes(view[:16]), f"message truncated: a frame starts with {_PREFIX.size} bytes")
     magic, length = _PREFIX.unpack_from(view)
@@ -375,6 +381,10 @@ def _parse_header(view: memoryview, max_header_bytes: int = MAX_HEADER_BYTES) ->
         raw = json.loads(text)
     except (ValueError, UnicodeDecodeError, RecursionError) as err:
         raise WireError("header", text[:60], f"must be JSON ({type(err).__name__}: {err})") from None
+    tensors = raw.get("tensors") if type(raw) is dict else None
+    if type(tensors) is list and len(tensors) > max_tensors:
+        raise WireError("tensors", f"{len(tensors)} tensors", f"a request carries at most {max_tensors} "
+                        "(KUBEPS_MAX_TENSORS on a server)")
     depth = _json_depth(text)
     if depth > MAX_JSON_DEPTH:
         raise WireError("header", text[:60], f"nests arrays and objects {depth} deep; at most {MAX_JSON_DEPTH} allowed")
@@ -430,9 +440,9 @@ def _check_tensor_table(header: _Header) -> None:
             )
 
 
-def decode_chunks(chunks: Iterable[bytes], max_data_bytes: int | None = None,
-                  max_header_bytes: int = MAX_HEADER_BYTES) -> tuple[dict[str, Any], list[np.ndarray]]:
-    decoder = MessageDecoder(max_data_bytes, max_header_bytes)
+def decode_chunks(chunks: Iterable[bytes], max_data_bytes: int | None = None, max_header_bytes: int = MAX_HEADER_BYTES,
+                  max_tensors: int = MAX_TENSORS) -> tuple[dict[str, Any], list[np.ndarray]]:
+    decoder = MessageDecoder(max_data_bytes, max_header_bytes, max_tensors)
     for chunk in chunks:
         decoder.feed(chunk)
     return decoder.finish()

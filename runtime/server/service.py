@@ -512,7 +512,7 @@ class _ServiceHandler(grpc.GenericRpcHandler):
         started = time.perf_counter() if _metrics.ENABLED else 0.0
         try:
             meta, arrays = wire.decode_chunks(self._server.guard.receive(chunks, slot), limit,
-                                              self._server.settings.max_header_bytes)
+                                              self._server.settings.max_header_bytes, self._server.settings.max_tensors)
         except wire.WireError as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: {err}")
         except grpc.RpcError:  # the client went away, or the guard cancelled the stalled call: nobody hears this

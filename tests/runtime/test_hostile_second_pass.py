@@ -66,6 +66,21 @@ def test_a_header_of_more_containers_than_allowed_is_refused_unparsed_and_the_co
     assert time.process_time() - start < 0.5  # ~0.05 s on a quiet core; this machine is shared
 
 
+def test_a_request_of_more_tensors_than_the_server_allows_is_refused_before_its_table_is_checked(make_cluster):
+    import numpy as np
+
+    from kubeps.runtime.errors import RemoteError
+    from kubeps.runtime.rpc.protocol import PS
+
+    cluster = make_cluster(1, 0, extra_env={"KUBEPS_MAX_TENSORS": "100"})
+    client = cluster.client("ps", 0, timeout=20)
+    scalars = [np.zeros((), np.float32)] * 101
+    with pytest.raises(RemoteError, match="field 'tensors' has value '101 tensors': a request carries at most 100"):
+        client.call(PS.CREATE_VARIABLES, {"names": [f"s{i}" for i in range(101)]}, scalars)
+    client.call(PS.CREATE_VARIABLES, {"names": [f"s{i}" for i in range(100)]}, scalars[:100])
+    client.close()
+
+
 def test_a_header_past_the_servers_bound_is_refused_unparsed():
     header = json.dumps({"meta": {"x": "a" * 5000}, "tensors": [], "data_bytes": 0}).encode()
     with pytest.raises(wire.WireError, match="header_length.*at most 4096 bytes"):

@@ -40,6 +40,7 @@ TABLE = {
     contract.MAX_SLOT_SETS_ENV: (("3", "max_slot_sets", 3), ("-2", "a positive integer")),
     contract.MAX_HEADER_BYTES_ENV: (("65536", "max_header_bytes", 65536), ("0", "a positive integer (bytes)")),
     contract.MAX_VARIABLES_ENV: (("10", "max_variables", 10), ("-1", "a positive integer")),
+    contract.MAX_TENSORS_ENV: (("64", "max_tensors", 64), ("0", "a positive integer")),
     contract.MAX_TABLES_ENV: (("2", "max_tables", 2), ("x", "a positive integer")),
     contract.MAX_TABLE_DIM_ENV: (("64", "max_table_dim", 64), ("0", "a positive integer")),
     contract.MAX_BLOOM_COUNTERS_ENV: (("100", "max_bloom_counters", 100), ("1e3", "a positive integer")),
