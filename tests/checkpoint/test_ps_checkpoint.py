@@ -18,7 +18,7 @@ from kubeps.runtime.checkpoint import (
     StepCounter,
     verify_checkpoint,
 )
-from kubeps.runtime.errors import RemoteError
+from kubeps.runtime.errors import RemoteError, RuntimeConfigError
 from kubeps.runtime.ops.optimizers import Adagrad, AdamW, Nadam, RMSprop
 from kubeps.runtime.variables.partitioners import FixedShardsPartitioner
 from kubeps.runtime.variables.push import IndexedSlices
@@ -147,4 +147,33 @@ def test_ps_refuses_corrupt_and_mismatched_checkpoints(ps_cluster, tmp_path):
         other = Variable(np.zeros((9, 2), np.float32), name="emb9")
     with pytest.raises(CheckpointMismatchError, match=r"'emb': expected shape \[9, 2\].*shape \[10, 2\]"):
         Checkpoint(emb=other).restore(path)
+    strategy.close()
+
+
+def test_a_checkpoint_of_ps_variables_refuses_a_directory_outside_the_roots_before_anything_is_written(
+        ps_cluster, tmp_path, monkeypatch):
+    """The chief's KUBEPS_CHECKPOINT_ROOT (the ps's roots, as kubeps local and the operator give it) is checked when
+    a CheckpointManager is made and when a plain Checkpoint writes or restores, not at the parameter servers' first
+    refusal; the error names the field, the value and the roots. A checkpoint of local arrays only is not confined."""
+    root, outside = tmp_path / "root", tmp_path / "elsewhere"
+    monkeypatch.setenv("KUBEPS_CHECKPOINT_ROOT", str(root))
+    strategy = ps_cluster(1).strategy()
+    with strategy.scope():
+        w = Variable(np.ones(3, np.float32), name="w")
+    checkpoint = Checkpoint(w=w)
+    with pytest.raises(RuntimeConfigError, match=rf"'CheckpointManager directory' has invalid value '{outside}'.*"
+                                                  rf"checkpoint roots \['{root}'\]"):
+        CheckpointManager(checkpoint, str(outside))
+    with pytest.raises(RuntimeConfigError, match=r"'CheckpointManager directory' has invalid value 'relative'.*"
+                                                  r"confined to"):  # resolved against the chief's directory
+        CheckpointManager(checkpoint, "relative")
+    with pytest.raises(RuntimeConfigError, match=r"'Checkpoint.write path'.*KUBEPS_CHECKPOINT_ROOT"):
+        checkpoint.write(str(outside / "ckpt-0"))
+    with pytest.raises(RuntimeConfigError, match=r"'Checkpoint.restore path'.*KUBEPS_CHECKPOINT_ROOT"):
+        checkpoint.restore(str(outside / "ckpt-0"))
+    assert not outside.exists() and not os.path.exists("relative")
+    path = CheckpointManager(checkpoint, str(root / "ckpt")).save()
+    assert checkpoint.restore(path) is None
+    local = Checkpoint(arrays={"a": np.zeros(2, np.float32)})
+    CheckpointManager(local, str(outside)).save()  # written by this process: the ps's roots do not apply
     strategy.close()
