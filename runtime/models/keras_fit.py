@@ -7,7 +7,8 @@ steps per scheduled function, callbacks (:mod:`kubeps.runtime.models.keras_callb
   the tables of :class:`~kubeps.runtime.models.keras_layers.KubepsEmbedding` layers are kubeps variables already.
 * **A step on a worker.** Every worker deserializes the model once (Keras's ``get_config``/``from_config``, a
   per-worker resource) and jits two functions around Keras's own ``model.stateless_call``: the *ids* pass (what ids
-  each ``KubepsEmbedding`` looks up) and ``jax.value_and_grad`` of the loss. A step runs the ids pass, fetches the
+  each ``KubepsEmbedding`` looks up) and ``jax.value_and_grad`` of the loss. A step runs the ids pass (or takes
+  the ids from the batch when every table is called on a functional model's input as it is), fetches the
   batch's unique rows of every table and the dense weights in one round trip per parameter server (which also
   carries the previous step's push), computes the loss and the gradients, and hands them to
   ``optimizer.apply_gradients``: dense gradients and row-sparse ``IndexedSlices`` of the tables, pushed with the
@@ -282,7 +283,43 @@ class _Replica:
         self.ids_pass = jax.jit(ids_pass)
         self.loss_and_grads = jax.jit(loss_and_grads)
         self.update_metrics = jax.jit(update_metrics)
+        self.direct = self._direct_ids(x)
         self.built = True
+
+    def _direct_ids(self, x: Any) -> list[int] | None:
+        """Where each ``KubepsEmbedding``'s ids are in a batch's inputs when every one is called on an input of a
+        functional model as it is (the common case): a step then takes them from the batch, without the ids pass
+        (one jitted call and its transfers less per step). Checked against the ids pass on the first batch; None,
+        the ids pass at every step, for any other model."""
+        inputs = list(getattr(self.model, "inputs", None) or [])
+        struct = getattr(self.model, "_inputs_struct", None)  # a functional model's inputs, as it was built
+        if not (isinstance(struct, (list, tuple)) or len(inputs) == 1) or _flat_inputs(x, inputs) is None:
+            return None
+        positions = []
+        for layer in self.layers:
+            nodes = getattr(layer, "_inbound_nodes", [])
+            tensors = list(nodes[0].input_tensors) if len(nodes) == 1 else []
+            found = [i for i, t in enumerate(inputs) if len(tensors) == 1 and t is tensors[0]]
+            if len(found) != 1:
+                return None
+            positions.append(found[0])
+        flat = _flat_inputs(x, inputs) or []
+        traced = self.ids_pass(self.initial, self.non_trainable, x)
+        for p, ids in zip(positions, traced):
+            mine = np.asarray(flat[p])
+            if mine.dtype.kind not in "iu" or mine.shape != tuple(ids.shape) or not np.array_equal(mine, ids):
+                return None
+        return positions
+
+    def _ids(self, x: Any) -> list[np.ndarray]:
+        """Each table's ids in batch ``x``: from the batch itself (:meth:`_direct_ids`) or from the ids pass."""
+        if self.direct is not None:
+            flat = _flat_inputs(x, self.model.inputs)
+            if flat is not None:
+                ids = [np.asarray(flat[p]) for p in self.direct]
+                if all(i.dtype.kind in "iu" for i in ids):
+                    return ids
+        return [np.asarray(ids) for ids in self.ids_pass(self.initial, self.non_trainable, x)]
 
     def run(self, iterator: Any, variables: Sequence[Variable | ShardedVariable],
             tables: Sequence[Variable | ShardedVariable], optimizer: Optimizer, steps: int,
@@ -300,8 +337,7 @@ class _Replica:
                 self._build(x)
             rows, inverse, unique_ids = [], [], []
             if tables:
-                for table, ids in zip(tables, self.ids_pass(self.initial, self.non_trainable, x)):
-                    ids = np.asarray(ids)
+                for table, ids in zip(tables, self._ids(x)):
                     unique, inv = np.unique(ids.reshape(-1), return_inverse=True)
                     # padded to one row per id: a fixed shape, so the gradient function compiles once
                     padded = np.zeros((ids.size,) + tuple(table.shape[1:]), dtype=table.dtype)
@@ -318,8 +354,9 @@ class _Replica:
                 if states is None:
                     states = [[v.value for v in m.variables] for m in self.metrics]
                 states = self.update_metrics(states, y, y_pred, sample_weight)
-            pairs: list[tuple[Any, Any]] = [(np.asarray(g), v) for g, v in zip(grads, variables)]
-            pairs += [(IndexedSlices(np.asarray(g)[: u.size], u), t) for g, u, t in zip(row_grads, unique_ids, tables)]
+            loss, grads, row_grads = jax.device_get((loss, grads, row_grads))  # to numpy in one call
+            pairs: list[tuple[Any, Any]] = list(zip(grads, variables))
+            pairs += [(IndexedSlices(g[: u.size], u), t) for g, u, t in zip(row_grads, unique_ids, tables)]
             optimizer.apply_gradients(pairs)  # deferred: rides with the next step's reads
             total += float(loss)
             examples += len(np.asarray(y))
@@ -327,6 +364,14 @@ class _Replica:
             return total, examples, [], []
         configs = [keras.metrics.serialize(m) for m in self.metrics or []]
         return total, examples, configs, [[np.asarray(v) for v in state] for state in states]
+
+
+def _flat_inputs(x: Any, inputs: Sequence[Any]) -> list[Any] | None:
+    """A batch's inputs as a list in the order of the model's ``inputs``: ``x`` itself when it is a list or tuple of
+    that length, ``[x]`` for a one-input model given one array; None for anything else (a dict, nested inputs)."""
+    if isinstance(x, (list, tuple)):
+        return list(x) if len(x) == len(inputs) else None
+    return [x] if len(inputs) == 1 and hasattr(x, "shape") else None
 
 
 #: dataset functions fit wraps to pass the resumed step (a DistributedDataset or PerWorkerDataset goes as it is)
