@@ -51,9 +51,11 @@ for _module, _names in {
     "variables.partitioners": "Partitioner FixedShardsPartitioner MinSizePartitioner MaxSizePartitioner",
     "data": "AUTOTUNE AutoShardPolicy Dataset DistributeOptions DistributedDataset InputContext Options TextLineDataset auto_shard"
             " CsvDataset FixedLenFeature ParquetDataset TFRecordDataset TFRecordWriter VarLenFeature parse_example",
-    "ops.optimizers": "Optimizer SGD Momentum Adagrad Adam Ftrl optimizer_from_config",
+    "ops.optimizers": "Optimizer SGD Momentum Adagrad Adam AdamW Ftrl RMSprop Adadelta Nadam Adamax Lion "
+                      "optimizer_from_config",
     "ops.schedules": (
         "LearningRateSchedule ExponentialDecay InverseTimeDecay PiecewiseConstantDecay PolynomialDecay CosineDecay "
+        "CosineDecayRestarts "
         "schedule_from_config"
     ),
     "ops.kernels": "DeviceUnavailableError",
@@ -127,11 +129,12 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; kept equal to _EXPORTS by 
         SoftmaxCrossEntropy as SoftmaxCrossEntropy,
     )
     from kubeps.runtime.ops.optimizers import (
-        Adagrad as Adagrad, Adam as Adam, Ftrl as Ftrl, Momentum as Momentum, Optimizer as Optimizer,
-        optimizer_from_config as optimizer_from_config, SGD as SGD,
+        Adadelta as Adadelta, Adagrad as Adagrad, Adam as Adam, Adamax as Adamax, AdamW as AdamW, Ftrl as Ftrl,
+        Lion as Lion, Momentum as Momentum, Nadam as Nadam, Optimizer as Optimizer,
+        optimizer_from_config as optimizer_from_config, RMSprop as RMSprop, SGD as SGD,
     )
     from kubeps.runtime.ops.schedules import (
-        CosineDecay as CosineDecay, ExponentialDecay as ExponentialDecay, InverseTimeDecay as InverseTimeDecay,
+        CosineDecay as CosineDecay, CosineDecayRestarts as CosineDecayRestarts, ExponentialDecay as ExponentialDecay, InverseTimeDecay as InverseTimeDecay,
         LearningRateSchedule as LearningRateSchedule, PiecewiseConstantDecay as PiecewiseConstantDecay,
         PolynomialDecay as PolynomialDecay, schedule_from_config as schedule_from_config,
     )

@@ -10,8 +10,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from kubeps.runtime.errors import RuntimeConfigError
 from kubeps.runtime.observe import metrics as _metrics
-from kubeps.runtime.util.storage import normalize_path, storage_for
+from kubeps.runtime.settings import TaskSettings
+from kubeps.runtime.util.storage import StorageError, checkpoint_roots, confine, normalize_path, storage_for
 from kubeps.runtime.checkpoint.dynamic import TableSaveable, check_table, restore_tables, save_tables, verify_table
 from kubeps.runtime.checkpoint.format import (
     DYNAMIC_FORMAT_VERSION,
@@ -29,7 +31,8 @@ from kubeps.runtime.checkpoint.format import (
     short_listing,
     tensor_rows,
 )
-from kubeps.runtime.checkpoint.saveables import SAVEABLE_ADAPTERS, ArrayAccess, LocalExecutor, Saveable, ShardExecutor, ShardRef, group_key
+from kubeps.runtime.checkpoint.saveables import (SAVEABLE_ADAPTERS, ArrayAccess, LocalExecutor, PSExecutor, Saveable,
+                                                ShardExecutor, ShardRef, group_key)
 from kubeps.runtime.checkpoint.shards import RestoreItem, SavedShard, SaveItem
 from kubeps.runtime.variables.dynamic import DynamicEmbedding
 
@@ -50,8 +53,26 @@ def _observe_checkpoint(operation: str, started: float, manifest: Manifest) -> N
     _metrics.CHECKPOINT_BYTES.labels(operation).inc(_manifest_bytes(manifest))
 
 
+def check_checkpoint_root(directory: str, field: str, settings: TaskSettings | None = None) -> None:
+    """Refuse, before anything is written, a checkpoint directory the parameter servers would refuse at the first
+    save: outside the job's checkpoint roots (``KUBEPS_CHECKPOINT_ROOT``, the task's settings; ``kubeps local`` and
+    the operator give the chief the ps's), or relative."""
+    settings = TaskSettings.from_env() if settings is None else settings
+    roots = checkpoint_roots(settings.checkpoint_root)
+    try:
+        confine(normalize_path(directory), roots, field)
+    except StorageError as err:
+        raise RuntimeConfigError(field, directory, f"the parameter servers write only inside the job's checkpoint "
+                                 f"roots {roots or '(any absolute path)'} (KUBEPS_CHECKPOINT_ROOT): {err}") from None
+
+
 def _is_stateful(obj: Any) -> bool:
     return callable(getattr(obj, "get_state", None)) and callable(getattr(obj, "set_state", None))
+
+
+def _check_root_for(saveables: list[Saveable], tables: list[TableSaveable], directory: str, field: str) -> None:
+    if tables or any(isinstance(shard.executor, PSExecutor) for sv in saveables for shard in sv.shards):
+        check_checkpoint_root(directory, field)
 
 
 class Checkpoint:
@@ -143,6 +164,12 @@ class Checkpoint:
                 continue
         return None
 
+    def check_root(self, directory: str, field: str) -> None:
+        """When this checkpoint holds state on parameter servers (their variables' shards, dynamic tables), refuse
+        a ``directory`` they would refuse (:func:`check_checkpoint_root`), before anything is written or read."""
+        saveables, _, _, tables = self._flatten()
+        _check_root_for(saveables, tables, directory, field)
+
     # -- save ------------------------------------------------------------------------------------------------
     def write(self, path: str, *, checkpoint_number: int = 0, step: int | None = None, final: bool = False) -> str:
         """Write a complete checkpoint to the directory ``path`` (a ``ckpt-N`` directory); returns ``path``."""
@@ -150,6 +177,7 @@ class Checkpoint:
         path = normalize_path(path)
         storage = storage_for(path)
         saveables, stateful, _, tables = self._flatten()
+        _check_root_for(saveables, tables, path, "Checkpoint.write path")
         if storage.exists(storage.join(path, MANIFEST_NAME)):
             raise CheckpointError(f"checkpoint {path} already exists; refusing to overwrite a committed checkpoint")
         storage.remove_tree(path)  # the remains of an interrupted save of the same number
@@ -219,8 +247,9 @@ class Checkpoint:
         """Restore every object from the checkpoint at ``path``; returns the checkpoint's training step."""
         started = time.perf_counter()
         path = normalize_path(path)
-        manifest = read_manifest(path)
         saveables, stateful, _, tables = self._flatten()
+        _check_root_for(saveables, tables, path, "Checkpoint.restore path")
+        manifest = read_manifest(path)
         entries = {t.name: check_table(t, manifest.dynamic.get(t.name), path, manifest.dynamic) for t in tables}
         groups: dict[Any, tuple[ShardExecutor, list[RestoreItem]]] = {}
         for sv in saveables:

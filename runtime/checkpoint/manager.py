@@ -26,6 +26,7 @@ class CheckpointManager:
         if max_to_keep is not None and (isinstance(max_to_keep, bool) or not isinstance(max_to_keep, int)
                                         or max_to_keep < 1):
             raise CheckpointError(f"max_to_keep={max_to_keep!r} is invalid: allowed are None (keep all) or an int >= 1")
+        checkpoint.check_root(directory, "CheckpointManager directory")  # before the folder is made
         self.checkpoint = checkpoint
         self.directory = normalize_path(directory)
         self.storage = storage_for(self.directory)

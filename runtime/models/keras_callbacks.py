@@ -19,13 +19,11 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Sequence
 
-from kubeps.runtime.checkpoint.api import Checkpoint
+from kubeps.runtime.checkpoint.api import Checkpoint, check_checkpoint_root
 from kubeps.runtime.checkpoint.manager import CheckpointManager
 from kubeps.runtime.errors import RuntimeConfigError
 from kubeps.runtime.observe.summary import SummaryWriter, create_file_writer, resolve_logdir
 from kubeps.runtime.observe.train_metrics import TrainMetricsLogger
-from kubeps.runtime.settings import TaskSettings
-from kubeps.runtime.util.storage import StorageError, checkpoint_roots, confine, normalize_path
 
 __all__ = ["BackupAndRestore", "Callback", "CallbackList", "History", "ModelCheckpoint", "TensorBoard",
            "check_checkpoint_root"]
@@ -124,19 +122,6 @@ class CallbackList:
     def on_train_batch_end(self, step: int, logs: dict[str, Any] | None = None) -> None:
         for cb in self.callbacks:
             cb.on_train_batch_end(step, logs)
-
-
-def check_checkpoint_root(directory: str, field: str, settings: TaskSettings | None = None) -> None:
-    """Refuse, before anything is written, a checkpoint directory the parameter servers would refuse at the first
-    save: outside the job's checkpoint roots (``KUBEPS_CHECKPOINT_ROOT``, the task's settings; ``kubeps local`` and
-    the operator give the chief the ps's), or relative."""
-    settings = TaskSettings.from_env() if settings is None else settings
-    roots = checkpoint_roots(settings.checkpoint_root)
-    try:
-        confine(normalize_path(directory), roots, field)
-    except StorageError as err:
-        raise RuntimeConfigError(field, directory, f"the parameter servers write only inside the job's checkpoint "
-                                 f"roots {roots or '(any absolute path)'} (KUBEPS_CHECKPOINT_ROOT): {err}") from None
 
 
 class ModelCheckpoint(Callback):

@@ -7,14 +7,16 @@ steps per scheduled function, callbacks (:mod:`kubeps.runtime.models.keras_callb
   the tables of :class:`~kubeps.runtime.models.keras_layers.KubepsEmbedding` layers are kubeps variables already.
 * **A step on a worker.** Every worker deserializes the model once (Keras's ``get_config``/``from_config``, a
   per-worker resource) and jits two functions around Keras's own ``model.stateless_call``: the *ids* pass (what ids
-  each ``KubepsEmbedding`` looks up) and ``jax.value_and_grad`` of the loss. A step runs the ids pass, fetches the
+  each ``KubepsEmbedding`` looks up) and ``jax.value_and_grad`` of the loss. A step runs the ids pass (or takes
+  the ids from the batch when every table is called on a functional model's input as it is), fetches the
   batch's unique rows of every table and the dense weights in one round trip per parameter server (which also
   carries the previous step's push), computes the loss and the gradients, and hands them to
   ``optimizer.apply_gradients``: dense gradients and row-sparse ``IndexedSlices`` of the tables, pushed with the
   next step's reads. Nothing of Keras is forked.
 * **The optimizer runs on the parameter servers**: a kubeps optimizer, or a Keras optimizer mapped to one
-  (:func:`kubeps_optimizer`: SGD, Adagrad, Adam, Ftrl, with their hyper-parameters; other Keras optimizers,
-  learning-rate schedules, weight decay, clipping and EMA are refused by name).
+  (:func:`kubeps_optimizer`: SGD, Adagrad, Adam, AdamW, Ftrl, RMSprop, Adadelta, Nadam, Adamax, Lion, with their
+  hyper-parameters and weight decay) and its learning-rate schedule to a kubeps schedule (:func:`kubeps_schedule`);
+  Lamb, Adafactor, Muon, clipping and EMA are refused with the reason.
 * **Keras's side of fit**: ``compile``'s optimizer, loss and metrics (metrics on the workers, validation on the
   chief: :mod:`~kubeps.runtime.models.keras_metrics`), ``class_weight``, Keras's own callbacks through their
   protocol (``model.optimizer.learning_rate`` is the kubeps optimizer's), the model's weights pulled before a hook
@@ -44,19 +46,58 @@ from kubeps.runtime.models.keras_callbacks import Callback, CallbackList, Histor
 from kubeps.runtime.models.keras_layers import KubepsEmbedding, LookupFeed, keras, lookup_feed, replica_build
 from kubeps.runtime.models.keras_metrics import (MetricTotals, Validation, batch_loss, check_class_weight, class_weights,
                                                  metric_specs, resolve_metrics, unpack)
-from kubeps.runtime.ops.optimizers import SGD, Adagrad, Adam, Ftrl, Momentum, Optimizer
+from kubeps.runtime.ops.optimizers import (SGD, Adadelta, Adagrad, Adam, Adamax, AdamW, Ftrl, Lion, Momentum, Nadam,
+                                           Optimizer, RMSprop)
+from kubeps.runtime.ops.schedules import (CosineDecay, CosineDecayRestarts, ExponentialDecay, InverseTimeDecay,
+                                          LearningRateSchedule, PiecewiseConstantDecay, PolynomialDecay)
 from kubeps.runtime.variables.context import resolve_resource
 from kubeps.runtime.variables.indexed_slices import IndexedSlices
 from kubeps.runtime.variables.variable import ShardedVariable, Variable, embedding_lookup
 
 import jax  # after keras_layers: the backend is set
 
-__all__ = ["KerasTrainer", "fit", "kubeps_optimizer", "restore_weights", "table_layers"]
+__all__ = ["KerasTrainer", "fit", "kubeps_optimizer", "kubeps_schedule", "restore_weights", "table_layers"]
 
 #: Keras optimizer settings kubeps cannot apply on the parameter servers, with the value that means "off"
-_UNSUPPORTED_OPTIMIZER_SETTINGS = {"weight_decay": None, "clipnorm": None, "clipvalue": None,
-                                   "global_clipnorm": None, "use_ema": False, "loss_scale_factor": None,
-                                   "gradient_accumulation_steps": None}
+_UNSUPPORTED_OPTIMIZER_SETTINGS = {"clipnorm": None, "clipvalue": None, "global_clipnorm": None, "use_ema": False,
+                                   "loss_scale_factor": None, "gradient_accumulation_steps": None}
+#: Keras optimizers kubeps maps, with the keys of their config the kubeps optimizer takes (besides the rate and
+#: ``weight_decay``)
+_KERAS_OPTIMIZERS: dict[str, tuple[type[Optimizer], tuple[str, ...]]] = {
+    "Adagrad": (Adagrad, ("initial_accumulator_value", "epsilon")),
+    "Adam": (Adam, ("beta_1", "beta_2", "epsilon", "amsgrad")),
+    "AdamW": (AdamW, ("beta_1", "beta_2", "epsilon", "amsgrad")),
+    "Ftrl": (Ftrl, ("learning_rate_power", "initial_accumulator_value", "l1_regularization_strength",
+                    "l2_regularization_strength", "l2_shrinkage_regularization_strength", "beta")),
+    "RMSprop": (RMSprop, ("rho", "momentum", "epsilon", "centered")),
+    "Adadelta": (Adadelta, ("rho", "epsilon")),
+    "Nadam": (Nadam, ("beta_1", "beta_2", "epsilon")),
+    "Adamax": (Adamax, ("beta_1", "beta_2", "epsilon")),
+    "Lion": (Lion, ("beta_1", "beta_2")),
+}
+#: Keras optimizers kubeps refuses, and why
+_REFUSED_OPTIMIZERS = {
+    "Lamb": "its trust ratio divides by the norm of the whole variable, which no single parameter server holds "
+            "when the variable is sharded",
+    "Adafactor": "its factored second moments and relative step size are reduced over whole rows and columns of the "
+                 "variable, which no single parameter server holds when the variable is sharded",
+    "Muon": "it orthogonalizes whole weight matrices, which no single parameter server holds when they are sharded",
+    "ScheduleFreeAdamW": "it trains one sequence of weights and evaluates another, which kubeps's fit does not keep",
+    "LossScaleOptimizer": "loss scaling is for float16 training; kubeps's workers compute in float32",
+    "MultiOptimizer": "it applies several optimizers to different variables; a kubeps fit pushes every gradient with "
+                      "one optimizer",
+}
+#: Keras learning-rate schedules kubeps maps to its own (the same formulas, evaluated on the parameter servers)
+_KERAS_SCHEDULES: dict[str, tuple[type[LearningRateSchedule], tuple[str, ...]]] = {
+    "ExponentialDecay": (ExponentialDecay, ("initial_learning_rate", "decay_steps", "decay_rate", "staircase")),
+    "InverseTimeDecay": (InverseTimeDecay, ("initial_learning_rate", "decay_steps", "decay_rate", "staircase")),
+    "PiecewiseConstantDecay": (PiecewiseConstantDecay, ("boundaries", "values")),
+    "PolynomialDecay": (PolynomialDecay, ("initial_learning_rate", "decay_steps", "end_learning_rate", "power",
+                                          "cycle")),
+    "CosineDecay": (CosineDecay, ("initial_learning_rate", "decay_steps", "alpha", "warmup_target", "warmup_steps")),
+    "CosineDecayRestarts": (CosineDecayRestarts, ("initial_learning_rate", "first_decay_steps", "t_mul", "m_mul",
+                                                  "alpha")),
+}
 #: Keras non-trainable variables that stay on each worker: the state of a ``SeedGenerator`` (``Dropout``'s)
 _WORKER_LOCAL_STATE = "seed_generator_state"
 
@@ -64,11 +105,14 @@ _WORKER_LOCAL_STATE = "seed_generator_state"
 # -- optimizers ---------------------------------------------------------------------------------------------------
 def kubeps_optimizer(optimizer: Any) -> Optimizer:
     """A kubeps optimizer as it is; a Keras optimizer (object or name) mapped to the kubeps optimizer with the same
-    update: ``SGD`` (``Momentum`` when ``momentum > 0``), ``Adagrad``, ``Adam``, ``Ftrl``.
+    update: ``SGD`` (``Momentum`` when ``momentum > 0``), ``Adagrad``, ``Adam``, ``AdamW``, ``Ftrl``, ``RMSprop``,
+    ``Adadelta``, ``Nadam``, ``Adamax``, ``Lion``, with their hyper-parameters, ``weight_decay`` and a Keras
+    learning-rate schedule (:func:`kubeps_schedule`).
 
-    Refused, with the setting named: a learning-rate schedule (use a kubeps optimizer with a kubeps schedule),
-    ``weight_decay``, clipping, EMA, loss scaling and gradient accumulation. Keras's ``Adagrad`` adds ``epsilon``
-    under the square root, kubeps's (TensorFlow's kernel) outside it: the same update up to that ``epsilon``."""
+    Refused, with the reason: ``Lamb``, ``Adafactor``, ``Muon``, ``ScheduleFreeAdamW``, ``LossScaleOptimizer`` and
+    ``MultiOptimizer``; clipping, EMA, loss scaling, gradient accumulation and ``exclude_from_weight_decay``. Keras's
+    ``Adagrad`` adds ``epsilon`` under the square root, kubeps's (TensorFlow's kernel) outside it: the same update
+    up to that ``epsilon``."""
     if isinstance(optimizer, Optimizer):
         return optimizer
     if isinstance(optimizer, str):
@@ -77,33 +121,91 @@ def kubeps_optimizer(optimizer: Any) -> Optimizer:
         raise RuntimeConfigError("optimizer", type(optimizer).__name__,
                                  "allowed: a kubeps optimizer (kubeps.runtime.Adagrad(...)) or a Keras optimizer "
                                  "(keras.optimizers.Adagrad(...) or its name)")
-    config = optimizer.get_config()
     kind = type(optimizer).__name__
+    if kind in _REFUSED_OPTIMIZERS:
+        raise RuntimeConfigError("optimizer", kind, f"kubeps cannot run it on the parameter servers: "
+                                 f"{_REFUSED_OPTIMIZERS[kind]}; allowed: {', '.join(['SGD', *_KERAS_OPTIMIZERS])}")
+    if kind != "SGD" and kind not in _KERAS_OPTIMIZERS:
+        raise RuntimeConfigError("optimizer", kind, f"allowed Keras optimizers: {', '.join(['SGD', *_KERAS_OPTIMIZERS])}"
+                                 f", the ones whose update kubeps runs on the parameter servers (or pass a kubeps "
+                                 f"optimizer)")
+    schedule = optimizer._learning_rate  # the schedule object (get_config holds only its serialized form)
+    if isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
+        schedule = kubeps_schedule(schedule)  # first: get_config fails on a schedule without one
+    config = optimizer.get_config()
     for key, off in _UNSUPPORTED_OPTIMIZER_SETTINGS.items():
         if config.get(key, off) not in (off, 0, 0.0) or (off is None and config.get(key) not in (None, 0, 0.0)):
             raise RuntimeConfigError(f"optimizer {kind} {key}", config.get(key),
                                      f"kubeps applies the optimizer on the parameter servers without {key}; "
                                      f"allowed: {off}")
-    lr = config.get("learning_rate")
-    if not isinstance(lr, (int, float)) or isinstance(lr, bool):
-        raise RuntimeConfigError(f"optimizer {kind} learning_rate", lr,
-                                 "a Keras optimizer is mapped with a constant learning rate; for a schedule pass a "
-                                 "kubeps optimizer with a kubeps schedule (kubeps.runtime.ExponentialDecay, ...)")
-    lr = float(str(np.float32(lr)))  # Keras keeps it as float32: 0.1, not 0.10000000149011612
+    if getattr(optimizer, "_exclude_from_weight_decay", None) or \
+            getattr(optimizer, "_exclude_from_weight_decay_pattern", None) is not None:
+        raise RuntimeConfigError(f"optimizer {kind} exclude_from_weight_decay", "set",
+                                 "kubeps pushes every gradient with one optimizer, so weight decay applies to every "
+                                 "variable; allowed: no exclusions (or weight_decay=None)")
+    if isinstance(schedule, LearningRateSchedule):
+        lr: float | LearningRateSchedule = schedule
+    else:
+        lr = _float32(f"optimizer {kind} learning_rate", config.get("learning_rate"))
+    decay = config.get("weight_decay")
+    weight_decay = None if decay is None else _float32(f"optimizer {kind} weight_decay", decay)
     if kind == "SGD":
         momentum = float(config.get("momentum", 0.0))
-        return Momentum(lr, momentum, bool(config.get("nesterov", False))) if momentum else SGD(lr)
-    if kind == "Adagrad":
-        return Adagrad(lr, float(config["initial_accumulator_value"]), float(config["epsilon"]))
-    if kind == "Adam":
-        return Adam(lr, float(config["beta_1"]), float(config["beta_2"]), float(config["epsilon"]),
-                    bool(config.get("amsgrad", False)))
-    if kind == "Ftrl":
-        return Ftrl(lr, float(config["learning_rate_power"]), float(config["initial_accumulator_value"]),
-                    float(config["l1_regularization_strength"]), float(config["l2_regularization_strength"]),
-                    float(config["l2_shrinkage_regularization_strength"]), float(config["beta"]))
-    raise RuntimeConfigError("optimizer", kind, "allowed Keras optimizers: SGD, Adagrad, Adam, Ftrl, the ones "
-                             "whose update kubeps runs on the parameter servers (or pass a kubeps optimizer)")
+        if momentum:
+            return Momentum(lr, momentum, bool(config.get("nesterov", False)), weight_decay=weight_decay)
+        return SGD(lr, weight_decay=weight_decay)
+    cls, keys = _KERAS_OPTIMIZERS[kind]
+    if kind == "AdamW" and weight_decay is None:
+        cls = Adam  # Keras's AdamW with weight_decay=None is Adam
+    try:
+        return cls(lr, **{k: config[k] for k in keys}, weight_decay=weight_decay)
+    except ValueError as err:
+        raise RuntimeConfigError(f"optimizer {kind}", config, str(err)) from None
+
+
+def kubeps_schedule(schedule: Any) -> LearningRateSchedule:
+    """The kubeps schedule with the formula of a Keras learning-rate schedule (``ExponentialDecay``,
+    ``InverseTimeDecay``, ``PiecewiseConstantDecay``, ``PolynomialDecay``, ``CosineDecay``, ``CosineDecayRestarts``):
+    the parameter servers evaluate it at each update's step, Keras's ``optimizer.iterations``, so update ``k + 1``
+    uses ``schedule(k)`` as in Keras (in float64 where Keras computes in float32).
+
+    Refused, with the reason: a subclass of Keras's ``LearningRateSchedule`` (or of one of those), whose Python
+    ``__call__`` the parameter servers cannot run."""
+    kind = type(schedule).__name__
+    known = _KERAS_SCHEDULES.get(kind)
+    if known is None or type(schedule) is not getattr(keras.optimizers.schedules, kind):
+        raise RuntimeConfigError("optimizer learning_rate", kind,
+                                 "the parameter servers evaluate the learning rate at each update and cannot run a "
+                                 "schedule's Python code; allowed: Keras's "
+                                 f"{', '.join(_KERAS_SCHEDULES)} (or a constant rate, changed by "
+                                 "LearningRateScheduler or ReduceLROnPlateau)")
+    cls, keys = known
+    config = schedule.get_config()
+    args = {k: config[k] for k in keys if k in config}
+    for k in ("decay_steps", "first_decay_steps", "warmup_steps"):
+        if k in args:
+            args[k] = _whole(f"{kind} {k}", args[k])
+    if "boundaries" in args:  # steps are whole: step <= b exactly when step <= floor(b)
+        args["boundaries"] = [math.floor(float(b)) for b in args["boundaries"]]
+    try:
+        return cls(**args)
+    except ValueError as err:
+        raise RuntimeConfigError(f"optimizer learning_rate {kind}", config, str(err)) from None
+
+
+def _float32(field: str, value: Any) -> float:
+    """A Keras hyper-parameter as Keras keeps it, float32, written back as the shortest float (0.1, not
+    0.10000000149011612)."""
+    if not isinstance(value, (int, float, np.floating, np.integer)) or isinstance(value, bool):
+        raise RuntimeConfigError(field, value, "allowed: a number")
+    return float(str(np.float32(value)))
+
+
+def _whole(field: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or \
+            float(value) != math.floor(float(value)):
+        raise RuntimeConfigError(field, value, "kubeps's schedules take a whole number of steps")
+    return int(value)
 
 
 # -- the model's parts ----------------------------------------------------------------------------------------------
@@ -181,7 +283,43 @@ class _Replica:
         self.ids_pass = jax.jit(ids_pass)
         self.loss_and_grads = jax.jit(loss_and_grads)
         self.update_metrics = jax.jit(update_metrics)
+        self.direct = self._direct_ids(x)
         self.built = True
+
+    def _direct_ids(self, x: Any) -> list[int] | None:
+        """Where each ``KubepsEmbedding``'s ids are in a batch's inputs when every one is called on an input of a
+        functional model as it is (the common case): a step then takes them from the batch, without the ids pass
+        (one jitted call and its transfers less per step). Checked against the ids pass on the first batch; None,
+        the ids pass at every step, for any other model."""
+        inputs = list(getattr(self.model, "inputs", None) or [])
+        struct = getattr(self.model, "_inputs_struct", None)  # a functional model's inputs, as it was built
+        if not (isinstance(struct, (list, tuple)) or len(inputs) == 1) or _flat_inputs(x, inputs) is None:
+            return None
+        positions = []
+        for layer in self.layers:
+            nodes = getattr(layer, "_inbound_nodes", [])
+            tensors = list(nodes[0].input_tensors) if len(nodes) == 1 else []
+            found = [i for i, t in enumerate(inputs) if len(tensors) == 1 and t is tensors[0]]
+            if len(found) != 1:
+                return None
+            positions.append(found[0])
+        flat = _flat_inputs(x, inputs) or []
+        traced = self.ids_pass(self.initial, self.non_trainable, x)
+        for p, ids in zip(positions, traced):
+            mine = np.asarray(flat[p])
+            if mine.dtype.kind not in "iu" or mine.shape != tuple(ids.shape) or not np.array_equal(mine, ids):
+                return None
+        return positions
+
+    def _ids(self, x: Any) -> list[np.ndarray]:
+        """Each table's ids in batch ``x``: from the batch itself (:meth:`_direct_ids`) or from the ids pass."""
+        if self.direct is not None:
+            flat = _flat_inputs(x, self.model.inputs)
+            if flat is not None:
+                ids = [np.asarray(flat[p]) for p in self.direct]
+                if all(i.dtype.kind in "iu" for i in ids):
+                    return ids
+        return [np.asarray(ids) for ids in self.ids_pass(self.initial, self.non_trainable, x)]
 
     def run(self, iterator: Any, variables: Sequence[Variable | ShardedVariable],
             tables: Sequence[Variable | ShardedVariable], optimizer: Optimizer, steps: int,
@@ -199,8 +337,7 @@ class _Replica:
                 self._build(x)
             rows, inverse, unique_ids = [], [], []
             if tables:
-                for table, ids in zip(tables, self.ids_pass(self.initial, self.non_trainable, x)):
-                    ids = np.asarray(ids)
+                for table, ids in zip(tables, self._ids(x)):
                     unique, inv = np.unique(ids.reshape(-1), return_inverse=True)
                     # padded to one row per id: a fixed shape, so the gradient function compiles once
                     padded = np.zeros((ids.size,) + tuple(table.shape[1:]), dtype=table.dtype)
@@ -217,8 +354,9 @@ class _Replica:
                 if states is None:
                     states = [[v.value for v in m.variables] for m in self.metrics]
                 states = self.update_metrics(states, y, y_pred, sample_weight)
-            pairs: list[tuple[Any, Any]] = [(np.asarray(g), v) for g, v in zip(grads, variables)]
-            pairs += [(IndexedSlices(np.asarray(g)[: u.size], u), t) for g, u, t in zip(row_grads, unique_ids, tables)]
+            loss, grads, row_grads = jax.device_get((loss, grads, row_grads))  # to numpy in one call
+            pairs: list[tuple[Any, Any]] = list(zip(grads, variables))
+            pairs += [(IndexedSlices(g[: u.size], u), t) for g, u, t in zip(row_grads, unique_ids, tables)]
             optimizer.apply_gradients(pairs)  # deferred: rides with the next step's reads
             total += float(loss)
             examples += len(np.asarray(y))
@@ -226,6 +364,14 @@ class _Replica:
             return total, examples, [], []
         configs = [keras.metrics.serialize(m) for m in self.metrics or []]
         return total, examples, configs, [[np.asarray(v) for v in state] for state in states]
+
+
+def _flat_inputs(x: Any, inputs: Sequence[Any]) -> list[Any] | None:
+    """A batch's inputs as a list in the order of the model's ``inputs``: ``x`` itself when it is a list or tuple of
+    that length, ``[x]`` for a one-input model given one array; None for anything else (a dict, nested inputs)."""
+    if isinstance(x, (list, tuple)):
+        return list(x) if len(x) == len(inputs) else None
+    return [x] if len(inputs) == 1 and hasattr(x, "shape") else None
 
 
 #: dataset functions fit wraps to pass the resumed step (a DistributedDataset or PerWorkerDataset goes as it is)

@@ -9,10 +9,17 @@ Conventions (TensorFlow's, see ``docs/kernels.md``):
 
 * A schedule is evaluated at ``step - 1`` (the number of updates already applied), as TF evaluates it at
   ``optimizer.iterations`` before incrementing: the first update uses ``schedule(0)``.
-* Bias corrections (Adam) use ``t = step``.
+* Bias corrections (Adam, Nadam, Adamax) use ``t = step``.
 * Sparse updates are *lazy*: duplicate ids are summed first, then only the touched rows of the variable and of
-  its slots change. For SGD and Adagrad this equals the dense update with a zero-filled gradient; for Momentum,
-  Adam and FTRL untouched rows keep their slots and values (TF's ``SparseApply*`` / LazyAdam semantics).
+  its slots change. For SGD and Adagrad this equals the dense update with a zero-filled gradient; for the others
+  untouched rows keep their slots and values (TF's ``SparseApply*`` / LazyAdam semantics).
+* ``weight_decay`` (every optimizer; ``AdamW``'s default 0.004) is Keras's decoupled decay,
+  ``var -= var * weight_decay * lr`` before the update, with the update's rate; a sparse update decays the touched
+  rows only (as TF-Addons' ``DecoupledWeightDecayExtension`` does for sparse gradients).
+
+``RMSprop``, ``Adadelta``, ``Nadam``, ``AdamW``, ``Adamax`` and ``Lion`` follow Keras 3's update rules (slot names
+too); ``SGD``, ``Momentum``, ``Adagrad``, ``Adam`` and ``Ftrl`` TensorFlow's kernels (Keras's equal them but for
+Adagrad's ``epsilon``, which Keras adds under the square root).
 
 Learning-rate schedules are :mod:`kubeps.runtime.ops.schedules` (re-exported here); the hyperparameter checks are
 :mod:`kubeps.runtime.ops.hyperparams`.
@@ -34,6 +41,7 @@ from kubeps.runtime.variables.indexed_slices import IndexedSlices
 from kubeps.runtime.ops.schedules import (  # noqa: F401 - re-exported: optimizers take schedules as their rate
     MAX_SCHEDULE_STEP,
     CosineDecay,
+    CosineDecayRestarts,
     ExponentialDecay,
     InverseTimeDecay,
     LearningRateSchedule,
@@ -49,6 +57,7 @@ __all__ = [
     "PiecewiseConstantDecay",
     "PolynomialDecay",
     "CosineDecay",
+    "CosineDecayRestarts",
     "schedule_from_config",
     "Optimizer",
     "SGD",
@@ -56,6 +65,12 @@ __all__ = [
     "Adagrad",
     "Adam",
     "Ftrl",
+    "RMSprop",
+    "Adadelta",
+    "Nadam",
+    "AdamW",
+    "Adamax",
+    "Lion",
     "optimizer_from_config",
 ]
 
@@ -88,8 +103,12 @@ class Optimizer:
         super().__init_subclass__(**kwargs)
         _OPTIMIZERS[cls.__name__] = cls
 
-    def __init__(self, learning_rate: float | LearningRateSchedule | Mapping[str, Any]) -> None:
+    def __init__(self, learning_rate: float | LearningRateSchedule | Mapping[str, Any],
+                 weight_decay: float | None = None) -> None:
         self.learning_rate = self._check_learning_rate(learning_rate)
+        #: Keras's decoupled weight decay: ``var -= var * weight_decay * lr`` before each update (None: off)
+        self.weight_decay = None if weight_decay is None else number(type(self).__name__, "weight_decay",
+                                                                      weight_decay, lo=0)
 
     # -- configuration ---------------------------------------------------------------------------------------
 
@@ -103,6 +122,15 @@ class Optimizer:
                              f"or a LearningRateSchedule (plain callables cannot be sent to a parameter server)")
         return number(type(self).__name__, "learning_rate", lr, lo=0, lo_open=True)
 
+    def _moments(self, beta_1: Any, beta_2: Any, epsilon: Any) -> dict[str, Any]:
+        """Check and keep the hyper-parameters of the Adam family (``beta_1``, ``beta_2`` in [0, 1), ``epsilon``
+        > 0); returns them as config."""
+        o = type(self).__name__
+        self.beta_1 = number(o, "beta_1", beta_1, lo=0, hi=1, hi_open=True)
+        self.beta_2 = number(o, "beta_2", beta_2, lo=0, hi=1, hi_open=True)
+        self.epsilon = number(o, "epsilon", epsilon, lo=0, lo_open=True)
+        return {"beta_1": self.beta_1, "beta_2": self.beta_2, "epsilon": self.epsilon}
+
     def _hyper(self) -> dict[str, Any]:
         """JSON-able constructor arguments other than ``learning_rate``."""
         return {}
@@ -111,7 +139,8 @@ class Optimizer:
         """``{"class_name": <class>, "config": {constructor arguments}}``, JSON-able."""
         lr = self.learning_rate
         lr_cfg = lr.get_config() if isinstance(lr, LearningRateSchedule) else lr
-        return {"class_name": type(self).__name__, "config": {"learning_rate": lr_cfg, **self._hyper()}}
+        decay = {} if self.weight_decay is None else {"weight_decay": self.weight_decay}
+        return {"class_name": type(self).__name__, "config": {"learning_rate": lr_cfg, **self._hyper(), **decay}}
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> "Optimizer":
@@ -174,7 +203,9 @@ class Optimizer:
             raise ValueError(f"{type(self).__name__}: grad has shape {tuple(grad.shape)}; "
                              f"expected the variable's shape {tuple(var.shape)}")
         grad = grad.astype(var.dtype, copy=False)
-        self._update(var, grad, slots, self.lr_at(step), step)
+        lr = self.lr_at(step)
+        self._decay(var, lr)
+        self._update(var, grad, slots, lr, step)
 
     def apply_sparse(self, var: Any, indices: Any, values: Any, slots: dict[str, Any], step: int) -> None:
         """Apply a row-sparse gradient in place: ``values[k]`` belongs to row ``indices[k]`` (local row ids).
@@ -211,10 +242,16 @@ class Optimizer:
         xp = kernels.array_module(var)
         rows = xp.take(var, ids, axis=0)
         slot_rows = {name: xp.take(s, ids, axis=0) for name, s in slots.items()}
+        self._decay(rows, lr)
         self._update(rows, grad, slot_rows, lr, step)
         var[ids] = rows
         for name, s in slots.items():
             s[ids] = slot_rows[name]
+
+    def _decay(self, var: Any, lr: float) -> None:
+        """Keras's decoupled weight decay, in place, before the update: ``var -= var * weight_decay * lr``."""
+        if self.weight_decay:
+            var -= var * (self.weight_decay * lr)
 
     # -- user-facing -----------------------------------------------------------------------------------------
 
@@ -233,14 +270,18 @@ class Optimizer:
 class SGD(Optimizer):
     """Plain gradient descent: ``var -= lr * grad``."""
 
-    def __init__(self, learning_rate: float | LearningRateSchedule | Mapping[str, Any] = 0.01) -> None:
-        super().__init__(learning_rate)
+    def __init__(self, learning_rate: float | LearningRateSchedule | Mapping[str, Any] = 0.01,
+                 weight_decay: float | None = None) -> None:
+        super().__init__(learning_rate, weight_decay)
 
     def _update(self, var: Any, grad: Any, slots: dict[str, Any], lr: float, step: int) -> None:
         var -= lr * grad
 
     def _apply_rows(self, var: Any, ids: Any, grad: Any, slots: dict[str, Any], lr: float, step: int) -> None:
-        var[ids] -= lr * grad  # ids are unique, so fancy-index -= is exact
+        if self.weight_decay:
+            super()._apply_rows(var, ids, grad, slots, lr, step)
+        else:
+            var[ids] -= lr * grad  # ids are unique, so fancy-index -= is exact
 
 
 class Momentum(Optimizer):
@@ -251,8 +292,8 @@ class Momentum(Optimizer):
     """
 
     def __init__(self, learning_rate: float | LearningRateSchedule | Mapping[str, Any] = 0.01,
-                 momentum: float = 0.9, nesterov: bool = False) -> None:
-        super().__init__(learning_rate)
+                 momentum: float = 0.9, nesterov: bool = False, weight_decay: float | None = None) -> None:
+        super().__init__(learning_rate, weight_decay)
         self.momentum = number("Momentum", "momentum", momentum, lo=0, hi=1, hi_open=True)
         self.nesterov = boolean("Momentum", "nesterov", nesterov)
         self._slot_init = {"momentum": 0.0}
@@ -278,8 +319,9 @@ class Adagrad(Optimizer):
     """
 
     def __init__(self, learning_rate: float | LearningRateSchedule | Mapping[str, Any] = 0.001,
-                 initial_accumulator_value: float = 0.1, epsilon: float = 1e-7) -> None:
-        super().__init__(learning_rate)
+                 initial_accumulator_value: float = 0.1, epsilon: float = 1e-7,
+                 weight_decay: float | None = None) -> None:
+        super().__init__(learning_rate, weight_decay)
         self.initial_accumulator_value = number("Adagrad", "initial_accumulator_value", initial_accumulator_value,
                                                  lo=0)
         self.epsilon = number("Adagrad", "epsilon", epsilon, lo=0)
@@ -310,16 +352,15 @@ class Adam(Optimizer):
     """
 
     def __init__(self, learning_rate: float | LearningRateSchedule | Mapping[str, Any] = 0.001,
-                 beta_1: float = 0.9, beta_2: float = 0.999, epsilon: float = 1e-7, amsgrad: bool = False) -> None:
-        super().__init__(learning_rate)
-        self.beta_1 = number("Adam", "beta_1", beta_1, lo=0, hi=1, hi_open=True)
-        self.beta_2 = number("Adam", "beta_2", beta_2, lo=0, hi=1, hi_open=True)
-        self.epsilon = number("Adam", "epsilon", epsilon, lo=0, lo_open=True)
-        self.amsgrad = boolean("Adam", "amsgrad", amsgrad)
+                 beta_1: float = 0.9, beta_2: float = 0.999, epsilon: float = 1e-7, amsgrad: bool = False,
+                 weight_decay: float | None = None) -> None:
+        super().__init__(learning_rate, weight_decay)
+        self._moment_config = self._moments(beta_1, beta_2, epsilon)
+        self.amsgrad = boolean(type(self).__name__, "amsgrad", amsgrad)
         self._slot_init = {"m": 0.0, "v": 0.0, **({"vhat": 0.0} if self.amsgrad else {})}
 
     def _hyper(self) -> dict[str, Any]:
-        return {"beta_1": self.beta_1, "beta_2": self.beta_2, "epsilon": self.epsilon, "amsgrad": self.amsgrad}
+        return {**self._moment_config, "amsgrad": self.amsgrad}
 
     def _update(self, var: Any, grad: Any, slots: dict[str, Any], lr: float, step: int) -> None:
         xp = kernels.array_module(var)
@@ -357,8 +398,9 @@ class Ftrl(Optimizer):
     def __init__(self, learning_rate: float | LearningRateSchedule | Mapping[str, Any] = 0.001,
                  learning_rate_power: float = -0.5, initial_accumulator_value: float = 0.1,
                  l1_regularization_strength: float = 0.0, l2_regularization_strength: float = 0.0,
-                 l2_shrinkage_regularization_strength: float = 0.0, beta: float = 0.0) -> None:
-        super().__init__(learning_rate)
+                 l2_shrinkage_regularization_strength: float = 0.0, beta: float = 0.0,
+                 weight_decay: float | None = None) -> None:
+        super().__init__(learning_rate, weight_decay)
         o = "Ftrl"
         self.learning_rate_power = number(o, "learning_rate_power", learning_rate_power, hi=0)
         self.initial_accumulator_value = number(o, "initial_accumulator_value", initial_accumulator_value, lo=0)
@@ -398,6 +440,204 @@ class Ftrl(Optimizer):
         quadratic = (new_pow + self.beta) / lr + 2.0 * l2
         var[...] = xp.where(xp.abs(linear) > l1, (xp.sign(linear) * l1 - linear) / quadratic, 0.0)
         accum[...] = accum_new
+
+
+class AdamW(Adam):
+    """Keras's ``AdamW``: :class:`Adam` with decoupled weight decay on by default (``weight_decay=0.004``), the
+    decay ``var -= var * weight_decay * lr`` applied before the Adam update (Loshchilov & Hutter, as Keras does)."""
+
+    def __init__(self, learning_rate: float | LearningRateSchedule | Mapping[str, Any] = 0.001,
+                 weight_decay: float = 0.004, beta_1: float = 0.9, beta_2: float = 0.999, epsilon: float = 1e-7,
+                 amsgrad: bool = False) -> None:
+        if weight_decay is None:
+            raise ValueError("AdamW: weight_decay=None is not allowed; allowed: a number >= 0 (use Adam for none)")
+        super().__init__(learning_rate, beta_1, beta_2, epsilon, amsgrad, weight_decay)
+
+
+class RMSprop(Optimizer):
+    """Keras's ``RMSprop`` (TensorFlow's ``ApplyRMSProp``/``ApplyCenteredRMSProp``, ``epsilon`` under the root)::
+
+        velocity = rho * velocity + (1 - rho) * grad ** 2
+        average_gradient = rho * average_gradient + (1 - rho) * grad               (centered only)
+        increment = lr * grad / sqrt(velocity - average_gradient ** 2 + epsilon)   (without the square: not centered)
+        momentum = momentum_coef * momentum + increment; var -= momentum           (var -= increment when 0)
+
+    Slots ``velocity``, ``momentum`` when ``momentum > 0``, ``average_gradient`` when ``centered``; all start at 0.
+    """
+
+    def __init__(self, learning_rate: float | LearningRateSchedule | Mapping[str, Any] = 0.001, rho: float = 0.9,
+                 momentum: float = 0.0, epsilon: float = 1e-7, centered: bool = False,
+                 weight_decay: float | None = None) -> None:
+        super().__init__(learning_rate, weight_decay)
+        self.rho = number("RMSprop", "rho", rho, lo=0, hi=1, hi_open=True)
+        self.momentum = number("RMSprop", "momentum", momentum, lo=0, hi=1, hi_open=True)
+        self.epsilon = number("RMSprop", "epsilon", epsilon, lo=0, lo_open=True)
+        self.centered = boolean("RMSprop", "centered", centered)
+        self._slot_init = {"velocity": 0.0, **({"momentum": 0.0} if self.momentum > 0 else {}),
+                           **({"average_gradient": 0.0} if self.centered else {})}
+
+    def _hyper(self) -> dict[str, Any]:
+        return {"rho": self.rho, "momentum": self.momentum, "epsilon": self.epsilon, "centered": self.centered}
+
+    def _update(self, var: Any, grad: Any, slots: dict[str, Any], lr: float, step: int) -> None:
+        xp = kernels.array_module(var)
+        velocity = slots["velocity"]
+        velocity *= self.rho
+        velocity += (1.0 - self.rho) * (grad * grad)
+        if self.centered:
+            average = slots["average_gradient"]
+            average *= self.rho
+            average += (1.0 - self.rho) * grad
+            denom = velocity - average * average
+            denom += self.epsilon
+        else:
+            denom = velocity + self.epsilon
+        increment = lr * grad / xp.sqrt(denom)
+        if self.momentum > 0:
+            momentum = slots["momentum"]
+            momentum *= self.momentum
+            momentum += increment
+            var -= momentum
+        else:
+            var -= increment
+
+
+class Adadelta(Optimizer):
+    """Keras's ``Adadelta`` (Zeiler 2012, with a learning rate; TensorFlow's ``ApplyAdadelta``)::
+
+        accumulated_grad = rho * accumulated_grad + (1 - rho) * grad ** 2
+        delta = -sqrt(accumulated_delta_var + epsilon) / sqrt(accumulated_grad + epsilon) * grad
+        accumulated_delta_var = rho * accumulated_delta_var + (1 - rho) * delta ** 2
+        var += lr * delta
+
+    Slots ``accumulated_grad`` and ``accumulated_delta_var``, both starting at 0.
+    """
+
+    def __init__(self, learning_rate: float | LearningRateSchedule | Mapping[str, Any] = 0.001, rho: float = 0.95,
+                 epsilon: float = 1e-7, weight_decay: float | None = None) -> None:
+        super().__init__(learning_rate, weight_decay)
+        self.rho = number("Adadelta", "rho", rho, lo=0, hi=1, hi_open=True)
+        self.epsilon = number("Adadelta", "epsilon", epsilon, lo=0, lo_open=True)
+        self._slot_init = {"accumulated_grad": 0.0, "accumulated_delta_var": 0.0}
+
+    def _hyper(self) -> dict[str, Any]:
+        return {"rho": self.rho, "epsilon": self.epsilon}
+
+    def _update(self, var: Any, grad: Any, slots: dict[str, Any], lr: float, step: int) -> None:
+        xp = kernels.array_module(var)
+        acc_grad, acc_delta = slots["accumulated_grad"], slots["accumulated_delta_var"]
+        acc_grad *= self.rho
+        acc_grad += (1.0 - self.rho) * (grad * grad)
+        delta = -xp.sqrt(acc_delta + self.epsilon) * grad / xp.sqrt(acc_grad + self.epsilon)
+        acc_delta *= self.rho
+        acc_delta += (1.0 - self.rho) * (delta * delta)
+        var += lr * delta
+
+
+#: ``prod_{i=1..n} (1 - 0.5 * 0.96 ** i)`` for ``n = 0..``: Nadam's momentum-cache products without ``beta_1``; past
+#: the end every factor is 1.0 in float64 (0.5 * 0.96 ** 1000 < 1e-17)
+_NADAM_CACHE = np.concatenate([[1.0], np.cumprod(1.0 - 0.5 * 0.96 ** np.arange(1, 1001, dtype=np.float64))])
+
+
+class Nadam(Optimizer):
+    """Keras's ``Nadam`` (Dozat 2016, Adam with Nesterov momentum and the momentum schedule
+    ``u_t = beta_1 * (1 - 0.5 * 0.96 ** t)``). With ``t = step`` and ``P_t = u_1 * ... * u_t``::
+
+        m = beta_1 * m + (1 - beta_1) * grad;  v = beta_2 * v + (1 - beta_2) * grad ** 2
+        m_hat = u_{t+1} * m / (1 - P_{t+1}) + (1 - u_t) * grad / (1 - P_t)
+        var -= lr * m_hat / (sqrt(v / (1 - beta_2 ** t)) + epsilon)
+
+    Keras keeps ``P_t`` as an optimizer variable multiplied once per step; here it is computed from ``t`` (the same
+    product, in float64), so a ps needs no state beyond the slots ``momentum`` and ``velocity``.
+    """
+
+    def __init__(self, learning_rate: float | LearningRateSchedule | Mapping[str, Any] = 0.001,
+                 beta_1: float = 0.9, beta_2: float = 0.999, epsilon: float = 1e-7,
+                 weight_decay: float | None = None) -> None:
+        super().__init__(learning_rate, weight_decay)
+        self._moment_config = self._moments(beta_1, beta_2, epsilon)
+        self._slot_init = {"momentum": 0.0, "velocity": 0.0}
+
+    def _hyper(self) -> dict[str, Any]:
+        return dict(self._moment_config)
+
+    def _u(self, t: int) -> float:
+        return self.beta_1 * (1.0 - 0.5 * 0.96 ** t)
+
+    def _product(self, t: int) -> float:
+        return self.beta_1 ** t * float(_NADAM_CACHE[min(t, len(_NADAM_CACHE) - 1)])
+
+    def _update(self, var: Any, grad: Any, slots: dict[str, Any], lr: float, step: int) -> None:
+        xp = kernels.array_module(var)
+        m, v = slots["momentum"], slots["velocity"]
+        m *= self.beta_1
+        m += (1.0 - self.beta_1) * grad
+        v *= self.beta_2
+        v += (1.0 - self.beta_2) * (grad * grad)
+        u_t, u_next = self._u(step), self._u(step + 1)
+        product = self._product(step)
+        m_hat = (u_next / (1.0 - product * u_next)) * m
+        m_hat += ((1.0 - u_t) / (1.0 - product)) * grad
+        denom = xp.sqrt(v / (1.0 - self.beta_2 ** step))
+        denom += self.epsilon
+        var -= lr * m_hat / denom
+
+
+class Adamax(Optimizer):
+    """Keras's ``Adamax`` (Kingma & Ba, section 7: Adam with the infinity norm). With ``t = step``::
+
+        m = beta_1 * m + (1 - beta_1) * grad;  u = max(beta_2 * u, |grad|)
+        var -= lr * m / ((1 - beta_1 ** t) * (u + epsilon))
+
+    Slots ``momentum`` and ``norm``, both starting at 0.
+    """
+
+    def __init__(self, learning_rate: float | LearningRateSchedule | Mapping[str, Any] = 0.001,
+                 beta_1: float = 0.9, beta_2: float = 0.999, epsilon: float = 1e-7,
+                 weight_decay: float | None = None) -> None:
+        super().__init__(learning_rate, weight_decay)
+        self._moment_config = self._moments(beta_1, beta_2, epsilon)
+        self._slot_init = {"momentum": 0.0, "norm": 0.0}
+
+    def _hyper(self) -> dict[str, Any]:
+        return dict(self._moment_config)
+
+    def _update(self, var: Any, grad: Any, slots: dict[str, Any], lr: float, step: int) -> None:
+        xp = kernels.array_module(var)
+        m, u = slots["momentum"], slots["norm"]
+        m *= self.beta_1
+        m += (1.0 - self.beta_1) * grad
+        u *= self.beta_2
+        xp.maximum(u, xp.abs(grad), out=u)
+        denom = u + self.epsilon
+        denom *= 1.0 - self.beta_1 ** step
+        var -= lr * m / denom
+
+
+class Lion(Optimizer):
+    """Keras's ``Lion`` (Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms")::
+
+        var -= lr * sign(beta_1 * m + (1 - beta_1) * grad);  m = beta_2 * m + (1 - beta_2) * grad
+
+    One slot, ``momentum``, starting at 0.
+    """
+
+    def __init__(self, learning_rate: float | LearningRateSchedule | Mapping[str, Any] = 0.001,
+                 beta_1: float = 0.9, beta_2: float = 0.99, weight_decay: float | None = None) -> None:
+        super().__init__(learning_rate, weight_decay)
+        self.beta_1 = number("Lion", "beta_1", beta_1, lo=0, hi=1)
+        self.beta_2 = number("Lion", "beta_2", beta_2, lo=0, hi=1)
+        self._slot_init = {"momentum": 0.0}
+
+    def _hyper(self) -> dict[str, Any]:
+        return {"beta_1": self.beta_1, "beta_2": self.beta_2}
+
+    def _update(self, var: Any, grad: Any, slots: dict[str, Any], lr: float, step: int) -> None:
+        xp = kernels.array_module(var)
+        m = slots["momentum"]
+        var -= lr * xp.sign(self.beta_1 * m + (1.0 - self.beta_1) * grad)
+        m *= self.beta_2
+        m += (1.0 - self.beta_2) * grad
 
 
 def _on_host(pairs: list[Any]) -> list[Any]:

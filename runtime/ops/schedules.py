@@ -1,5 +1,6 @@
-"""Learning-rate schedules, evaluated on the parameter servers from each variable's update count (TensorFlow's
-``ExponentialDecay``, ``InverseTimeDecay``, ``PiecewiseConstantDecay``, ``PolynomialDecay``, ``CosineDecay``): a
+"""Learning-rate schedules, evaluated on the parameter servers from each variable's update count (TensorFlow's and
+Keras's ``ExponentialDecay``, ``InverseTimeDecay``, ``PiecewiseConstantDecay``, ``PolynomialDecay``, ``CosineDecay``,
+``CosineDecayRestarts``, the same formulas in float64): a
 schedule is evaluated at ``step - 1``, as TF evaluates it at ``optimizer.iterations`` before incrementing. A
 schedule that would give a non-finite rate before :data:`MAX_SCHEDULE_STEP` is refused when it is configured.
 """
@@ -21,6 +22,7 @@ __all__ = [
     "PiecewiseConstantDecay",
     "PolynomialDecay",
     "CosineDecay",
+    "CosineDecayRestarts",
     "schedule_from_config",
 ]
 
@@ -141,23 +143,28 @@ class PiecewiseConstantDecay(LearningRateSchedule):
 
 
 class PolynomialDecay(LearningRateSchedule):
-    """``(initial - end) * (1 - min(step, decay_steps) / decay_steps) ** power + end`` (TF, without ``cycle``)."""
+    """``(initial - end) * (1 - step / decay_steps) ** power + end`` with ``step`` capped at ``decay_steps``; with
+    ``cycle``, ``decay_steps`` is instead multiplied by ``ceil(step / decay_steps)`` (1 at step 0), TF's rule."""
 
     def __init__(self, initial_learning_rate: float, decay_steps: int, end_learning_rate: float = 0.0001,
-                 power: float = 1.0) -> None:
+                 power: float = 1.0, cycle: bool = False) -> None:
         o = "PolynomialDecay"
         self.initial_learning_rate = number(o, "initial_learning_rate", initial_learning_rate, lo=0, lo_open=True)
         self.decay_steps = integer(o, "decay_steps", decay_steps, lo=1)
         self.end_learning_rate = number(o, "end_learning_rate", end_learning_rate, lo=0)
         self.power = number(o, "power", power, lo=0, lo_open=True)
+        self.cycle = boolean(o, "cycle", cycle)
 
     def __call__(self, step: int) -> float:
-        frac = 1.0 - min(step, self.decay_steps) / self.decay_steps
+        if self.cycle:
+            frac = 1.0 - step / (self.decay_steps * max(1, math.ceil(step / self.decay_steps)))
+        else:
+            frac = 1.0 - min(step, self.decay_steps) / self.decay_steps
         return (self.initial_learning_rate - self.end_learning_rate) * frac ** self.power + self.end_learning_rate
 
     def _config(self) -> dict[str, Any]:
         return {"initial_learning_rate": self.initial_learning_rate, "decay_steps": self.decay_steps,
-                "end_learning_rate": self.end_learning_rate, "power": self.power}
+                "end_learning_rate": self.end_learning_rate, "power": self.power, "cycle": self.cycle}
 
 
 class CosineDecay(LearningRateSchedule):
@@ -192,3 +199,37 @@ class CosineDecay(LearningRateSchedule):
     def _config(self) -> dict[str, Any]:
         return {"initial_learning_rate": self.initial_learning_rate, "decay_steps": self.decay_steps,
                 "alpha": self.alpha, "warmup_target": self.warmup_target, "warmup_steps": self.warmup_steps}
+
+
+class CosineDecayRestarts(LearningRateSchedule):
+    """Cosine decay with warm restarts (SGDR, Loshchilov & Hutter 2017; TF's and Keras's ``CosineDecayRestarts``).
+
+    Period ``i`` (from 0) lasts ``first_decay_steps * t_mul ** i`` steps and starts from ``m_mul ** i`` times the
+    initial rate; within it, with ``f`` the fraction of the period done, the rate is
+    ``initial_learning_rate * ((1 - alpha) * m_mul ** i * 0.5 * (1 + cos(pi * f)) + alpha)``.
+    """
+
+    def __init__(self, initial_learning_rate: float, first_decay_steps: int, t_mul: float = 2.0,
+                 m_mul: float = 1.0, alpha: float = 0.0) -> None:
+        o = "CosineDecayRestarts"
+        self.initial_learning_rate = number(o, "initial_learning_rate", initial_learning_rate, lo=0, lo_open=True)
+        self.first_decay_steps = integer(o, "first_decay_steps", first_decay_steps, lo=1)
+        self.t_mul = number(o, "t_mul", t_mul, lo=1)
+        self.m_mul = number(o, "m_mul", m_mul, lo=0, hi=1)
+        self.alpha = number(o, "alpha", alpha, lo=0, hi=1)
+
+    def __call__(self, step: int) -> float:
+        done = step / self.first_decay_steps
+        if self.t_mul == 1.0:
+            restart = math.floor(done)
+            frac = done - restart
+        else:
+            restart = math.floor(math.log(1.0 - done * (1.0 - self.t_mul)) / math.log(self.t_mul))
+            start = (1.0 - self.t_mul ** restart) / (1.0 - self.t_mul)  # periods done, in first periods
+            frac = (done - start) / self.t_mul ** restart
+        cosine = 0.5 * self.m_mul ** restart * (1.0 + math.cos(math.pi * frac))
+        return self.initial_learning_rate * ((1.0 - self.alpha) * cosine + self.alpha)
+
+    def _config(self) -> dict[str, Any]:
+        return {"initial_learning_rate": self.initial_learning_rate, "first_decay_steps": self.first_decay_steps,
+                "t_mul": self.t_mul, "m_mul": self.m_mul, "alpha": self.alpha}

@@ -33,10 +33,24 @@ def test_the_doc_has_an_install_line_a_command_and_a_program():
                      ("python", "import os"),
                      ("", "kubeps export /tmp/keras-doc-ckpt --model train.py:build_model --output "
                           "/tmp/keras-doc-serving"),
+                     ("python", "import os"),  # Optimizers and learning rates: run below
                      # On Kubernetes: run by tests/e2e/test_kind.py (the image and examples/keras/job.yaml)
                      ("sh", "docker build --target runtime-keras -t kubeps-runtime-keras:latest .")]
     extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["keras"]
     assert extra == ["keras>=3.15", "jax>=0.10.2"]
+
+
+def test_the_doc_optimizer_example_maps_keras_adamw_and_its_schedule(tmp_path):
+    """The block of "Optimizers and learning rates": Keras's AdamW with a warmup CosineDecay becomes kubeps's AdamW
+    with kubeps's CosineDecay, whose first update uses schedule(0) and update 101 schedule(100)."""
+    (code,) = [code for lang, code in blocks() if lang == "python" and "kubeps_optimizer" in code]
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "KERAS_BACKEND": "jax"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    described, rates = done.stdout.splitlines()
+    assert described.startswith("AdamW(learning_rate={'class_name': 'CosineDecay', 'config': {'initial_learning_rate"
+                                "': 0.0, 'decay_steps': 1000,") and described.endswith("weight_decay=0.01)")
+    assert rates == "0.0 0.01"
 
 
 @pytest.mark.slow
@@ -44,7 +58,7 @@ def test_the_doc_has_an_install_line_a_command_and_a_program():
 def test_the_doc_program_trains_checkpoints_and_is_evaluated_under_kubeps_local(tmp_path):
     """The program trains with validation and a metric, the evaluator's `model.evaluate` of the final checkpoint is
     the chief's `model.evaluate` after `fit`, and `kubeps export` imports the (guarded) program and exports it."""
-    (_, _), (_, command), (_, program), (_, export), _ = blocks()
+    (_, _), (_, command), (_, program), (_, export), *_ = blocks()
     (tmp_path / "train.py").write_text(program)
     args = command.split()
     assert args[:1] == ["kubeps"] and args[-1] == "train.py"
