@@ -18,7 +18,7 @@ all. With ``--tf-python``, the same files are read by ``tf.data`` (``TFRecordDat
 ``tf.io.parse_example``; ``CsvDataset`` + ``batch``; Parquet needs TF I/O: tensorflow-io 0.37.1, the latest, installs
 beside TensorFlow 2.21 but its op library fails to load (an undefined symbol), so it is reported as skipped) in
 that interpreter, reading the files one after another: its fastest way here (``TFRecordDataset(...,
-num_parallel_reads=2)`` read 100k examples/s against 205k without, in one run, session 9). kubeps reads TFRecord
+num_parallel_reads=2)`` read 100k examples/s against 205k without, in one run). kubeps reads TFRecord
 files with ``num_parallel_reads`` > 1 in as many child processes (``kubeps.runtime.data.reader_processes``), Parquet
 and CSV in threads.
 """

@@ -327,7 +327,7 @@ def test_chart_version_follows_the_distribution():
 
 
 def test_chart_ports_are_the_operators_defaults():
-    """Issue 23.9: docs/operator.md said metrics on 8080 (the operator's default) while the chart served them on 9090
+    """docs/operator.md said metrics on 8080 (the operator's default) while the chart served them on 9090
     and probed liveness on 8080. The chart's defaults are the operator's own."""
     from kubeps.operator.controller.settings import Settings
 

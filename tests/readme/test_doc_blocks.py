@@ -1,4 +1,4 @@
-"""Every fenced code block in README.md and docs/*.md runs, as a user would run it (issue 23).
+"""Every fenced code block in README.md and docs/*.md runs, as a user would run it.
 
 One parametrized test over every block, ids ``file:line``. What happens to a block depends on its language:
 

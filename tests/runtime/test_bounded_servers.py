@@ -1,4 +1,4 @@
-"""Issue 24: servers are bounded. Stalled streams cannot starve correct clients, requests and answers have size
+"""Servers are bounded. Stalled streams cannot starve correct clients, requests and answers have size
 caps, parked answers expire on a timer, slot sets per variable are bounded -- and the memory of a ps stays flat
 under the amplification cases (measured as the RSS of the ps process)."""
 

@@ -407,7 +407,7 @@ def test_free_ports_are_distinct_and_bindable():
         (["--grace-period", "-1"], "--grace-period must be a number of seconds >= 0"),
         (["--bogus"], "unrecognized arguments: --bogus"),
         (["extra"], "unrecognized arguments: extra"),
-        # issue 23.8: the script's own flags without '--' before them
+        # the script's own flags without '--' before them
         (["--steps", "5"], "unrecognized arguments: --steps 5; arguments for the script go after '--': "
                            "kubeps local {script} [OPTIONS] -- --steps 5"),
     ],
