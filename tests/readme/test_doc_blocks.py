@@ -71,10 +71,12 @@ NOT_RUN = {
         "a benchmark of minutes (make bench); tests/models runs the Keras example",
     ("docs/benchmarks.md", ".venv/bin/python bench/ctr_vs_tf.py --jax --rounds 3 --steps 1000"):
         "a benchmark of minutes (make bench)",
-    ("docs/benchmarks.md", ".venv/bin/python bench/ctr_vs_tf.py --tf-python /tmp/tfenv/bin/python --keras --rounds 3"):
+    ("docs/benchmarks.md", ".venv/bin/python bench/ctr_vs_tf.py --tf-python /tmp/tfenv/bin/python --plaintext --rounds 3 --steps 2000"):
         "a benchmark of minutes (make bench) with TensorFlow beside it",
-    ("docs/benchmarks.md", ".venv/bin/python bench/ctr_vs_tf.py --plaintext --rounds 3 --steps 1500"):
-        "a benchmark of minutes (make bench)",
+    ("docs/benchmarks.md", ".venv/bin/python bench/input_formats.py --rounds 5 [--tf-python /path/tfenv/bin/python]"):
+        "a benchmark of minutes (make bench); tests/runtime/test_data_formats.py reads every format",
+    ("docs/benchmarks.md", "make bench        # every bench/*.py with its defaults"):
+        "runs every benchmark, minutes each",
     ("docs/benchmarks.md", ".venv/bin/python bench/ctr_vs_tf.py --overlap --rounds 3 --steps 2000          # overlap on and off, CPU"):
         "a benchmark of minutes; its GPU lines need a GPU machine (hack/device/gpu.sh runs them there)",
     ("docs/benchmarks.md", ".venv/bin/python bench/dispatch.py --workers 8,64,256 --hosts 8 --closures 3000 --idle-s 2"):
