@@ -21,7 +21,9 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from kubeps.runtime.contract import VERSION
+
+__version__ = VERSION  # kubeps.runtime.contract holds the one source of the version
 
 # public name -> module (relative to this package) that defines it
 _EXPORTS: dict[str, str] = {}
