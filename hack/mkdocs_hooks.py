@@ -3,6 +3,8 @@
 - ``reference/python-api.md``: one mkdocstrings entry for every public name of ``kubeps.runtime``
   (``kubeps.runtime._EXPORTS``, the lazy facade's table, which ``__all__`` is made from), grouped by the module
   that defines it, so a name added to the facade is documented without editing a page.
+  The docstrings are written for Sphinx as much as for readers of the source: ``on_page_content`` drops the
+  roles (``:class:``, ``:meth:`` ...) and the ``~`` of a shortened name in front of the code they mark.
 - ``reference/cli.md``: the ``kubeps`` command's help, from its argparse parsers (``kubeps.runtime.cli``, and
   ``kubeps.operator.main`` for ``kubeps operator``).
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +102,14 @@ def on_startup(command: str, dirty: bool) -> None:  # noqa: ARG001  # mkdocs' ho
         link = SOURCE_TREE / "kubeps" / root
         if not link.is_symlink():
             link.symlink_to(REPO / root, target_is_directory=True)
+
+
+#: a Sphinx role left in front of the code it marks (``:class:`~x.Y``` renders as ``:class:<code>~x.Y</code>``)
+SPHINX_ROLE = re.compile(r":(?:class|meth|func|mod|data|attr|exc|obj|const):(<code>)~?")
+
+
+def on_page_content(html: str, page: Any, config: Any, files: Files) -> str:  # noqa: ARG001  # mkdocs' signature
+    return SPHINX_ROLE.sub(r"\1", html) if page.file.src_uri == API_PAGE else html
 
 
 def on_files(files: Files, config: Any) -> Files:

@@ -51,6 +51,7 @@ def test_every_public_runtime_name_has_a_rendered_entry(site: Path) -> None:
     assert not missing, f"public names of kubeps.runtime without an entry in the Python API page: {missing}"
     # rendered, not left as the `:::` directive or an empty heading: each entry carries its docstring's text
     assert ":::" not in page
+    assert not re.search(r":(?:class|meth|func|mod|data|attr|exc):<code>", page), "a Sphinx role left in the text"
     for name in ("ParameterServerStrategy", "ClusterCoordinator", "Variable"):
         entry = page.split(f'id="kubeps.runtime.{kp._EXPORTS[name]}.{name}"', 1)[1][:20000]
         assert 'class="doc doc-contents' in entry, f"{name}: heading without contents"
