@@ -93,11 +93,12 @@ kind-down:
 
 # Serve the documentation site locally, rebuilt on every change; docs-build writes it to site/ with warnings as
 # errors, as tests/docs/test_site.py does in `make test`.
+# (NO_MKDOCS_2_WARNING: Material's banner about its end of life in 2027 and its successor, printed on every build)
 docs: $(STAMP)
-	$(BIN)/mkdocs serve --strict
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --strict
 
 docs-build: $(STAMP)
-	$(BIN)/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 bench: $(STAMP)
 	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

@@ -8,6 +8,7 @@ successful build could still miss: a public name without a rendered entry, a pag
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -26,7 +27,8 @@ pytest.importorskip("mkdocs", reason="the docs extra (pip install -e '.[docs]') 
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("site")
     proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)], cwd=REPO,
-                          capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+                          capture_output=True, text=True, timeout=BUILD_TIMEOUT_S,
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})  # Material's end-of-life banner
     assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
     return out
 
