@@ -2,7 +2,8 @@
 docker: the kind e2e builds them with the same labels).
 
 The version's one source is ``kubeps.runtime.contract.VERSION`` (pyproject.toml reads it); the chart's ``version``
-and ``appVersion`` and the image tags the docs show are checked against it here.
+and ``appVersion`` and the image tags, wheel names and ``kubeps version`` output the docs show are checked against it
+here.
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ from .conftest import find_tool
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "kubeps"
-#: an image of this project named with a tag: kubeps-runtime:0.1.0, kubeps-operator:0.1.0, ...
-IMAGE_TAG = re.compile(r"kubeps-(?:runtime|operator|runtime-keras|runtime-gpu):(\d+\.\d+\.\d+[\w.+-]*)")
+#: an artefact of this project named with its version: kubeps-runtime:0.1.0, kubeps-operator:0.1.0, ..., the wheel
+#: kubeps-0.1.0-py3-none-any.whl, `kubeps version`'s "kubeps 0.1.0"
+VERSIONED = re.compile(r"kubeps-(?:runtime|operator|runtime-keras|runtime-gpu):(\d+\.\d+\.\d+[\w.+-]*)"
+                       r"|kubeps-(\d+\.\d+\.\d+[\w.+]*)-py3|`kubeps (\d+\.\d+\.\d+[\w.+-]*)`")
 RELEASE_TIMEOUT_S = 300
 
 
@@ -51,9 +54,10 @@ def test_one_version_for_every_artefact() -> None:
     from kubeps.runtime.cli import main
 
     assert main(["version"]) == 0
-    shown = {m.group(1) for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-             for m in IMAGE_TAG.finditer(path.read_text())}
-    assert shown <= {VERSION}, f"the docs show kubeps images of other versions than {VERSION}: {sorted(shown)}"
+    shown = {next(v for v in m.groups() if v) for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+             for m in VERSIONED.finditer(path.read_text())}
+    assert VERSION in shown  # the pattern finds what the docs show (the install page's image tags, at least)
+    assert shown <= {VERSION}, f"the docs show kubeps artefacts of other versions than {VERSION}: {sorted(shown)}"
 
 
 @pytest.mark.slow
