@@ -12,12 +12,12 @@ PYTEST_WORKERS ?= 2
 
 ACTIONLINT_VERSION := v1.7.12
 
-.PHONY: install example test lint controlplane s3server kueue gang-crds monitoring-crds tools e2e kind-down bench clean
+.PHONY: install example test lint docs docs-build controlplane s3server kueue gang-crds monitoring-crds tools e2e kind-down bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[operator,test]'
+	$(BIN)/python -m pip install -q -e '.[operator,test,docs]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -99,6 +99,15 @@ e2e: $(STAMP)
 # Remove the e2e cluster (and stop the dockerd hack/kind.sh started) after KUBEPS_E2E_KEEP=1 or an interrupted run.
 kind-down:
 	hack/kind.sh down
+
+# Serve the documentation site locally, rebuilt on every change; docs-build writes it to site/ with warnings as
+# errors, as tests/docs/test_site.py does in `make test`.
+# (NO_MKDOCS_2_WARNING: Material's banner about its end of life in 2027 and its successor, printed on every build)
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --strict
+
+docs-build: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 bench: $(STAMP)
 	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

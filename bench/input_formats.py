@@ -12,13 +12,13 @@ of ``tf.Example`` with the same three features; CSV with 22 columns (``C1..C8`` 
 (CSV: its 22 columns stacked into the same by a vectorised ``map`` after ``batch``) through the CTR workload's
 ``shuffle(10_000)`` and ``batch(512, drop_remainder=True)``: one epoch, timed from the start to the last batch, after
 one untimed warm-up epoch of each (imports, page cache). The baseline is ``from_tensor_slices`` of the same arrays
-through the same ``shuffle`` and ``batch`` (the issue's "in-memory arrays"). Every
+through the same ``shuffle`` and ``batch`` (the "in-memory arrays" the goal is stated against). Every
 figure is the median of ``--rounds``, the rounds alternating between pipelines so load on a shared machine falls on
 all. With ``--tf-python``, the same files are read by ``tf.data`` (``TFRecordDataset`` + ``batch`` +
 ``tf.io.parse_example``; ``CsvDataset`` + ``batch``; Parquet needs TF I/O: tensorflow-io 0.37.1, the latest, installs
 beside TensorFlow 2.21 but its op library fails to load (an undefined symbol), so it is reported as skipped) in
 that interpreter, reading the files one after another: its fastest way here (``TFRecordDataset(...,
-num_parallel_reads=2)`` read 100k examples/s against 205k without, in one run, session 9). kubeps reads TFRecord
+num_parallel_reads=2)`` read 100k examples/s against 205k without, in one run). kubeps reads TFRecord
 files with ``num_parallel_reads`` > 1 in as many child processes (``kubeps.runtime.data.reader_processes``), Parquet
 and CSV in threads.
 """

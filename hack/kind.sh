@@ -716,9 +716,12 @@ keras_image() { [[ "${KUBEPS_KIND_KERAS_IMAGE:-0}" == 1 ]]; }
 # Dockerfile (docker's layer cache makes a rebuild of unchanged sources a few seconds).
 build_images() {
   local start=$SECONDS args=()
+  # the images' OCI labels: the version and the commit they were built from
+  args=(--build-arg "KUBEPS_VERSION=$("$ROOT/hack/version.sh")"
+        --build-arg "KUBEPS_REVISION=$("$ROOT/hack/version.sh" --revision)")
   if offline; then
     docker image inspect "$PYTHON_BASE" >/dev/null 2>&1 || die "$PYTHON_BASE missing: run hack/kind.sh build"
-    args=(--build-arg "PYTHON_IMAGE=$PYTHON_BASE")
+    args+=(--build-arg "PYTHON_IMAGE=$PYTHON_BASE")
   fi
   docker_build "$RUNTIME_IMAGE" "$ROOT" --target runtime "${args[@]}" || die "runtime image build failed"
   if keras_image; then

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import platform
 import sys
 from typing import Any, Mapping
+
+from kubeps.runtime.contract import VERSION
 
 from .api.models import GangScheduler
 from .controller import settings as settings_module
@@ -114,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     from .controller.reconciler import Reconciler  # noqa: PLC0415
 
     configure_logging(settings)
+    log_versions(settings, kopf.__version__)
     for noisy in ("aiohttp", "kopf.objects"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(settings.log_level)))
     reconciler = Reconciler(settings)
@@ -122,6 +126,14 @@ def main(argv: list[str] | None = None) -> int:
         metrics.serve(settings.metrics_port, settings.bind_address)
     kopf.run(**kopf_run_options(settings), memo=kopf.Memo(reconciler=reconciler))
     return 0
+
+
+def log_versions(settings: Settings, kopf_version: str) -> None:
+    """What runs, first in the operator's log: its version, the runtime image its pods get by default (the runtime's
+    version unless ``--default-image`` names another), Python's and kopf's."""
+    logging.getLogger("kubeps.operator").info(
+        "kubeps operator %s starting; pods that name no image run %s; Python %s, kopf %s", VERSION,
+        settings.default_image, platform.python_version(), kopf_version)
 
 
 def _skip_kubernetes_package() -> None:

@@ -22,7 +22,9 @@ import importlib
 import os
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from kubeps.runtime.contract import VERSION
+
+__version__ = VERSION  # kubeps.runtime.contract holds the one source of the version
 
 # gRPC's C core reads GRPC_VERBOSITY once, when grpc is imported; unset, grpcio logs at INFO, which writes one line
 # to stderr for every failed TLS handshake (~440 bytes: any client that reaches a port can write ~40 KB/s to the

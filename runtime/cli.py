@@ -19,16 +19,21 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Sequence
 
+from kubeps.runtime.contract import VERSION
+
 __all__ = ["build_parser", "main"]
 
 USAGE_ERROR = 2
 
 
 def _version() -> str:
+    """This kubeps's version and, when the installed distribution's metadata says another (an editable install
+    whose source moved on), that one too."""
     try:
-        return version("kubeps")
+        installed = version("kubeps")
     except PackageNotFoundError:  # running from a source tree that is not installed
-        return "unknown (not installed)"
+        return f"{VERSION} (not installed)"
+    return VERSION if installed == VERSION else f"{VERSION} (installed distribution: {installed})"
 
 
 class _Parser(argparse.ArgumentParser):

@@ -1,7 +1,7 @@
 """The pod contract: what the operator, ``kubeps local`` and the runtime's processes agree on about a task.
 
 One definition, imported by both halves (the operator may import this module and :mod:`kubeps.runtime.cluster`,
-nothing else of the runtime): the environment variables a task reads, the exit status of a chief that lost a
+nothing else of the runtime): the version of kubeps (:data:`VERSION`), the environment variables a task reads, the exit status of a chief that lost a
 parameter server, and which exit statuses are retried.
 
 Exit statuses (the same in Kubernetes and locally, as Kubeflow's training operators define them):
@@ -19,6 +19,7 @@ This module is pure data and one function: no I/O, no third-party import.
 from __future__ import annotations
 
 __all__ = [
+    "VERSION",
     "BIND_HOST_ENV",
     "CHECKPOINT_DIR_ENV",
     "CHECKPOINT_ROOT_ENV",
@@ -200,6 +201,11 @@ CHECKPOINT_ROOT_ENV = "KUBEPS_CHECKPOINT_ROOT"
 #: the checkpoint directory the examples default to (``--checkpoint-dir``); the operator adds it to a task's
 #: :data:`CHECKPOINT_ROOT_ENV`
 CHECKPOINT_DIR_ENV = "KUBEPS_CHECKPOINT_DIR"
+
+#: The version of kubeps, the one source of it: the wheel's and the sdist's (pyproject.toml reads it), the images'
+#: tag, the operator's default runtime image; the chart's ``version`` and ``appVersion`` must equal it
+#: (tests/packaging/test_release.py). docs/releasing.md says how a release bumps it.
+VERSION = "0.1.0"
 
 #: Exit status of a chief that lost a parameter server: retryable (>= 128), and not a status the kernel gives a
 #: crash kubeps can cause by itself (134 abort, 137 kill/OOM, 139 segfault, 143 term).

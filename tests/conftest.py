@@ -65,7 +65,7 @@ def pytest_configure(config: pytest.Config) -> None:
 _API_SERVER_DIRS = frozenset({"operator", "controlplane", "packaging", "checkpoint", "fuzz", "fault_tolerance"})
 #: Test directories whose tests start training jobs: one group, so two training jobs never share the 2 cores
 #: (their timing assertions: heartbeats, deadlines, at load ~3, not ~10).
-_TRAINING_DIRS = frozenset({"runtime", "models", "chaos", "cluster", "observe", "readme"})
+_TRAINING_DIRS = frozenset({"runtime", "models", "chaos", "cluster", "observe", "readme", "docs"})
 #: Modules of those directories that run with the API-server group instead, to balance the two workers (measured:
 #: 755 s of training tests against 463 s of API-server tests): their small training jobs are checked for results
 #: (exports predicting as the evaluation, ported programs training), never for timing.

@@ -85,7 +85,8 @@ def _rows(node: dict[str, Any], path: str, required: bool) -> Iterator[tuple[str
 
 def _rules(node: dict[str, Any], path: str) -> Iterator[tuple[str, str, str]]:
     for rule in node.get("x-kubernetes-validations", []):
-        yield path or "(the job)", rule["rule"], rule.get("message", rule.get("messageExpression", ""))
+        # `[` escaped: a rule's `[a-z](...)` would read as a Markdown link (code spans cannot hold the table's `\|`)
+        yield path or "(the job)", rule["rule"].replace("[", "\\["), rule.get("message", rule.get("messageExpression", ""))
     for child, schema in node.get("properties", {}).items():
         yield from _rules(schema, f"{path}.{child}" if path else child)
     if "items" in node:

@@ -38,14 +38,14 @@ from kubeps.runtime import certs
 from kubeps.runtime.cluster import TaskSpec, TFConfig
 from kubeps.runtime.contract import (CHECKPOINT_DIR_ENV, CHECKPOINT_ROOT_ENV, DEVICE_ENV, JOB_TOKEN_ENV,
                                      METRICS_PORT_ENV, TF_CONFIG_ENV,
-                                     TLS_CA_FILE_ENV, TLS_CERT_FILE_ENV, TLS_KEY_FILE_ENV, TLS_MOUNT_PATH)
+                                     TLS_CA_FILE_ENV, TLS_CERT_FILE_ENV, TLS_KEY_FILE_ENV, TLS_MOUNT_PATH, VERSION)
 from kubeps.runtime.settings import TaskSettings
 
 from kubeps.operator.api import models
 from kubeps.operator.api.models import GangScheduler, NetworkPolicyMode, PSTrainingJobSpec, ReplicaType, TLSMode
 
 #: The runtime image of containers that name none (``--default-image`` / ``KUBEPS_DEFAULT_IMAGE`` override it).
-DEFAULT_IMAGE = "ghcr.io/kubeps/kubeps-runtime:0.1.0"
+DEFAULT_IMAGE = f"ghcr.io/kubeps/kubeps-runtime:{VERSION}"
 
 LABEL_JOB = "kubeps.dev/job-name"
 LABEL_TYPE = "kubeps.dev/replica-type"

@@ -149,7 +149,7 @@ class TensorEntry(BaseModel):
 class VariableEntry(TensorEntry):
     """A logical variable, with its optimizer slots: ``{optimizer class: {slot name: tensor}}``.
 
-    Checkpoints written before issue 23 keyed slots by the optimizer's whole config (JSON); they are read with their
+    Older kubeps checkpoints keyed slots by the optimizer's whole config (JSON); they are read with their
     keys mapped to the class. Where such a checkpoint holds two slot sets of one class (a resume with another
     learning rate started a second set), the first in the manifest is kept and a warning names the other."""
 

@@ -497,7 +497,7 @@ def slot_key(config: dict[str, Any]) -> str:
 
 
 def legacy_slot_key(key: str) -> str:
-    """A slot key as checkpoints before issue 23 wrote it (the optimizer's whole config as JSON) mapped to
+    """A slot key as older checkpoints wrote it (the optimizer's whole config as JSON) mapped to
     :func:`slot_key`; a current key is returned as it is."""
     if not key.startswith("{"):
         return key

@@ -1,4 +1,4 @@
-"""Issue 24: a ps reads and writes checkpoint shards only below its checkpoint root (``KUBEPS_CHECKPOINT_ROOT``,
+"""A ps reads and writes checkpoint shards only below its checkpoint root (``KUBEPS_CHECKPOINT_ROOT``,
 given by ``kubeps local`` and by the operator); paths are normalised the same way on the chief and on a ps; a refused
 ``SaveShards`` writes nothing; a refusal says the same whether or not the path exists."""
 

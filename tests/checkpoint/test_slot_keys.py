@@ -1,4 +1,4 @@
-"""Issue 23.2: optimizer slots are keyed by what they are (optimizer class + slot name, as TensorFlow keys them), so
+"""Optimizer slots are keyed by what they are (optimizer class + slot name, as TensorFlow keys them), so
 a learning-rate change on resume keeps them; another optimizer class, or a slot of another shape, says so; old
 checkpoints (slots keyed by the optimizer's whole config) still restore."""
 

@@ -1,4 +1,4 @@
-"""Hypothesis profiles of the fuzz suite (issue 24). ``ci`` (the default) keeps the whole suite under a minute on two
+"""Hypothesis profiles of the fuzz suite. ``ci`` (the default) keeps the whole suite under a minute on two
 busy cores; ``KUBEPS_FUZZ=long`` runs the opt-in long profile. docs/testing.md lists the inputs per target."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Fuzzing the parsers of untrusted bytes: the frame decoder, TF_CONFIG and checkpoint manifests. Each either
-accepts its input or raises its own error naming the field -- never anything else (issue 24)."""
+accepts its input or raises its own error naming the field -- never anything else."""
 
 from __future__ import annotations
 

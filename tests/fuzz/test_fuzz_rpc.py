@@ -1,4 +1,4 @@
-"""Fuzzing every RPC handler of a real ps and worker process on loopback (issue 24): random, truncated, oversized
+"""Fuzzing every RPC handler of a real ps and worker process on loopback: random, truncated, oversized
 and wrong-dtype frames, wrong and missing tokens, unknown variables and methods, hostile checkpoint paths.
 
 For every input: no answer is UNKNOWN (nor INTERNAL from a ps: that would be a bug, not a refusal); a refused call

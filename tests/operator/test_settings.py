@@ -7,8 +7,9 @@ import time
 import pytest
 
 from kubeps.operator.kube.client import TokenBucket
-from kubeps.operator.main import settings_from_args
+from kubeps.operator.main import log_versions, settings_from_args
 from kubeps.operator.controller.settings import DEFAULT_IMAGE, Settings
+from kubeps.runtime.contract import VERSION
 
 
 def test_defaults_are_cluster_wide():
@@ -126,3 +127,14 @@ def test_kopf_run_module_keeps_kopf_peering_choice():
     kopf_settings(Settings(watch_server_timeout=60), target=theirs, peering=False)
     assert (theirs.peering.name, theirs.peering.mandatory, theirs.peering.standalone) == ("from-cli", True, False)
     assert theirs.watching.server_timeout == 60 and theirs.peering.lifetime == 10
+
+
+def test_the_operator_logs_its_version_and_the_runtime_image_first(caplog):
+    """The first line of the operator's log says what runs: its version, the runtime image pods get by default (the
+    runtime's version unless --default-image names another), Python's and kopf's."""
+    caplog.set_level("INFO", logger="kubeps.operator")
+    log_versions(settings_from_args(["--default-image", "registry.example.com/rt:1.2.3"]), "1.45.2")
+    (record,) = caplog.records
+    assert record.getMessage().startswith(f"kubeps operator {VERSION} starting; pods that name no image run "
+                                          "registry.example.com/rt:1.2.3; Python 3.")
+    assert record.getMessage().endswith("kopf 1.45.2")

@@ -1,4 +1,4 @@
-"""``kubeps validate`` (issue 23.5): every error of a manifest at once, unknown fields refused as the API server's
+"""``kubeps validate``: every error of a manifest at once, unknown fields refused as the API server's
 strict field validation refuses them, the CRD's CEL rules applied, exit codes for CI; the JSON schema editors use
 does not drift from the models; ``kubectl explain`` has a description for every field of the spec."""
 

@@ -170,7 +170,7 @@ def test_sample_manifests_are_accepted(crd, kube, namespace, path):
     models.parse_spec(created["spec"])  # and the operator reads them as the API server stored them
 
 
-# -- kubeps validate agrees with this API server (issue 23.5) ------------------------------------------------------
+# -- kubeps validate agrees with this API server ---------------------------------------------------------------
 def _mutated(path: str, value):
     manifest = copy.deepcopy(job_manifest("agree"))
     _set(path, value)(manifest)

@@ -5,11 +5,13 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
 import yaml
+
+from kubeps.operator.core.children import DEFAULT_IMAGE
+from kubeps.runtime.contract import VERSION
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "kubeps"
@@ -185,8 +187,11 @@ def test_operator_deployment_is_hardened(render, variant):
 def test_operator_arguments_follow_values(render):
     _, c = deployment_and_container(render.template())
     assert "--all-namespaces" in c["args"]
-    assert "--default-image=ghcr.io/kubeps/kubeps-runtime:0.1.0" in c["args"]
-    assert c["image"] == "ghcr.io/kubeps/kubeps-operator:0.1.0"
+    # the chart's default images are the release's (its appVersion, kubeps.runtime.contract.VERSION), as is the
+    # operator's own default (kubeps.operator.core.children.DEFAULT_IMAGE)
+    assert f"--default-image=ghcr.io/kubeps/kubeps-runtime:{VERSION}" in c["args"]
+    assert f"--default-image={DEFAULT_IMAGE}" in c["args"]
+    assert c["image"] == f"ghcr.io/kubeps/kubeps-operator:{VERSION}"
     assert "--cluster-domain=cluster.local" in c["args"] and "--log-level=info" in c["args"]
 
     _, c = deployment_and_container(render.template("--values", str(VARIANTS["custom-images"])))
@@ -331,15 +336,8 @@ def test_plain_manifests_match_the_chart(render):
     assert crd["spec"]["group"] == crd_group_plural()[0]
 
 
-def test_chart_version_follows_the_distribution():
-    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    assert chart["appVersion"] == project["version"]
-    assert chart["version"] == project["version"]
-
-
 def test_chart_ports_are_the_operators_defaults():
-    """Issue 23.9: docs/operator.md said metrics on 8080 (the operator's default) while the chart served them on 9090
+    """docs/operator.md said metrics on 8080 (the operator's default) while the chart served them on 9090
     and probed liveness on 8080. The chart's defaults are the operator's own."""
     from kubeps.operator.controller.settings import Settings
 

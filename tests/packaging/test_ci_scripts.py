@@ -131,6 +131,8 @@ def test_runtime_image_exits_on_sigterm_as_pid1_hook_is_installed():
     dockerfile = (REPO / "Dockerfile").read_text()
     stages = {chunk.split("\n", 1)[0].split()[-1]: chunk for chunk in dockerfile.split("\nFROM ")[1:]}
     assert "kubeps_pid1.py" in stages["runtime-venv"] and "kubeps_pid1.pth" in stages["runtime-venv"]
-    for stage in ("runtime-keras", "runtime-gpu"):  # built on the runtime image: its venv, hook included
-        assert stages[stage].startswith(f"runtime AS {stage}"), stage
+    # runtime, runtime-keras and runtime-gpu are built on runtime-base, which copies the venv, hook included
+    assert "COPY --from=runtime-venv /opt/venv /opt/venv" in stages["runtime-base"]
+    for stage in ("runtime", "runtime-keras", "runtime-gpu"):
+        assert stages[stage].startswith(f"runtime-base AS {stage}"), stage
     assert (REPO / "images" / "runtime" / "kubeps_pid1.pth").read_text().strip() == "import kubeps_pid1"

@@ -42,6 +42,14 @@ def stages() -> dict[str, list[str]]:
     return out
 
 
+def lineage(target: str) -> list[str]:
+    """The instructions a target's image is made of: its base stages' (``FROM <stage>``), then its own."""
+    st = stages()
+    body = st[target]
+    base = body[0].split()[1]
+    return (lineage(base) if base in st else []) + body
+
+
 def arg_defaults() -> dict[str, str]:
     return dict(re.findall(r"^ARG\s+(\w+)=(\S+)", DOCKERFILE.read_text(), re.M))
 
@@ -69,7 +77,7 @@ def test_targets_and_pinned_bases():
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_final_stages_run_as_the_charts_non_root_user(target):
-    body = stages()[target]
+    body = lineage(target)
     users = [line.split()[1] for line in body if line.upper().startswith("USER ")]
     assert users and users[-1].split(":")[0] == str(NON_ROOT_UID), f"{target} must end as USER {NON_ROOT_UID}"
     values = yaml.safe_load((REPO / "charts" / "kubeps" / "values.yaml").read_text())
@@ -89,7 +97,27 @@ def test_entrypoints_are_the_ones_pods_use():
     assert exec_form(st["operator"], "ENTRYPOINT") == ["kubeps", "operator"]
     assert 'command: ["kubeps", "operator"]' in deployment
     for target in ("runtime", "runtime-gpu"):
-        assert exec_form(st[target], "CMD") == ["python", "-m", "kubeps.runtime.server"]
+        assert exec_form(lineage(target), "CMD") == ["python", "-m", "kubeps.runtime.server"]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_images_carry_the_oci_labels_of_the_release(target):
+    """Every image is labelled with the version and revision hack/release.sh and hack/kind.sh pass, its own title,
+    and its source; the labels come last, so a new revision rebuilds no layer."""
+    labels = dict(re.findall(r'(org\.opencontainers\.image\.\w+)="([^"]*)"', " ".join(stages()[target])))
+    assert labels == {
+        "org.opencontainers.image.title": f"kubeps-{target}",
+        "org.opencontainers.image.version": "${KUBEPS_VERSION}",
+        "org.opencontainers.image.revision": "${KUBEPS_REVISION}",
+        "org.opencontainers.image.source": "${KUBEPS_SOURCE}",
+        "org.opencontainers.image.licenses": "Apache-2.0",
+    }
+    body = stages()[target]
+    first_arg = next(i for i, line in enumerate(body) if line.startswith("ARG KUBEPS_"))
+    assert all(line.split()[0] in ("ARG", "LABEL", "ENTRYPOINT", "CMD") for line in body[first_arg:]), body
+    for script in ("hack/kind.sh", "hack/release.sh"):
+        text = (REPO / script).read_text()
+        assert '"KUBEPS_VERSION=$(' in text and '"KUBEPS_REVISION=$(' in text, f"{script} does not label the images"
 
 
 def test_dockerignore_keeps_what_copy_needs():
@@ -230,7 +258,7 @@ def test_runtime_gpu_installs_the_cuda_13_extra_on_the_runtime_and_imports_cupy(
     import tomllib
 
     body = stages()["runtime-gpu"]
-    assert body[0].split()[1] == "runtime"
+    assert body[0].split()[1] == "runtime-base"  # the runtime image's layers, without its labels
     extra = arg_defaults()["GPU_EXTRA"]
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert [r.split(">=")[0] for r in extras[extra]] == ["cupy-cuda13x[ctk]"]

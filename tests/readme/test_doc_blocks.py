@@ -1,4 +1,4 @@
-"""Every fenced code block in README.md and docs/*.md runs, as a user would run it (issue 23).
+"""Every fenced code block in README.md and docs/*.md runs, as a user would run it.
 
 One parametrized test over every block, ids ``file:line``. What happens to a block depends on its language:
 
@@ -43,7 +43,7 @@ LOCAL_TIMEOUT_S = 150
 
 #: shell blocks that are cheap and local: run with bash in the repository, the venv's commands first on PATH
 RUN_SHELL = {
-    ("README.md", "kubeps validate examples/ctr/job.yaml examples/jobs/*.yaml"),
+    ("docs/train-on-kubernetes.md", "kubeps validate examples/ctr/job.yaml examples/jobs/*.yaml"),
 }
 SHELL_TIMEOUT_S = 60
 
@@ -52,9 +52,9 @@ NOT_RUN = {
     ("README.md", "make example   # creates .venv, installs kubeps, trains examples/ctr with `kubeps local` (2 ps, 2 workers)"):
         "make test would run this suite recursively; make example's command is tests/runtime/test_example_ctr.py's, "
         "and tests/readme/test_readme.py checks both targets exist",
-    ("README.md", "helm install kubeps charts/kubeps --namespace kubeps-system --create-namespace   # or:"):
+    ("docs/train-on-kubernetes.md", "helm install kubeps charts/kubeps --namespace kubeps-system --create-namespace   # or:"):
         "needs a Kubernetes cluster; tests/e2e installs with the chart and tests/packaging renders it",
-    ("README.md", "kubectl apply -f examples/ctr/job.yaml"): "needs a cluster with the operator (tests/e2e)",
+    ("docs/train-on-kubernetes.md", "kubectl apply -f examples/ctr/job.yaml"): "needs a cluster with the operator (tests/e2e)",
     ("docs/benchmarks.md", "python3 -m venv /path/tfenv && /path/tfenv/bin/pip install tensorflow-cpu==2.21.0     # the TF side, once"):
         "installs TensorFlow and benchmarks for minutes (make bench)",
     ("docs/benchmarks.md", ".venv/bin/python bench/ctr_vs_tf.py --shape wide --rounds 1 --steps 800 [--tf-python /path/tfenv/bin/python]"):
@@ -71,10 +71,12 @@ NOT_RUN = {
         "a benchmark of minutes (make bench); tests/models runs the Keras example",
     ("docs/benchmarks.md", ".venv/bin/python bench/ctr_vs_tf.py --jax --rounds 3 --steps 1000"):
         "a benchmark of minutes (make bench)",
-    ("docs/benchmarks.md", ".venv/bin/python bench/ctr_vs_tf.py --tf-python /tmp/tfenv/bin/python --keras --rounds 3"):
+    ("docs/benchmarks.md", ".venv/bin/python bench/ctr_vs_tf.py --tf-python /tmp/tfenv/bin/python --plaintext --rounds 3 --steps 2000"):
         "a benchmark of minutes (make bench) with TensorFlow beside it",
-    ("docs/benchmarks.md", ".venv/bin/python bench/ctr_vs_tf.py --plaintext --rounds 3 --steps 1500"):
-        "a benchmark of minutes (make bench)",
+    ("docs/benchmarks.md", ".venv/bin/python bench/input_formats.py --rounds 5 [--tf-python /path/tfenv/bin/python]"):
+        "a benchmark of minutes (make bench); tests/runtime/test_data_formats.py reads every format",
+    ("docs/benchmarks.md", "make bench        # every bench/*.py with its defaults"):
+        "runs every benchmark, minutes each",
     ("docs/benchmarks.md", ".venv/bin/python bench/ctr_vs_tf.py --overlap --rounds 3 --steps 2000          # overlap on and off, CPU"):
         "a benchmark of minutes; its GPU lines need a GPU machine (hack/device/gpu.sh runs them there)",
     ("docs/benchmarks.md", ".venv/bin/python bench/dispatch.py --workers 8,64,256 --hosts 8 --closures 3000 --idle-s 2"):

@@ -1,4 +1,4 @@
-"""Issue 24: servers are bounded. Stalled streams cannot starve correct clients, requests and answers have size
+"""Servers are bounded. Stalled streams cannot starve correct clients, requests and answers have size
 caps, parked answers expire on a timer, slot sets per variable are bounded -- and the memory of a ps stays flat
 under the amplification cases (measured as the RSS of the ps process)."""
 
@@ -62,7 +62,7 @@ def test_200_stalled_streams_from_another_client_do_not_starve_correct_ones(make
 
 
 def test_stalled_streams_of_the_same_client_are_cancelled_after_the_idle_timeout(make_cluster):
-    """The issue's case: 32 stalled streams (the ps's handler threads, before) from the address the correct
+    """32 stalled streams (the ps's handler threads, before) from the address the correct
     client uses too. The stalled ones are cancelled after the idle timeout, the correct calls go through."""
     cluster = make_cluster(1, 0, extra_env={"KUBEPS_STREAM_IDLE_TIMEOUT_S": "1", "KUBEPS_LOG_LEVEL": "WARNING"})
     client = cluster.client("ps", 0, timeout=10)
@@ -134,7 +134,7 @@ def test_slot_sets_per_variable_are_bounded(make_cluster):
 
 
 def test_ps_memory_stays_flat_under_the_amplification_cases(make_cluster, tmp_path: Path):
-    """The issue's amplification cases against one ps process; its RSS is measured after each (the figures are
+    """Amplification cases against one ps process; its RSS is measured after each (the figures are
     printed: ``pytest -s`` shows them)."""
     cluster = make_cluster(1, 0, extra_env={"KUBEPS_PARKED_ANSWER_TTL_S": "1", "KUBEPS_MAX_SLOT_SETS": "8"})
     pid = cluster.procs[("ps", 0)].pid

@@ -148,7 +148,7 @@ def test_variables_sgd_training_loop(coord):
 
 
 def test_worker_index_inside_a_prefetched_generator(coord):
-    """Issue 23.3: docs/data.md's pipeline ends in .prefetch(), whose producer thread runs the generator; the worker
+    """docs/data.md's pipeline ends in .prefetch(), whose producer thread runs the generator; the worker
     index must still be known there (it failed saying the code ran on the coordinator)."""
     from kubeps.runtime.data.dataset import Dataset
 
@@ -184,7 +184,7 @@ def test_worker_index_off_a_worker_says_where_it_ran(monkeypatch):
 
 
 def test_a_dataset_that_runs_out_raises_out_of_range_naming_the_worker(coord):
-    """Issue 23.4: TF raises OutOfRangeError; kubeps surfaced a bare StopIteration that named no worker."""
+    """TF raises OutOfRangeError; kubeps surfaced a bare StopIteration that named no worker."""
     import re
 
     import kubeps.runtime as kp

@@ -1171,7 +1171,7 @@ def test_docs_format_blocks_run(tmp_path, monkeypatch):
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_ctr_example_trains_from_parquet_on_object_storage_with_the_loss_of_arrays(s3_env):
-    """The issue's goal: the CTR example, under kubeps local --ps 2 --workers 2, trained from Parquet files on the
+    """The CTR example, under kubeps local --ps 2 --workers 2, trained from Parquet files on the
     S3 server reaches the eval log-loss it reaches from in-memory arrays (async training: not bit-identical)."""
     from .test_example_ctr import EXAMPLE, run_example
 

@@ -1,6 +1,6 @@
-"""Issue 24: a refused call changes nothing, and types are strict (an int is an int).
+"""A refused call changes nothing, and types are strict (an int is an int).
 
-Each test here failed before the fix: the issue's "Why" list, one bullet at a time, against a ps ``Server`` on
+Each test here failed before the fix, one hostile input at a time, against a ps ``Server`` on
 loopback; every refused call is checked by reading every variable (value, update count, slot sets) before and
 after.
 """

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from kubeps.runtime import cli
+from kubeps.runtime.contract import VERSION
 from kubeps.runtime.errors import RuntimeConfigError
 from kubeps.runtime.local.launcher import LauncherArgumentError, LauncherError, LocalCluster, exit_status, free_ports
 
@@ -407,7 +408,7 @@ def test_free_ports_are_distinct_and_bindable():
         (["--grace-period", "-1"], "--grace-period must be a number of seconds >= 0"),
         (["--bogus"], "unrecognized arguments: --bogus"),
         (["extra"], "unrecognized arguments: extra"),
-        # issue 23.8: the script's own flags without '--' before them
+        # the script's own flags without '--' before them
         (["--steps", "5"], "unrecognized arguments: --steps 5; arguments for the script go after '--': "
                            "kubeps local {script} [OPTIONS] -- --steps 5"),
     ],
@@ -480,7 +481,7 @@ def test_no_command_and_version(capsys):
     code, _, err = run_main([], capsys)
     assert code == 2 and "COMMAND" in err
     code, out, _ = run_main(["version"], capsys)
-    assert code == 0 and out.startswith("kubeps ")
+    assert code == 0 and out.startswith(f"kubeps {VERSION}")
     code, _, err = run_main(["version", "--", "x"], capsys)
     assert code == 2 and "only for 'kubeps local'" in err
 

@@ -62,7 +62,7 @@ def test_a_parameter_server_that_never_comes_is_named(free_port_list):
 
 
 def test_the_chief_says_it_waits_for_how_long_and_for_which_ps(free_port_list, caplog):
-    """Issue 23.6: the only output while waiting was a heartbeat line that looked fatal."""
+    """The only output while waiting was a heartbeat line that looked fatal."""
     import logging
 
     cluster = _cluster(free_port_list(3))

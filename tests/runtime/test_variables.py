@@ -185,7 +185,7 @@ def test_scope_nesting_is_checked(servers):
                                          (np.array([{"x": 1}], dtype=object), r"'\|O' \(Python objects\)"),
                                          (["a", "b"], r"'<U1' \(strings\)")])
 def test_string_and_object_values_are_refused_naming_the_dtype(value, what):
-    """Issue 23.7: a string variable failed deep in the transport (WireError ... '<U1'), an object array with
+    """A string variable failed deep in the transport (WireError ... '<U1'), an object array with
     "invalid value 'ndarray'"."""
     resolver = TFConfigClusterResolver(tf_config={"cluster": {"chief": ["127.0.0.1:3"], "ps": ["127.0.0.1:1"],
                                                               "worker": ["127.0.0.1:2"]},
