@@ -172,10 +172,12 @@ class ClosureQueue:
             self._enqueue(closure, self._queue)
             self.counts["scheduled"] += 1
 
-    def put_per_worker(self, worker: int, closure: Closure) -> None:
-        """Queue a closure only ``worker`` may run (per-worker resources)."""
+    def put_per_worker(self, worker: int, closure: Closure, raise_error: bool = True) -> None:
+        """Queue a closure only ``worker`` may run (per-worker resources); ``raise_error=False`` leaves a pending
+        error to the user's next ``put``/``wait``/``done`` (the coordinator queues resources of its own accord)."""
         with self._cond:
-            self._raise_if_error()
+            if raise_error:
+                self._raise_if_error()
             closure.worker = worker
             self._enqueue(closure, self._per_worker[worker])
 

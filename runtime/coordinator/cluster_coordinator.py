@@ -160,7 +160,7 @@ class _WorkerHandle:
         self.failures = 0
         self.thread: threading.Thread | None = None
         self.heartbeat = Heartbeat()
-        #: joined a running coordinator: its datasets are built for the membership of then, not of their creation
+        #: joined a running coordinator (if it never answers, the job goes on without it)
         self.joined = False
         #: every per-worker resource is to be built on it before its first closure (a joining worker)
         self.needs_resources = False
@@ -250,6 +250,8 @@ class ClusterCoordinator:
         self._drained: list[int] = []
         #: the generation of the last membership document applied (None: TF_CONFIG's workers)
         self.membership_generation: int | None = None
+        #: times the per-worker datasets were sharded again for a new membership
+        self._reshards = 0
         #: heartbeats of every ps and busy worker, and the accounting of ps errors (coordinator/failure.py)
         self.failures = FailureDetector(
             strategy, self._queue, self._handles, self._stopping,
@@ -376,6 +378,8 @@ class ClusterCoordinator:
             self._queue.retire_worker(worker.index)
             log.info("worker %d (%s) leaves (membership generation %d): it finishes what it runs and takes "
                      "nothing more", worker.index, worker.address, membership.generation)
+        if joined or left:
+            self._reshard([w for w in self._workers if w not in joined])
         for worker in joined:
             self._queue.admit_worker(worker.index)
             self._start_dispatch(worker)
@@ -400,6 +404,35 @@ class ClusterCoordinator:
             return MembershipAck(
                 generation=self.membership_generation or 0, workers=[w.index for w in self._workers],
                 draining=sorted(w.index for w in self._handles if w.retiring), drained=list(self._drained))
+
+    def _resources_for(self, worker: _WorkerHandle) -> list[tuple[str, np.ndarray]]:
+        """Every per-worker resource as ``worker`` builds it now, in creation order: each dataset sharded for the
+        membership of now (``InputContext(num_workers, worker.index)``), which may not be that of its creation."""
+        with self._lock:
+            resources = list(self._resources)
+            datasets = dict(self._dataset_fns)
+            count = max(len(self._workers), worker.index + 1)
+        return [(rid, _dumps(functools.partial(_build_dataset, datasets[rid], count), "the dataset function")
+                 if rid in datasets else payload) for rid, payload in resources]
+
+    def _reshard(self, workers: list[_WorkerHandle]) -> None:
+        """The membership changed: every per-worker resource is built again on ``workers`` (the ones that stay),
+        before their next closure, so that the datasets are sharded for the new membership: the workers of now
+        split every record between them (none is left to a worker that left; those read in the current pass
+        before the change may be read again: at-least-once)."""
+        with self._lock:
+            has_datasets = bool(self._dataset_fns)
+        if not has_datasets:
+            return
+        for worker in workers:
+            for resource_id, payload in self._resources_for(worker):
+                closure = Closure(payload, kind="resource", info={"resource_id": resource_id})
+                self._queue.put_per_worker(worker.index, closure, raise_error=False)
+        with self._lock:
+            self._reshards += 1
+        log.info("membership generation %s: the per-worker datasets are sharded again for %d worker(s) (records "
+                 "read in the current pass before the change may be read again)", self.membership_generation,
+                 self.num_workers)
 
     def _new_worker(self, index: int, address: str) -> _WorkerHandle:
         strategy = self.strategy
@@ -482,16 +515,7 @@ class ClusterCoordinator:
 
     def rebuild_worker_resources(self, worker: _WorkerHandle) -> bool:
         """Re-create every per-worker resource on a worker that came back (in creation order)."""
-        with self._lock:
-            resources = list(self._resources)
-            datasets = dict(self._dataset_fns)
-            count = max(len(self._workers), worker.index + 1)
-        for resource_id, payload in resources:
-            if worker.joined and resource_id in datasets:
-                # not built by the others' dataset_fn of the membership at creation: this worker's index may be
-                # beyond its count; the membership of now shards it
-                payload = _dumps(functools.partial(_build_dataset, datasets[resource_id], count),
-                                 "the dataset function")
+        for resource_id, payload in self._resources_for(worker):
             try:
                 meta, arrays = worker.client.call(WORKER.CREATE_RESOURCE, CreateResourceRequest(resource_id=resource_id), [payload],
                                                   timeout=self.closure_timeout)
@@ -634,6 +658,19 @@ class ClusterCoordinator:
         inflight = GaugeMetricFamily("kubeps_closures_in_flight", "Scheduled functions running on a worker")
         inflight.add_metric([], stats["inflight"])
         yield inflight
+        status = self.membership_status()
+        for name, text, value in (
+                ("kubeps_workers", "Workers the chief dispatches to", len(status.workers)),
+                ("kubeps_workers_draining", "Workers that left and still finish their last function",
+                 len(status.draining)),
+                ("kubeps_membership_generation", "Generation of the membership document applied", status.generation)):
+            gauge = GaugeMetricFamily(name, text)
+            gauge.add_metric([], value)
+            yield gauge
+        reshards = CounterMetricFamily("kubeps_dataset_reshards",
+                                       "Times the per-worker datasets were sharded again for a new membership")
+        reshards.add_metric([], self._reshards)
+        yield reshards
 
     # -- watchdog ----------------------------------------------------------------------------------------------
     def _closure_done(self) -> None:

@@ -218,3 +218,39 @@ def test_the_chief_follows_its_membership_file(make_cluster, tmp_path):
         assert 1 in seen
         assert MembershipAck.model_validate_json(ack.read_text()).generation == 7
         assert np.array_equal(MembershipAck.model_validate_json(ack.read_text()).workers, [0, 1])
+
+
+def _cycle(records):
+    while True:
+        yield from records
+
+
+def _take(iterator):
+    return get_current_worker_index(), next(iterator)
+
+
+def test_the_datasets_are_sharded_again_for_each_membership_so_no_record_is_left_behind(make_cluster):
+    records = 24
+    cluster = make_cluster(num_ps=1, num_workers=2)
+    with _coordinator(cluster) as coordinator:
+        dataset = coordinator.create_per_worker_dataset(
+            lambda ctx: _cycle(range(ctx.input_pipeline_id, records, ctx.num_input_pipelines)))
+        iterator = iter(dataset)
+        before = [coordinator.schedule(_take, args=(iterator,)).fetch() for _ in range(8)]
+        assert all(r % 2 == w for w, r in before)
+        addresses = _add_workers(cluster, 2)
+        coordinator.apply_membership(Membership(generation=1, workers=addresses))
+        during: list[tuple[int, int]] = []
+        deadline = time.monotonic() + 60
+        while {w for w, _ in during} != {0, 1, 2, 3} and time.monotonic() < deadline:
+            during += [v.fetch() for v in [coordinator.schedule(_take, args=(iterator,)) for _ in range(8)]]
+        # every worker reads its quarter from its first closure after the change: the old halves are gone
+        assert {w for w, _ in during} == {0, 1, 2, 3}
+        for worker in range(4):  # each from the start of its new shard: the four split every record
+            mine = [r for w, r in during if w == worker]
+            assert mine == [r for _, r in zip(mine, _cycle(range(worker, records, 4)))]
+        coordinator.apply_membership(Membership(generation=2, workers=addresses[:1]))
+        after = [coordinator.schedule(_take, args=(iterator,)).fetch() for _ in range(records)]
+        # worker 0 alone reads the whole dataset again, from its start: none of 1..3's records is lost
+        assert after == [(0, r) for r in range(records)]
+        assert coordinator._reshards == 2
