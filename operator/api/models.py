@@ -533,6 +533,8 @@ class PSTrainingJobStatus(BaseModel):
     handledPods: list[str] = Field(default_factory=list, max_length=4096)
     #: Training progress from the chief's metrics (absent until the chief serves a step).
     progress: Progress | None = None
+    #: The label selector of the Worker pods: the ``scale`` subresource's (``kubectl scale``, an HPA).
+    workerSelector: str | None = None
 
 
 class SpecError(ValueError):

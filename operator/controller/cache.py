@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
+from kubeps.runtime.cluster import Membership
+
 from kubeps.operator.core.children import ANNOTATION_EPOCH, LABEL_JOB
 from kubeps.operator.core.observed import STUCK_REASONS
 
@@ -36,6 +38,9 @@ class Cache:
         self.secret_annotations: dict[Key, dict[str, str]] = {}
         #: jobs whose NetworkPolicy is known to exist (NetworkPolicies are not watched)
         self.network_policies: set[Key] = set()
+        #: job key -> (uid of the job, the membership document its ConfigMap holds), once read or written (the
+        #: operator is the ConfigMap's only writer: it is not watched)
+        self.memberships: dict[Key, tuple[str | None, Membership]] = {}
         #: Kueue's Workloads of queued jobs, by job key (whole bodies: the planner reads their status and podSets)
         self.workloads: dict[Key, Body] = {}
         #: job key -> (uid of the job, whether its own PodGroup exists), once read or made (PodGroups are not watched)
@@ -63,6 +68,7 @@ class Cache:
         self.secrets.pop(key, None)
         self.secret_annotations.pop(key, None)
         self.network_policies.discard(key)
+        self.memberships.pop(key, None)
         self.pod_groups.pop(key, None)
         self.disruption_budgets.pop(key, None)
 

@@ -39,6 +39,17 @@ class CreateNetworkPolicy:
 
 
 @dataclass(frozen=True)
+class ApplyMembership:
+    """Write the job's membership ConfigMap (created, or its document replaced): the workers the chief dispatches
+    to, which it applies without a restart (:class:`kubeps.runtime.cluster.Membership`)."""
+
+    name: str
+    body: dict[str, Any]
+    generation: int
+    workers: int
+
+
+@dataclass(frozen=True)
 class CreateService:
     name: str
     body: dict[str, Any]
@@ -134,7 +145,7 @@ class Event:
     message: str
 
 
-Action = Union[CreateSecret, ReissueCertificate, CreateNetworkPolicy, CreateService, CreatePod, DeletePod, DeleteService,
+Action = Union[CreateSecret, ReissueCertificate, CreateNetworkPolicy, ApplyMembership, CreateService, CreatePod, DeletePod, DeleteService,
                CreatePodGroup, DeletePodGroup, DeleteJob, CreateWorkload, PatchWorkload, ApplyWorkloadStatus,
                DeleteWorkload, Event]
 _A = TypeVar("_A")

@@ -9,6 +9,8 @@ Rules (documented for users in docs/operator.md):
 * A template that cannot be made into a pod fails the job (InvalidPodTemplate), once, instead of raising at every
   reconcile.
 * Pods and Services beyond the spec's replicas (Worker scale-down) or of no known replica are deleted.
+* The job's membership ConfigMap names the Workers of the spec (index order), and its generation grows at each
+  change: the chief watches the document and dispatches to exactly those, without a restart (docs/elastic.md).
 * Pods whose containers cannot start (:data:`~.observed.STUCK_REASONS`) are named in a ``Running: False``
   condition (reason PodsCannotStart) while the job has not run yet.
 
@@ -17,11 +19,14 @@ Functions of a :class:`~.draft.Draft`; pure: no I/O.
 
 from __future__ import annotations
 
-from kubeps.operator.api import models
-from kubeps.operator.api.models import ConditionType, ReplicaStatus, ReplicaType
+from kubeps.runtime.cluster import Membership
 
-from .actions import CreateService, DeletePod, DeleteService
-from .children import child_name, pod_body, service_body
+from kubeps.operator.api import models
+from kubeps.operator.api.models import ConditionType, PSTrainingJobSpec, ReplicaStatus, ReplicaType
+
+from .actions import ApplyMembership, CreateService, DeletePod, DeleteService
+from .children import (child_name, cluster_addresses, membership_body, membership_name, pod_body, service_body,
+                       worker_selector)
 from .draft import Draft
 from .status import R_INVALID_TEMPLATE, R_PODS_WAITING
 
@@ -50,6 +55,22 @@ def delete_beyond_spec(d: Draft, desired: dict[ReplicaType, int]) -> None:
         if pod.replica_type is None or pod.index is None or pod.index >= desired[pod.replica_type]:
             d.delete_pod(pod, "scaled down")
             d.event("Normal", "ScaledDown", f"Deleting pod {pod.name}: beyond the spec's replicas")
+
+
+def plan_membership(d: Draft, spec: PSTrainingJobSpec) -> None:
+    """Keep the membership ConfigMap's workers those of the spec: written when missing or different, with the
+    next generation (an Event says what changed once it existed)."""
+    workers = cluster_addresses(d.job, spec, d.config).get(ReplicaType.WORKER.task_type, [])
+    seen = d.observed.membership
+    if not workers or (seen is not None and seen.workers == workers):
+        return
+    generation = seen.generation + 1 if seen is not None else 1
+    membership = Membership(generation=generation, workers=workers)
+    d.plan.actions.append(ApplyMembership(membership_name(d.name), membership_body(d.job, membership), generation,
+                                          len(workers)))
+    if seen is not None:
+        d.event("Normal", "WorkersChanged", f"Workers {len(seen.workers)} -> {len(workers)}: membership generation "
+                                            f"{generation} for the chief, which applies it without a restart")
 
 
 def reconcile_services(d: Draft, desired: dict[ReplicaType, int]) -> None:
@@ -109,6 +130,8 @@ def summarise(d: Draft) -> None:
     d.status.ps = f"{ps.ready}/{desired[ReplicaType.PS]}"
     d.status.workers = f"{workers.ready}/{desired[ReplicaType.WORKER]}"
     d.status.restarts = sum(rs.restarts for rs in d.status.replicaStatuses.values())
+    if desired[ReplicaType.WORKER] or ReplicaType.WORKER.value in d.status.replicaStatuses:
+        d.status.workerSelector = worker_selector(d.name)  # the scale subresource's labelSelectorPath
     d.status.state = d.book.state()
     d.book.forget_unobserved({p.uid for p in d.pods})
     d.plan.status = d.book.to_json()

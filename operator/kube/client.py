@@ -250,6 +250,26 @@ class KubeClient:
         return await self.request("PATCH", f"/api/v1/namespaces/{namespace}/secrets/{name}", body,
                                   content_type=MERGE_PATCH, answer=True)
 
+    async def read_config_map(self, namespace: str, name: str) -> dict | None:
+        try:
+            return await self.request("GET", f"/api/v1/namespaces/{namespace}/configmaps/{name}", answer=True)
+        except ApiError as err:
+            if err.status == 404:
+                return None
+            raise
+
+    async def write_config_map(self, namespace: str, body: dict) -> None:
+        """Create the ConfigMap, or (it exists) merge-patch its ``data`` with ``body``'s."""
+        try:
+            await self.request("POST", f"/api/v1/namespaces/{namespace}/configmaps", body)
+            return
+        except ApiError as err:
+            if err.status != 409:
+                raise
+        name = body["metadata"]["name"]
+        await self.request("PATCH", f"/api/v1/namespaces/{namespace}/configmaps/{name}", {"data": body["data"]},
+                           content_type=MERGE_PATCH)
+
     async def create_network_policy(self, namespace: str, body: dict) -> None:
         await self.request("POST", f"/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies", body)
 

@@ -64,6 +64,10 @@ operator/kube/client.py and the resources of its kopf handlers (tests/packaging/
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get", "create", "patch"]
+# The per-job membership ConfigMap (the workers the chief dispatches to): read back, and server-side applied.
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "create", "patch"]
 # The per-job NetworkPolicy (spec.security.networkPolicy.mode SameJob, or --job-network-policy).
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]

@@ -1,0 +1,92 @@
+"""The planner keeps the job's membership ConfigMap on the spec's Workers (pure, no control plane): what the chief
+of a running job dispatches to when ``replicaSpecs.Worker.replicas`` changes, and what the chief pod mounts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kubeps.operator.core import actions as A, children
+from kubeps.operator.core import planner as P
+from kubeps.runtime.cluster import Membership
+
+from .test_planner import CONFIG, World, make_job, observe, running
+
+
+def _addresses(count: int) -> list[str]:
+    return [f"ctr-worker-{i}.ns.svc:2222" for i in range(count)]
+
+
+@pytest.mark.parametrize("seen, workers, written", [
+    # (document in the ConfigMap, Worker replicas, (generation, count) written or None)
+    (None, 3, (1, 3)),  # none yet: the first one
+    (Membership(generation=1, workers=_addresses(3)), 3, None),  # as the spec says: nothing
+    (Membership(generation=1, workers=_addresses(3)), 5, (2, 5)),  # scale-up: next generation
+    (Membership(generation=4, workers=_addresses(3)), 1, (5, 1)),  # scale-down: the highest indexes leave
+    (Membership(generation=2, workers=["elsewhere:1", *_addresses(3)[1:]]), 3, (3, 3)),  # a stale address
+])
+def test_membership_follows_the_worker_replicas(seen, workers, written):
+    job = make_job(workers=workers, status={"state": "Running"})
+    plan = P.plan(observe(job, [], [], {"metadata": {}}, membership=seen))
+    applied = plan.of(A.ApplyMembership)
+    if written is None:
+        assert applied == []
+        return
+    [action] = applied
+    document = children.membership_of(action.body)
+    assert (action.generation, action.workers) == written == (document.generation, len(document.workers))
+    assert document.workers == _addresses(workers)
+    assert action.name == "ctr-kubeps-membership" and action.body["kind"] == "ConfigMap"
+    assert action.body["metadata"]["ownerReferences"][0]["uid"] == "job-uid"
+    changed = [e for e in plan.of(A.Event) if e.reason == "WorkersChanged"]
+    assert len(changed) == (seen is not None)
+
+
+def test_a_suspended_job_writes_no_membership():
+    job = make_job(run_policy={"suspend": True}, status={"state": "Running"})
+    assert P.plan(observe(job, [], [], {"metadata": {}})).of(A.ApplyMembership) == []
+
+
+def test_the_chief_mounts_the_membership_and_is_told_where_and_the_others_are_not():
+    world = World(make_job(workers=2))
+    pods = {a.name: a.body for a in world.plan().of(A.CreatePod)}
+    chief = pods["ctr-chief-0"]["spec"]
+    main = chief["containers"][0]
+    env = {e["name"]: e.get("value") for e in main["env"]}
+    assert env["KUBEPS_MEMBERSHIP_FILE"] == "/var/run/kubeps/membership/membership.json"
+    [volume] = [v for v in chief["volumes"] if v["name"] == children.MEMBERSHIP_VOLUME]
+    assert volume["configMap"] == {"name": "ctr-kubeps-membership", "optional": True,
+                                   "items": [{"key": "membership.json", "path": "membership.json"}]}
+    assert {"name": children.MEMBERSHIP_VOLUME, "mountPath": "/var/run/kubeps/membership",
+            "readOnly": True} in main["volumeMounts"]
+    worker = pods["ctr-worker-0"]["spec"]
+    assert "KUBEPS_MEMBERSHIP_FILE" not in {e["name"] for e in worker["containers"][0]["env"]}
+    assert children.MEMBERSHIP_VOLUME not in {v["name"] for v in worker.get("volumes", [])}
+
+
+def test_a_running_job_scaled_2_4_1_keeps_its_chief_and_its_membership_on_the_spec():
+    world = running(workers=2)
+    chief_uid = world.pods["ctr-chief-0"]["metadata"]["uid"]
+    assert world.membership == Membership(generation=1, workers=_addresses(2))
+    assert world.job["status"]["workerSelector"] == "kubeps.dev/job-name=ctr,kubeps.dev/replica-type=worker"
+    for count, generation in ((4, 2), (1, 3)):
+        world.job["spec"]["replicaSpecs"]["Worker"]["replicas"] = count
+        world.converge()
+        world.run_all()
+        world.converge()
+        assert world.membership == Membership(generation=generation, workers=_addresses(count))
+        assert sorted(n for n in world.pods if "worker" in n) == [f"ctr-worker-{i}" for i in range(count)]
+        assert world.pods["ctr-chief-0"]["metadata"]["uid"] == chief_uid  # no chief restart
+        env = {e["name"]: e.get("value") for e in world.pods[f"ctr-worker-{count - 1}"]["spec"]["containers"][0]["env"]}
+        assert len(json.loads(env["TF_CONFIG"])["cluster"]["worker"]) >= count
+    assert [e.message.split(":")[0] for e in world.events if e.reason == "WorkersChanged"] == \
+        ["Workers 2 -> 4", "Workers 4 -> 1"]
+
+
+def test_a_membership_configmap_that_holds_no_document_is_rewritten():
+    assert children.membership_of({"data": {"membership.json": "{not json"}}) is None
+    assert children.membership_of({"data": {}}) is None
+    job = make_job(workers=1, status={"state": "Running"})
+    assert len(P.plan(observe(job, [], [], {"metadata": {}}, membership=None, config=CONFIG))
+               .of(A.ApplyMembership)) == 1
