@@ -535,6 +535,8 @@ class PSTrainingJobStatus(BaseModel):
     progress: Progress | None = None
     #: The label selector of the Worker pods: the ``scale`` subresource's (``kubectl scale``, an HPA).
     workerSelector: str | None = None
+    #: The PS replicas the chief's epoch runs with: a spec that changes them restarts the chief into the new count.
+    psReplicas: int | None = None
 
 
 class SpecError(ValueError):

@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping
 
 from kubeps.runtime.cluster import Membership
 
-from kubeps.operator.core.children import ANNOTATION_EPOCH, LABEL_JOB
+from kubeps.operator.core.children import ANNOTATION_EPOCH, ANNOTATION_MEMBERSHIP, LABEL_JOB
 from kubeps.operator.core.observed import STUCK_REASONS
 
 Key = tuple[str, str]  # (namespace, job name)
@@ -204,9 +204,9 @@ def _slim(body: Mapping[str, Any], with_status: bool) -> Body:
         slim_meta["labels"] = dict(meta["labels"])
     if "ownerReferences" in meta:
         slim_meta["ownerReferences"] = [dict(ref) for ref in meta["ownerReferences"]]
-    epoch = (meta.get("annotations") or {}).get(ANNOTATION_EPOCH)
-    if epoch is not None:
-        slim_meta["annotations"] = {ANNOTATION_EPOCH: epoch}
+    kept = {k: v for k, v in (meta.get("annotations") or {}).items() if k in (ANNOTATION_EPOCH, ANNOTATION_MEMBERSHIP)}
+    if kept:
+        slim_meta["annotations"] = kept
     slim: Body = {"metadata": slim_meta}
     node = (body.get("spec") or {}).get("nodeName")
     if node:

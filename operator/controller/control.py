@@ -29,6 +29,7 @@ from kubeps.runtime import certs
 
 from kubeps.operator.core import kueue
 from kubeps.operator.core.actions import (
+    AnnotatePod,
     ApplyMembership,
     ApplyWorkloadStatus,
     CreateNetworkPolicy,
@@ -85,8 +86,12 @@ class Control:
             secret_ready = await self.reissue_certificate(key, job, reissue) and secret_ready
         for policy in plan.of(CreateNetworkPolicy):
             await self.create_network_policy(key, job, policy)
+        written = True
         for membership in plan.of(ApplyMembership):
-            await self.apply_membership(key, job, membership)
+            written = await self.apply_membership(key, job, membership) and written
+        for annotate in plan.of(AnnotatePod):
+            if written:  # the pod's kubelet refreshes the ConfigMap on it: not before it holds the generation
+                await self.annotate_pod(key, annotate)
         group_ready = True
         for group in plan.of(CreatePodGroup):
             group_ready = await self.create_pod_group(key, job, group)
@@ -222,7 +227,7 @@ class Control:
             self.cache.memberships[key] = (uid, document)
         return document
 
-    async def apply_membership(self, key: Key, job: Body, action: ApplyMembership) -> None:
+    async def apply_membership(self, key: Key, job: Body, action: ApplyMembership) -> bool:
         """Write the membership ConfigMap (created, or its document replaced); the chief sees it when the kubelet
         refreshes the mounted file."""
         try:
@@ -234,10 +239,21 @@ class Control:
                                 f"Could not write ConfigMap {action.name}: {_api_message(err)}; the chief keeps "
                                 f"dispatching to the workers it knows")
             self.retry(key, RETRY_CREATE_AFTER)
-            return
+            return False
         document = membership_of(action.body)
         if document is not None:
             self.cache.memberships[key] = (job["metadata"].get("uid"), document)
+        return True
+
+    async def annotate_pod(self, key: Key, action: AnnotatePod) -> None:
+        """Annotate a pod (its UID a precondition); one that is gone or changed is left to the next reconcile."""
+        body = {"metadata": {"uid": action.uid, "annotations": action.annotations}}
+        try:
+            await self.kube.patch_pod(key[0], action.name, body)
+        except ApiError as err:
+            self.recorder.api_error("patch-pod", err.status)
+            if err.status not in (404, 409, 422):
+                self.retry(key, RETRY_CREATE_AFTER)
 
     async def read_own_pod_group(self, key: Key, uid: str | None, api_version: str) -> Body | None:
         """The job's PodGroup if it exists and belongs to this job, else None; read once, then remembered (PodGroups

@@ -52,6 +52,9 @@ LABEL_TYPE = "kubeps.dev/replica-type"
 LABEL_INDEX = "kubeps.dev/replica-index"
 LABEL_ROLE = "kubeps.dev/job-role"
 ANNOTATION_EPOCH = "kubeps.dev/chief-epoch"
+#: on the chief pod: the membership generation the operator last wrote. Changing it makes the kubelet sync the pod,
+#: which refreshes the mounted membership ConfigMap at once instead of at its next periodic sync (about a minute)
+ANNOTATION_MEMBERSHIP = "kubeps.dev/membership-generation"
 #: on the job's Secret: how many Worker indices the task certificate's names cover (scale-up beyond: re-issued)
 ANNOTATION_TLS_WORKERS = "kubeps.dev/tls-workers"
 MAIN_CONTAINER_NAMES = ("kubeps", "tensorflow")

@@ -116,6 +116,7 @@ def _reconcile(d: Draft) -> None:
         return
     scale.delete_beyond_spec(d, desired)
     scale.plan_membership(d, spec)
+    scale.restart_for_ps_count(d, desired[ReplicaType.PS])
     if restarts.reconcile_ps(d, desired[ReplicaType.PS], spec):
         return
     if restarts.reconcile_chief(d, spec):

@@ -11,6 +11,10 @@ Rules (documented for users in docs/operator.md):
 * Pods and Services beyond the spec's replicas (Worker scale-down) or of no known replica are deleted.
 * The job's membership ConfigMap names the Workers of the spec (index order), and its generation grows at each
   change: the chief watches the document and dispatches to exactly those, without a restart (docs/elastic.md).
+  Once written, the running chief pod is annotated with the generation, so that the kubelet refreshes the mounted
+  file at once.
+* PS replicas changed on a running job: the chief restarts into the new count and restores its latest checkpoint
+  (Restarting, reason PSReplicasChanged; not counted against backoffLimit).
 * Pods whose containers cannot start (:data:`~.observed.STUCK_REASONS`) are named in a ``Running: False``
   condition (reason PodsCannotStart) while the job has not run yet.
 
@@ -24,11 +28,11 @@ from kubeps.runtime.cluster import Membership
 from kubeps.operator.api import models
 from kubeps.operator.api.models import ConditionType, PSTrainingJobSpec, ReplicaStatus, ReplicaType
 
-from .actions import ApplyMembership, CreateService, DeletePod, DeleteService
-from .children import (child_name, cluster_addresses, membership_body, membership_name, pod_body, service_body,
-                       worker_selector)
+from .actions import AnnotatePod, ApplyMembership, CreateService, DeletePod, DeleteService
+from .children import (ANNOTATION_MEMBERSHIP, child_name, cluster_addresses, membership_body, membership_name,
+                       pod_body, service_body, worker_selector)
 from .draft import Draft
-from .status import R_INVALID_TEMPLATE, R_PODS_WAITING
+from .status import R_INVALID_TEMPLATE, R_PODS_WAITING, R_PS_SCALED
 
 
 def check_templates(d: Draft) -> None:
@@ -62,15 +66,44 @@ def plan_membership(d: Draft, spec: PSTrainingJobSpec) -> None:
     next generation (an Event says what changed once it existed)."""
     workers = cluster_addresses(d.job, spec, d.config).get(ReplicaType.WORKER.task_type, [])
     seen = d.observed.membership
-    if not workers or (seen is not None and seen.workers == workers):
+    if not workers:
+        return
+    if seen is not None and seen.workers == workers:
+        _tell_chief(d, seen.generation)
         return
     generation = seen.generation + 1 if seen is not None else 1
     membership = Membership(generation=generation, workers=workers)
     d.plan.actions.append(ApplyMembership(membership_name(d.name), membership_body(d.job, membership), generation,
                                           len(workers)))
+    _tell_chief(d, generation)
     if seen is not None:
         d.event("Normal", "WorkersChanged", f"Workers {len(seen.workers)} -> {len(workers)}: membership generation "
                                             f"{generation} for the chief, which applies it without a restart")
+
+
+def restart_for_ps_count(d: Draft, count: int) -> None:
+    """PS replicas changed on a running job: the chief restarts into the new count (a new epoch: its TF_CONFIG names
+    the new ps, and it restores its latest checkpoint, which re-partitions the variables into any number of ps);
+    Restarting with reason PSReplicasChanged and an Event say so. Not a failure: nothing counts against
+    backoffLimit. The ps that stay keep running; those beyond the spec are deleted."""
+    before = d.status.psReplicas
+    d.status.psReplicas = count
+    chief = d.by_key.get((ReplicaType.CHIEF, 0))
+    if before is None or before == count or chief is None:
+        return
+    d.status.chiefEpoch += 1  # the chief of an older epoch is restarted (restarts.reconcile_chief)
+    d.restarting(R_PS_SCALED, R_PS_SCALED, f"PS replicas {before} -> {count}: the chief restarts with the new "
+                                           f"parameter servers and restores its latest checkpoint into them")
+
+
+def _tell_chief(d: Draft, generation: int) -> None:
+    """Annotate the running chief pod with the membership generation it should see, once per generation: the
+    kubelet syncs a pod whose object changed, and refreshes its ConfigMap volumes then (seconds), instead of at its
+    periodic sync (``syncFrequency``, a minute by default, plus its cache's TTL)."""
+    chief = d.by_key.get((ReplicaType.CHIEF, 0))
+    if chief is None or chief.terminating or chief.finished or chief.membership == generation or generation <= 1:
+        return  # generation 1 is in the ConfigMap before the chief starts: nothing to refresh
+    d.plan.actions.append(AnnotatePod(chief.name, chief.uid, {ANNOTATION_MEMBERSHIP: str(generation)}))
 
 
 def reconcile_services(d: Draft, desired: dict[ReplicaType, int]) -> None:

@@ -228,6 +228,10 @@ class KubeClient:
     async def delete_pod(self, namespace: str, name: str, uid: str | None, grace_seconds: int | None = None) -> None:
         await self.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", _delete_options(uid, grace_seconds))
 
+    async def patch_pod(self, namespace: str, name: str, body: dict) -> None:
+        """A merge patch of a pod (``metadata.uid`` in ``body`` makes it apply to that pod only)."""
+        await self.request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}", body, content_type=MERGE_PATCH)
+
     async def create_service(self, namespace: str, body: dict) -> None:
         await self.request("POST", f"/api/v1/namespaces/{namespace}/services", body)
 

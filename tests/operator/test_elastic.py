@@ -46,6 +46,9 @@ def test_kubectl_scale_and_an_hpa_drive_the_workers_and_the_membership(kube, ns)
     second = kube.wait_for(lambda: (m := _membership(kube, ns, "el")) and m.generation == 2 and m, timeout=20,
                            what="membership generation 2")
     assert len(second.workers) == 4
+    # the running chief is annotated with it: its kubelet refreshes the mounted ConfigMap at once
+    kube.wait_for(lambda: (pods_of(kube, ns, "el")["el-chief-0"].metadata.annotations or {}).get(
+        "kubeps.dev/membership-generation") == "2", timeout=20, what="the chief annotated with generation 2")
 
     kube.kubectl("scale", f"{PLURAL}.{GROUP}/el", "--replicas", "1", "-n", ns)
     kube.wait_for(lambda: _workers(kube, ns, "el") == ["el-worker-0"], timeout=30, what="workers 1..3 gone")

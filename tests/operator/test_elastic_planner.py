@@ -78,10 +78,25 @@ def test_a_running_job_scaled_2_4_1_keeps_its_chief_and_its_membership_on_the_sp
         assert world.membership == Membership(generation=generation, workers=_addresses(count))
         assert sorted(n for n in world.pods if "worker" in n) == [f"ctr-worker-{i}" for i in range(count)]
         assert world.pods["ctr-chief-0"]["metadata"]["uid"] == chief_uid  # no chief restart
+        # told, so that its kubelet refreshes the mounted ConfigMap now
+        assert world.pods["ctr-chief-0"]["metadata"]["annotations"][children.ANNOTATION_MEMBERSHIP] == str(generation)
         env = {e["name"]: e.get("value") for e in world.pods[f"ctr-worker-{count - 1}"]["spec"]["containers"][0]["env"]}
         assert len(json.loads(env["TF_CONFIG"])["cluster"]["worker"]) >= count
     assert [e.message.split(":")[0] for e in world.events if e.reason == "WorkersChanged"] == \
         ["Workers 2 -> 4", "Workers 4 -> 1"]
+
+
+def test_the_chief_is_annotated_once_per_generation_after_the_first():
+    world = running(workers=2)
+    assert "annotations" not in world.pods["ctr-chief-0"]["metadata"] or children.ANNOTATION_MEMBERSHIP not in \
+        world.pods["ctr-chief-0"]["metadata"]["annotations"]  # generation 1 was there before the chief started
+    world.job["spec"]["replicaSpecs"]["Worker"]["replicas"] = 3
+    plan = world.plan()
+    [annotate] = plan.of(A.AnnotatePod)
+    assert (annotate.name, annotate.uid) == ("ctr-chief-0", world.pods["ctr-chief-0"]["metadata"]["uid"])
+    assert annotate.annotations == {children.ANNOTATION_MEMBERSHIP: "2"}
+    world.apply(plan)
+    assert world.plan().of(A.AnnotatePod) == []
 
 
 def test_a_membership_configmap_that_holds_no_document_is_rewritten():
@@ -90,3 +105,27 @@ def test_a_membership_configmap_that_holds_no_document_is_rewritten():
     job = make_job(workers=1, status={"state": "Running"})
     assert len(P.plan(observe(job, [], [], {"metadata": {}}, membership=None, config=CONFIG))
                .of(A.ApplyMembership)) == 1
+
+
+@pytest.mark.parametrize("before, after", [(2, 3), (3, 1)])
+def test_a_ps_count_change_restarts_the_chief_into_the_new_count_without_counting_a_failure(before, after):
+    world = running(ps=before)
+    assert world.job["status"]["psReplicas"] == before
+    chief_uid = world.pods["ctr-chief-0"]["metadata"]["uid"]
+    world.job["spec"]["replicaSpecs"]["PS"]["replicas"] = after
+    plan = world.plan()
+    assert "ctr-chief-0" in [a.name for a in plan.of(A.DeletePod)]
+    world.apply(plan)
+    cond = world.cond("Restarting")
+    assert world.is_true("Restarting") and cond["reason"] == "PSReplicasChanged"
+    assert f"PS replicas {before} -> {after}" in cond["message"]
+    assert [e.reason for e in world.events if e.type == "Warning"] == ["PSReplicasChanged"]
+    world.converge()
+    world.run_all()
+    world.converge()
+    assert world.is_true("Running") and world.pods["ctr-chief-0"]["metadata"]["uid"] != chief_uid
+    assert sorted(n for n in world.pods if "-ps-" in n) == [f"ctr-ps-{i}" for i in range(after)]
+    env = {e["name"]: e.get("value") for e in world.pods["ctr-chief-0"]["spec"]["containers"][0]["env"]}
+    assert len(json.loads(env["TF_CONFIG"])["cluster"]["ps"]) == after
+    status = world.job["status"]
+    assert status["backoffCount"] == 0 and status["chiefEpoch"] == 1 and status["psReplicas"] == after

@@ -94,6 +94,10 @@ class World:
                 self.secret = self.secret or {**action.body, "data": {"token": "c2VjcmV0"}}
             elif isinstance(action, A.ApplyMembership):
                 self.membership = children.membership_of(action.body)
+            elif isinstance(action, A.AnnotatePod):
+                pod = self.pods.get(action.name)
+                if pod is not None and pod["metadata"]["uid"] == action.uid:
+                    pod["metadata"].setdefault("annotations", {}).update(action.annotations)
             elif isinstance(action, A.DeletePod):
                 pod = self.pods.get(action.name)
                 if pod is not None and pod["metadata"]["uid"] == action.uid:

@@ -59,6 +59,10 @@ operator/kube/client.py and the resources of its kopf handlers (tests/packaging/
 - apiGroups: [""]
   resources: ["pods", "services"]
   verbs: ["list", "watch", "create", "delete"]
+# The chief pod annotated with the membership generation (its kubelet then refreshes the membership ConfigMap).
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["patch"]
 # The per-job Secret (token, CA, task certificate) the operator creates, reads back, and patches to issue the
 # certificate again when Workers are added.
 - apiGroups: [""]
