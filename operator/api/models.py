@@ -501,6 +501,10 @@ class Progress(BaseModel):
     examplesPerSecond: str | None = None
     #: the step of the last checkpoint the chief wrote (``kubeps_checkpoint_step``)
     lastCheckpointStep: int | None = None
+    #: the membership generation the chief applied (``kubeps_membership_generation``; docs/elastic.md)
+    membershipGeneration: int | None = None
+    #: workers that left the membership and still finish their last function (``kubeps_workers_draining``)
+    workersDraining: int | None = None
     #: when the operator read them
     lastUpdateTime: str | None = None
 
@@ -537,6 +541,9 @@ class PSTrainingJobStatus(BaseModel):
     workerSelector: str | None = None
     #: The PS replicas the chief's epoch runs with: a spec that changes them restarts the chief into the new count.
     psReplicas: int | None = None
+    #: When the membership ConfigMap last changed: scaled-away workers are drained by the chief until this plus the
+    #: drain timeout, then deleted.
+    membershipTime: str | None = None
 
 
 class SpecError(ValueError):

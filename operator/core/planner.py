@@ -114,8 +114,8 @@ def _reconcile(d: Draft) -> None:
         return
     if security.restart_for_lost_secret(d):
         return
-    scale.delete_beyond_spec(d, desired)
     scale.plan_membership(d, spec)
+    scale.delete_beyond_spec(d, desired)
     scale.restart_for_ps_count(d, desired[ReplicaType.PS])
     if restarts.reconcile_ps(d, desired[ReplicaType.PS], spec):
         return

@@ -8,7 +8,9 @@ Rules (documented for users in docs/operator.md):
   (:mod:`.restarts`), so it sees every failure.
 * A template that cannot be made into a pod fails the job (InvalidPodTemplate), once, instead of raising at every
   reconcile.
-* Pods and Services beyond the spec's replicas (Worker scale-down) or of no known replica are deleted.
+* Pods and Services beyond the spec's replicas (Worker scale-down) or of no known replica are deleted; a worker's
+  pod once the chief reports (in its metrics, read into ``status.progress``) that it applied the new membership
+  and drained the leaving workers, or after :data:`DRAIN_TIMEOUT_S`.
 * The job's membership ConfigMap names the Workers of the spec (index order), and its generation grows at each
   change: the chief watches the document and dispatches to exactly those, without a restart (docs/elastic.md).
   Once written, the running chief pod is annotated with the generation, so that the kubelet refreshes the mounted
@@ -32,7 +34,11 @@ from .actions import AnnotatePod, ApplyMembership, CreateService, DeletePod, Del
 from .children import (ANNOTATION_MEMBERSHIP, child_name, cluster_addresses, membership_body, membership_name,
                        pod_body, service_body, worker_selector)
 from .draft import Draft
+from .observed import fmt_time, parse_time
 from .status import R_INVALID_TEMPLATE, R_PODS_WAITING, R_PS_SCALED
+
+#: seconds a scaled-away worker's pod is kept for the chief to drain it (finish the function it runs), at most
+DRAIN_TIMEOUT_S = 120.0
 
 
 def check_templates(d: Draft) -> None:
@@ -52,13 +58,40 @@ def check_templates(d: Draft) -> None:
 
 
 def delete_beyond_spec(d: Draft, desired: dict[ReplicaType, int]) -> None:
-    """Pods that should not exist: replica types or indices beyond the spec (Worker scale-down)."""
+    """Pods that should not exist: replica types or indices beyond the spec (Worker scale-down). A scaled-away
+    worker is kept while the chief drains it (:func:`draining`)."""
+    hold = draining(d)
     for pod in sorted(d.pods, key=lambda p: (p.replica_type is None, str(p.replica_type), -(p.index or 0))):
         if pod.terminating:
             continue
         if pod.replica_type is None or pod.index is None or pod.index >= desired[pod.replica_type]:
+            if hold and pod.replica_type is ReplicaType.WORKER and not pod.finished:
+                continue
             d.delete_pod(pod, "scaled down")
             d.event("Normal", "ScaledDown", f"Deleting pod {pod.name}: beyond the spec's replicas")
+
+
+def draining(d: Draft) -> bool:
+    """Whether the chief may still be draining scaled-away workers: it reports its membership (a kubeps chief,
+    ``status.progress``), has not yet reported the latest generation with no worker draining, and the change is
+    less than :data:`DRAIN_TIMEOUT_S` old (a chief that never gets there does not keep the pods forever). Asks for
+    a reconcile at the timeout."""
+    seen, progress = d.observed.membership, d.status.progress
+    chief = d.by_key.get((ReplicaType.CHIEF, 0))
+    if seen is None or progress is None or progress.membershipGeneration is None or chief is None \
+            or chief.terminating or chief.finished:
+        return False
+    planned = [a.generation for a in d.plan.of(ApplyMembership)]  # written by this plan: not seen by the chief yet
+    if progress.membershipGeneration >= max([seen.generation, *planned]) and not progress.workersDraining:
+        return False
+    changed = parse_time(d.status.membershipTime)
+    if changed is None:
+        return False
+    left = DRAIN_TIMEOUT_S - (d.observed.now - changed).total_seconds()
+    if left <= 0:
+        return False
+    d.requeue(left)
+    return True
 
 
 def plan_membership(d: Draft, spec: PSTrainingJobSpec) -> None:
@@ -75,6 +108,7 @@ def plan_membership(d: Draft, spec: PSTrainingJobSpec) -> None:
     membership = Membership(generation=generation, workers=workers)
     d.plan.actions.append(ApplyMembership(membership_name(d.name), membership_body(d.job, membership), generation,
                                           len(workers)))
+    d.status.membershipTime = fmt_time(d.observed.now)
     _tell_chief(d, generation)
     if seen is not None:
         d.event("Normal", "WorkersChanged", f"Workers {len(seen.workers)} -> {len(workers)}: membership generation "

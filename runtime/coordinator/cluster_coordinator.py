@@ -189,6 +189,10 @@ class ClusterCoordinator:
       is compared; a ps serving more than ``hotspot_threshold`` times the others' mean is reported
       (:mod:`~kubeps.runtime.coordinator.hotspots`; ``hotspots.latest`` is the last verdict).
 
+    With a membership file in the strategy's settings (``KUBEPS_MEMBERSHIP_FILE``: the operator's ConfigMap, or
+    ``kubeps local``'s file), the workers follow that document while the coordinator runs
+    (:meth:`apply_membership`, docs/elastic.md); without one they are TF_CONFIG's for its whole life.
+
     With a metrics port in the strategy's settings (``KUBEPS_METRICS_PORT``), the chief serves its Prometheus
     metrics there (:mod:`kubeps.runtime.observe.metrics`): the closure queue's counters, each worker's closure
     time, the RPCs to the ps, the hot-spot verdicts.

@@ -4,6 +4,7 @@ of a running job dispatches to when ``replicaSpecs.Worker.replicas`` changes, an
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 import pytest
 
@@ -129,3 +130,56 @@ def test_a_ps_count_change_restarts_the_chief_into_the_new_count_without_countin
     assert len(json.loads(env["TF_CONFIG"])["cluster"]["ps"]) == after
     status = world.job["status"]
     assert status["backoffCount"] == 0 and status["chiefEpoch"] == 1 and status["psReplicas"] == after
+
+
+def _workers_deleted(plan: A.Plan) -> list[str]:
+    return [a.name for a in plan.of(A.DeletePod) if "-worker-" in a.name]
+
+
+def _chief_reports(world: World, generation: int, draining: int) -> None:
+    """What the progress reader writes from the chief's metrics."""
+    world.job["status"]["progress"] = {"step": 100, "membershipGeneration": generation, "workersDraining": draining}
+
+
+def test_scaled_away_workers_are_deleted_once_the_chief_reports_them_drained():
+    world = running(workers=4)
+    _chief_reports(world, 1, 0)
+    world.job["spec"]["replicaSpecs"]["Worker"]["replicas"] = 1
+    plan = world.plan()
+    assert plan.of(A.ApplyMembership) and _workers_deleted(plan) == []  # the chief has not seen it yet
+    assert plan.requeue_after is not None and plan.requeue_after <= 120
+    world.apply(plan)
+    _chief_reports(world, 2, 3)  # applied; 1..3 finish the function they run
+    assert _workers_deleted(world.plan()) == []
+    _chief_reports(world, 2, 0)
+    assert _workers_deleted(world.plan()) == ["ctr-worker-3", "ctr-worker-2", "ctr-worker-1"]
+
+
+@pytest.mark.parametrize("progress, later, deleted", [
+    (None, 0, True),  # a chief that reports no membership (a TensorFlow program): at once
+    ({"step": 100}, 0, True),
+    ({"step": 100, "membershipGeneration": 1, "workersDraining": 0}, 119, False),  # still within the timeout
+    ({"step": 100, "membershipGeneration": 1, "workersDraining": 0}, 121, True),  # past it: deleted anyway
+])
+def test_the_drain_is_waited_for_only_from_a_chief_that_reports_it_and_for_a_bounded_time(progress, later, deleted):
+    world = running(workers=3)
+    if progress is not None:
+        world.job["status"]["progress"] = progress
+    world.job["spec"]["replicaSpecs"]["Worker"]["replicas"] = 2
+    plan = world.plan()
+    first = _workers_deleted(plan)
+    world.apply(plan)
+    world.now += timedelta(seconds=later)
+    assert (first + _workers_deleted(world.plan()) == ["ctr-worker-2"]) is deleted
+
+
+def test_the_progress_reader_takes_the_membership_from_the_chief_s_metrics_even_before_a_step():
+    from kubeps.operator.core.progress import progress, read_chief
+
+    text = ("# TYPE kubeps_membership_generation gauge\nkubeps_membership_generation 3.0\n"
+            "kubeps_workers_draining 2.0\nkubeps_workers 1.0\n")
+    reading = read_chief(text, 1.0)
+    assert (reading.membership_generation, reading.workers_draining, reading.step) == (3, 2, None)
+    assert progress(None, reading, "t") == {"lastUpdateTime": "t", "membershipGeneration": 3, "workersDraining": 2}
+    assert progress(None, read_chief("kubeps_train_step 5\n", 1.0), "t") == {"lastUpdateTime": "t", "step": 5}
+    assert progress(None, read_chief("", 1.0), "t") is None
