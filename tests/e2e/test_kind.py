@@ -214,16 +214,18 @@ def test_ps_scale_2_3_restarts_the_chief_from_its_checkpoint(kind: Kind, ns: str
     start_and_time(kind, ns, job, pods=5)
     wait(lambda: re.search(r"saved \S+", chief_log(kind, ns, "ps-scale")), 300, "a checkpoint saved")
     first_chief = pod_uid(kind, ns, "ps-scale-chief-0")
+    before = chief_log(kind, ns, "ps-scale")  # the chief is deleted right after the patch
     asked = time.monotonic()
     kind.kubectl("-n", ns, "patch", "psjob", "ps-scale", "--type", "merge", "-p",
                  json.dumps({"spec": {"replicaSpecs": {"PS": {"replicas": 3}}}}))
-    last_saved = max(int(m) for m in re.findall(r"^step\s+(\d+)/\d+.*saved", chief_log(kind, ns, "ps-scale"),
-                                                 re.M))
+    # the last checkpoint saved before the request (one more may be saved before the chief stops)
+    last_saved = max(int(m) for m in re.findall(r"^step\s+(\d+)/\d+.*saved", before, re.M))
     wait(lambda: pod_uid(kind, ns, "ps-scale-chief-0") != first_chief
          and "resumed from step" in chief_log(kind, ns, "ps-scale"), 180, "the chief resumed")
     pause = time.monotonic() - asked
     resumed = int(re.search(r"resumed from step (\d+)", chief_log(kind, ns, "ps-scale")).group(1))
-    record("PS replicas 2 -> 3 -> chief resumed", pause, steps_lost=max(0, last_saved - resumed))
+    record("PS replicas 2 -> 3 -> chief resumed", pause, resumed_from=resumed, last_saved_before=last_saved)
+    assert resumed >= last_saved, f"resumed from step {resumed}, but step {last_saved} was saved before the change"
     status = kind.json("-n", ns, "get", "psjob", "ps-scale")["status"]
     assert status["psReplicas"] == 3
     assert kind.wait_finished(ns, "ps-scale") == "Succeeded"
