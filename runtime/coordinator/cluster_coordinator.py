@@ -390,7 +390,15 @@ class ClusterCoordinator:
             log.info("worker %d (%s) joins (membership generation %d)", worker.index, worker.address,
                      membership.generation)
         if joined or left:
-            log.info("membership generation %d: %d worker(s)", membership.generation, len(membership.workers))
+            # a warning so that a chief without a logging configuration shows it too (as the strategy's start-up
+            # lines): the one line that says what the job's workers are now
+            with self._lock:
+                datasets = len(self._dataset_fns)
+            log.warning("membership generation %d: %d worker(s); joining %s, leaving %s (each finishes what it runs)"
+                        "%s", membership.generation, len(membership.workers), sorted(w.index for w in joined),
+                        sorted(w.index for w in left),
+                        f"; {datasets} per-worker dataset(s) sharded again for {len(membership.workers)} workers "
+                        "(at-least-once: what the current pass read before may be read again)" if datasets else "")
         return self.membership_status()
 
     def watch_membership(self, path: str, ack_path: str | None = None) -> MembershipWatcher:
@@ -434,9 +442,6 @@ class ClusterCoordinator:
                 self._queue.put_per_worker(worker.index, closure, raise_error=False)
         with self._lock:
             self._reshards += 1
-        log.info("membership generation %s: the per-worker datasets are sharded again for %d worker(s) (records "
-                 "read in the current pass before the change may be read again)", self.membership_generation,
-                 self.num_workers)
 
     def _new_worker(self, index: int, address: str) -> _WorkerHandle:
         strategy = self.strategy

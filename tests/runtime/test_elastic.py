@@ -254,3 +254,13 @@ def test_the_datasets_are_sharded_again_for_each_membership_so_no_record_is_left
         # worker 0 alone reads the whole dataset again, from its start: none of 1..3's records is lost
         assert after == [(0, r) for r in range(records)]
         assert coordinator._reshards == 2
+
+
+def test_a_membership_change_is_one_line_of_the_chief_s_log(make_cluster, caplog):
+    cluster = make_cluster(num_ps=1, num_workers=2)
+    with _coordinator(cluster) as coordinator:
+        coordinator.create_per_worker_dataset(lambda: [1])
+        with caplog.at_level("WARNING", logger="kubeps.runtime.coordinator.cluster_coordinator"):
+            coordinator.apply_membership(Membership(generation=5, workers=cluster.cluster["worker"][:1]))
+        assert ("membership generation 5: 1 worker(s); joining [], leaving [1] (each finishes what it runs); 1 "
+                "per-worker dataset(s) sharded again for 1 workers") in caplog.text
