@@ -220,8 +220,11 @@ class Control:
         try:
             body = await self.kube.read_config_map(key[0], membership_name(key[1]))
         except ApiError as err:
+            # not known (e.g. an install whose RBAC predates configmaps): planned as absent, so the write is tried
+            # and its failure said in an Event, and the job's other children go on
             self.recorder.api_error("read-configmap", err.status)
-            raise
+            log.warning("could not read ConfigMap %s/%s: %s", key[0], membership_name(key[1]), err)
+            return None
         document = membership_of(body) if body is not None and controlled_by(body, uid) else None
         if document is not None:
             self.cache.memberships[key] = (uid, document)

@@ -67,3 +67,17 @@ def test_a_cached_secret_gone_before_pods_are_made_aborts_and_requeues_at_once()
     observed = asyncio.run(reconciler.observe(KEY, job, secret_cached=KEY in reconciler.cache.secrets))
     assert observed.secret is None and kube.calls == ["read_config_map", "read_secret", "read_secret",
                                                      "read_config_map"]
+
+
+def test_a_membership_configmap_that_cannot_be_read_is_planned_as_absent_not_raised():
+    from kubeps.operator.kube.client import ApiError
+
+    job = make_job(status={"conditions": []})
+    reconciler, kube = reconciler_with(job)
+
+    async def refused(*args, **kwargs):
+        raise ApiError("GET", "/api/v1/namespaces/ns/configmaps/ctr-kubeps-membership", 403, "forbidden")
+
+    kube.read_config_map = refused  # type: ignore[attr-defined]
+    observed = asyncio.run(reconciler.observe(KEY, job, secret_cached=True))
+    assert observed.membership is None and KEY not in reconciler.cache.memberships
