@@ -256,6 +256,7 @@ class ClusterCoordinator:
         self.membership_generation: int | None = None
         #: times the per-worker datasets were sharded again for a new membership
         self._reshards = 0
+        self._membership_lock = threading.Lock()
         #: heartbeats of every ps and busy worker, and the accounting of ps errors (coordinator/failure.py)
         self.failures = FailureDetector(
             strategy, self._queue, self._handles, self._stopping,
@@ -354,10 +355,15 @@ class ClusterCoordinator:
         an index beyond the new count, or whose address changed, leaves (it finishes the closure it runs and takes
         nothing more; a failure on the way re-queues the closure). Scaling down therefore drops the highest
         indexes. Returns the state after the change (:meth:`membership_status`)."""
+        with self._membership_lock:  # one change at a time (the watcher's thread, the program's)
+            return self._apply_membership(membership)
+
+    def _apply_membership(self, membership: Membership | Sequence[str]) -> MembershipAck:
         if not isinstance(membership, Membership):
             membership = Membership(generation=(self.membership_generation or 0) + 1, workers=list(membership))
         self._check_open()
-        joined, left = [], []
+        joined: list[_WorkerHandle] = []
+        left: list[_WorkerHandle] = []
         with self._lock:
             current = {w.index: w for w in self._workers}
             keep = []
