@@ -38,9 +38,9 @@ class Cache:
         self.secret_annotations: dict[Key, dict[str, str]] = {}
         #: jobs whose NetworkPolicy is known to exist (NetworkPolicies are not watched)
         self.network_policies: set[Key] = set()
-        #: job key -> (uid of the job, the membership document its ConfigMap holds), once read or written (the
-        #: operator is the ConfigMap's only writer: it is not watched)
-        self.memberships: dict[Key, tuple[str | None, Membership]] = {}
+        #: job key -> (uid of the job, the membership document its ConfigMap holds, None: none), once read or
+        #: written (the operator is the ConfigMap's only writer: it is not watched)
+        self.memberships: dict[Key, tuple[str | None, Membership | None]] = {}
         #: Kueue's Workloads of queued jobs, by job key (whole bodies: the planner reads their status and podSets)
         self.workloads: dict[Key, Body] = {}
         #: job key -> (uid of the job, whether its own PodGroup exists), once read or made (PodGroups are not watched)

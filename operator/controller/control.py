@@ -213,7 +213,8 @@ class Control:
 
     async def read_membership(self, key: Key, uid: str | None) -> Membership | None:
         """The document of the job's membership ConfigMap (None: none, or another job's), read once, then
-        remembered: the operator is its only writer."""
+        remembered, absent too (a queued job is not read again at each reconcile): the operator is its only
+        writer."""
         known = self.cache.memberships.get(key)
         if known is not None and known[0] == uid:
             return known[1]
@@ -226,8 +227,7 @@ class Control:
             log.warning("could not read ConfigMap %s/%s: %s", key[0], membership_name(key[1]), err)
             return None
         document = membership_of(body) if body is not None and controlled_by(body, uid) else None
-        if document is not None:
-            self.cache.memberships[key] = (uid, document)
+        self.cache.memberships[key] = (uid, document)
         return document
 
     async def apply_membership(self, key: Key, job: Body, action: ApplyMembership) -> bool:
