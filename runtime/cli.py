@@ -2,6 +2,8 @@
 
 - ``kubeps local SCRIPT [--ps N] [--workers M] [--evaluator] [--evaluator-grace S] [--restart] [--host H]
   [--port-base P] [--insecure-plaintext] [--no-metrics] [-- ARGS...]``: run a training program as a local cluster of processes (see :mod:`kubeps.runtime.local.launcher`).
+- ``kubeps local scale --workers N [--pid PID] [--timeout S]``: change the worker count of a running
+  ``kubeps local`` (see :mod:`kubeps.runtime.local.scaling`).
 - ``kubeps export CHECKPOINT --model FILE.py:FUNCTION --output DIR [--format keras|onnx ...] [-- ARGS...]``: the
   latest checkpoint as a ``.keras`` file and an ONNX model for serving (see :mod:`kubeps.runtime.models.export`).
 - ``kubeps operator [ARGS...]``: the Kubernetes operator (``kubeps.operator.main``; needs ``kubeps[operator]``).
@@ -375,9 +377,43 @@ def _run_export(args: argparse.Namespace, script_args: list[str]) -> int:
     return 0
 
 
+def _run_local_scale(argv: list[str]) -> int:
+    """``kubeps local scale --workers N [--pid PID] [--timeout S]``: scale a running ``kubeps local``."""
+    from kubeps.runtime.local.scaling import find_run_dir, request_scale  # noqa: PLC0415 - only this command needs it
+
+    parser = _Parser(
+        prog="kubeps local scale",
+        description=("Change the worker count of a running 'kubeps local' (the only one running, or --pid): new "
+                     "workers start and the chief dispatches to them, or the highest workers finish their last "
+                     "function and stop; the chief is not restarted. Waits until it is done."),
+    )
+    parser.add_argument("--workers", type=_int_at_least(1, "--workers"), required=True, help="workers from now on")
+    parser.add_argument("--pid", type=_int_at_least(1, "--pid"), default=None,
+                        help="the launcher's pid (kubeps local's own), when several runs are going")
+    parser.add_argument("--timeout", type=_seconds("--timeout"), default=120.0,
+                        help="seconds to wait for the scaling to finish (default 120)")
+    try:
+        args = parser.parse_args(argv)
+        try:
+            run_dir = find_run_dir(args.pid)
+        except LookupError as err:
+            parser.error(str(err))
+        try:
+            result = request_scale(run_dir, args.workers, timeout=args.timeout)
+        except TimeoutError as err:
+            print(f"kubeps local scale: {err}", file=sys.stderr)
+            return 1
+        print(f"kubeps local scale: {result['message']} ({result['seconds']:.1f} s)")
+        return 0 if result.get("generation") is not None else 1
+    except _Exit as exit_:
+        return exit_.status
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``kubeps`` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:2] == ["local", "scale"] and not os.path.isfile("scale"):  # a script named "scale" still runs
+        return _run_local_scale(argv[2:])
     if argv and argv[0] == "operator":  # everything after it belongs to the operator, options included
         return _run_operator(argv[1:])
     if argv and argv[0] == "validate":

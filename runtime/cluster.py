@@ -9,6 +9,11 @@ The shape is TensorFlow's::
 ``rpc_layer`` and ``environment`` are optional and unknown keys are ignored, as in TensorFlow's
 ``TFConfigClusterResolver``. On top of what TensorFlow checks, a malformed TF_CONFIG raises
 :class:`TFConfigError` whose message names the field, the value and what is allowed.
+
+TF_CONFIG is fixed when a task starts. The workers of a running job may change: :class:`Membership` is the
+document that says who they are now (written by the operator into the job's membership ConfigMap, and by
+``kubeps local scale``; read by the chief's :mod:`~kubeps.runtime.coordinator.membership` watcher), and
+:class:`MembershipAck` is what the chief writes back once it applied one (docs/elastic.md).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
@@ -28,6 +33,8 @@ __all__ = [
     "TASK_TYPES",
     "TRAINING_TASK_TYPES",
     "ClusterSpec",
+    "Membership",
+    "MembershipAck",
     "TFConfig",
     "TFConfigClusterResolver",
     "TFConfigError",
@@ -183,17 +190,7 @@ class TFConfig(BaseModel):
         """Parse TF_CONFIG from JSON text or a mapping; empty or None means "no cluster" (a local run)."""
         if data is None or (isinstance(data, (str, bytes)) and not data.strip()):
             return cls()
-        if isinstance(data, (str, bytes)):
-            try:
-                data = json.loads(data)
-            except json.JSONDecodeError as err:
-                raise TFConfigError("TF_CONFIG", short_repr(data, 60), f"must be a JSON object ({err})") from None
-        if not isinstance(data, Mapping):
-            raise TFConfigError("TF_CONFIG", data, "must be a JSON object with 'cluster' and 'task'")
-        try:
-            return cls.model_validate(data)
-        except ValidationError as err:
-            raise _from_validation_error(err) from None
+        return _validate_json(cls, data, "TF_CONFIG", "must be a JSON object with 'cluster' and 'task'")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "TFConfig":
@@ -279,6 +276,85 @@ class TFConfig(BaseModel):
         if not 0 <= index < len(members):
             raise TFConfigError(f"cluster.{task_type}", index, f"there are {len(members)} '{task_type}' task(s)")
         return members[index]
+
+
+class Membership(BaseModel):
+    """The workers of a running job, as the chief should dispatch to them: ``workers[i]`` is the address of worker
+    ``i``. ``generation`` grows with every change; the chief applies a document whose generation differs from the
+    one it applied last (a restarted chief applies whatever it finds first).
+
+    >>> Membership.parse('{"generation": 3, "workers": ["w-0:2222", "w-1:2222"]}').workers
+    ['w-0:2222', 'w-1:2222']
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    generation: int = 0
+    workers: list[str] = []
+
+    @field_validator("generation", mode="before")
+    @classmethod
+    def _generation(cls, value: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise TFConfigError("membership.generation", value, "must be a whole number >= 0")
+        return value
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _addresses(cls, value: Any) -> Any:
+        if not isinstance(value, list) or not value:
+            raise TFConfigError("membership.workers", value, "must be a non-empty list of 'host:port' addresses")
+        for index, address in enumerate(value):
+            try:
+                parse_address(address)
+            except ValueError as err:
+                raise TFConfigError(f"membership.workers[{index}]", address, str(err)) from None
+        if len(set(value)) != len(value):
+            raise TFConfigError("membership.workers", value, "must not name an address twice")
+        return value
+
+    @classmethod
+    def parse(cls, data: str | bytes | Mapping[str, Any]) -> "Membership":
+        """A membership document from JSON text or a mapping; a malformed one raises :class:`TFConfigError`."""
+        return _validate_json(cls, data, "membership", 'must be a JSON object like {"generation": 1, "workers": [...]}')
+
+    def to_json(self) -> str:
+        return self.model_dump_json()
+
+
+class MembershipAck(BaseModel):
+    """What the chief reports after applying a :class:`Membership`: the ``generation`` applied, the indexes of
+    the workers it dispatches to (``workers``), of those still finishing their last closure after a scale-down
+    (``draining``), and of those drained since the chief started (``drained``: their processes may go)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    generation: int
+    workers: list[int]
+    draining: list[int] = []
+    drained: list[int] = []
+
+    def to_json(self) -> str:
+        return self.model_dump_json()
+
+
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+def _validate_json(model: type[_Model], data: str | bytes | Mapping[str, Any], field: str, shape: str) -> _Model:
+    """``model`` from JSON text or a mapping; every problem a :class:`TFConfigError` naming ``field`` or the
+    field inside it (``shape`` says what a document of the kind looks like)."""
+    if isinstance(data, (str, bytes)):
+        try:
+            data = json.loads(data)
+        except json.JSONDecodeError as err:
+            raise TFConfigError(field, short_repr(data, 60), f"must be a JSON object ({err})") from None
+    if not isinstance(data, Mapping):
+        raise TFConfigError(field, data, shape)
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise _from_validation_error(err) from None
 
 
 def _from_validation_error(err: ValidationError) -> TFConfigError:

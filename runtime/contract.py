@@ -48,6 +48,8 @@ __all__ = [
     "MAX_TABLES_ENV",
     "MAX_TABLE_DIM_ENV",
     "MAX_VARIABLES_ENV",
+    "MEMBERSHIP_ACK_FILE_ENV",
+    "MEMBERSHIP_FILE_ENV",
     "MIN_REQUEST_RATE_ENV",
     "METRICS_PORT_ENV",
     "NONFINITE_GRADIENTS_ENV",
@@ -129,6 +131,15 @@ LOG_FORMAT_ENV = "KUBEPS_LOG_FORMAT"
 #: modules (comma-separated) a ps or worker server imports before it serves: the user's own methods
 #: (:mod:`kubeps.runtime.server.methods`)
 SERVER_EXTENSIONS_ENV = "KUBEPS_SERVER_EXTENSIONS"
+
+#: the chief's membership document (:class:`kubeps.runtime.cluster.Membership`, JSON): the workers it dispatches to
+#: now. Watched while the chief runs; the operator mounts the job's membership ConfigMap there, ``kubeps local``
+#: writes a file of its own (docs/elastic.md). Unset: the workers of TF_CONFIG, for the whole run
+MEMBERSHIP_FILE_ENV = "KUBEPS_MEMBERSHIP_FILE"
+
+#: where the chief writes a :class:`kubeps.runtime.cluster.MembershipAck` after applying a membership document
+#: (``kubeps local`` reads it to stop a drained worker); unset: nowhere
+MEMBERSHIP_ACK_FILE_ENV = "KUBEPS_MEMBERSHIP_ACK_FILE"
 
 # -- a server's limits (docs/runtime.md, "Limits"): what one peer may make a ps or worker hold --------------------
 #: seconds a server waits for the next chunk of a request before it cancels the call (default 10)

@@ -157,6 +157,10 @@ class TaskSettings(BaseModel):
     #: modules a server imports before it serves (the user's methods)
     server_extensions: tuple[str, ...] = _var(contract.SERVER_EXTENSIONS_ENV, (),
                                               "module names separated by ','")
+    #: the chief's membership document (watched while it runs); None: TF_CONFIG's workers for the whole run
+    membership_file: str | None = _var(contract.MEMBERSHIP_FILE_ENV, None, "a file path")
+    #: where the chief acknowledges an applied membership document; None: nowhere
+    membership_ack_file: str | None = _var(contract.MEMBERSHIP_ACK_FILE_ENV, None, "a file path")
 
     # -- a server's limits ------------------------------------------------------------------------------------------
     #: the size of the chunks a server streams large answers in; None: the wire's default

@@ -152,7 +152,12 @@ def generate_crd() -> dict[str, Any]:
                     "served": True,
                     "storage": True,
                     "schema": {"openAPIV3Schema": root},
-                    "subresources": {"status": {}},
+                    # kubectl scale psjob NAME --replicas N, an HPA or KEDA: the Worker replicas (docs/elastic.md)
+                    "subresources": {"status": {}, "scale": {
+                        "specReplicasPath": ".spec.replicaSpecs.Worker.replicas",
+                        "statusReplicasPath": ".status.replicaStatuses.Worker.active",
+                        "labelSelectorPath": ".status.workerSelector",
+                    }},
                     "additionalPrinterColumns": PRINTER_COLUMNS,
                 }
             ],

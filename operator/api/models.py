@@ -501,6 +501,10 @@ class Progress(BaseModel):
     examplesPerSecond: str | None = None
     #: the step of the last checkpoint the chief wrote (``kubeps_checkpoint_step``)
     lastCheckpointStep: int | None = None
+    #: the membership generation the chief applied (``kubeps_membership_generation``; docs/elastic.md)
+    membershipGeneration: int | None = None
+    #: workers that left the membership and still finish their last function (``kubeps_workers_draining``)
+    workersDraining: int | None = None
     #: when the operator read them
     lastUpdateTime: str | None = None
 
@@ -533,6 +537,13 @@ class PSTrainingJobStatus(BaseModel):
     handledPods: list[str] = Field(default_factory=list, max_length=4096)
     #: Training progress from the chief's metrics (absent until the chief serves a step).
     progress: Progress | None = None
+    #: The label selector of the Worker pods: the ``scale`` subresource's (``kubectl scale``, an HPA).
+    workerSelector: str | None = None
+    #: The PS replicas the chief's epoch runs with: a spec that changes them restarts the chief into the new count.
+    psReplicas: int | None = None
+    #: When the membership ConfigMap last changed: scaled-away workers are drained by the chief until this plus the
+    #: drain timeout, then deleted.
+    membershipTime: str | None = None
 
 
 class SpecError(ValueError):

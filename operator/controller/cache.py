@@ -16,7 +16,9 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-from kubeps.operator.core.children import ANNOTATION_EPOCH, LABEL_JOB
+from kubeps.runtime.cluster import Membership
+
+from kubeps.operator.core.children import ANNOTATION_EPOCH, ANNOTATION_MEMBERSHIP, LABEL_JOB
 from kubeps.operator.core.observed import STUCK_REASONS
 
 Key = tuple[str, str]  # (namespace, job name)
@@ -36,6 +38,9 @@ class Cache:
         self.secret_annotations: dict[Key, dict[str, str]] = {}
         #: jobs whose NetworkPolicy is known to exist (NetworkPolicies are not watched)
         self.network_policies: set[Key] = set()
+        #: job key -> (uid of the job, the membership document its ConfigMap holds, None: none), once read or
+        #: written (the operator is the ConfigMap's only writer: it is not watched)
+        self.memberships: dict[Key, tuple[str | None, Membership | None]] = {}
         #: Kueue's Workloads of queued jobs, by job key (whole bodies: the planner reads their status and podSets)
         self.workloads: dict[Key, Body] = {}
         #: job key -> (uid of the job, whether its own PodGroup exists), once read or made (PodGroups are not watched)
@@ -63,6 +68,7 @@ class Cache:
         self.secrets.pop(key, None)
         self.secret_annotations.pop(key, None)
         self.network_policies.discard(key)
+        self.memberships.pop(key, None)
         self.pod_groups.pop(key, None)
         self.disruption_budgets.pop(key, None)
 
@@ -198,9 +204,9 @@ def _slim(body: Mapping[str, Any], with_status: bool) -> Body:
         slim_meta["labels"] = dict(meta["labels"])
     if "ownerReferences" in meta:
         slim_meta["ownerReferences"] = [dict(ref) for ref in meta["ownerReferences"]]
-    epoch = (meta.get("annotations") or {}).get(ANNOTATION_EPOCH)
-    if epoch is not None:
-        slim_meta["annotations"] = {ANNOTATION_EPOCH: epoch}
+    kept = {k: v for k, v in (meta.get("annotations") or {}).items() if k in (ANNOTATION_EPOCH, ANNOTATION_MEMBERSHIP)}
+    if kept:
+        slim_meta["annotations"] = kept
     slim: Body = {"metadata": slim_meta}
     node = (body.get("spec") or {}).get("nodeName")
     if node:

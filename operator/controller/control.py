@@ -29,6 +29,8 @@ from kubeps.runtime import certs
 
 from kubeps.operator.core import kueue
 from kubeps.operator.core.actions import (
+    AnnotatePod,
+    ApplyMembership,
     ApplyWorkloadStatus,
     CreateNetworkPolicy,
     CreatePod,
@@ -48,7 +50,9 @@ from kubeps.operator.core.actions import (
 )
 from kubeps.operator.core import disruption
 from kubeps.operator.core.actions import ForceDeletePod
-from kubeps.operator.core.children import ANNOTATION_TLS_WORKERS, LABEL_ROLE, TOKEN_KEY, secret_name
+from kubeps.operator.core.children import (ANNOTATION_TLS_WORKERS, LABEL_ROLE, TOKEN_KEY, membership_name,
+                                           membership_of, secret_name)
+from kubeps.runtime.cluster import Membership
 from kubeps.operator.core.observed import controlled_by
 from kubeps.operator.kube.client import ApiError, KubeClient
 
@@ -82,6 +86,12 @@ class Control:
             secret_ready = await self.reissue_certificate(key, job, reissue) and secret_ready
         for policy in plan.of(CreateNetworkPolicy):
             await self.create_network_policy(key, job, policy)
+        written = True
+        for membership in plan.of(ApplyMembership):
+            written = await self.apply_membership(key, job, membership) and written
+        for annotate in plan.of(AnnotatePod):
+            if written:  # the pod's kubelet refreshes the ConfigMap on it: not before it holds the generation
+                await self.annotate_pod(key, annotate)
         group_ready = True
         for group in plan.of(CreatePodGroup):
             group_ready = await self.create_pod_group(key, job, group)
@@ -200,6 +210,53 @@ class Control:
             return
         self.cache.network_policies.add(key)
         self.recorder.event(job, "Normal", "NetworkPolicyCreated", f"Created NetworkPolicy {action.name}")
+
+    async def read_membership(self, key: Key, uid: str | None) -> Membership | None:
+        """The document of the job's membership ConfigMap (None: none, or another job's), read once, then
+        remembered, absent too (a queued job is not read again at each reconcile): the operator is its only
+        writer."""
+        known = self.cache.memberships.get(key)
+        if known is not None and known[0] == uid:
+            return known[1]
+        try:
+            body = await self.kube.read_config_map(key[0], membership_name(key[1]))
+        except ApiError as err:
+            # not known (e.g. an install whose RBAC predates configmaps): planned as absent, so the write is tried
+            # and its failure said in an Event, and the job's other children go on
+            self.recorder.api_error("read-configmap", err.status)
+            log.warning("could not read ConfigMap %s/%s: %s", key[0], membership_name(key[1]), err)
+            return None
+        document = membership_of(body) if body is not None and controlled_by(body, uid) else None
+        self.cache.memberships[key] = (uid, document)
+        return document
+
+    async def apply_membership(self, key: Key, job: Body, action: ApplyMembership) -> bool:
+        """Write the membership ConfigMap (created, or its document replaced); the chief sees it when the kubelet
+        refreshes the mounted file."""
+        try:
+            await self.kube.write_config_map(key[0], action.body)
+        except ApiError as err:
+            self.recorder.api_error("apply-configmap", err.status)
+            self.cache.memberships.pop(key, None)
+            self.recorder.event(job, "Warning", "MembershipWriteFailed",
+                                f"Could not write ConfigMap {action.name}: {_api_message(err)}; the chief keeps "
+                                f"dispatching to the workers it knows")
+            self.retry(key, RETRY_CREATE_AFTER)
+            return False
+        document = membership_of(action.body)
+        if document is not None:
+            self.cache.memberships[key] = (job["metadata"].get("uid"), document)
+        return True
+
+    async def annotate_pod(self, key: Key, action: AnnotatePod) -> None:
+        """Annotate a pod (its UID a precondition); one that is gone or changed is left to the next reconcile."""
+        body = {"metadata": {"uid": action.uid, "annotations": action.annotations}}
+        try:
+            await self.kube.patch_pod(key[0], action.name, body)
+        except ApiError as err:
+            self.recorder.api_error("patch-pod", err.status)
+            if err.status not in (404, 409, 422):
+                self.retry(key, RETRY_CREATE_AFTER)
 
     async def read_own_pod_group(self, key: Key, uid: str | None, api_version: str) -> Body | None:
         """The job's PodGroup if it exists and belongs to this job, else None; read once, then remembered (PodGroups

@@ -3,8 +3,9 @@
 
 Every ``progress_interval`` seconds (default 10) :class:`ProgressReader` GETs ``/metrics`` of the chief of every
 Running or Restarting job it watches (``http://<job>-chief-0.<namespace>.svc[.<domain>]:<metrics port>``, at most
-16 at a time, 3 s each), reads the step, the examples counter and the last checkpoint's step
-(:mod:`kubeps.operator.core.progress`), and patches ``status.progress`` when the step or the checkpoint changed.
+16 at a time, 3 s each), reads the step, the examples counter, the last checkpoint's step and the membership the chief applied
+(:mod:`kubeps.operator.core.progress`), and patches ``status.progress`` when the step, the checkpoint or the
+membership changed.
 The writes are spaced to at most ``progress_writes_per_second`` (default 20) over all jobs, so 200 jobs cost the
 API server 20 status patches a second at most, and a job's progress is at most ``200 / 20 = 10`` s behind the
 interval. A hot ps the chief's detector flags (``kubeps_ps_imbalanced``) becomes a Warning Event
@@ -32,6 +33,8 @@ from .recorder import Recorder
 __all__ = ["ProgressReader", "chief_metrics_url"]
 
 log = logging.getLogger("kubeps.operator.progress")
+#: the fields of ``status.progress`` whose change is written (the rate alone is not)
+_WRITTEN_WHEN_CHANGED = ("step", "lastCheckpointStep", "membershipGeneration", "workersDraining")
 #: chiefs read at once, and the seconds one read may take
 CONCURRENT_READS = 16
 READ_TIMEOUT_S = 3.0
@@ -126,8 +129,7 @@ class ProgressReader:
         self.readings[uid] = reading
         self._hot_ps(job, uid, reading)
         old = (job.get("status") or {}).get("progress") or {}
-        if new is None or (new.get("step"), new.get("lastCheckpointStep")) == (old.get("step"),
-                                                                                old.get("lastCheckpointStep")):
+        if new is None or all(new.get(k) == old.get(k) for k in _WRITTEN_WHEN_CHANGED):
             return  # nothing moved: no write
         await self._spaced()
         try:

@@ -205,6 +205,8 @@ class Reconciler:
         else:
             body = await self.control.read_own_secret(key, uid)
             secret = SecretFacts.of(body) if body is not None else None
+        # a job never reconciled has no ConfigMap yet: one GET fewer per new job, as for the Secret
+        membership = await self.control.read_membership(key, uid) if pods or job.get("status") else None
         queue = await self.queue_view(key, job) if self.config.kueue and kueue.queue_name(job) else None
         pod_group = None
         if self.config.gang_scheduler is not GangScheduler.NONE and (pods or job.get("status")):
@@ -215,7 +217,8 @@ class Reconciler:
             seen = nodes.NodesSeen(self.nodes.view(), self.settings.node_lost_after, self.nodes.leases_until,
                                    frozenset(self.cache.force_deleted))
         return Observed(job=job, now=datetime.now(timezone.utc), pods=pods, services=services, secret=secret,
-                        network_policy=key in self.cache.network_policies, nodes=seen, pod_group=pod_group,
+                        network_policy=key in self.cache.network_policies, membership=membership, nodes=seen,
+                        pod_group=pod_group,
                         queue=queue, config=self.config)
 
     async def queue_view(self, key: Key, job: Body) -> kueue.QueueView:

@@ -39,6 +39,27 @@ class CreateNetworkPolicy:
 
 
 @dataclass(frozen=True)
+class ApplyMembership:
+    """Write the job's membership ConfigMap (created, or its document replaced): the workers the chief dispatches
+    to, which it applies without a restart (:class:`kubeps.runtime.cluster.Membership`)."""
+
+    name: str
+    body: dict[str, Any]
+    generation: int
+    workers: int
+
+
+@dataclass(frozen=True)
+class AnnotatePod:
+    """Set annotations on a running pod (its UID a precondition): the chief's membership generation, so that the
+    kubelet refreshes the mounted membership ConfigMap now."""
+
+    name: str
+    uid: str | None
+    annotations: dict[str, str]
+
+
+@dataclass(frozen=True)
 class CreateService:
     name: str
     body: dict[str, Any]
@@ -134,7 +155,7 @@ class Event:
     message: str
 
 
-Action = Union[CreateSecret, ReissueCertificate, CreateNetworkPolicy, CreateService, CreatePod, DeletePod, DeleteService,
+Action = Union[CreateSecret, ReissueCertificate, CreateNetworkPolicy, ApplyMembership, AnnotatePod, CreateService, CreatePod, DeletePod, DeleteService,
                CreatePodGroup, DeletePodGroup, DeleteJob, CreateWorkload, PatchWorkload, ApplyWorkloadStatus,
                DeleteWorkload, Event]
 _A = TypeVar("_A")

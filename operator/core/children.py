@@ -35,9 +35,9 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from kubeps.runtime import certs
-from kubeps.runtime.cluster import TaskSpec, TFConfig
+from kubeps.runtime.cluster import Membership, TaskSpec, TFConfig
 from kubeps.runtime.contract import (CHECKPOINT_DIR_ENV, CHECKPOINT_ROOT_ENV, DEVICE_ENV, JOB_TOKEN_ENV,
-                                     METRICS_PORT_ENV, TF_CONFIG_ENV,
+                                     MEMBERSHIP_FILE_ENV, METRICS_PORT_ENV, TF_CONFIG_ENV,
                                      TLS_CA_FILE_ENV, TLS_CERT_FILE_ENV, TLS_KEY_FILE_ENV, TLS_MOUNT_PATH, VERSION)
 from kubeps.runtime.settings import TaskSettings
 
@@ -52,6 +52,9 @@ LABEL_TYPE = "kubeps.dev/replica-type"
 LABEL_INDEX = "kubeps.dev/replica-index"
 LABEL_ROLE = "kubeps.dev/job-role"
 ANNOTATION_EPOCH = "kubeps.dev/chief-epoch"
+#: on the chief pod: the membership generation the operator last wrote. Changing it makes the kubelet sync the pod,
+#: which refreshes the mounted membership ConfigMap at once instead of at its next periodic sync (about a minute)
+ANNOTATION_MEMBERSHIP = "kubeps.dev/membership-generation"
 #: on the job's Secret: how many Worker indices the task certificate's names cover (scale-up beyond: re-issued)
 ANNOTATION_TLS_WORKERS = "kubeps.dev/tls-workers"
 MAIN_CONTAINER_NAMES = ("kubeps", "tensorflow")
@@ -60,6 +63,11 @@ TLS_VOLUME = "kubeps-tls"
 #: the Secret's keys a pod mounts (the CA's key stays in the Secret: only the operator issues certificates)
 TLS_MOUNTED_KEYS = {TLS_CA_FILE_ENV: certs.CA_CERT_KEY, TLS_CERT_FILE_ENV: certs.TLS_CERT_KEY,
                     TLS_KEY_FILE_ENV: certs.TLS_KEY_KEY}
+#: the chief mounts the job's membership ConfigMap here (optional: a chief started before it exists waits for nothing)
+MEMBERSHIP_VOLUME = "kubeps-membership"
+MEMBERSHIP_MOUNT_PATH = "/var/run/kubeps/membership"
+#: the ConfigMap's key holding the membership document (:class:`kubeps.runtime.cluster.Membership`, JSON)
+MEMBERSHIP_KEY = "membership.json"
 #: volume sources that hold configuration, not data: their mounts are never part of a checkpoint root
 CONFIG_VOLUME_SOURCES = ("configMap", "secret", "downwardAPI", "projected")
 #: the checkpoint root of a task that mounts no data volume and names no ``KUBEPS_CHECKPOINT_DIR``: the container's
@@ -95,6 +103,15 @@ def secret_name(job: str) -> str:
 
 def network_policy_name(job: str) -> str:
     return f"{job}-kubeps"
+
+
+def membership_name(job: str) -> str:
+    return f"{job}-kubeps-membership"
+
+
+def worker_selector(job: str) -> str:
+    """The label selector of the job's Worker pods (the ``scale`` subresource's, for an HPA)."""
+    return f"{LABEL_JOB}={job},{LABEL_TYPE}={ReplicaType.WORKER.task_type}"
 
 
 def selector_labels(job: str, replica_type: ReplicaType, index: int) -> dict[str, str]:
@@ -215,14 +232,19 @@ def restricted_defaults(pod_spec: dict[str, Any]) -> None:
 
 
 def _mount_tls(pod_spec: dict[str, Any], main: dict[str, Any], secret: str) -> None:
-    volumes = [v for v in pod_spec.get("volumes") or [] if v.get("name") != TLS_VOLUME]
-    volumes.append({"name": TLS_VOLUME, "secret": {
+    _mount(pod_spec, main, TLS_VOLUME, TLS_MOUNT_PATH, {"secret": {
         "secretName": secret,
         "items": [{"key": key, "path": key} for key in TLS_MOUNTED_KEYS.values()],
     }})
+
+
+def _mount(pod_spec: dict[str, Any], main: dict[str, Any], volume: str, path: str, source: dict[str, Any]) -> None:
+    """Mount ``source`` read-only at ``path`` in the main container (a template's volume of the name is replaced)."""
+    volumes = [v for v in pod_spec.get("volumes") or [] if v.get("name") != volume]
+    volumes.append({"name": volume, **source})
     pod_spec["volumes"] = volumes
-    mounts = [m for m in main.get("volumeMounts") or [] if m.get("name") != TLS_VOLUME]
-    mounts.append({"name": TLS_VOLUME, "mountPath": TLS_MOUNT_PATH, "readOnly": True})
+    mounts = [m for m in main.get("volumeMounts") or [] if m.get("name") != volume]
+    mounts.append({"name": volume, "mountPath": path, "readOnly": True})
     main["volumeMounts"] = mounts
 
 
@@ -320,6 +342,8 @@ def pod_body(job: Mapping[str, Any], job_spec: PSTrainingJobSpec, replica_type: 
         CHECKPOINT_ROOT_ENV: checkpoint_root(spec, main) or (),  # None: the template's own variable stays
         **({env_name: f"{TLS_MOUNT_PATH}/{key}" for env_name, key in TLS_MOUNTED_KEYS.items()} if tls else {}),
         **({DEVICE_ENV: device} if (device := gpu_device(main)) else {}),
+        **({MEMBERSHIP_FILE_ENV: f"{MEMBERSHIP_MOUNT_PATH}/{MEMBERSHIP_KEY}"} if replica_type is ReplicaType.CHIEF
+           else {}),
     }).to_env()
     injected = {
         TF_CONFIG_ENV: {"name": TF_CONFIG_ENV, "value": task.pop(TF_CONFIG_ENV)},
@@ -330,6 +354,10 @@ def pod_body(job: Mapping[str, Any], job_spec: PSTrainingJobSpec, replica_type: 
         "GRPC_FAIL_FAST": {"name": "GRPC_FAIL_FAST", "value": "use_caller"},
         **{env_name: {"name": env_name, "value": value} for env_name, value in task.items()},
     }
+    if replica_type is ReplicaType.CHIEF:
+        _mount(spec, main, MEMBERSHIP_VOLUME, MEMBERSHIP_MOUNT_PATH, {"configMap": {
+            "name": membership_name(name), "optional": True, "items": [{"key": MEMBERSHIP_KEY, "path": MEMBERSHIP_KEY}],
+        }})
     if tls:
         _mount_tls(spec, main, secret_name(name))
     else:  # plaintext, as the spec asks: a template's own TLS variables would make the tasks disagree
@@ -385,6 +413,27 @@ def network_policy_body(job: Mapping[str, Any]) -> dict[str, Any]:
         "metadata": _job_object_metadata(job, network_policy_name(name)),
         "spec": {"podSelector": own, "policyTypes": ["Ingress"], "ingress": [{"from": [{"podSelector": own}]}, metrics]},
     }
+
+
+def membership_body(job: Mapping[str, Any], membership: Membership) -> dict[str, Any]:
+    """The job's membership ConfigMap: the document the chief watches (mounted at :data:`MEMBERSHIP_MOUNT_PATH`)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _job_object_metadata(job, membership_name(job["metadata"]["name"])),
+        "data": {MEMBERSHIP_KEY: membership.to_json()},
+    }
+
+
+def membership_of(config_map: Mapping[str, Any]) -> Membership | None:
+    """The document a membership ConfigMap holds; None when it holds none that parses (it is then rewritten)."""
+    text = (config_map.get("data") or {}).get(MEMBERSHIP_KEY)
+    if not isinstance(text, str):
+        return None
+    try:
+        return Membership.parse(text)
+    except ValueError:
+        return None
 
 
 def secret_body(job: Mapping[str, Any]) -> dict[str, Any]:

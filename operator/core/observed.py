@@ -15,7 +15,7 @@ from typing import Any, Mapping
 from kubeps.operator.api import models
 from kubeps.operator.api.models import ReplicaType
 
-from .children import ANNOTATION_EPOCH, LABEL_INDEX, LABEL_TYPE, MAIN_CONTAINER_NAMES
+from .children import ANNOTATION_EPOCH, ANNOTATION_MEMBERSHIP, LABEL_INDEX, LABEL_TYPE, MAIN_CONTAINER_NAMES
 
 #: Container waiting reasons that no wait fixes (a missing or unpullable image, a bad container config): they are
 #: named in the Running condition and a Warning Event. Plain ContainerCreating and PodInitializing are not.
@@ -50,6 +50,8 @@ class ObservedPod:
     restart_count: int
     epoch: int
     reason: str | None
+    #: The membership generation the chief pod was last told of (its annotation), None if never.
+    membership: int | None = None
     #: When the main container (else the last container) terminated, if the kubelet said.
     finished_at: datetime | None = None
     #: Why a container of the pod cannot start ("container c: ErrImagePull: ..."), for STUCK_REASONS only.
@@ -100,10 +102,15 @@ def observe_pod(pod: Mapping[str, Any]) -> ObservedPod:
     ready = any(
         c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
     )
+    annotations = meta.get("annotations") or {}
     try:
-        epoch = int((meta.get("annotations") or {}).get(ANNOTATION_EPOCH, "0"))
+        epoch = int(annotations.get(ANNOTATION_EPOCH, "0"))
     except ValueError:
         epoch = 0
+    try:
+        membership = int(annotations[ANNOTATION_MEMBERSHIP]) if ANNOTATION_MEMBERSHIP in annotations else None
+    except ValueError:
+        membership = None
     return ObservedPod(
         name=meta.get("name", ""),
         uid=meta.get("uid"),
@@ -116,6 +123,7 @@ def observe_pod(pod: Mapping[str, Any]) -> ObservedPod:
         restart_count=restart_count,
         epoch=epoch,
         reason=status.get("reason"),
+        membership=membership,
         finished_at=finished_at,
         waiting=waiting,
     )

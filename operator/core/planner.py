@@ -12,7 +12,8 @@ One reconcile, in order (docs/operator.md documents the rules for users):
 3. The security objects (:mod:`.security`): the token Secret, its certificate, the NetworkPolicy.
 4. Suspension and Kueue's admission (:mod:`.timeline`): a held job's pods and Services are deleted.
 5. Success, then the deadline (:mod:`.restarts`, :mod:`.timeline`), then a lost token Secret (:mod:`.security`).
-6. The replicas (:mod:`.scale` deletes what is beyond the spec; :mod:`.restarts` creates, restarts and fails the
+6. The replicas (:mod:`.scale` deletes what is beyond the spec and keeps the membership ConfigMap the chief
+   watches on the spec's Workers; :mod:`.restarts` creates, restarts and fails the
    PS, the chief, the workers and the evaluator), their Services, the Running condition, pods that cannot start.
 7. Once Succeeded or Failed, conditions are frozen; only Kueue's Finished, cleanup, counts and TTL go on
    (:mod:`.timeline`). The gang's PodGroup follows the job (:mod:`.timeline`), and the status is summed up
@@ -113,7 +114,9 @@ def _reconcile(d: Draft) -> None:
         return
     if security.restart_for_lost_secret(d):
         return
+    scale.plan_membership(d, spec)
     scale.delete_beyond_spec(d, desired)
+    scale.restart_for_ps_count(d, desired[ReplicaType.PS])
     if restarts.reconcile_ps(d, desired[ReplicaType.PS], spec):
         return
     if restarts.reconcile_chief(d, spec):

@@ -2,9 +2,11 @@
 :mod:`~kubeps.operator.controller.progress` fetches the text and writes the status).
 
 :func:`read_chief` picks what the status needs out of the chief's ``/metrics`` text (``kubeps_train_step``,
-``kubeps_train_examples_total``, ``kubeps_checkpoint_step``, the hot ps ``kubeps_ps_imbalanced{ps,variable}``);
-:func:`progress` turns two readings into ``status.progress``: the step, the examples per second between them, the
-last checkpoint's step.
+``kubeps_train_examples_total``, ``kubeps_checkpoint_step``, the hot ps ``kubeps_ps_imbalanced{ps,variable}``, the
+membership the chief applied ``kubeps_membership_generation`` and its workers still draining
+``kubeps_workers_draining``); :func:`progress` turns two readings into ``status.progress``: the step, the examples
+per second between them, the last checkpoint's step, the membership generation and the draining workers (the
+planner deletes a scaled-away worker's pod once the chief drained it: :mod:`.scale`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ __all__ = ["ChiefReading", "progress", "read_chief"]
 
 _SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+#: the metrics read as they are (besides the hot ps)
+_READ = ("kubeps_train_step", "kubeps_train_examples_total", "kubeps_checkpoint_step", "kubeps_membership_generation",
+         "kubeps_workers_draining")
 
 
 @dataclass(frozen=True)
@@ -29,6 +34,9 @@ class ChiefReading:
     checkpoint_step: int | None = None
     #: ``(ps, variable shard)`` of every hot ps the chief's detector flags
     hot: tuple[tuple[str, str], ...] = ()
+    #: the membership generation the chief applied, and how many workers that left still finish their last function
+    membership_generation: int | None = None
+    workers_draining: int | None = None
 
 
 def read_chief(text: str, at: float) -> ChiefReading:
@@ -50,20 +58,27 @@ def read_chief(text: str, at: float) -> ChiefReading:
             if value == 1:
                 labels = dict(_LABEL.findall(match["labels"] or ""))
                 hot.append((labels.get("ps", ""), labels.get("variable", "")))
-        elif name in ("kubeps_train_step", "kubeps_train_examples_total", "kubeps_checkpoint_step"):
+        elif name in _READ:
             values[name] = value
-    step, ckpt = values.get("kubeps_train_step"), values.get("kubeps_checkpoint_step")
-    return ChiefReading(at=at, step=None if step is None else int(step), examples=values.get("kubeps_train_examples_total"),
-                        checkpoint_step=None if ckpt is None else int(ckpt), hot=tuple(sorted(hot)))
+    ints = {name: None if values.get(name) is None else int(values[name]) for name in _READ}
+    return ChiefReading(at=at, step=ints["kubeps_train_step"], examples=values.get("kubeps_train_examples_total"),
+                        checkpoint_step=ints["kubeps_checkpoint_step"], hot=tuple(sorted(hot)),
+                        membership_generation=ints["kubeps_membership_generation"],
+                        workers_draining=ints["kubeps_workers_draining"])
 
 
 def progress(previous: ChiefReading | None, now: ChiefReading, when: str) -> dict[str, Any] | None:
     """``status.progress`` from the reading ``now`` (and ``previous``, for the rate); None when the chief has
-    reported no step yet. Examples per second need two readings with the examples counter going up; a counter
-    that went back (the chief restarted) gives no rate this time."""
-    if now.step is None:
+    reported neither a step nor a membership yet. Examples per second need two readings with the examples counter
+    going up; a counter that went back (the chief restarted) gives no rate this time."""
+    if now.step is None and now.membership_generation is None:
         return None
-    out: dict[str, Any] = {"step": now.step, "lastUpdateTime": when}
+    out: dict[str, Any] = {"lastUpdateTime": when}
+    if now.step is not None:
+        out["step"] = now.step
+    if now.membership_generation is not None:
+        out["membershipGeneration"] = now.membership_generation
+        out["workersDraining"] = now.workers_draining or 0
     if now.checkpoint_step is not None and now.checkpoint_step > 0:
         out["lastCheckpointStep"] = now.checkpoint_step
     if (previous is not None and previous.examples is not None and now.examples is not None

@@ -8,7 +8,15 @@ Rules (documented for users in docs/operator.md):
   (:mod:`.restarts`), so it sees every failure.
 * A template that cannot be made into a pod fails the job (InvalidPodTemplate), once, instead of raising at every
   reconcile.
-* Pods and Services beyond the spec's replicas (Worker scale-down) or of no known replica are deleted.
+* Pods and Services beyond the spec's replicas (Worker scale-down) or of no known replica are deleted; a worker's
+  pod once the chief reports (in its metrics, read into ``status.progress``) that it applied the new membership
+  and drained the leaving workers, or after :data:`DRAIN_TIMEOUT_S`.
+* The job's membership ConfigMap names the Workers of the spec (index order), and its generation grows at each
+  change: the chief watches the document and dispatches to exactly those, without a restart (docs/elastic.md).
+  Once written, the running chief pod is annotated with the generation, so that the kubelet refreshes the mounted
+  file at once.
+* PS replicas changed on a running job: the chief restarts into the new count and restores its latest checkpoint
+  (Restarting, reason PSReplicasChanged; not counted against backoffLimit).
 * Pods whose containers cannot start (:data:`~.observed.STUCK_REASONS`) are named in a ``Running: False``
   condition (reason PodsCannotStart) while the job has not run yet.
 
@@ -17,13 +25,20 @@ Functions of a :class:`~.draft.Draft`; pure: no I/O.
 
 from __future__ import annotations
 
-from kubeps.operator.api import models
-from kubeps.operator.api.models import ConditionType, ReplicaStatus, ReplicaType
+from kubeps.runtime.cluster import Membership
 
-from .actions import CreateService, DeletePod, DeleteService
-from .children import child_name, pod_body, service_body
+from kubeps.operator.api import models
+from kubeps.operator.api.models import ConditionType, PSTrainingJobSpec, ReplicaStatus, ReplicaType
+
+from .actions import AnnotatePod, ApplyMembership, CreateService, DeletePod, DeleteService
+from .children import (ANNOTATION_MEMBERSHIP, child_name, cluster_addresses, membership_body, membership_name,
+                       pod_body, service_body, worker_selector)
 from .draft import Draft
-from .status import R_INVALID_TEMPLATE, R_PODS_WAITING
+from .observed import fmt_time, parse_time
+from .status import R_INVALID_TEMPLATE, R_PODS_WAITING, R_PS_SCALED
+
+#: seconds a scaled-away worker's pod is kept for the chief to drain it (finish the function it runs), at most
+DRAIN_TIMEOUT_S = 120.0
 
 
 def check_templates(d: Draft) -> None:
@@ -43,13 +58,86 @@ def check_templates(d: Draft) -> None:
 
 
 def delete_beyond_spec(d: Draft, desired: dict[ReplicaType, int]) -> None:
-    """Pods that should not exist: replica types or indices beyond the spec (Worker scale-down)."""
+    """Pods that should not exist: replica types or indices beyond the spec (Worker scale-down). A scaled-away
+    worker is kept while the chief drains it (:func:`draining`)."""
+    hold = draining(d)
     for pod in sorted(d.pods, key=lambda p: (p.replica_type is None, str(p.replica_type), -(p.index or 0))):
         if pod.terminating:
             continue
         if pod.replica_type is None or pod.index is None or pod.index >= desired[pod.replica_type]:
+            if hold and pod.replica_type is ReplicaType.WORKER and not pod.finished:
+                continue
             d.delete_pod(pod, "scaled down")
             d.event("Normal", "ScaledDown", f"Deleting pod {pod.name}: beyond the spec's replicas")
+
+
+def draining(d: Draft) -> bool:
+    """Whether the chief may still be draining scaled-away workers: it reports its membership (a kubeps chief,
+    ``status.progress``), has not yet reported the latest generation with no worker draining, and the change is
+    less than :data:`DRAIN_TIMEOUT_S` old (a chief that never gets there does not keep the pods forever). Asks for
+    a reconcile at the timeout."""
+    seen, progress = d.observed.membership, d.status.progress
+    chief = d.by_key.get((ReplicaType.CHIEF, 0))
+    if seen is None or progress is None or progress.membershipGeneration is None or chief is None \
+            or chief.terminating or chief.finished:
+        return False
+    planned = [a.generation for a in d.plan.of(ApplyMembership)]  # written by this plan: not seen by the chief yet
+    if progress.membershipGeneration >= max([seen.generation, *planned]) and not progress.workersDraining:
+        return False
+    changed = parse_time(d.status.membershipTime)
+    if changed is None:
+        return False
+    left = DRAIN_TIMEOUT_S - (d.observed.now - changed).total_seconds()
+    if left <= 0:
+        return False
+    d.requeue(left)
+    return True
+
+
+def plan_membership(d: Draft, spec: PSTrainingJobSpec) -> None:
+    """Keep the membership ConfigMap's workers those of the spec: written when missing or different, with the
+    next generation (an Event says what changed once it existed)."""
+    workers = cluster_addresses(d.job, spec, d.config).get(ReplicaType.WORKER.task_type, [])
+    seen = d.observed.membership
+    if not workers:
+        return
+    if seen is not None and seen.workers == workers:
+        _tell_chief(d, seen.generation)
+        return
+    generation = seen.generation + 1 if seen is not None else 1
+    membership = Membership(generation=generation, workers=workers)
+    d.plan.actions.append(ApplyMembership(membership_name(d.name), membership_body(d.job, membership), generation,
+                                          len(workers)))
+    d.status.membershipTime = fmt_time(d.observed.now)
+    _tell_chief(d, generation)
+    if seen is not None:
+        d.event("Normal", "WorkersChanged", f"Workers {len(seen.workers)} -> {len(workers)}: membership generation "
+                                            f"{generation} for the chief, which applies it without a restart")
+
+
+def restart_for_ps_count(d: Draft, count: int) -> None:
+    """PS replicas changed on a running job: the chief restarts into the new count (a new epoch: its TF_CONFIG names
+    the new ps, and it restores its latest checkpoint, which re-partitions the variables into any number of ps);
+    Restarting with reason PSReplicasChanged and an Event say so. Not a failure: nothing counts against
+    backoffLimit. The ps that stay keep running; those beyond the spec are deleted."""
+    before = d.status.psReplicas
+    d.status.psReplicas = count
+    chief = d.by_key.get((ReplicaType.CHIEF, 0))
+    if before is None or before == count or chief is None:
+        return
+    d.status.chiefEpoch += 1  # the chief of an older epoch is restarted (restarts.reconcile_chief)
+    d.restarting(R_PS_SCALED, R_PS_SCALED, f"PS replicas {before} -> {count}: the chief restarts with the new "
+                                           f"parameter servers and restores its latest checkpoint into them")
+
+
+def _tell_chief(d: Draft, generation: int) -> None:
+    """Annotate the running chief pod with the membership generation it should see, once per generation: the
+    kubelet syncs a pod whose object changed, and refreshes its ConfigMap volumes then (seconds), instead of at its
+    periodic sync (``syncFrequency``, a minute by default, plus its cache's TTL)."""
+    chief = d.by_key.get((ReplicaType.CHIEF, 0))
+    if chief is None or chief.terminating or chief.finished or chief.membership == generation or generation <= 1:
+        return  # generation 1 is in the ConfigMap before the chief starts: nothing to refresh
+    d.plan.actions.append(AnnotatePod(chief.name, chief.uid, {ANNOTATION_MEMBERSHIP: str(generation)}))
 
 
 def reconcile_services(d: Draft, desired: dict[ReplicaType, int]) -> None:
@@ -109,6 +197,8 @@ def summarise(d: Draft) -> None:
     d.status.ps = f"{ps.ready}/{desired[ReplicaType.PS]}"
     d.status.workers = f"{workers.ready}/{desired[ReplicaType.WORKER]}"
     d.status.restarts = sum(rs.restarts for rs in d.status.replicaStatuses.values())
+    if desired[ReplicaType.WORKER] or ReplicaType.WORKER.value in d.status.replicaStatuses:
+        d.status.workerSelector = worker_selector(d.name)  # the scale subresource's labelSelectorPath
     d.status.state = d.book.state()
     d.book.forget_unobserved({p.uid for p in d.pods})
     d.plan.status = d.book.to_json()

@@ -3,7 +3,7 @@
 The shell (:mod:`kubeps.operator.controller.reconciler`) builds it once per reconcile from its cache and the few
 reads it makes, and :func:`.planner.plan` decides from it alone. Everything the rules read is here, as facts rather
 than forged objects: the job's Secret as :class:`SecretFacts` (present or not, and how many Worker indices its
-task certificate covers), whether the job's NetworkPolicy exists, the nodes as :class:`~.nodes.NodesSeen` (the
+task certificate covers), whether the job's NetworkPolicy exists, the membership document its chief watches, the nodes as :class:`~.nodes.NodesSeen` (the
 lost-node rules of :mod:`.nodes` run inside the planner), the gang's PodGroup, the Kueue view, the clock and the
 operator's settings.
 
@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Mapping, Sequence
+
+from kubeps.runtime.cluster import Membership
 
 from .children import ANNOTATION_TLS_WORKERS, PlanConfig
 from .kueue import QueueView
@@ -64,6 +66,9 @@ class Observed:
     #: Whether the job's NetworkPolicy is known to exist (not watched: the plan asks for it until the shell saw it
     #: made, and a create that finds it there is a no-op).
     network_policy: bool = False
+    #: The document of the job's membership ConfigMap (the workers its chief dispatches to), None when it does not
+    #: exist or holds none (the shell read it, or remembers what it wrote).
+    membership: Membership | None = None
     #: The nodes, for the lost-node rules (default: not known, nothing decided).
     nodes: NodesSeen = field(default_factory=NodesSeen)
     #: The job's own PodGroup, when the gang scheduler is on and the shell saw one.

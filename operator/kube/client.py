@@ -228,6 +228,10 @@ class KubeClient:
     async def delete_pod(self, namespace: str, name: str, uid: str | None, grace_seconds: int | None = None) -> None:
         await self.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", _delete_options(uid, grace_seconds))
 
+    async def patch_pod(self, namespace: str, name: str, body: dict) -> None:
+        """A merge patch of a pod (``metadata.uid`` in ``body`` makes it apply to that pod only)."""
+        await self.request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}", body, content_type=MERGE_PATCH)
+
     async def create_service(self, namespace: str, body: dict) -> None:
         await self.request("POST", f"/api/v1/namespaces/{namespace}/services", body)
 
@@ -249,6 +253,26 @@ class KubeClient:
         """A merge patch; with ``metadata.resourceVersion`` in ``body``, a concurrent change answers 409."""
         return await self.request("PATCH", f"/api/v1/namespaces/{namespace}/secrets/{name}", body,
                                   content_type=MERGE_PATCH, answer=True)
+
+    async def read_config_map(self, namespace: str, name: str) -> dict | None:
+        try:
+            return await self.request("GET", f"/api/v1/namespaces/{namespace}/configmaps/{name}", answer=True)
+        except ApiError as err:
+            if err.status == 404:
+                return None
+            raise
+
+    async def write_config_map(self, namespace: str, body: dict) -> None:
+        """Create the ConfigMap, or (it exists) merge-patch its ``data`` with ``body``'s."""
+        try:
+            await self.request("POST", f"/api/v1/namespaces/{namespace}/configmaps", body)
+            return
+        except ApiError as err:
+            if err.status != 409:
+                raise
+        name = body["metadata"]["name"]
+        await self.request("PATCH", f"/api/v1/namespaces/{namespace}/configmaps/{name}", {"data": body["data"]},
+                           content_type=MERGE_PATCH)
 
     async def create_network_policy(self, namespace: str, body: dict) -> None:
         await self.request("POST", f"/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies", body)

@@ -20,6 +20,10 @@ Every closure handed out by ``get`` must leave the in-flight set through exactly
 There is one global queue and one tagged queue per worker (per-worker resources); a worker takes from its tagged
 queue first.
 
+Workers come and go while the queue runs (elastic membership): ``retire_worker`` makes ``get`` hand a leaving
+worker nothing more (its tagged closures are dropped, a wake-up it held passes to another idle worker), so it only
+finishes what it holds; ``admit_worker`` takes an index back (a scale-up that reuses it).
+
 Wake-ups are targeted, so that the cost of a closure does not grow with the number of workers: each worker waits
 in ``get`` on a condition of its own (all share the queue's lock), and a closure queued for any worker wakes one
 idle worker, the one idle longest; a tagged closure wakes its worker; a finished closure wakes only the callers of
@@ -151,6 +155,8 @@ class ClosureQueue:
         self._queue: collections.deque[Closure] = collections.deque()
         self._per_worker: dict[int, collections.deque[Closure]] = collections.defaultdict(collections.deque)
         self._inflight: set[Closure] = set()
+        #: workers that left the membership: ``get`` hands them nothing
+        self._retired: set[int] = set()
         self._error: BaseException | None = None
         self._epoch = 0
         self._stopped = False
@@ -166,10 +172,12 @@ class ClosureQueue:
             self._enqueue(closure, self._queue)
             self.counts["scheduled"] += 1
 
-    def put_per_worker(self, worker: int, closure: Closure) -> None:
-        """Queue a closure only ``worker`` may run (per-worker resources)."""
+    def put_per_worker(self, worker: int, closure: Closure, raise_error: bool = True) -> None:
+        """Queue a closure only ``worker`` may run (per-worker resources); ``raise_error=False`` leaves a pending
+        error to the user's next ``put``/``wait``/``done`` (the coordinator queues resources of its own accord)."""
         with self._cond:
-            self._raise_if_error()
+            if raise_error:
+                self._raise_if_error()
             closure.worker = worker
             self._enqueue(closure, self._per_worker[worker])
 
@@ -270,7 +278,7 @@ class ClosureQueue:
                 cond = self._worker_conds[worker] = threading.Condition(self._lock)
             try:
                 while True:
-                    if self._stopped:
+                    if self._stopped or worker in self._retired:
                         return None
                     tagged = self._per_worker.get(worker)
                     if tagged:
@@ -363,6 +371,28 @@ class ClosureQueue:
                 closure.remote_value._set_value(None)
             self._cond.notify_all()
             return dropped
+
+    def retire_worker(self, worker: int) -> list[Closure]:
+        """``worker`` left the membership: ``get`` hands it nothing more (a call waiting in ``get`` returns None at
+        once), its tagged closures are dropped as :meth:`drop_per_worker` drops them, and a wake-up for the
+        global queue it had not used yet goes to another idle worker. What it runs now finishes normally (or is
+        re-queued by ``requeue`` if it fails). Returns the dropped closures."""
+        with self._cond:
+            self._retired.add(worker)
+            self._idle_workers.pop(worker, None)
+            woken = worker in self._woken
+            self._woken.discard(worker)
+            if woken and self._queue and self._error is None and self._idle_workers:
+                self._wake_for(self._queue[0])
+            cond = self._worker_conds.get(worker)
+            if cond is not None:
+                cond.notify()
+        return self.drop_per_worker(worker)
+
+    def admit_worker(self, worker: int) -> None:
+        """``worker`` (back) in the membership: ``get`` serves it again."""
+        with self._cond:
+            self._retired.discard(worker)
 
     def stop(self) -> None:
         """Shut down: cancel everything queued and wake every waiter."""

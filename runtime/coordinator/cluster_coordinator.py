@@ -12,6 +12,11 @@
   job at once (restart the chief from a checkpoint).
 * With ``watchdog_timeout`` (or a :class:`~kubeps.runtime.coordinator.watchdog.Watchdog`), every thread's stack is dumped when
   no closure finished for that long while work is pending.
+* Workers join and leave while it runs (:meth:`ClusterCoordinator.apply_membership`, driven by the membership
+  document the :mod:`~kubeps.runtime.coordinator.membership` watcher reads): a joining worker gets a dispatch
+  thread, which waits for it to answer and builds every per-worker resource on it (datasets, iterators) before
+  its first closure; a leaving worker is handed nothing more, finishes the closure it runs (re-queued if it fails
+  on the way) and is closed: nothing in flight is wasted.
 
 Failure handling (each step a method named for it, for subclasses and the fault-tolerance layer):
 ``handle_worker_failure`` (re-queue the closure: at-least-once), ``wait_for_worker`` (reconnect with backoff),
@@ -32,16 +37,18 @@ import pickle
 import sys
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import cloudpickle
 import grpc
 import numpy as np
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from kubeps.runtime.cluster import Membership, MembershipAck
 from kubeps.runtime.util import nest
 from kubeps.runtime.coordinator.closure_queue import Closure, ClosureQueue, ClosureState, RemoteValue
 from kubeps.runtime.coordinator.failure import FailureDetector, Heartbeat
+from kubeps.runtime.coordinator.membership import MembershipWatcher
 from kubeps.runtime.coordinator.hotspots import DEFAULT_HOTSPOT_THRESHOLD, HotSpotDetector
 from kubeps.runtime.observe import logs as _logs
 from kubeps.runtime.observe import metrics as _metrics
@@ -153,6 +160,12 @@ class _WorkerHandle:
         self.failures = 0
         self.thread: threading.Thread | None = None
         self.heartbeat = Heartbeat()
+        #: joined a running coordinator (if it never answers, the job goes on without it)
+        self.joined = False
+        #: every per-worker resource is to be built on it before its first closure (a joining worker)
+        self.needs_resources = False
+        #: left the membership: it finishes the closure it runs, takes nothing more, and its thread ends
+        self.retiring = False
 
 
 class ClusterCoordinator:
@@ -175,6 +188,10 @@ class ClusterCoordinator:
     * ``hotspot_interval`` (default: the settings' ``KUBEPS_HOTSPOT_INTERVAL_S``, 10 s) and ``hotspot_threshold`` (2): every ``hotspot_interval`` seconds the ps' traffic
       is compared; a ps serving more than ``hotspot_threshold`` times the others' mean is reported
       (:mod:`~kubeps.runtime.coordinator.hotspots`; ``hotspots.latest`` is the last verdict).
+
+    With a membership file in the strategy's settings (``KUBEPS_MEMBERSHIP_FILE``: the operator's ConfigMap, or
+    ``kubeps local``'s file), the workers follow that document while the coordinator runs
+    (:meth:`apply_membership`, docs/elastic.md); without one they are TF_CONFIG's for its whole life.
 
     With a metrics port in the strategy's settings (``KUBEPS_METRICS_PORT``), the chief serves its Prometheus
     metrics there (:mod:`kubeps.runtime.observe.metrics`): the closure queue's counters, each worker's closure
@@ -226,22 +243,28 @@ class ClusterCoordinator:
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._resources: list[tuple[str, np.ndarray]] = []  # (resource_id, pickled creator), creation order
+        self._dataset_fns: dict[str, Callable] = {}  # resource_id -> dataset_fn of each per-worker dataset
         self._resource_ids = itertools.count()
-        self._workers = [
-            _WorkerHandle(i, address, Client(address, WORKER_SERVICE, strategy.job_token, timeout=closure_timeout,
-                                           tls=strategy.tls, blocking=True))
-            for i, address in enumerate(strategy.worker_addresses)
-        ]
+        #: the workers dispatched to (the membership), in index order
+        self._workers = [self._new_worker(i, address) for i, address in enumerate(strategy.worker_addresses)]
+        #: every worker with a dispatch thread: the membership's and the leaving ones still finishing a closure
+        #: (the failure detector watches them all)
+        self._handles: list[_WorkerHandle] = list(self._workers)
+        #: indexes of the workers that left and finished their last closure, in the order they did
+        self._drained: list[int] = []
+        #: the generation of the last membership document applied (None: TF_CONFIG's workers)
+        self.membership_generation: int | None = None
+        #: times the per-worker datasets were sharded again for a new membership
+        self._reshards = 0
+        self._membership_lock = threading.Lock()
         #: heartbeats of every ps and busy worker, and the accounting of ps errors (coordinator/failure.py)
         self.failures = FailureDetector(
-            strategy, self._queue, self._workers, self._stopping,
+            strategy, self._queue, self._handles, self._stopping,
             heartbeat_interval=self.heartbeat_interval, heartbeat_failures=heartbeat_failures,
             ping_timeout=self.ping_timeout, max_transient_ps_errors=max_transient_ps_errors,
             ps_error_interval=self.ps_error_interval, ps_error_window=self.ps_error_window)
         for worker in self._workers:
-            worker.thread = threading.Thread(target=self._dispatch_loop, args=(worker,), daemon=True,
-                                             name=f"kubeps-worker-{worker.index}")
-            worker.thread.start()
+            self._start_dispatch(worker)
         self.failures.start()
         #: the hot-ps detector (coordinator/hotspots.py)
         self.hotspots = HotSpotDetector(
@@ -257,6 +280,10 @@ class ClusterCoordinator:
         if self.watchdog is not None and not self.watchdog.running:
             self.watchdog.start()
             self._stop_watchdog = True  # started here, so stopped by shutdown()
+        #: the membership watcher (coordinator/membership.py), when the settings name a membership file
+        self.membership_watcher: MembershipWatcher | None = None
+        if strategy.settings.membership_file:
+            self.watch_membership(strategy.settings.membership_file, strategy.settings.membership_ack_file)
 
     # -- public API (TF's) -----------------------------------------------------------------------------------
     def schedule(self, fn: Callable, args: Any = None, kwargs: Any = None) -> RemoteValue:
@@ -307,13 +334,139 @@ class ClusterCoordinator:
             raise RuntimeConfigError("dataset_fn", type(dataset_fn).__name__,
                                      "must be a function that returns a dataset (an iterable) on the worker")
         _ship_by_value(dataset_fn)
-        return self.create_per_worker_resource(
-            functools.partial(_build_dataset, dataset_fn, len(self._workers)), "dataset", PerWorkerDataset
+        dataset = self.create_per_worker_resource(
+            functools.partial(_build_dataset, dataset_fn, self.num_workers), "dataset", PerWorkerDataset
         )
+        with self._lock:
+            # a worker that joins later builds it for the membership of then (docs/elastic.md, "Data")
+            self._dataset_fns[dataset.resource_id] = dataset_fn
+        return dataset
 
     @property
     def num_workers(self) -> int:
-        return len(self._workers)
+        """The workers dispatched to now (they change when the membership does)."""
+        with self._lock:
+            return len(self._workers)
+
+    # -- membership ----------------------------------------------------------------------------------------------
+    def apply_membership(self, membership: Membership | Sequence[str]) -> MembershipAck:
+        """Dispatch to the workers ``membership`` names from now on (``workers[i]`` is worker ``i``): a new index
+        joins (a dispatch thread that waits for it, builds the per-worker resources on it, then takes closures);
+        an index beyond the new count, or whose address changed, leaves (it finishes the closure it runs and takes
+        nothing more; a failure on the way re-queues the closure). Scaling down therefore drops the highest
+        indexes. Returns the state after the change (:meth:`membership_status`)."""
+        with self._membership_lock:  # one change at a time (the watcher's thread, the program's)
+            return self._apply_membership(membership)
+
+    def _apply_membership(self, membership: Membership | Sequence[str]) -> MembershipAck:
+        if not isinstance(membership, Membership):
+            membership = Membership(generation=(self.membership_generation or 0) + 1, workers=list(membership))
+        self._check_open()
+        joined: list[_WorkerHandle] = []
+        left: list[_WorkerHandle] = []
+        with self._lock:
+            current = {w.index: w for w in self._workers}
+            keep = []
+            for index, address in enumerate(membership.workers):
+                worker = current.pop(index, None)
+                if worker is not None and worker.address == address:
+                    keep.append(worker)
+                    continue
+                if worker is not None:
+                    left.append(worker)
+                new = self._new_worker(index, address)
+                new.joined = new.needs_resources = True
+                keep.append(new)
+                joined.append(new)
+            left.extend(current.values())
+            for worker in left:
+                worker.retiring = True
+            self._workers = keep
+            self._handles.extend(joined)
+            self.membership_generation = membership.generation
+        for worker in left:
+            self._queue.retire_worker(worker.index)
+            log.info("worker %d (%s) leaves (membership generation %d): it finishes what it runs and takes "
+                     "nothing more", worker.index, worker.address, membership.generation)
+        if joined or left:
+            self._reshard([w for w in self._workers if w not in joined])
+        for worker in joined:
+            self._queue.admit_worker(worker.index)
+            self._start_dispatch(worker)
+            log.info("worker %d (%s) joins (membership generation %d)", worker.index, worker.address,
+                     membership.generation)
+        if joined or left:
+            # a warning so that a chief without a logging configuration shows it too (as the strategy's start-up
+            # lines): the one line that says what the job's workers are now
+            with self._lock:
+                datasets = len(self._dataset_fns)
+            log.warning("membership generation %d: %d worker(s); joining %s, leaving %s (each finishes what it runs)"
+                        "%s", membership.generation, len(membership.workers), sorted(w.index for w in joined),
+                        sorted(w.index for w in left),
+                        f"; {datasets} per-worker dataset(s) sharded again for {len(membership.workers)} workers "
+                        "(at-least-once: what the current pass read before may be read again)" if datasets else "")
+        return self.membership_status()
+
+    def watch_membership(self, path: str, ack_path: str | None = None) -> MembershipWatcher:
+        """Apply the membership document at ``path`` whenever it changes (the settings' ``KUBEPS_MEMBERSHIP_FILE``
+        does this at construction); acknowledge at ``ack_path``."""
+        if self.membership_watcher is not None:
+            self.membership_watcher.stop()
+        self.membership_watcher = MembershipWatcher(self, path, ack_path=ack_path)
+        self.membership_watcher.poll()  # what the file says now, before the first function is scheduled
+        return self.membership_watcher.start()
+
+    def membership_status(self) -> MembershipAck:
+        """The generation applied, the workers dispatched to, those still draining and those drained."""
+        with self._lock:
+            return MembershipAck(
+                generation=self.membership_generation or 0, workers=[w.index for w in self._workers],
+                draining=sorted(w.index for w in self._handles if w.retiring), drained=list(self._drained))
+
+    def _resources_for(self, worker: _WorkerHandle) -> list[tuple[str, np.ndarray]]:
+        """Every per-worker resource as ``worker`` builds it now, in creation order: each dataset sharded for the
+        membership of now (``InputContext(num_workers, worker.index)``), which may not be that of its creation."""
+        with self._lock:
+            resources = list(self._resources)
+            datasets = dict(self._dataset_fns)
+            count = max(len(self._workers), worker.index + 1)
+        return [(rid, _dumps(functools.partial(_build_dataset, datasets[rid], count), "the dataset function")
+                 if rid in datasets else payload) for rid, payload in resources]
+
+    def _reshard(self, workers: list[_WorkerHandle]) -> None:
+        """The membership changed: every per-worker resource is built again on ``workers`` (the ones that stay),
+        before their next closure, so that the datasets are sharded for the new membership: the workers of now
+        split every record between them (none is left to a worker that left; those read in the current pass
+        before the change may be read again: at-least-once)."""
+        with self._lock:
+            has_datasets = bool(self._dataset_fns)
+        if not has_datasets:
+            return
+        for worker in workers:
+            for resource_id, payload in self._resources_for(worker):
+                closure = Closure(payload, kind="resource", info={"resource_id": resource_id})
+                self._queue.put_per_worker(worker.index, closure, raise_error=False)
+        with self._lock:
+            self._reshards += 1
+
+    def _new_worker(self, index: int, address: str) -> _WorkerHandle:
+        strategy = self.strategy
+        return _WorkerHandle(index, address, Client(address, WORKER_SERVICE, strategy.job_token,
+                                                    timeout=self.closure_timeout, tls=strategy.tls, blocking=True))
+
+    def _start_dispatch(self, worker: _WorkerHandle) -> None:
+        worker.thread = threading.Thread(target=self._dispatch_loop, args=(worker,), daemon=True,
+                                         name=f"kubeps-worker-{worker.index}")
+        worker.thread.start()
+
+    def _worker_left(self, worker: _WorkerHandle) -> None:
+        """A leaving worker's dispatch thread ended: nothing of the job runs on it any more."""
+        with self._lock:
+            if worker in self._handles:
+                self._handles.remove(worker)
+            self._drained.append(worker.index)
+        worker.client.close()
+        log.info("worker %d (%s) drained: it may be stopped", worker.index, worker.address)
 
     @property
     def ps_incarnations(self) -> dict[int, str | None]:
@@ -326,12 +479,16 @@ class ClusterCoordinator:
         if self._stopping.is_set():
             return
         self._stopping.set()
+        if self.membership_watcher is not None:
+            self.membership_watcher.stop()
         self._queue.stop()
-        for worker in self._workers:
+        with self._lock:
+            handles = list(self._handles)
+        for worker in handles:
             call = worker.call
             if call is not None:
                 call.cancel()
-        for worker in self._workers:
+        for worker in handles:
             if worker.thread is not None:
                 worker.thread.join(timeout=5)
             worker.client.close()
@@ -363,8 +520,9 @@ class ClusterCoordinator:
         payload = _dumps(creator, f"the {kind} function")
         with self._lock:
             self._resources.append((resource_id, payload))
+            workers = list(self._workers)
         values = []
-        for worker in self._workers:
+        for worker in workers:
             closure = Closure(payload, kind="resource", info={"resource_id": resource_id})
             self._queue.put_per_worker(worker.index, closure)
             values.append(closure.remote_value)
@@ -372,9 +530,7 @@ class ClusterCoordinator:
 
     def rebuild_worker_resources(self, worker: _WorkerHandle) -> bool:
         """Re-create every per-worker resource on a worker that came back (in creation order)."""
-        with self._lock:
-            resources = list(self._resources)
-        for resource_id, payload in resources:
+        for resource_id, payload in self._resources_for(worker):
             try:
                 meta, arrays = worker.client.call(WORKER.CREATE_RESOURCE, CreateResourceRequest(resource_id=resource_id), [payload],
                                                   timeout=self.closure_timeout)
@@ -398,16 +554,20 @@ class ClusterCoordinator:
         """The worker's dispatch thread. It ends only when the coordinator stops: an unexpected error in an
         iteration is logged and fails the closure the thread held (:meth:`_dispatch_failed`), so no closure is
         ever left in flight by a dead thread (``join`` would wait forever)."""
-        while not self._stopping.is_set():
+        while not self._stopping.is_set() and not worker.retiring:
             closure, attempt = None, 0
             try:
                 if not worker.healthy:
                     if not self.wait_for_worker(worker):
                         continue
-                    if worker.failures and not self.rebuild_worker_resources(worker):
+                    if (worker.failures or worker.needs_resources) and not self.rebuild_worker_resources(worker):
                         worker.healthy = False
                         self._stopping.wait(1.0)  # do not hammer a worker whose rebuild keeps failing
                         continue
+                    if worker.needs_resources:
+                        worker.needs_resources = False
+                        log.info("worker %d (%s) joined: per-worker resources built, taking closures", worker.index,
+                                 worker.address)
                 closure = self._queue.get(worker.index, timeout=0.5)
                 if closure is None:
                     continue
@@ -415,6 +575,8 @@ class ClusterCoordinator:
                 self._run_closure(worker, closure)
             except BaseException as err:  # noqa: BLE001 - the thread must outlive any error (see _dispatch_failed)
                 self._dispatch_failed(worker, closure, attempt, err)
+        if worker.retiring and not self._stopping.is_set():
+            self._worker_left(worker)
 
     def _dispatch_failed(self, worker: _WorkerHandle, closure: Closure | None, attempt: int,
                          error: BaseException) -> None:
@@ -511,6 +673,19 @@ class ClusterCoordinator:
         inflight = GaugeMetricFamily("kubeps_closures_in_flight", "Scheduled functions running on a worker")
         inflight.add_metric([], stats["inflight"])
         yield inflight
+        status = self.membership_status()
+        for name, text, value in (
+                ("kubeps_workers", "Workers the chief dispatches to", len(status.workers)),
+                ("kubeps_workers_draining", "Workers that left and still finish their last function",
+                 len(status.draining)),
+                ("kubeps_membership_generation", "Generation of the membership document applied", status.generation)):
+            gauge = GaugeMetricFamily(name, text)
+            gauge.add_metric([], value)
+            yield gauge
+        reshards = CounterMetricFamily("kubeps_dataset_reshards",
+                                       "Times the per-worker datasets were sharded again for a new membership")
+        reshards.add_metric([], self._reshards)
+        yield reshards
 
     # -- watchdog ----------------------------------------------------------------------------------------------
     def _closure_done(self) -> None:
@@ -576,18 +751,22 @@ class ClusterCoordinator:
         self._queue.drop_per_worker(worker.index)
 
     def wait_for_worker(self, worker: _WorkerHandle) -> bool:
-        """Ping the worker with backoff until it answers (True) or the coordinator stops (False)."""
+        """Ping the worker with backoff until it answers (True), or the coordinator stops or the worker leaves the
+        membership (False)."""
         delay = 0.05
         deadline = time.monotonic() + self.worker_wait_timeout
         reported = False
-        while not self._stopping.is_set():
+        while not self._stopping.is_set() and not worker.retiring:
             try:
                 meta, _ = worker.client.call(PING, timeout=max(2.0, self.ping_timeout))
             except RemoteError as err:
                 if err.code in _NON_RETRYABLE_CODES and not reported:
                     self._queue.set_error(err)  # e.g. wrong job token: no point in waiting quietly
                     reported = True
-                if time.monotonic() > deadline and not reported:
+                # a worker that joined and never answered is not the job's loss: it may wait for a node or a quota,
+                # and the others go on meanwhile
+                never_seen = worker.joined and worker.incarnation is None
+                if time.monotonic() > deadline and not reported and not never_seen:
                     self._queue.set_error(WorkerUnavailableError(
                         f"worker {worker.index} at {worker.address} did not come back within "
                         f"{self.worker_wait_timeout:.0f} s: {err}", code=err.code, address=worker.address))

@@ -27,6 +27,9 @@ __all__ = ["FailureDetector", "Heartbeat"]
 
 log = logging.getLogger("kubeps.runtime.coordinator.failure")
 
+#: ping threads kept for workers at least: workers that join a running job are pinged too
+MIN_WORKER_PINGERS = 64
+
 
 class Heartbeat:
     """The failure detector's view of one peer: the ping in flight and when a ping was last answered."""
@@ -82,7 +85,9 @@ class FailureDetector:
         self.ps_failed: dict[int, PSUnavailableError] = {}
         #: per ps, when it was last marked failed and why (kept when the heartbeat sees it answer again)
         self.ps_failed_at: dict[int, tuple[float, PSUnavailableError]] = {}
-        self.pinger = ThreadPoolExecutor(max_workers=strategy.num_ps + len(workers), thread_name_prefix="kubeps-ping")
+        # room for workers that join later (elastic membership); the pool starts its threads only as pings need them
+        self.pinger = ThreadPoolExecutor(max_workers=strategy.num_ps + max(len(workers), MIN_WORKER_PINGERS),
+                                         thread_name_prefix="kubeps-ping")
         self.thread = threading.Thread(target=self.monitor_loop, daemon=True, name="kubeps-monitor")
 
     def start(self) -> None:
@@ -175,7 +180,7 @@ class FailureDetector:
             # one peer's error must neither end the failure detector nor skip the other peers
             for ps in range(self.strategy.num_ps):
                 self._guarded(self._heartbeat_ps, ps, now)
-            for worker in self.workers:
+            for worker in list(self.workers):  # a copy: workers join and leave while the monitor runs
                 self._guarded(self._heartbeat_worker, worker, now)
 
     def _guarded(self, fn: Callable[..., Any], *args: Any) -> None:

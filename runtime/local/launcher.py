@@ -13,6 +13,10 @@ cluster's collection, or the interpreter's exit, for a cluster nothing stopped; 
 it); the CA's key is never written. ``tls=False`` (``--insecure-plaintext``) runs them plaintext; TLS files named
 in the environment (``KUBEPS_TLS_*_FILE``) are used as they are.
 
+The workers can change while the job runs: :meth:`LocalCluster.scale_workers` (``kubeps local scale --workers N``
+from another shell, :mod:`kubeps.runtime.local.scaling`) starts new workers at new free ports, or drains and stops
+the highest ones, through the chief's membership document: the chief is not restarted (docs/elastic.md).
+
 The chief decides the outcome: when it exits, every other task is stopped (SIGTERM to its process group, SIGKILL
 after a grace period) and its exit status is the cluster's. After a chief that succeeded, a running sidecar
 evaluator first gets up to ``evaluator_grace`` seconds (``--evaluator-grace``, default 60) to evaluate the final
@@ -29,6 +33,7 @@ interpreter exit.
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import queue
 import secrets
@@ -47,7 +52,9 @@ from types import FrameType
 from typing import IO, Any, Callable, Mapping, Sequence
 
 from kubeps.runtime import certs
-from kubeps.runtime.cluster import TFConfig
+from kubeps.runtime.cluster import Membership, MembershipAck, TFConfig
+from kubeps.runtime.coordinator.membership import write_atomically
+from kubeps.runtime.local import scaling
 from kubeps.runtime.errors import RuntimeConfigError
 from kubeps.runtime.ops.kernels import DEVICE_ENV, cupy_available
 from kubeps.runtime.settings import TaskSettings
@@ -176,6 +183,8 @@ class TaskProcess:
     reaped: bool = False
     #: its exit was reported (or handled by a restart policy): not to be reported again
     exit_handled: bool = False
+    #: scaled away: stopped by the launcher after the chief drained it, not a failure
+    retired: bool = False
 
     @property
     def name(self) -> str:
@@ -346,6 +355,17 @@ class LocalCluster:
         self._base_env = {k: v for k, v in environ.items() if k not in set(TaskSettings.variables().values())}
         self._base_env["PYTHONUNBUFFERED"] = "1"
 
+        #: this run's private directory: the chief's membership document and its ack, scale requests
+        #: (:mod:`kubeps.runtime.local.scaling`); removed by stop()
+        self.run_dir = tempfile.mkdtemp(prefix=f"{scaling.RUN_DIR_PREFIX}{os.getpid()}-")
+        self._remove_run_dir = weakref.finalize(self, shutil.rmtree, self.run_dir, ignore_errors=True)
+        self.membership_path = os.path.join(self.run_dir, scaling.MEMBERSHIP_FILE)
+        self.membership_ack_path = os.path.join(self.run_dir, scaling.MEMBERSHIP_ACK_FILE)
+        #: the generation of the membership document last written (0: the workers the run started with)
+        self.membership_generation = 0
+        self._scale_lock = threading.Lock()
+        self._scaler: threading.Thread | None = None
+
         self.tasks: dict[tuple[str, int], TaskProcess] = {}
         self._events: "queue.Queue[TaskProcess]" = queue.Queue()
         self._lock = threading.RLock()
@@ -371,9 +391,13 @@ class LocalCluster:
         return TFConfig.for_task(self.cluster, task_type, index).to_json()
 
     def task_settings(self, task_type: str, index: int) -> TaskSettings:
-        """The settings of one task: the cluster's, with the task's TF_CONFIG and metrics port."""
-        return self.settings.model_copy(update={"tf_config": self.tf_config(task_type, index),
-                                                "metrics_port": self.metrics_ports.get((task_type, index))})
+        """The settings of one task: the cluster's, with the task's TF_CONFIG and metrics port (and for the chief,
+        its membership document and ack file)."""
+        update: dict[str, Any] = {"tf_config": self.tf_config(task_type, index),
+                                  "metrics_port": self.metrics_ports.get((task_type, index))}
+        if task_type == "chief":
+            update.update(membership_file=self.membership_path, membership_ack_file=self.membership_ack_path)
+        return self.settings.model_copy(update=update)
 
     def _metrics_host(self) -> str:
         return f"[{self.host}]" if ":" in self.host else self.host
@@ -486,6 +510,7 @@ class LocalCluster:
         self._started = True
         summary = ", ".join(f"{t} {' '.join(a)}" for t, a in self.cluster.items())
         self.report(f"starting {self.script} on {summary}")
+        self._write_membership()
         for task_type, index in self.task_keys():
             task = self.start_task(task_type, index)
             port = self.metrics_ports.get((task_type, index))
@@ -501,13 +526,14 @@ class LocalCluster:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 raise TimeoutError(f"the chief is still running after {timeout} s")
+            self._take_scale_request()
             try:
                 # short waits keep the main thread responsive to SIGINT/SIGTERM
                 task = self._events.get(timeout=0.2 if remaining is None else min(0.2, remaining))
             except queue.Empty:
                 continue
-            if self.tasks.get((task.task_type, task.index)) is not task:
-                continue  # an old incarnation of a restarted task
+            if self.tasks.get((task.task_type, task.index)) is not task or task.retired:
+                continue  # an old incarnation of a restarted task, or a worker scaled away
             if task.output_thread is not None:
                 task.output_thread.join(timeout=2.0)  # its last lines first
             if task.task_type == "chief":
@@ -603,6 +629,117 @@ class LocalCluster:
             self._stop_tasks(tasks)
         finally:
             self._remove_tls_dir()  # a finalizer runs once: later calls do nothing
+            self._remove_run_dir()
+
+    # -- scaling ------------------------------------------------------------------------------------------------
+    def _write_membership(self) -> None:
+        workers = list(self.cluster["worker"])
+        write_atomically(self.membership_path,
+                         Membership(generation=self.membership_generation, workers=workers).to_json())
+
+    def membership_ack(self) -> MembershipAck | None:
+        """What the chief last acknowledged (None: nothing yet)."""
+        try:
+            with open(self.membership_ack_path, "rb") as fh:
+                return MembershipAck.model_validate_json(fh.read())
+        except (OSError, ValueError):
+            return None
+
+    def _take_scale_request(self) -> None:
+        """Called by :meth:`wait`: start on a pending ``kubeps local scale`` request, one at a time."""
+        if self._scaler is not None and self._scaler.is_alive():
+            return
+        try:
+            request = scaling.read_request(self.run_dir)
+        except ValueError as err:
+            self.report(f"scale request ignored: {err}")
+            return
+        if request is None:
+            return
+
+        def scale() -> None:
+            started = time.monotonic()
+            try:
+                ack = self.scale_workers(request.workers)
+                message = f"{len(ack.workers)} worker(s), membership generation {ack.generation}"
+            except (LauncherError, TimeoutError) as err:
+                ack, message = None, f"scaling to {request.workers} worker(s) failed: {err}"
+                self.report(message)
+            result = {"id": request.id, "workers": len(self.cluster["worker"]),
+                      "generation": ack.generation if ack else None, "seconds": time.monotonic() - started,
+                      "message": message}
+            try:
+                write_atomically(os.path.join(self.run_dir, scaling.SCALE_RESULT_FILE), json.dumps(result))
+            except OSError:
+                pass  # the run ended meanwhile
+
+        self._scaler = threading.Thread(target=scale, name="kubeps-scale", daemon=True)
+        self._scaler.start()
+
+    def scale_workers(self, count: int, timeout: float = 120.0) -> MembershipAck:
+        """Run ``count`` workers from now on, without restarting the chief: new workers start at new free ports
+        (indexes after the last), or the highest indexes are drained and stopped. The chief learns it from its
+        membership document; returns its acknowledgement. Scaling down waits (up to ``timeout`` seconds) until
+        the chief says the leaving workers finished their last closure, then stops them; a chief that does not
+        answer in time is said so and the workers are stopped all the same (their closures re-run elsewhere)."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise LauncherArgumentError("workers", count, "allowed is a number of workers >= 1")
+        with self._scale_lock:
+            if self._stopping:
+                raise LauncherError("the cluster is stopping; not scaling")
+            old = len(self.cluster["worker"])
+            before = self.membership_ack()
+            if count > old:
+                ports = free_ports(count - old, self.host)
+                host = f"[{self.host}]" if ":" in self.host else self.host
+                self.cluster["worker"].extend(f"{host}:{p}" for p in ports)
+                if self.metrics_ports:
+                    for index, port in zip(range(old, count), free_ports(count - old, self.host)):
+                        self.metrics_ports[("worker", index)] = port
+                for index in range(old, count):
+                    task = self.start_task("worker", index)
+                    url = self.metrics_url("worker", index)
+                    self.report(f"{task.name} pid {task.pid} at {task.address}" + (f", metrics {url}" if url else ""))
+            self.membership_generation += 1
+            generation = self.membership_generation
+            leaving = list(range(count, old))
+            kept = self.cluster["worker"][:count]
+            write_atomically(self.membership_path, Membership(generation=generation, workers=kept).to_json())
+            self.report(f"scaling workers {old} -> {count} (membership generation {generation})")
+            ack = self._wait_for_ack(generation, leaving, before, timeout)
+            if leaving:
+                retired = []
+                with self._lock:
+                    for index in leaving:
+                        if ("worker", index) in self.tasks:
+                            task = self.tasks.pop(("worker", index))
+                            task.retired = task.exit_handled = True
+                            retired.append(task)
+                        self.metrics_ports.pop(("worker", index), None)
+                    del self.cluster["worker"][count:]
+                self._stop_tasks(retired)
+            return ack if ack is not None else MembershipAck(generation=generation, workers=list(range(count)))
+
+    def _wait_for_ack(self, generation: int, leaving: list[int], before: MembershipAck | None,
+                      timeout: float) -> MembershipAck | None:
+        """The chief's ack of ``generation`` once every index of ``leaving`` drained (once more than ``before``
+        says), or None after ``timeout`` seconds (said in a line)."""
+        drained_before = list(before.drained) if before else []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not self._stopping:
+            ack = self.membership_ack()
+            if ack is not None and ack.generation >= generation and all(
+                    ack.drained.count(i) > drained_before.count(i) for i in leaving):
+                return ack
+            chief = self.tasks.get(("chief", 0))
+            if chief is None or not chief.running:
+                break
+            time.sleep(0.05)
+        self.report(f"the chief did not acknowledge membership generation {generation} "
+                    + (f"with workers {leaving} drained " if leaving else "")
+                    + f"within {timeout:.0f} s" + (": stopping them anyway (their closures re-run elsewhere)"
+                                                   if leaving else ""))
+        return None
 
     def _stop_tasks(self, tasks: list[TaskProcess]) -> None:
         if not tasks:

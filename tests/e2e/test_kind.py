@@ -172,6 +172,66 @@ def lose_ps_and_resume(kind: Kind, ns: str, job: dict) -> str:
     return log
 
 
+def _first_closure_at(kind: Kind, ns: str, pod: str) -> float | None:
+    """When ``pod`` (a worker) started its first scheduled function: the ``--closure-log`` its functions append to in
+    the worker's own /tmp (``S execution worker pid time``)."""
+    out = kind.kubectl("-n", ns, "exec", pod, "--", "cat", "/tmp/closures.log", check=False)
+    starts = [float(line.split()[4]) for line in out.splitlines() if line.startswith("S ")]
+    return min(starts) if starts else None
+
+
+def test_workers_scale_2_4_1_on_a_running_job(kind: Kind, ns: str):
+    """kubectl scale 2 -> 4 -> 1 while the CTR example trains: the chief is never restarted, the new workers run
+    functions (time from kubectl scale to the first one recorded: the membership ConfigMap, the chief pod's
+    annotation, the kubelet's refresh, the pod's start), and the job Succeeds having learned."""
+    kind.settle(loads=False)
+    job = ctr_job("elastic", steps=8000)
+    job["spec"]["replicaSpecs"]["Chief"]["template"]["spec"]["containers"][0]["command"] += [
+        "--closure-log", "/tmp/closures.log"]
+    start_and_time(kind, ns, job, pods=5)
+    wait(lambda: re.search(r"^step\s+\d+/", chief_log(kind, ns, "elastic"), re.M), 180, "training steps")
+    chief = pod_uid(kind, ns, "elastic-chief-0")
+    asked = time.time()
+    kind.kubectl("-n", ns, "scale", "psjob", "elastic", "--replicas", "4")
+    first = wait(lambda: _first_closure_at(kind, ns, "elastic-worker-3"), 180, "a function on worker 3",
+                 interval=0.25)
+    record("kubectl scale 2 -> 4 -> new worker's first function", first - asked)
+    asked = time.monotonic()
+    kind.kubectl("-n", ns, "scale", "psjob", "elastic", "--replicas", "1")
+    wait(lambda: not [p for p in kind.pods(ns, "elastic") if p["metadata"]["name"] in
+                      ("elastic-worker-1", "elastic-worker-2", "elastic-worker-3")], 120, "workers 1..3 gone")
+    record("kubectl scale 4 -> 1 -> pods deleted", time.monotonic() - asked)
+    assert kind.wait_finished(ns, "elastic") == "Succeeded"
+    assert pod_uid(kind, ns, "elastic-chief-0") == chief, "the chief was restarted"
+    learned(chief_log(kind, ns, "elastic"))
+
+
+def test_ps_scale_2_3_restarts_the_chief_from_its_checkpoint(kind: Kind, ns: str):
+    """PS replicas 2 -> 3 on a running job: Restarting (PSReplicasChanged), the chief resumes from its latest
+    checkpoint into three ps; the pause (the change to the resumed chief) and the steps lost are recorded."""
+    kind.settle(loads=False)
+    job = ctr_job("ps-scale", steps=6000, checkpoint=pvc(kind, ns), every=200)
+    start_and_time(kind, ns, job, pods=5)
+    wait(lambda: re.search(r"saved \S+", chief_log(kind, ns, "ps-scale")), 300, "a checkpoint saved")
+    first_chief = pod_uid(kind, ns, "ps-scale-chief-0")
+    before = chief_log(kind, ns, "ps-scale")  # the chief is deleted right after the patch
+    asked = time.monotonic()
+    kind.kubectl("-n", ns, "patch", "psjob", "ps-scale", "--type", "merge", "-p",
+                 json.dumps({"spec": {"replicaSpecs": {"PS": {"replicas": 3}}}}))
+    # the last checkpoint saved before the request (one more may be saved before the chief stops)
+    last_saved = max(int(m) for m in re.findall(r"^step\s+(\d+)/\d+.*saved", before, re.M))
+    wait(lambda: pod_uid(kind, ns, "ps-scale-chief-0") != first_chief
+         and "resumed from step" in chief_log(kind, ns, "ps-scale"), 180, "the chief resumed")
+    pause = time.monotonic() - asked
+    resumed = int(re.search(r"resumed from step (\d+)", chief_log(kind, ns, "ps-scale")).group(1))
+    record("PS replicas 2 -> 3 -> chief resumed", pause, resumed_from=resumed, last_saved_before=last_saved)
+    assert resumed >= last_saved, f"resumed from step {resumed}, but step {last_saved} was saved before the change"
+    status = kind.json("-n", ns, "get", "psjob", "ps-scale")["status"]
+    assert status["psReplicas"] == 3
+    assert kind.wait_finished(ns, "ps-scale") == "Succeeded"
+    learned(chief_log(kind, ns, "ps-scale"))
+
+
 def start_no_image_job(kind: Kind) -> tuple[str, float]:
     """The missing-image job, in a namespace of its own: started before the first test, since all its test does is
     wait out its deadline (the tests before it run meanwhile)."""

@@ -42,7 +42,9 @@ def test_crd_names_defaults_and_rules():
     assert doc["metadata"]["name"] == "pstrainingjobs.kubeps.dev"
     assert doc["spec"]["names"]["shortNames"] == ["psjob"]
     version = doc["spec"]["versions"][0]
-    assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
+    assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}, "scale": {
+        "specReplicasPath": ".spec.replicaSpecs.Worker.replicas",
+        "statusReplicasPath": ".status.replicaStatuses.Worker.active", "labelSelectorPath": ".status.workerSelector"}}
     assert [c["name"] for c in version["additionalPrinterColumns"]] == [
         "State", "Chief", "PS", "Workers", "Restarts", "Step", "Examples/s", "Checkpoint", "Age"]
     spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]

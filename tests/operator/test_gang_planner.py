@@ -30,7 +30,7 @@ class GangWorld(World):
 
     def plan(self) -> A.Plan:
         return P.plan(observe(self.job, self.pods.values(), self.services.values(), self.secret, self.now, self.config,
-                      pod_group=self.pod_group))
+                      pod_group=self.pod_group, membership=self.membership))
 
     def apply(self, plan: A.Plan, limit: int | None = None) -> None:
         for action in plan.actions[:limit]:

@@ -29,7 +29,8 @@ class QueueWorld(World):
 
     def plan(self) -> A.Plan:
         view = kueue.QueueView(workload=copy.deepcopy(self.workload), flavors={"spot": FLAVOR})
-        return P.plan(observe(self.job, self.pods.values(), self.services.values(), self.secret, self.now, KUEUE, queue=view))
+        return P.plan(observe(self.job, self.pods.values(), self.services.values(), self.secret, self.now, KUEUE, queue=view,
+                              membership=self.membership))
 
     def apply(self, plan: A.Plan, limit: int | None = None) -> None:
         super().apply(plan, limit)
@@ -286,7 +287,7 @@ def test_gang_after_admission_no_pod_group_while_queued_or_evicted():
     def plan() -> A.Plan:
         view = kueue.QueueView(workload=copy.deepcopy(world.workload), flavors={"spot": FLAVOR})
         made = P.plan(observe(world.job, world.pods.values(), world.services.values(), world.secret, world.now, config,
-                      pod_group=group.get("body"), queue=view))
+                      pod_group=group.get("body"), queue=view, membership=world.membership))
         for action in made.actions:
             if isinstance(action, A.CreatePodGroup):
                 group["body"] = action.body

@@ -66,6 +66,7 @@ class World:
         self.pods: dict[str, dict] = {}
         self.services: dict[str, dict] = {}
         self.secret = None
+        self.membership = None  # the document of the job's membership ConfigMap
         self.now = NOW
         self.uids = itertools.count(1)
         self.created: list[str] = []
@@ -73,7 +74,8 @@ class World:
         self.events: list[A.Event] = []
 
     def plan(self) -> A.Plan:
-        return P.plan(observe(self.job, self.pods.values(), self.services.values(), self.secret, self.now, CONFIG))
+        return P.plan(observe(self.job, self.pods.values(), self.services.values(), self.secret, self.now, CONFIG,
+                              membership=self.membership))
 
     def apply(self, plan: A.Plan, limit: int | None = None) -> None:
         self.job["status"] = plan.status
@@ -90,6 +92,12 @@ class World:
                 self.services.setdefault(action.name, copy.deepcopy(action.body))
             elif isinstance(action, A.CreateSecret):
                 self.secret = self.secret or {**action.body, "data": {"token": "c2VjcmV0"}}
+            elif isinstance(action, A.ApplyMembership):
+                self.membership = children.membership_of(action.body)
+            elif isinstance(action, A.AnnotatePod):
+                pod = self.pods.get(action.name)
+                if pod is not None and pod["metadata"]["uid"] == action.uid:
+                    pod["metadata"].setdefault("annotations", {}).update(action.annotations)
             elif isinstance(action, A.DeletePod):
                 pod = self.pods.get(action.name)
                 if pod is not None and pod["metadata"]["uid"] == action.uid:

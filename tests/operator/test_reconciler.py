@@ -10,6 +10,7 @@ from kubeps.operator.controller.reconciler import Reconciler
 from kubeps.operator.controller.settings import Settings
 from kubeps.operator.core.children import ANNOTATION_TLS_WORKERS
 from kubeps.operator.core.state import SecretFacts
+from kubeps.runtime.cluster import Membership
 
 from .test_planner import make_job
 
@@ -43,8 +44,11 @@ def test_observed_secret_comes_from_the_cache_as_facts_with_the_network_policy_a
     reconciler.cache.secrets[KEY] = "job-uid"
     reconciler.cache.secret_annotations[KEY] = {ANNOTATION_TLS_WORKERS: "3"}
     reconciler.cache.network_policies.add(KEY)
+    membership = Membership(generation=2, workers=["ctr-worker-0.ns.svc:2222"])
+    reconciler.cache.memberships[KEY] = ("job-uid", membership)  # written by this operator: not read again
     observed = asyncio.run(reconciler.observe(KEY, job, secret_cached=True))
     assert observed.secret == SecretFacts(3) and observed.network_policy and kube.calls == []
+    assert observed.membership == membership
     reconciler.cache.network_policies.discard(KEY)
     assert not asyncio.run(reconciler.observe(KEY, job, secret_cached=True)).network_policy
 
@@ -57,8 +61,23 @@ def test_a_cached_secret_gone_before_pods_are_made_aborts_and_requeues_at_once()
     reconciler.queue.again = again.append  # type: ignore[method-assign]
     asyncio.run(reconciler.reconcile(KEY))
     # one plan (it would create pods), checked against the API: nothing written, nothing made, planned again now
-    assert kube.calls == ["read_secret"] and again == [KEY]
+    assert kube.calls == ["read_config_map", "read_secret"] and again == [KEY]
     assert KEY not in reconciler.cache.secrets and reconciler.reconciles == 0
     # the next pass reads the Secret and plans with it absent
     observed = asyncio.run(reconciler.observe(KEY, job, secret_cached=KEY in reconciler.cache.secrets))
-    assert observed.secret is None and kube.calls == ["read_secret", "read_secret"]
+    # (the ConfigMap found absent is remembered: not read again until written)
+    assert observed.secret is None and kube.calls == ["read_config_map", "read_secret", "read_secret"]
+
+
+def test_a_membership_configmap_that_cannot_be_read_is_planned_as_absent_not_raised():
+    from kubeps.operator.kube.client import ApiError
+
+    job = make_job(status={"conditions": []})
+    reconciler, kube = reconciler_with(job)
+
+    async def refused(*args, **kwargs):
+        raise ApiError("GET", "/api/v1/namespaces/ns/configmaps/ctr-kubeps-membership", 403, "forbidden")
+
+    kube.read_config_map = refused  # type: ignore[attr-defined]
+    observed = asyncio.run(reconciler.observe(KEY, job, secret_cached=True))
+    assert observed.membership is None and KEY not in reconciler.cache.memberships

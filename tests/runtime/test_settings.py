@@ -50,6 +50,8 @@ TABLE = {
     contract.NONFINITE_GRADIENTS_ENV: (("allow", "nonfinite_gradients", "allow"), ("sometimes", "'refuse'")),
     contract.CHECKPOINT_ROOT_ENV: (("/ckpt, s3://b/x,", "checkpoint_root", ("/ckpt", "s3://b/x")), None),
     contract.CHECKPOINT_DIR_ENV: (("/ckpt/run", "checkpoint_dir", "/ckpt/run"), None),
+    contract.MEMBERSHIP_FILE_ENV: (("/run/membership.json", "membership_file", "/run/membership.json"), None),
+    contract.MEMBERSHIP_ACK_FILE_ENV: (("/run/ack.json", "membership_ack_file", "/run/ack.json"), None),
     contract.PS_PROCESSES_ENV: (("3", "ps_processes", 3), ("0", "a whole number of processes per ps task >= 1")),
 }
 

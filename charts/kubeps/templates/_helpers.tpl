@@ -59,10 +59,18 @@ operator/kube/client.py and the resources of its kopf handlers (tests/packaging/
 - apiGroups: [""]
   resources: ["pods", "services"]
   verbs: ["list", "watch", "create", "delete"]
+# The chief pod annotated with the membership generation (its kubelet then refreshes the membership ConfigMap).
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["patch"]
 # The per-job Secret (token, CA, task certificate) the operator creates, reads back, and patches to issue the
 # certificate again when Workers are added.
 - apiGroups: [""]
   resources: ["secrets"]
+  verbs: ["get", "create", "patch"]
+# The per-job membership ConfigMap (the workers the chief dispatches to): read back, and server-side applied.
+- apiGroups: [""]
+  resources: ["configmaps"]
   verbs: ["get", "create", "patch"]
 # The per-job NetworkPolicy (spec.security.networkPolicy.mode SameJob, or --job-network-policy).
 - apiGroups: ["networking.k8s.io"]

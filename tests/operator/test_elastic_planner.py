@@ -1,0 +1,185 @@
+"""The planner keeps the job's membership ConfigMap on the spec's Workers (pure, no control plane): what the chief
+of a running job dispatches to when ``replicaSpecs.Worker.replicas`` changes, and what the chief pod mounts."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+
+from kubeps.operator.core import actions as A, children
+from kubeps.operator.core import planner as P
+from kubeps.runtime.cluster import Membership
+
+from .test_planner import CONFIG, World, make_job, observe, running
+
+
+def _addresses(count: int) -> list[str]:
+    return [f"ctr-worker-{i}.ns.svc:2222" for i in range(count)]
+
+
+@pytest.mark.parametrize("seen, workers, written", [
+    # (document in the ConfigMap, Worker replicas, (generation, count) written or None)
+    (None, 3, (1, 3)),  # none yet: the first one
+    (Membership(generation=1, workers=_addresses(3)), 3, None),  # as the spec says: nothing
+    (Membership(generation=1, workers=_addresses(3)), 5, (2, 5)),  # scale-up: next generation
+    (Membership(generation=4, workers=_addresses(3)), 1, (5, 1)),  # scale-down: the highest indexes leave
+    (Membership(generation=2, workers=["elsewhere:1", *_addresses(3)[1:]]), 3, (3, 3)),  # a stale address
+])
+def test_membership_follows_the_worker_replicas(seen, workers, written):
+    job = make_job(workers=workers, status={"state": "Running"})
+    plan = P.plan(observe(job, [], [], {"metadata": {}}, membership=seen))
+    applied = plan.of(A.ApplyMembership)
+    if written is None:
+        assert applied == []
+        return
+    [action] = applied
+    document = children.membership_of(action.body)
+    assert (action.generation, action.workers) == written == (document.generation, len(document.workers))
+    assert document.workers == _addresses(workers)
+    assert action.name == "ctr-kubeps-membership" and action.body["kind"] == "ConfigMap"
+    assert action.body["metadata"]["ownerReferences"][0]["uid"] == "job-uid"
+    changed = [e for e in plan.of(A.Event) if e.reason == "WorkersChanged"]
+    assert len(changed) == (seen is not None)
+
+
+def test_a_suspended_job_writes_no_membership():
+    job = make_job(run_policy={"suspend": True}, status={"state": "Running"})
+    assert P.plan(observe(job, [], [], {"metadata": {}})).of(A.ApplyMembership) == []
+
+
+def test_the_chief_mounts_the_membership_and_is_told_where_and_the_others_are_not():
+    world = World(make_job(workers=2))
+    pods = {a.name: a.body for a in world.plan().of(A.CreatePod)}
+    chief = pods["ctr-chief-0"]["spec"]
+    main = chief["containers"][0]
+    env = {e["name"]: e.get("value") for e in main["env"]}
+    assert env["KUBEPS_MEMBERSHIP_FILE"] == "/var/run/kubeps/membership/membership.json"
+    [volume] = [v for v in chief["volumes"] if v["name"] == children.MEMBERSHIP_VOLUME]
+    assert volume["configMap"] == {"name": "ctr-kubeps-membership", "optional": True,
+                                   "items": [{"key": "membership.json", "path": "membership.json"}]}
+    assert {"name": children.MEMBERSHIP_VOLUME, "mountPath": "/var/run/kubeps/membership",
+            "readOnly": True} in main["volumeMounts"]
+    worker = pods["ctr-worker-0"]["spec"]
+    assert "KUBEPS_MEMBERSHIP_FILE" not in {e["name"] for e in worker["containers"][0]["env"]}
+    assert children.MEMBERSHIP_VOLUME not in {v["name"] for v in worker.get("volumes", [])}
+
+
+def test_a_running_job_scaled_2_4_1_keeps_its_chief_and_its_membership_on_the_spec():
+    world = running(workers=2)
+    chief_uid = world.pods["ctr-chief-0"]["metadata"]["uid"]
+    assert world.membership == Membership(generation=1, workers=_addresses(2))
+    assert world.job["status"]["workerSelector"] == "kubeps.dev/job-name=ctr,kubeps.dev/replica-type=worker"
+    for count, generation in ((4, 2), (1, 3)):
+        world.job["spec"]["replicaSpecs"]["Worker"]["replicas"] = count
+        world.converge()
+        world.run_all()
+        world.converge()
+        assert world.membership == Membership(generation=generation, workers=_addresses(count))
+        assert sorted(n for n in world.pods if "worker" in n) == [f"ctr-worker-{i}" for i in range(count)]
+        assert world.pods["ctr-chief-0"]["metadata"]["uid"] == chief_uid  # no chief restart
+        # told, so that its kubelet refreshes the mounted ConfigMap now
+        assert world.pods["ctr-chief-0"]["metadata"]["annotations"][children.ANNOTATION_MEMBERSHIP] == str(generation)
+        env = {e["name"]: e.get("value") for e in world.pods[f"ctr-worker-{count - 1}"]["spec"]["containers"][0]["env"]}
+        assert len(json.loads(env["TF_CONFIG"])["cluster"]["worker"]) >= count
+    assert [e.message.split(":")[0] for e in world.events if e.reason == "WorkersChanged"] == \
+        ["Workers 2 -> 4", "Workers 4 -> 1"]
+
+
+def test_the_chief_is_annotated_once_per_generation_after_the_first():
+    world = running(workers=2)
+    assert "annotations" not in world.pods["ctr-chief-0"]["metadata"] or children.ANNOTATION_MEMBERSHIP not in \
+        world.pods["ctr-chief-0"]["metadata"]["annotations"]  # generation 1 was there before the chief started
+    world.job["spec"]["replicaSpecs"]["Worker"]["replicas"] = 3
+    plan = world.plan()
+    [annotate] = plan.of(A.AnnotatePod)
+    assert (annotate.name, annotate.uid) == ("ctr-chief-0", world.pods["ctr-chief-0"]["metadata"]["uid"])
+    assert annotate.annotations == {children.ANNOTATION_MEMBERSHIP: "2"}
+    world.apply(plan)
+    assert world.plan().of(A.AnnotatePod) == []
+
+
+def test_a_membership_configmap_that_holds_no_document_is_rewritten():
+    assert children.membership_of({"data": {"membership.json": "{not json"}}) is None
+    assert children.membership_of({"data": {}}) is None
+    job = make_job(workers=1, status={"state": "Running"})
+    assert len(P.plan(observe(job, [], [], {"metadata": {}}, membership=None, config=CONFIG))
+               .of(A.ApplyMembership)) == 1
+
+
+@pytest.mark.parametrize("before, after", [(2, 3), (3, 1)])
+def test_a_ps_count_change_restarts_the_chief_into_the_new_count_without_counting_a_failure(before, after):
+    world = running(ps=before)
+    assert world.job["status"]["psReplicas"] == before
+    chief_uid = world.pods["ctr-chief-0"]["metadata"]["uid"]
+    world.job["spec"]["replicaSpecs"]["PS"]["replicas"] = after
+    plan = world.plan()
+    assert "ctr-chief-0" in [a.name for a in plan.of(A.DeletePod)]
+    world.apply(plan)
+    cond = world.cond("Restarting")
+    assert world.is_true("Restarting") and cond["reason"] == "PSReplicasChanged"
+    assert f"PS replicas {before} -> {after}" in cond["message"]
+    assert [e.reason for e in world.events if e.type == "Warning"] == ["PSReplicasChanged"]
+    world.converge()
+    world.run_all()
+    world.converge()
+    assert world.is_true("Running") and world.pods["ctr-chief-0"]["metadata"]["uid"] != chief_uid
+    assert sorted(n for n in world.pods if "-ps-" in n) == [f"ctr-ps-{i}" for i in range(after)]
+    env = {e["name"]: e.get("value") for e in world.pods["ctr-chief-0"]["spec"]["containers"][0]["env"]}
+    assert len(json.loads(env["TF_CONFIG"])["cluster"]["ps"]) == after
+    status = world.job["status"]
+    assert status["backoffCount"] == 0 and status["chiefEpoch"] == 1 and status["psReplicas"] == after
+
+
+def _workers_deleted(plan: A.Plan) -> list[str]:
+    return [a.name for a in plan.of(A.DeletePod) if "-worker-" in a.name]
+
+
+def _chief_reports(world: World, generation: int, draining: int) -> None:
+    """What the progress reader writes from the chief's metrics."""
+    world.job["status"]["progress"] = {"step": 100, "membershipGeneration": generation, "workersDraining": draining}
+
+
+def test_scaled_away_workers_are_deleted_once_the_chief_reports_them_drained():
+    world = running(workers=4)
+    _chief_reports(world, 1, 0)
+    world.job["spec"]["replicaSpecs"]["Worker"]["replicas"] = 1
+    plan = world.plan()
+    assert plan.of(A.ApplyMembership) and _workers_deleted(plan) == []  # the chief has not seen it yet
+    assert plan.requeue_after is not None and plan.requeue_after <= 120
+    world.apply(plan)
+    _chief_reports(world, 2, 3)  # applied; 1..3 finish the function they run
+    assert _workers_deleted(world.plan()) == []
+    _chief_reports(world, 2, 0)
+    assert _workers_deleted(world.plan()) == ["ctr-worker-3", "ctr-worker-2", "ctr-worker-1"]
+
+
+@pytest.mark.parametrize("progress, later, deleted", [
+    (None, 0, True),  # a chief that reports no membership (a TensorFlow program): at once
+    ({"step": 100}, 0, True),
+    ({"step": 100, "membershipGeneration": 1, "workersDraining": 0}, 119, False),  # still within the timeout
+    ({"step": 100, "membershipGeneration": 1, "workersDraining": 0}, 121, True),  # past it: deleted anyway
+])
+def test_the_drain_is_waited_for_only_from_a_chief_that_reports_it_and_for_a_bounded_time(progress, later, deleted):
+    world = running(workers=3)
+    if progress is not None:
+        world.job["status"]["progress"] = progress
+    world.job["spec"]["replicaSpecs"]["Worker"]["replicas"] = 2
+    plan = world.plan()
+    first = _workers_deleted(plan)
+    world.apply(plan)
+    world.now += timedelta(seconds=later)
+    assert (first + _workers_deleted(world.plan()) == ["ctr-worker-2"]) is deleted
+
+
+def test_the_progress_reader_takes_the_membership_from_the_chief_s_metrics_even_before_a_step():
+    from kubeps.operator.core.progress import progress, read_chief
+
+    text = ("# TYPE kubeps_membership_generation gauge\nkubeps_membership_generation 3.0\n"
+            "kubeps_workers_draining 2.0\nkubeps_workers 1.0\n")
+    reading = read_chief(text, 1.0)
+    assert (reading.membership_generation, reading.workers_draining, reading.step) == (3, 2, None)
+    assert progress(None, reading, "t") == {"lastUpdateTime": "t", "membershipGeneration": 3, "workersDraining": 2}
+    assert progress(None, read_chief("kubeps_train_step 5\n", 1.0), "t") == {"lastUpdateTime": "t", "step": 5}
+    assert progress(None, read_chief("", 1.0), "t") is None
