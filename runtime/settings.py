@@ -66,8 +66,8 @@ DEFAULT_MAX_SLOT_SETS = 8
 #: the largest request header a server parses (bytes): the JSON parse of 1 MiB stays near 0.1 s of CPU
 DEFAULT_MAX_HEADER_BYTES = 1 << 20
 #: a Push of every variable of a ps (two tensors per row update) stays far below it; at it a request costs a ps
-#: about 90 ms of CPU (bench/request_cost.py: 16,000 tensors cost 170-190 ms on a quiet core)
-DEFAULT_MAX_TENSORS = 8192
+#: about 45 ms of CPU (bench/request_cost.py: 16,000 tensors cost 170-190 ms on a quiet core, ~11 us each)
+DEFAULT_MAX_TENSORS = 4096
 #: the most variables one parameter server holds
 DEFAULT_MAX_VARIABLES = 100_000
 #: the most dynamic tables one parameter server holds

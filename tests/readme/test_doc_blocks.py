@@ -83,6 +83,8 @@ NOT_RUN = {
         "a benchmark of minutes that starts 256 workers; tests/runtime/test_closure_queue.py tests the wake-ups",
     ("docs/benchmarks.md", ".venv/bin/python -m pytest tests/chaos/test_scale_chaos.py -s     # prints CHAOS {...}"):
         "runs a test file that make test runs itself",
+    ("docs/benchmarks.md", ".venv/bin/python bench/request_cost.py --repeat 20"):
+        "a benchmark (make bench); tests/runtime/test_hostile_second_pass.py checks the same bounds",
     ("docs/benchmarks.md", ".venv/bin/python bench/ctr_vs_tf.py --metrics-off --rounds 4 --steps 3000"):
         "a benchmark of minutes (make bench)",
     ("docs/benchmarks.md", ".venv/bin/python bench/dynamic_embedding.py                  # all three figures (two kubeps local runs, ~1.5 min)"):
