@@ -367,17 +367,20 @@ def _suspended_or_same(path: str, optional: bool = False) -> JsonDict:
     return {
         "rule": f"(has(oldSelf.runPolicy) && has(oldSelf.runPolicy.suspend) && oldSelf.runPolicy.suspend) || ({same})",
         "message": f"spec.replicaSpecs{path} is immutable unless the job is suspended "
-        "(only Worker replicas and runPolicy may change on a running job)",
+        "(only Worker and PS replicas and runPolicy may change on a running job)",
         "fieldPath": f".replicaSpecs{path}",
         "reason": "FieldValueForbidden",
     }
 
 
-#: Immutable fields of a job that is not suspended: everything in replicaSpecs but Worker.replicas. runPolicy
-#: stays mutable (suspend, TTL, deadline, backoffLimit, cleanPodPolicy, retryableExitCodes).
+#: Immutable fields of a job that is not suspended: everything in replicaSpecs but Worker.replicas (workers join
+#: and leave the running chief) and PS.replicas (the operator restarts the job from its checkpoint into the new
+#: count; docs/elastic.md). runPolicy stays mutable (suspend, TTL, deadline, backoffLimit, cleanPodPolicy,
+#: retryableExitCodes).
 IMMUTABILITY_RULES: list[JsonValue] = [
     _suspended_or_same(".Chief"),
-    _suspended_or_same(".PS"),
+    _suspended_or_same(".PS.template"),
+    _suspended_or_same(".PS.restartPolicy"),
     _suspended_or_same(".Evaluator", optional=True),
     _suspended_or_same(".Worker.template"),
     _suspended_or_same(".Worker.restartPolicy"),
@@ -420,8 +423,8 @@ _EMPTY_DEFAULT: JsonDict = {"default": {}}
 
 
 class PSTrainingJobSpec(BaseModel):
-    """The desired job: its roles (replicaSpecs) and how it runs (runPolicy). Only Worker replicas and runPolicy
-    may change while the job is not suspended."""
+    """The desired job: its roles (replicaSpecs) and how it runs (runPolicy). Only Worker and PS replicas and
+    runPolicy may change while the job is not suspended."""
 
     model_config = ConfigDict(extra="ignore",
                               json_schema_extra={"x-kubernetes-validations": IMMUTABILITY_RULES + CROSS_FIELD_RULES})

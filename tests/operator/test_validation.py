@@ -119,7 +119,9 @@ def test_the_valid_base_manifest_is_accepted_with_defaults(crd, kube, namespace)
 IMMUTABLE = [
     ("chief-template", {"Chief": {"template": {"spec": {"containers": [container(image="other:2")]}}}},
      "spec.replicaSpecs.Chief: Forbidden"),
-    ("ps-replicas", {"PS": {"replicas": 3}}, "spec.replicaSpecs.PS: Forbidden"),
+    ("ps-template", {"PS": {"template": {"spec": {"containers": [container(image="other:2")]}}}},
+     "spec.replicaSpecs.PS.template: Forbidden"),
+    ("ps-restart-policy", {"PS": {"restartPolicy": "Never"}}, "spec.replicaSpecs.PS.restartPolicy"),
     ("worker-template", {"Worker": {"template": {"spec": {"containers": [container(), {"name": "side"}]}}}},
      "spec.replicaSpecs.Worker.template: Forbidden"),
     ("worker-restart-policy", {"Worker": {"restartPolicy": "Never"}}, "spec.replicaSpecs.Worker.restartPolicy"),
@@ -128,7 +130,7 @@ IMMUTABLE = [
 ]
 
 
-def test_running_job_fields_are_immutable_but_workers_and_run_policy_change(crd, kube, namespace):
+def test_running_job_fields_are_immutable_but_worker_and_ps_replicas_and_run_policy_change(crd, kube, namespace):
     from kubernetes.client.exceptions import ApiException
 
     custom = kube.custom()
@@ -143,14 +145,15 @@ def test_running_job_fields_are_immutable_but_workers_and_run_policy_change(crd,
             patch({"spec": {"replicaSpecs": replica_specs}})
         assert info.value.status == 422 and expected in info.value.body, (name, info.value.body)
         assert "immutable unless the job is suspended" in info.value.body
-    # Allowed on a running job: Worker replicas and runPolicy.
-    patched = patch({"spec": {"replicaSpecs": {"Worker": {"replicas": 5}},
+    # Allowed on a running job: Worker and PS replicas (docs/elastic.md) and runPolicy.
+    patched = patch({"spec": {"replicaSpecs": {"Worker": {"replicas": 5}, "PS": {"replicas": 3}},
                               "runPolicy": {"backoffLimit": 2, "ttlSecondsAfterFinished": 60}}})
-    assert patched["spec"]["replicaSpecs"]["Worker"]["replicas"] == 5
-    # A suspended job may change its templates (e.g. a queue controller setting node selectors) and PS count.
+    assert (patched["spec"]["replicaSpecs"]["Worker"]["replicas"], patched["spec"]["replicaSpecs"]["PS"]["replicas"]) \
+        == (5, 3)
+    # A suspended job may change its templates (e.g. a queue controller setting node selectors).
     patch({"spec": {"runPolicy": {"suspend": True}}})
-    patched = patch({"spec": {"replicaSpecs": {"PS": {"replicas": 3}}}})
-    assert patched["spec"]["replicaSpecs"]["PS"]["replicas"] == 3
+    patched = patch({"spec": {"replicaSpecs": {"PS": {"restartPolicy": "Never"}}}})
+    assert patched["spec"]["replicaSpecs"]["PS"]["restartPolicy"] == "Never"
 
 
 def _job_files() -> list:
