@@ -50,7 +50,7 @@ from kubeps.operator.core.actions import (
 )
 from kubeps.operator.core import disruption
 from kubeps.operator.core.actions import ForceDeletePod
-from kubeps.operator.core.children import (ANNOTATION_TLS_WORKERS, LABEL_ROLE, TOKEN_KEY, membership_name,
+from kubeps.operator.core.children import (ANNOTATION_TLS_PS, ANNOTATION_TLS_WORKERS, LABEL_ROLE, TOKEN_KEY, membership_name,
                                            membership_of, secret_name)
 from kubeps.runtime.cluster import Membership
 from kubeps.operator.core.observed import controlled_by
@@ -126,7 +126,8 @@ class Control:
     def _remember_secret(self, key: Key, uid: str | None, secret: Body) -> None:
         self.cache.secrets[key] = uid
         annotations = (secret.get("metadata") or {}).get("annotations") or {}
-        self.cache.secret_annotations[key] = {k: v for k, v in annotations.items() if k == ANNOTATION_TLS_WORKERS}
+        self.cache.secret_annotations[key] = {k: v for k, v in annotations.items()
+                                              if k in (ANNOTATION_TLS_WORKERS, ANNOTATION_TLS_PS)}
 
     async def create_secret(self, key: Key, job: Body, action: CreateSecret) -> bool:
         """Create the job's Secret; returns whether the job's own Secret exists now."""
@@ -135,7 +136,8 @@ class Control:
         token = secrets.token_urlsafe(32)
         made = certs.issue_job_credentials(key[1], action.tls_hosts or [f"{key[1]}.{key[0]}.svc"])
         body["data"] = {TOKEN_KEY: _b64(token.encode()), **{k: _b64(v) for k, v in made.files().items()}}
-        body["metadata"].setdefault("annotations", {})[ANNOTATION_TLS_WORKERS] = str(action.tls_workers)
+        body["metadata"].setdefault("annotations", {}).update(
+            {ANNOTATION_TLS_WORKERS: str(action.tls_workers), ANNOTATION_TLS_PS: str(action.tls_ps)})
         try:
             await self.kube.create_secret(key[0], body)
         except ApiError as err:
@@ -178,7 +180,8 @@ class Control:
             self.retry(key, RETRY_CREATE_AFTER)
             return False
         patch = {"metadata": {"resourceVersion": secret["metadata"]["resourceVersion"],
-                              "annotations": {ANNOTATION_TLS_WORKERS: str(action.tls_workers)}},
+                              "annotations": {ANNOTATION_TLS_WORKERS: str(action.tls_workers),
+                                              ANNOTATION_TLS_PS: str(action.tls_ps)}},
                  "data": {certs.TLS_CERT_KEY: _b64(cert), certs.TLS_KEY_KEY: _b64(tls_key)}}
         try:
             written = await self.kube.patch_secret(key[0], action.name, patch)
@@ -191,7 +194,7 @@ class Control:
         self._remember_secret(key, uid, written)
         self.recorder.event(job, "Normal", "CertificateIssued",
                             f"Issued the task certificate in Secret {action.name} again for {action.tls_workers} "
-                            f"workers")
+                            f"workers and {action.tls_ps} ps")
         return True
 
     async def create_network_policy(self, key: Key, job: Body, action: CreateNetworkPolicy) -> None:

@@ -17,19 +17,21 @@ class CreateSecret:
     name: str
     body: dict[str, Any]  # without the token: the shell adds a random one under data[TOKEN_KEY]
     #: the names the job's task certificate must be valid for (the shell makes a new CA and issues it: its keys
-    #: are random, kept out of the pure core), and how many Worker indices they cover
+    #: are random, kept out of the pure core), and how many Worker and PS indices they cover
     tls_hosts: tuple[str, ...] = ()
     tls_workers: int = 0
+    tls_ps: int = 0
 
 
 @dataclass(frozen=True)
 class ReissueCertificate:
-    """Workers were added beyond the names of the Secret's task certificate: issue a new one, from the job's CA
-    (pods running keep theirs: the CA is the same, so they trust the new one)."""
+    """Workers or parameter servers were added beyond the names of the Secret's task certificate: issue a new one,
+    from the job's CA (pods running keep theirs: the CA is the same, so they trust the new one)."""
 
     name: str  # the Secret
     tls_hosts: tuple[str, ...]
     tls_workers: int
+    tls_ps: int = 0
 
 
 @dataclass(frozen=True)

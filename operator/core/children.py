@@ -57,6 +57,8 @@ ANNOTATION_EPOCH = "kubeps.dev/chief-epoch"
 ANNOTATION_MEMBERSHIP = "kubeps.dev/membership-generation"
 #: on the job's Secret: how many Worker indices the task certificate's names cover (scale-up beyond: re-issued)
 ANNOTATION_TLS_WORKERS = "kubeps.dev/tls-workers"
+#: how many PS indices the task certificate names (a ps count raised on a running job needs a new one)
+ANNOTATION_TLS_PS = "kubeps.dev/tls-ps"
 MAIN_CONTAINER_NAMES = ("kubeps", "tensorflow")
 TOKEN_KEY = "token"
 TLS_VOLUME = "kubeps-tls"

@@ -26,16 +26,17 @@ from .status import COUNTED, R_SECRET_LOST
 
 
 def plan_objects(d: Draft, spec: PSTrainingJobSpec) -> None:
-    """Ask for the Secret, a certificate that covers every Worker, and the NetworkPolicy, as far as missing."""
+    """Ask for the Secret, a certificate that covers every Worker and PS, and the NetworkPolicy, as far as missing."""
     secret = d.observed.secret
     suspended = spec.runPolicy.suspend
     workers = d.desired_counts()[ReplicaType.WORKER]
+    ps = d.desired_counts()[ReplicaType.PS]
     if secret is None:
         d.plan.actions.append(CreateSecret(secret_name(d.name), secret_body(d.job),
-                                           tuple(tls_hosts(d.job, spec, d.config, workers)), workers))
-    elif tls_enabled(spec) and not secret.covers(workers) and not suspended:
+                                           tuple(tls_hosts(d.job, spec, d.config, workers)), workers, ps))
+    elif tls_enabled(spec) and not secret.covers(workers, ps) and not suspended:
         d.plan.actions.append(ReissueCertificate(secret_name(d.name), tuple(tls_hosts(d.job, spec, d.config, workers)),
-                                                 workers))
+                                                 workers, ps))
     if network_policy_mode(spec, d.config) is NetworkPolicyMode.SAME_JOB and not suspended and not (
             secret is not None and d.observed.network_policy):
         # not watched: asked for until the shell saw it made (a create that finds it there is a no-op)

@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 
 from kubeps.runtime.cluster import Membership
 
-from .children import ANNOTATION_TLS_WORKERS, PlanConfig
+from .children import ANNOTATION_TLS_PS, ANNOTATION_TLS_WORKERS, PlanConfig
 from .kueue import QueueView
 from .nodes import NodesSeen
 
@@ -30,6 +30,9 @@ class SecretFacts:
     #: How many Worker indices its task certificate names (its ``kubeps.dev/tls-workers`` annotation); None when
     #: not known, taken as covering as many as needed.
     tls_workers: int | None = None
+    #: How many PS indices it names (``kubeps.dev/tls-ps``); None when not known (a Secret made before the
+    #: annotation existed names the PS count its job was created with), taken as covering.
+    tls_ps: int | None = None
 
     @classmethod
     def of(cls, secret: Mapping[str, Any]) -> SecretFacts:
@@ -39,15 +42,17 @@ class SecretFacts:
     @classmethod
     def from_annotations(cls, annotations: Mapping[str, str]) -> SecretFacts:
         """The facts of a Secret's annotations (the one read may be missing, or not a number: not known)."""
-        value = annotations.get(ANNOTATION_TLS_WORKERS)
-        try:
-            return cls(int(str(value)))
-        except ValueError:  # None, or not a number
-            return cls(None)
+        def count(key: str) -> int | None:
+            try:
+                return int(str(annotations.get(key)))
+            except ValueError:  # None, or not a number
+                return None
 
-    def covers(self, workers: int) -> bool:
-        """Whether the task certificate names Worker indices 0 to ``workers - 1``."""
-        return self.tls_workers is None or workers <= self.tls_workers
+        return cls(count(ANNOTATION_TLS_WORKERS), count(ANNOTATION_TLS_PS))
+
+    def covers(self, workers: int, ps: int = 0) -> bool:
+        """Whether the task certificate names Worker indices 0 to ``workers - 1`` and PS indices 0 to ``ps - 1``."""
+        return (self.tls_workers is None or workers <= self.tls_workers) and (self.tls_ps is None or ps <= self.tls_ps)
 
 
 @dataclass(frozen=True)

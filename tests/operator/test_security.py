@@ -92,6 +92,27 @@ def test_added_workers_get_the_certificate_issued_again():
     assert not plan.of(A.ReissueCertificate)
 
 
+def test_added_parameter_servers_get_the_certificate_issued_again():
+    """A ps count raised on a running job (docs/elastic.md): the new ps's name must be in the certificate, or the
+    restarted chief cannot reach it over mutual TLS. A Secret made before the PS annotation existed is taken as
+    covering."""
+    annotations = {children.ANNOTATION_TLS_WORKERS: "2", children.ANNOTATION_TLS_PS: "2"}
+    secret = {"metadata": {"name": "sec-kubeps-token", "annotations": annotations}}
+    job = api_job()
+    job["spec"]["replicaSpecs"]["PS"]["replicas"] = 2
+    plan, _ = pods_planned(job, secret)
+    assert not plan.of(A.ReissueCertificate)
+    job["spec"]["replicaSpecs"]["PS"]["replicas"] = 3
+    plan, pods = pods_planned(job, secret)
+    (reissue,) = plan.of(A.ReissueCertificate)
+    assert (reissue.tls_workers, reissue.tls_ps) == (2, 3) and "sec-ps-2.ns.svc" in reissue.tls_hosts
+    older = {"metadata": {"name": "sec-kubeps-token", "annotations": {children.ANNOTATION_TLS_WORKERS: "2"}}}
+    plan, _ = pods_planned(job, older)
+    assert not plan.of(A.ReissueCertificate)
+    (created,) = pods_planned(job)[0].of(A.CreateSecret)
+    assert (created.tls_workers, created.tls_ps) == (2, 3)
+
+
 def test_network_policy_from_the_spec_or_the_operators_default():
     plan, _ = pods_planned(api_job())
     assert not plan.of(A.CreateNetworkPolicy)
