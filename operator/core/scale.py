@@ -119,15 +119,23 @@ def restart_for_ps_count(d: Draft, count: int) -> None:
     """PS replicas changed on a running job: the chief restarts into the new count (a new epoch: its TF_CONFIG names
     the new ps, and it restores its latest checkpoint, which re-partitions the variables into any number of ps);
     Restarting with reason PSReplicasChanged and an Event say so. Not a failure: nothing counts against
-    backoffLimit. The ps that stay keep running; those beyond the spec are deleted."""
+    backoffLimit. The ps that stay keep running; those beyond the spec are deleted; the workers are made again,
+    their TF_CONFIG naming the new ps."""
     before = d.status.psReplicas
     d.status.psReplicas = count
     chief = d.by_key.get((ReplicaType.CHIEF, 0))
     if before is None or before == count or chief is None:
         return
     d.status.chiefEpoch += 1  # the chief of an older epoch is restarted (restarts.reconcile_chief)
-    d.restarting(R_PS_SCALED, R_PS_SCALED, f"PS replicas {before} -> {count}: the chief restarts with the new "
-                                           f"parameter servers and restores its latest checkpoint into them")
+    d.restarting(R_PS_SCALED, R_PS_SCALED, f"PS replicas {before} -> {count}: the chief and the workers restart "
+                                           f"with the new parameter servers; the chief restores its latest "
+                                           f"checkpoint into them")
+    # a worker's TF_CONFIG names the ps it reads and pushes to: the running ones would not know the new ps (nor
+    # miss the removed ones), so they are made again with the new TF_CONFIG; nothing of theirs is counted
+    for pod in sorted((p for p in d.pods if p.replica_type is ReplicaType.WORKER and not p.terminating),
+                      key=lambda p: p.name):
+        d.book.mark_handled(pod)
+        d.delete_pod(pod, f"PS replicas {before} -> {count}")
 
 
 def _tell_chief(d: Draft, generation: int) -> None:

@@ -113,9 +113,12 @@ def test_a_ps_count_change_restarts_the_chief_into_the_new_count_without_countin
     world = running(ps=before)
     assert world.job["status"]["psReplicas"] == before
     chief_uid = world.pods["ctr-chief-0"]["metadata"]["uid"]
+    worker_uids = {n: p["metadata"]["uid"] for n, p in world.pods.items() if "-worker-" in n}
     world.job["spec"]["replicaSpecs"]["PS"]["replicas"] = after
     plan = world.plan()
     assert "ctr-chief-0" in [a.name for a in plan.of(A.DeletePod)]
+    # the workers' TF_CONFIG names the ps they use: they are made again with the new one
+    assert sorted(_workers_deleted(plan)) == sorted(worker_uids)
     world.apply(plan)
     cond = world.cond("Restarting")
     assert world.is_true("Restarting") and cond["reason"] == "PSReplicasChanged"
@@ -126,8 +129,10 @@ def test_a_ps_count_change_restarts_the_chief_into_the_new_count_without_countin
     world.converge()
     assert world.is_true("Running") and world.pods["ctr-chief-0"]["metadata"]["uid"] != chief_uid
     assert sorted(n for n in world.pods if "-ps-" in n) == [f"ctr-ps-{i}" for i in range(after)]
-    env = {e["name"]: e.get("value") for e in world.pods["ctr-chief-0"]["spec"]["containers"][0]["env"]}
-    assert len(json.loads(env["TF_CONFIG"])["cluster"]["ps"]) == after
+    for name in ["ctr-chief-0", *worker_uids]:
+        env = {e["name"]: e.get("value") for e in world.pods[name]["spec"]["containers"][0]["env"]}
+        assert len(json.loads(env["TF_CONFIG"])["cluster"]["ps"]) == after, name
+    assert all(world.pods[n]["metadata"]["uid"] != uid for n, uid in worker_uids.items())
     status = world.job["status"]
     assert status["backoffCount"] == 0 and status["chiefEpoch"] == 1 and status["psReplicas"] == after
 
