@@ -241,7 +241,9 @@ def test_cluster_wide_rbac(render):
     # Least privilege: no wildcards, no escalation, nothing on workloads other than pods.
     assert not any("*" in r for r in rules), rules
     assert not {res for _, res, _ in rules} & {"roles", "rolebindings", "clusterroles", "clusterrolebindings",
-                                                "deployments", "serviceaccounts", "configmaps"}
+                                                "deployments", "serviceaccounts"}
+    # the per-job membership ConfigMap (docs/elastic.md): made, read back and patched by name; never listed or deleted
+    assert {v for _, res, v in rules if res == "configmaps"} == {"get", "create", "patch"}
     assert {v for _, res, v in rules if res == "nodes"} == {"get", "list", "watch"}  # read only
     assert not {v for _, _, v in rules} & {"escalate", "bind", "impersonate", "deletecollection", "update"}
 

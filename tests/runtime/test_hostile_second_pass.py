@@ -63,7 +63,7 @@ def test_a_header_of_more_containers_than_allowed_is_refused_unparsed_and_the_co
     start = time.process_time()
     with pytest.raises(wire.WireError, match="tensors|data_bytes|meta"):
         wire.decode_message(_frame(costliest[: len(costliest) - 2] + b'},"tensors":[],"data_bytes":-1}'))
-    assert time.process_time() - start < 0.5  # ~0.05 s on a quiet core; this machine is shared
+    assert time.process_time() - start < 2.0  # ~0.05 s on a quiet core (bench/request_cost.py); 1.0 s seen at load 27
 
 
 def test_a_request_of_more_tensors_than_the_server_allows_is_refused_before_its_table_is_checked(make_cluster):
