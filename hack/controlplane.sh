@@ -66,12 +66,9 @@ exe_of() {
   fi
 }
 
-find_go() {
-  if [[ -n "${GO:-}" ]]; then echo "$GO"; return; fi
-  if command -v go >/dev/null 2>&1; then command -v go; return; fi
-  if [[ -x /usr/local/go/bin/go ]]; then echo /usr/local/go/bin/go; return; fi
-  return 1
-}
+# find_go (and the other Go-module helpers)
+# shellcheck source=hack/go-modules.sh
+source "$(dirname "${BASH_SOURCE[0]}")/go-modules.sh"
 
 have_binaries() {
   local b

@@ -1,6 +1,7 @@
 # shellcheck shell=bash
-# Sourced by the hack scripts that take test infrastructure from the Go module proxy (hack/gang-crds.sh,
-# hack/monitoring-crds.sh): find Go, find a module version's directory, generate CRDs with controller-gen.
+# Sourced by the hack scripts that take test infrastructure from the Go module proxy (hack/controlplane.sh,
+# hack/kind.sh, hack/kueue.sh, hack/s3server.sh, hack/gang-crds.sh, hack/monitoring-crds.sh): find Go, find a
+# module version's directory, generate CRDs with controller-gen.
 # The caller defines log and die.
 
 find_go() {

@@ -84,12 +84,9 @@ PYTHON_PKGS="python3,python3-pip,python3-venv,python-is-python3,passwd,ca-certif
 KUBECONFIG_FILE="$STATE/kubeconfig"
 PYTHON_BASE="kubeps-python-base:$DEBIAN_SUITE-$( (cat /etc/ssl/certs/ca-certificates.crt; echo "$PYTHON_PKGS pip-cert") | sha256sum | cut -c1-12)"
 
-find_go() {
-  if [[ -n "${GO:-}" ]]; then echo "$GO"; return; fi
-  if command -v go >/dev/null 2>&1; then command -v go; return; fi
-  if [[ -x /usr/local/go/bin/go ]]; then echo /usr/local/go/bin/go; return; fi
-  return 1
-}
+# find_go (and the other Go-module helpers)
+# shellcheck source=hack/go-modules.sh
+source "$(dirname "${BASH_SOURCE[0]}")/go-modules.sh"
 
 go_env() {
   GO_BIN="$(find_go)" || die "Go is needed to build kind, helm and the node (tried \$GO, PATH, /usr/local/go/bin/go)"

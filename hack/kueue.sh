@@ -22,12 +22,9 @@ DIR="$CACHE_ROOT/kueue-$KUEUE_VERSION"
 log() { printf '[kueue] %s\n' "$*" >&2; }
 die() { printf '[kueue] error: %s\n' "$*" >&2; exit 1; }
 
-find_go() {
-  if [[ -n "${GO:-}" ]]; then echo "$GO"; return; fi
-  if command -v go >/dev/null 2>&1; then command -v go; return; fi
-  if [[ -x /usr/local/go/bin/go ]]; then echo /usr/local/go/bin/go; return; fi
-  return 1
-}
+# find_go (and the other Go-module helpers)
+# shellcheck source=hack/go-modules.sh
+source "$(dirname "${BASH_SOURCE[0]}")/go-modules.sh"
 
 built() { [[ -x "$DIR/kueue" && -f "$DIR/webhook/manifests.yaml" && -f "$DIR/crds/kueue.x-k8s.io_workloads.yaml" ]]; }
 

@@ -20,12 +20,9 @@ BIN="$CACHE_ROOT/versitygw-$VERSITYGW_VERSION"
 log() { printf '[s3server] %s\n' "$*" >&2; }
 die() { printf '[s3server] error: %s\n' "$*" >&2; exit 1; }
 
-find_go() {
-  if [[ -n "${GO:-}" ]]; then echo "$GO"; return; fi
-  if command -v go >/dev/null 2>&1; then command -v go; return; fi
-  if [[ -x /usr/local/go/bin/go ]]; then echo /usr/local/go/bin/go; return; fi
-  return 1
-}
+# find_go (and the other Go-module helpers)
+# shellcheck source=hack/go-modules.sh
+source "$(dirname "${BASH_SOURCE[0]}")/go-modules.sh"
 
 cmd_build() {
   if [[ -x "$BIN/versitygw" ]]; then log "cached in $BIN"; return 0; fi
