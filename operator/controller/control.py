@@ -4,8 +4,12 @@ plus the job's token Secret and the job itself).
 * The Events the planner decided are posted first; then the Secret is created (with a fresh random token and a
   new CA and task certificate, :mod:`kubeps.runtime.certs`: the only randomness of the operator, kept out of the
   pure core), or its certificate re-issued for added Workers, the NetworkPolicy created, and the gang's PodGroup
-  created; then every pod, Service and PodGroup create and delete runs at once; then the job is deleted if its TTL
-  passed.
+  created; then the pod, Service and PodGroup creates and deletes run together, at most half the API client's
+  connections of them at once (:data:`JOB_SHARE`); then the job is deleted if its TTL passed.
+* That bound is what keeps jobs fair to each other: the client's connections and its token bucket serve requests
+  in the order they come, so a job that asked for 2,100 creates (or a lost node's 1,000 force-deletes) at once
+  would make every other job's few requests wait behind all of them (~20 s at 100/s). With each job holding at
+  most half the connections, another job's request waits for a handful.
 * Without the job's own Secret no pod is made: one started with another owner's token would disagree with the
   pods started after it. Without the job's own PodGroup (when the plan asks for one) no pod is made either: a gang
   scheduler would see members of a group it does not know.
@@ -23,7 +27,7 @@ import copy
 import json
 import logging
 import secrets
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, TypeVar
 
 from kubeps.runtime import certs
 
@@ -60,10 +64,24 @@ from .cache import Body, Cache, Key
 from .recorder import Recorder
 
 log = logging.getLogger("kubeps.operator")
+T = TypeVar("T")
 
 #: Seconds before a create the API server refused for a reason that may pass (or a foreign Secret) is retried.
 RETRY_CREATE_AFTER = 5.0
 RETRY_SECRET_AFTER = 2.0
+#: The share of the API client's connections one job's creates and deletes may hold at once.
+JOB_SHARE = 0.5
+
+
+async def bounded(calls: list[Awaitable[T]], limit: int) -> list[T | BaseException]:
+    """``asyncio.gather(*calls, return_exceptions=True)`` with at most ``limit`` of them running at once."""
+    slots = asyncio.Semaphore(max(1, limit))
+
+    async def one(call: Awaitable[T]) -> T:
+        async with slots:
+            return await call
+
+    return await asyncio.gather(*(one(c) for c in calls), return_exceptions=True)
 
 
 class Control:
@@ -74,6 +92,8 @@ class Control:
                  fail: Callable[[Key, str, str], Awaitable[None]]):
         self.kube, self.cache, self.recorder = kube, cache, recorder
         self.retry, self.fail = retry, fail
+        #: at most this many of one job's creates and deletes run at once (JOB_SHARE)
+        self.per_job = max(1, int(kube.pool_size * JOB_SHARE))
 
     async def apply(self, key: Key, job: Body, plan: Plan) -> None:
         """Carry out the plan's actions (its status is already written)."""
@@ -104,7 +124,7 @@ class Control:
                    if isinstance(a, CreateService) or (secret_ready and group_ready and isinstance(a, CreatePod))]
         deletes = [self.delete_child(key, job, a) for a in plan.actions if isinstance(a, (DeletePod, DeleteService))]
         deletes += [self.delete_pod_group(key, job, a) for a in plan.of(DeletePodGroup)]
-        results = await asyncio.gather(*creates, *deletes, return_exceptions=True)
+        results = await bounded([*creates, *deletes], self.per_job)
         self.recorder.summaries(job, [r for r in results if isinstance(r, tuple)])
         for result in results:
             if isinstance(result, BaseException):
@@ -457,7 +477,7 @@ class Control:
             self.recorder.pod_deleted("node lost")
             log.info("force-deleted pod %s/%s: %s", key[0], action.name, action.reason)
 
-        results = await asyncio.gather(*(one(a) for a in deletes), return_exceptions=True)
+        results = await bounded([one(a) for a in deletes], self.per_job)
         for result in results:
             if isinstance(result, BaseException):
                 raise result

@@ -20,6 +20,8 @@ KEY = ("ns", "ctr")
 class RecordingKube:
     """Answers every request as if nothing existed (a read finds nothing), and records what was asked."""
 
+    pool_size = 16
+
     def __init__(self) -> None:
         self.calls: list[str] = []
 

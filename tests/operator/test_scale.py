@@ -16,7 +16,7 @@ import time
 import pytest
 
 from .conftest import (REPO, OperatorProcess, create_job, delete_namespace, get_job, job_manifest, make_namespace,
-                       services_of)
+                       pods_of, services_of)
 
 BURST = 50
 
@@ -156,10 +156,22 @@ def test_kopf_run_module_runs_a_job(crd, kube, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_a_1000_worker_job_gets_every_pod_with_its_tf_config(kube, ns):
+def test_a_1000_worker_job_gets_every_pod_with_its_tf_config(crd, kube, tmp_path):
     """One job of 1 chief + 50 ps + 1,000 workers on a fake node of its own (kwok; tainted, so that no other test's
     pod lands there): all 1,051 pods and Services are created, each pod with the whole cluster in its TF_CONFIG.
-    (Waiting for all of them Running measures kwok more than the operator: 473 s here at load average 45-71.)"""
+    (Waiting for all of them Running measures kwok more than the operator: 473 s here at load average 45-71.)
+    Its own operator: the force-deletes of 1,051 pods when the node goes are no other test's wait."""
+    ns = make_namespace(kube, prefix="kbg-")
+    proc = OperatorProcess(kube, [ns], tmp_path / "operator.log")
+    try:
+        proc.start()
+        _a_1000_worker_job(kube, ns, proc)
+    finally:
+        proc.stop()
+        delete_namespace(kube, ns)
+
+
+def _a_1000_worker_job(kube, ns: str, proc: OperatorProcess) -> None:
     from kubeps.runtime.cluster import TFConfig
 
     pool = {"kubeps.dev/test-pool": ns}
@@ -199,3 +211,24 @@ def test_a_1000_worker_job_gets_every_pod_with_its_tf_config(kube, ns):
               f"TF_CONFIG {len(env['TF_CONFIG'])} bytes")
     finally:
         kube.core().delete_node(node_name)
+        # the operator force-deletes the pods of the node that went (nothing else would: no kubelet)
+        kube.wait_for(lambda: not pods_of(kube, ns, "big"), timeout=120, interval=2.0, what="big's pods gone")
+
+
+def test_a_big_jobs_requests_do_not_hold_up_a_small_job(crd, kube, tmp_path):
+    """The API client serves requests in the order they come; a job holds at most half its connections, so a small
+    job created while a big one's 400 creates are going (at 20 requests/s here: ~20 s of them) gets its pods at
+    once, not after all of the big job's."""
+    ns = make_namespace(kube, prefix="kfa-")
+    proc = OperatorProcess(kube, [ns], tmp_path / "operator.log", ["--api-qps", "20", "--api-burst", "5"]).start()
+    try:
+        create_job(kube, ns, job_manifest("big", ps=1, workers=198))
+        kube.wait_for(lambda: len(pods_of(kube, ns, "big")) > 0, timeout=60, what="the big job's first pod")
+        create_job(kube, ns, job_manifest("small", ps=1, workers=2))
+        kube.wait_for(lambda: len(pods_of(kube, ns, "small")) == 4, timeout=60, what="the small job's 4 pods")
+        big_pods = len(pods_of(kube, ns, "big"))
+        print(f"\nFAIRNESS the small job had its 4 pods when the big job had {big_pods} of 200")
+        assert big_pods < 150, big_pods
+    finally:
+        proc.stop()
+        delete_namespace(kube, ns)
