@@ -291,12 +291,18 @@ class Membership(BaseModel):
 
     generation: int = 0
     workers: list[str] = []
+    #: A checkpoint request: when it grows past the last one the chief served, the chief saves a checkpoint with
+    #: the newest ``CheckpointManager`` of its program and reports the request served (``MembershipAck.checkpoint``,
+    #: the metric ``kubeps_checkpoint_request``). The operator asks for one before it restarts the chief into a new
+    #: ps count. A chief that starts takes the number it finds as already served (the request was its
+    #: predecessor's).
+    checkpoint: int = 0
 
-    @field_validator("generation", mode="before")
+    @field_validator("generation", "checkpoint", mode="before")
     @classmethod
-    def _generation(cls, value: Any) -> Any:
+    def _generation(cls, value: Any, info: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise TFConfigError("membership.generation", value, "must be a whole number >= 0")
+            raise TFConfigError(f"membership.{info.field_name}", value, "must be a whole number >= 0")
         return value
 
     @field_validator("workers", mode="before")
@@ -325,7 +331,8 @@ class Membership(BaseModel):
 class MembershipAck(BaseModel):
     """What the chief reports after applying a :class:`Membership`: the ``generation`` applied, the indexes of
     the workers it dispatches to (``workers``), of those still finishing their last closure after a scale-down
-    (``draining``), and of those drained since the chief started (``drained``: their processes may go)."""
+    (``draining``), and of those drained since the chief started (``drained``: their processes may go), and the
+    last checkpoint request served (``checkpoint``)."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
@@ -333,6 +340,8 @@ class MembershipAck(BaseModel):
     workers: list[int]
     draining: list[int] = []
     drained: list[int] = []
+    #: the last checkpoint request served (:attr:`Membership.checkpoint`)
+    checkpoint: int = 0
 
     def to_json(self) -> str:
         return self.model_dump_json()

@@ -508,6 +508,8 @@ class Progress(BaseModel):
     membershipGeneration: int | None = None
     #: workers that left the membership and still finish their last function (``kubeps_workers_draining``)
     workersDraining: int | None = None
+    #: the last checkpoint request of the membership document the chief served (``kubeps_checkpoint_request``)
+    checkpointRequest: int | None = None
     #: when the operator read them
     lastUpdateTime: str | None = None
 
@@ -547,6 +549,11 @@ class PSTrainingJobStatus(BaseModel):
     #: When the membership ConfigMap last changed: scaled-away workers are drained by the chief until this plus the
     #: drain timeout, then deleted.
     membershipTime: str | None = None
+    #: A PS replicas change waits for the chief to serve this checkpoint request (the membership document's
+    #: ``checkpoint``), for at most a minute from ``checkpointRequestTime``, before the chief restarts into the new
+    #: count; cleared at that restart.
+    checkpointRequest: int | None = None
+    checkpointRequestTime: str | None = None
 
 
 class SpecError(ValueError):

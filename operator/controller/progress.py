@@ -1,7 +1,8 @@
 """Training progress in ``kubectl get psjob``: the operator reads each running job's chief's metrics and writes
 ``status.progress`` (Kubeflow's controllers have no such reader; pods get no API credentials for it).
 
-Every ``progress_interval`` seconds (default 10) :class:`ProgressReader` GETs ``/metrics`` of the chief of every
+Every ``progress_interval`` seconds (default 10; every second for a job whose ps count change waits for the chief's
+checkpoint) :class:`ProgressReader` GETs ``/metrics`` of the chief of every
 Running or Restarting job it watches (``http://<job>-chief-0.<namespace>.svc[.<domain>]:<metrics port>``, at most
 16 at a time, 3 s each), reads the step, the examples counter, the last checkpoint's step and the membership the chief applied
 (:mod:`kubeps.operator.core.progress`), and patches ``status.progress`` when the step, the checkpoint or the
@@ -34,7 +35,10 @@ __all__ = ["ProgressReader", "chief_metrics_url"]
 
 log = logging.getLogger("kubeps.operator.progress")
 #: the fields of ``status.progress`` whose change is written (the rate alone is not)
-_WRITTEN_WHEN_CHANGED = ("step", "lastCheckpointStep", "membershipGeneration", "workersDraining")
+_WRITTEN_WHEN_CHANGED = ("step", "lastCheckpointStep", "membershipGeneration", "workersDraining", "checkpointRequest")
+#: seconds between two reads of a chief that was asked for a checkpoint and has not reported it served yet (a ps
+#: count change waits for it)
+WAITING_INTERVAL_S = 1.0
 #: chiefs read at once, and the seconds one read may take
 CONCURRENT_READS = 16
 READ_TIMEOUT_S = 3.0
@@ -55,6 +59,12 @@ def chief_metrics_url(job: Mapping[str, Any], cluster_domain: str | None, templa
     if template:
         return template.format(job=meta["name"], namespace=meta["namespace"], domain=domain, port=port)
     return f"http://{meta['name']}-chief-0.{meta['namespace']}.svc{domain}:{port}/metrics"
+
+
+def _waits_for_checkpoint(job: Mapping[str, Any]) -> bool:
+    status = job.get("status") or {}
+    request = status.get("checkpointRequest")
+    return request is not None and ((status.get("progress") or {}).get("checkpointRequest") or 0) < request
 
 
 class ProgressReader:
@@ -87,17 +97,25 @@ class ProgressReader:
             self._task = asyncio.get_running_loop().create_task(self.run(), name="kubeps-progress")
 
     async def run(self) -> None:
+        due = 0.0
         while True:
-            started = time.monotonic()
             try:
-                await self.read_all()
+                if time.monotonic() >= due:
+                    due = time.monotonic() + self.interval
+                    await self.read_all()
+                else:
+                    await self.read_all(waiting_only=True)
             except Exception:  # noqa: BLE001 - progress is best effort: never stop the loop
                 log.exception("reading the chiefs' progress failed")
-            await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - started)))
+            await asyncio.sleep(max(0.0, min(WAITING_INTERVAL_S, due - time.monotonic())))
 
-    async def read_all(self) -> None:
-        """One pass over the running jobs."""
+    async def read_all(self, waiting_only: bool = False) -> None:
+        """One pass over the running jobs (``waiting_only``: over those whose ps count change waits for the chief's
+        checkpoint, read every :data:`WAITING_INTERVAL_S` so that the restart follows the save within a second)."""
         jobs = [job for job in list(self.cache.jobs.values()) if phase_of(job) in ("Running", "Restarting")]
+        if waiting_only:
+            await asyncio.gather(*(self.read_one(job) for job in jobs if _waits_for_checkpoint(job)))
+            return
         alive = {job["metadata"].get("uid") for job in jobs}
         for uid in [u for u in self.readings if u not in alive]:  # finished or gone: forget their last reading
             self.readings.pop(uid, None)

@@ -114,7 +114,7 @@ def _reconcile(d: Draft) -> None:
         return
     if security.restart_for_lost_secret(d):
         return
-    scale.plan_membership(d, spec)
+    scale.plan_membership(d, spec, desired[ReplicaType.PS])
     scale.delete_beyond_spec(d, desired)
     scale.restart_for_ps_count(d, desired[ReplicaType.PS])
     if restarts.reconcile_ps(d, desired[ReplicaType.PS], spec):

@@ -3,10 +3,12 @@
 
 :func:`read_chief` picks what the status needs out of the chief's ``/metrics`` text (``kubeps_train_step``,
 ``kubeps_train_examples_total``, ``kubeps_checkpoint_step``, the hot ps ``kubeps_ps_imbalanced{ps,variable}``, the
-membership the chief applied ``kubeps_membership_generation`` and its workers still draining
-``kubeps_workers_draining``); :func:`progress` turns two readings into ``status.progress``: the step, the examples
-per second between them, the last checkpoint's step, the membership generation and the draining workers (the
-planner deletes a scaled-away worker's pod once the chief drained it: :mod:`.scale`).
+membership the chief applied ``kubeps_membership_generation``, its workers still draining
+``kubeps_workers_draining`` and the last checkpoint request it served ``kubeps_checkpoint_request``); :func:`progress`
+turns two readings into ``status.progress``: the step, the examples per second between them, the last checkpoint's
+step, the membership generation, the draining workers and the checkpoint request served (the planner deletes a
+scaled-away worker's pod once the chief drained it, and restarts the chief into a new ps count once it served the
+checkpoint request: :mod:`.scale`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ _SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 #: the metrics read as they are (besides the hot ps)
 _READ = ("kubeps_train_step", "kubeps_train_examples_total", "kubeps_checkpoint_step", "kubeps_membership_generation",
-         "kubeps_workers_draining")
+         "kubeps_workers_draining", "kubeps_checkpoint_request")
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,8 @@ class ChiefReading:
     #: the membership generation the chief applied, and how many workers that left still finish their last function
     membership_generation: int | None = None
     workers_draining: int | None = None
+    #: the last checkpoint request of the membership document the chief served
+    checkpoint_request: int | None = None
 
 
 def read_chief(text: str, at: float) -> ChiefReading:
@@ -64,7 +68,8 @@ def read_chief(text: str, at: float) -> ChiefReading:
     return ChiefReading(at=at, step=ints["kubeps_train_step"], examples=values.get("kubeps_train_examples_total"),
                         checkpoint_step=ints["kubeps_checkpoint_step"], hot=tuple(sorted(hot)),
                         membership_generation=ints["kubeps_membership_generation"],
-                        workers_draining=ints["kubeps_workers_draining"])
+                        workers_draining=ints["kubeps_workers_draining"],
+                        checkpoint_request=ints["kubeps_checkpoint_request"])
 
 
 def progress(previous: ChiefReading | None, now: ChiefReading, when: str) -> dict[str, Any] | None:
@@ -79,6 +84,7 @@ def progress(previous: ChiefReading | None, now: ChiefReading, when: str) -> dic
     if now.membership_generation is not None:
         out["membershipGeneration"] = now.membership_generation
         out["workersDraining"] = now.workers_draining or 0
+        out["checkpointRequest"] = now.checkpoint_request or 0
     if now.checkpoint_step is not None and now.checkpoint_step > 0:
         out["lastCheckpointStep"] = now.checkpoint_step
     if (previous is not None and previous.examples is not None and now.examples is not None

@@ -15,8 +15,11 @@ Rules (documented for users in docs/operator.md):
   change: the chief watches the document and dispatches to exactly those, without a restart (docs/elastic.md).
   Once written, the running chief pod is annotated with the generation, so that the kubelet refreshes the mounted
   file at once.
-* PS replicas changed on a running job: the chief restarts into the new count and restores its latest checkpoint
-  (Restarting, reason PSReplicasChanged; not counted against backoffLimit).
+* PS replicas changed on a running job: first the chief is asked for a checkpoint (the membership document's
+  ``checkpoint`` request, an Event CheckpointRequested); once its metrics say it served the request, or after
+  :data:`CHECKPOINT_TIMEOUT_S`, or at once for a chief that reports no membership (a TensorFlow program), the chief
+  restarts into the new count and restores its latest checkpoint (Restarting, reason PSReplicasChanged; not counted
+  against backoffLimit). The ps beyond the new count stay until then: they hold the variables being saved.
 * Pods whose containers cannot start (:data:`~.observed.STUCK_REASONS`) are named in a ``Running: False``
   condition (reason PodsCannotStart) while the job has not run yet.
 
@@ -35,10 +38,12 @@ from .children import (ANNOTATION_MEMBERSHIP, child_name, cluster_addresses, mem
                        pod_body, service_body, worker_selector)
 from .draft import Draft
 from .observed import fmt_time, parse_time
-from .status import R_INVALID_TEMPLATE, R_PODS_WAITING, R_PS_SCALED
+from .status import R_CHECKPOINT_REQUESTED, R_INVALID_TEMPLATE, R_PODS_WAITING, R_PS_SCALED
 
 #: seconds a scaled-away worker's pod is kept for the chief to drain it (finish the function it runs), at most
 DRAIN_TIMEOUT_S = 120.0
+#: seconds a ps count change waits for the chief to save the checkpoint it was asked for, at most
+CHECKPOINT_TIMEOUT_S = 60.0
 
 
 def check_templates(d: Draft) -> None:
@@ -61,8 +66,12 @@ def delete_beyond_spec(d: Draft, desired: dict[ReplicaType, int]) -> None:
     """Pods that should not exist: replica types or indices beyond the spec (Worker scale-down). A scaled-away
     worker is kept while the chief drains it (:func:`draining`)."""
     hold = draining(d)
+    # while the chief saves the checkpoint asked for before a ps count change, every ps of its count holds shards
+    ps_held = (d.status.psReplicas or 0) if d.status.checkpointRequest is not None else 0
     for pod in sorted(d.pods, key=lambda p: (p.replica_type is None, str(p.replica_type), -(p.index or 0))):
         if pod.terminating:
+            continue
+        if pod.replica_type is ReplicaType.PS and pod.index is not None and pod.index < ps_held:
             continue
         if pod.replica_type is None or pod.index is None or pod.index >= desired[pod.replica_type]:
             if hold and pod.replica_type is ReplicaType.WORKER and not pod.finished:
@@ -94,25 +103,59 @@ def draining(d: Draft) -> bool:
     return True
 
 
-def plan_membership(d: Draft, spec: PSTrainingJobSpec) -> None:
+def plan_membership(d: Draft, spec: PSTrainingJobSpec, ps_count: int) -> None:
     """Keep the membership ConfigMap's workers those of the spec: written when missing or different, with the
-    next generation (an Event says what changed once it existed)."""
+    next generation (an Event says what changed once it existed). A ps count change of a running kubeps chief adds
+    a checkpoint request (:func:`restart_for_ps_count` waits for it)."""
     workers = cluster_addresses(d.job, spec, d.config).get(ReplicaType.WORKER.task_type, [])
     seen = d.observed.membership
     if not workers:
         return
-    if seen is not None and seen.workers == workers:
+    generation = seen.generation + 1 if seen is not None else 1
+    checkpoint = seen.checkpoint if seen is not None else 0
+    if _ask_for_checkpoint(d, ps_count):
+        checkpoint = generation
+        d.status.checkpointRequest, d.status.checkpointRequestTime = generation, fmt_time(d.observed.now)
+        d.event("Normal", R_CHECKPOINT_REQUESTED,
+                f"PS replicas {d.status.psReplicas} -> {ps_count}: the chief is asked for a checkpoint (request "
+                f"{generation}) before it restarts into the new count")
+    if seen is not None and seen.workers == workers and seen.checkpoint == checkpoint:
         _tell_chief(d, seen.generation)
         return
-    generation = seen.generation + 1 if seen is not None else 1
-    membership = Membership(generation=generation, workers=workers)
+    membership = Membership(generation=generation, workers=workers, checkpoint=checkpoint)
     d.plan.actions.append(ApplyMembership(membership_name(d.name), membership_body(d.job, membership), generation,
                                           len(workers)))
     d.status.membershipTime = fmt_time(d.observed.now)
     _tell_chief(d, generation)
-    if seen is not None:
+    if seen is not None and seen.workers != workers:
         d.event("Normal", "WorkersChanged", f"Workers {len(seen.workers)} -> {len(workers)}: membership generation "
                                             f"{generation} for the chief, which applies it without a restart")
+
+
+def _ask_for_checkpoint(d: Draft, ps_count: int) -> bool:
+    """Whether to ask the chief for a checkpoint now: the ps count changed, nothing was asked for it yet, and the
+    chief runs and reports the membership it applies (a kubeps chief: it serves requests)."""
+    before, progress = d.status.psReplicas, d.status.progress
+    chief = d.by_key.get((ReplicaType.CHIEF, 0))
+    return (before is not None and before != ps_count and d.status.checkpointRequest is None
+            and chief is not None and chief.phase == "Running" and not chief.terminating
+            and progress is not None and progress.membershipGeneration is not None)
+
+
+def _waiting_for_checkpoint(d: Draft) -> bool:
+    """Whether the restart for a ps count change still waits for the chief's checkpoint: asked for, not reported
+    served, the chief still there, and less than :data:`CHECKPOINT_TIMEOUT_S` ago (asks for a reconcile then)."""
+    request, progress = d.status.checkpointRequest, d.status.progress
+    chief = d.by_key.get((ReplicaType.CHIEF, 0))
+    if request is None or (progress is not None and (progress.checkpointRequest or 0) >= request) \
+            or chief is None or chief.terminating or chief.finished:
+        return False
+    asked = parse_time(d.status.checkpointRequestTime)
+    left = CHECKPOINT_TIMEOUT_S - (d.observed.now - asked).total_seconds() if asked is not None else 0.0
+    if left <= 0:
+        return False
+    d.requeue(left)
+    return True
 
 
 def restart_for_ps_count(d: Draft, count: int) -> None:
@@ -122,14 +165,23 @@ def restart_for_ps_count(d: Draft, count: int) -> None:
     backoffLimit. The ps that stay keep running; those beyond the spec are deleted; the workers are made again,
     their TF_CONFIG naming the new ps."""
     before = d.status.psReplicas
-    d.status.psReplicas = count
     chief = d.by_key.get((ReplicaType.CHIEF, 0))
+    if before is not None and before != count and chief is not None and _waiting_for_checkpoint(d):
+        return
+    request, progress = d.status.checkpointRequest, d.status.progress
+    d.status.psReplicas = count
+    d.status.checkpointRequest = d.status.checkpointRequestTime = None
     if before is None or before == count or chief is None:
         return
+    if request is None:
+        saved = "its latest checkpoint"
+    elif progress is not None and (progress.checkpointRequest or 0) >= request:
+        saved = f"the checkpoint it saved at the request ({request})"
+    else:
+        saved = f"its latest checkpoint (it did not report checkpoint request {request} served)"
     d.status.chiefEpoch += 1  # the chief of an older epoch is restarted (restarts.reconcile_chief)
     d.restarting(R_PS_SCALED, R_PS_SCALED, f"PS replicas {before} -> {count}: the chief and the workers restart "
-                                           f"with the new parameter servers; the chief restores its latest "
-                                           f"checkpoint into them")
+                                           f"with the new parameter servers; the chief restores {saved} into them")
     # a worker's TF_CONFIG names the ps it reads and pushes to: the running ones would not know the new ps (nor
     # miss the removed ones), so they are made again with the new TF_CONFIG; nothing of theirs is counted
     for pod in sorted((p for p in d.pods if p.replica_type is ReplicaType.WORKER and not p.terminating),

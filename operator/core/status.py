@@ -39,6 +39,7 @@ R_SUCCEEDED = "ChiefSucceeded"
 R_CHIEF_FAILED = "ChiefFailed"
 R_PS_FAILED = "PSFailed"
 R_PS_SCALED = "PSReplicasChanged"
+R_CHECKPOINT_REQUESTED = "CheckpointRequested"
 R_ALL_WORKERS_FAILED = "AllWorkersFailed"
 #: successPolicy AllWorkers: the chief and every worker exited 0; one worker failed for good
 R_ALL_WORKERS_SUCCEEDED = "AllWorkersSucceeded"

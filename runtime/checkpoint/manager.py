@@ -1,7 +1,14 @@
-"""``CheckpointManager``: numbered checkpoints in a directory, the latest restored, the oldest deleted."""
+"""``CheckpointManager``: numbered checkpoints in a directory, the latest restored, the oldest deleted.
+
+The newest manager a process made is what the chief saves with when the operator asks it for a checkpoint
+(:func:`newest_manager`; the membership document's ``checkpoint`` request, docs/elastic.md): a save may then come
+from that thread while the program saves from its own, so saves of one manager are serialised.
+"""
 
 from __future__ import annotations
 
+import threading
+import weakref
 
 import numpy as np
 
@@ -15,6 +22,14 @@ from kubeps.runtime.checkpoint.format import (
     list_checkpoints,
     numbered_dirs,
 )
+
+
+_newest: "weakref.ref[CheckpointManager] | None" = None
+
+
+def newest_manager() -> "CheckpointManager | None":
+    """The newest :class:`CheckpointManager` this process made and still holds, or None."""
+    return _newest() if _newest is not None else None
 
 
 class CheckpointManager:
@@ -32,6 +47,9 @@ class CheckpointManager:
         self.storage = storage_for(self.directory)
         self.max_to_keep = max_to_keep
         self.storage.makedirs(self.directory)
+        self._saving = threading.Lock()
+        global _newest
+        _newest = weakref.ref(self)
 
     @property
     def checkpoints(self) -> list[str]:
@@ -44,6 +62,10 @@ class CheckpointManager:
 
     def save(self, checkpoint_number: int | None = None, *, step: int | None = None, final: bool = False) -> str:
         """Save a new checkpoint (number: given, or one more than the newest); returns its path."""
+        with self._saving:
+            return self._save(checkpoint_number, step, final)
+
+    def _save(self, checkpoint_number: int | None, step: int | None, final: bool) -> str:
         existing = numbered_dirs(self.directory)
         committed = list_checkpoints(self.directory)
         if checkpoint_number is None:

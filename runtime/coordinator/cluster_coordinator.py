@@ -44,6 +44,7 @@ import grpc
 import numpy as np
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from kubeps.runtime.checkpoint.manager import newest_manager
 from kubeps.runtime.cluster import Membership, MembershipAck
 from kubeps.runtime.util import nest
 from kubeps.runtime.coordinator.closure_queue import Closure, ClosureQueue, ClosureState, RemoteValue
@@ -256,6 +257,8 @@ class ClusterCoordinator:
         self.membership_generation: int | None = None
         #: times the per-worker datasets were sharded again for a new membership
         self._reshards = 0
+        #: the last checkpoint request served (Membership.checkpoint)
+        self._checkpoint_served = 0
         self._membership_lock = threading.Lock()
         #: heartbeats of every ps and busy worker, and the accounting of ps errors (coordinator/failure.py)
         self.failures = FailureDetector(
@@ -360,8 +363,10 @@ class ClusterCoordinator:
 
     def _apply_membership(self, membership: Membership | Sequence[str]) -> MembershipAck:
         if not isinstance(membership, Membership):
-            membership = Membership(generation=(self.membership_generation or 0) + 1, workers=list(membership))
+            membership = Membership(generation=(self.membership_generation or 0) + 1, workers=list(membership),
+                                    checkpoint=self._checkpoint_served)
         self._check_open()
+        first = self.membership_generation is None
         joined: list[_WorkerHandle] = []
         left: list[_WorkerHandle] = []
         with self._lock:
@@ -405,7 +410,32 @@ class ClusterCoordinator:
                         sorted(w.index for w in left),
                         f"; {datasets} per-worker dataset(s) sharded again for {len(membership.workers)} workers "
                         "(at-least-once: what the current pass read before may be read again)" if datasets else "")
+        self._serve_checkpoint(membership.checkpoint, first)
         return self.membership_status()
+
+    def _serve_checkpoint(self, request: int, first: bool) -> None:
+        """A checkpoint request above the last one served: save with the newest ``CheckpointManager`` of the
+        program (while functions run: the variables hold every update applied until the save; the step saved is the
+        program's ``StepCounter``), then report it served. In the first document a chief applies, the request was
+        its predecessor's: taken as served, nothing saved. A program without a manager, or a save that fails, is
+        logged and reported served too: the operator then restarts with the latest checkpoint there is."""
+        if request <= self._checkpoint_served:
+            return
+        if not first:
+            manager = newest_manager()
+            if manager is None:
+                log.warning("checkpoint request %d: the program made no CheckpointManager, nothing saved", request)
+            else:
+                started = time.perf_counter()
+                try:
+                    path = manager.save()
+                except Exception:  # noqa: BLE001 - reported served: the restart restores the latest checkpoint
+                    log.exception("checkpoint request %d: the save failed", request)
+                else:
+                    log.warning("checkpoint request %d: saved %s in %.2f s", request, path,
+                                time.perf_counter() - started)
+        with self._lock:
+            self._checkpoint_served = request
 
     def watch_membership(self, path: str, ack_path: str | None = None) -> MembershipWatcher:
         """Apply the membership document at ``path`` whenever it changes (the settings' ``KUBEPS_MEMBERSHIP_FILE``
@@ -421,7 +451,8 @@ class ClusterCoordinator:
         with self._lock:
             return MembershipAck(
                 generation=self.membership_generation or 0, workers=[w.index for w in self._workers],
-                draining=sorted(w.index for w in self._handles if w.retiring), drained=list(self._drained))
+                draining=sorted(w.index for w in self._handles if w.retiring), drained=list(self._drained),
+                checkpoint=self._checkpoint_served)
 
     def _resources_for(self, worker: _WorkerHandle) -> list[tuple[str, np.ndarray]]:
         """Every per-worker resource as ``worker`` builds it now, in creation order: each dataset sharded for the
@@ -678,7 +709,9 @@ class ClusterCoordinator:
                 ("kubeps_workers", "Workers the chief dispatches to", len(status.workers)),
                 ("kubeps_workers_draining", "Workers that left and still finish their last function",
                  len(status.draining)),
-                ("kubeps_membership_generation", "Generation of the membership document applied", status.generation)):
+                ("kubeps_membership_generation", "Generation of the membership document applied", status.generation),
+                ("kubeps_checkpoint_request", "The last checkpoint request of the membership document served",
+                 status.checkpoint)):
             gauge = GaugeMetricFamily(name, text)
             gauge.add_metric([], value)
             yield gauge

@@ -207,25 +207,32 @@ def test_workers_scale_2_4_1_on_a_running_job(kind: Kind, ns: str):
 
 
 def test_ps_scale_2_3_restarts_the_chief_from_its_checkpoint(kind: Kind, ns: str):
-    """PS replicas 2 -> 3 on a running job: Restarting (PSReplicasChanged), the chief resumes from its latest
-    checkpoint into three ps; the pause (the change to the resumed chief) and the steps lost are recorded."""
+    """PS replicas 2 -> 3 on a running job: the chief is asked for a checkpoint and saves it, then restarts
+    (Restarting, PSReplicasChanged) and resumes from that checkpoint into three ps; the pause (the change to the
+    resumed chief) is recorded."""
     kind.settle(loads=False)
     job = ctr_job("ps-scale", steps=6000, checkpoint=pvc(kind, ns), every=200)
     start_and_time(kind, ns, job, pods=5)
     wait(lambda: re.search(r"saved \S+", chief_log(kind, ns, "ps-scale")), 300, "a checkpoint saved")
     first_chief = pod_uid(kind, ns, "ps-scale-chief-0")
-    before = chief_log(kind, ns, "ps-scale")  # the chief is deleted right after the patch
+    # the first chief's whole log, to its end: it is deleted right after it saved
+    follow = kind.background("ps-scale first chief log", "kubectl", "-n", ns, "logs", "-f", "ps-scale-chief-0")
     asked = time.monotonic()
     kind.kubectl("-n", ns, "patch", "psjob", "ps-scale", "--type", "merge", "-p",
                  json.dumps({"spec": {"replicaSpecs": {"PS": {"replicas": 3}}}}))
-    # the last checkpoint saved before the request (one more may be saved before the chief stops)
-    last_saved = max(int(m) for m in re.findall(r"^step\s+(\d+)/\d+.*saved", before, re.M))
     wait(lambda: pod_uid(kind, ns, "ps-scale-chief-0") != first_chief
          and "resumed from step" in chief_log(kind, ns, "ps-scale"), 180, "the chief resumed")
     pause = time.monotonic() - asked
-    resumed = int(re.search(r"resumed from step (\d+)", chief_log(kind, ns, "ps-scale")).group(1))
-    record("PS replicas 2 -> 3 -> chief resumed", pause, resumed_from=resumed, last_saved_before=last_saved)
-    assert resumed >= last_saved, f"resumed from step {resumed}, but step {last_saved} was saved before the change"
+    follow.wait(60)
+    saved = re.search(r"checkpoint request (\d+): saved (\S+)", follow.log.read_text())
+    assert saved, f"the first chief saved no checkpoint at the request:\n{follow.log.read_text()[-2000:]}"
+    resumed = re.search(r"resumed from step (\d+) \((\S+),", chief_log(kind, ns, "ps-scale"))
+    record("PS replicas 2 -> 3 -> chief resumed", pause, resumed_from=int(resumed.group(1)),
+           saved_at_request=saved.group(2))
+    assert resumed.group(2) == saved.group(2), (resumed.group(0), saved.group(0))
+    events = kind.json("-n", ns, "get", "events", "--field-selector",
+                       "involvedObject.name=ps-scale,reason=PSReplicasChanged")["items"]
+    assert any(f"the checkpoint it saved at the request ({saved.group(1)})" in e["message"] for e in events), events
     status = kind.json("-n", ns, "get", "psjob", "ps-scale")["status"]
     assert status["psReplicas"] == 3
     assert kind.wait_finished(ns, "ps-scale") == "Succeeded"

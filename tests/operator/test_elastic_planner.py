@@ -182,9 +182,60 @@ def test_the_progress_reader_takes_the_membership_from_the_chief_s_metrics_even_
     from kubeps.operator.core.progress import progress, read_chief
 
     text = ("# TYPE kubeps_membership_generation gauge\nkubeps_membership_generation 3.0\n"
-            "kubeps_workers_draining 2.0\nkubeps_workers 1.0\n")
+            "kubeps_workers_draining 2.0\nkubeps_workers 1.0\nkubeps_checkpoint_request 3.0\n")
     reading = read_chief(text, 1.0)
     assert (reading.membership_generation, reading.workers_draining, reading.step) == (3, 2, None)
-    assert progress(None, reading, "t") == {"lastUpdateTime": "t", "membershipGeneration": 3, "workersDraining": 2}
+    assert progress(None, reading, "t") == {"lastUpdateTime": "t", "membershipGeneration": 3, "workersDraining": 2,
+                                            "checkpointRequest": 3}
     assert progress(None, read_chief("kubeps_train_step 5\n", 1.0), "t") == {"lastUpdateTime": "t", "step": 5}
     assert progress(None, read_chief("", 1.0), "t") is None
+
+
+def _ps_pods(world: World) -> list[str]:
+    return sorted(n for n in world.pods if "-ps-" in n)
+
+
+@pytest.mark.parametrize("before, after", [(2, 3), (3, 1)])
+def test_a_ps_count_change_asks_a_kubeps_chief_for_a_checkpoint_and_restarts_it_once_served(before, after):
+    world = running(ps=before)
+    _chief_reports(world, 1, 0)
+    chief_uid = world.pods["ctr-chief-0"]["metadata"]["uid"]
+    world.job["spec"]["replicaSpecs"]["PS"]["replicas"] = after
+    plan = world.plan()
+    assert "ctr-chief-0" not in [a.name for a in plan.of(A.DeletePod)] and _workers_deleted(plan) == []
+    [applied] = plan.of(A.ApplyMembership)
+    document = children.membership_of(applied.body)
+    assert (document.generation, document.checkpoint, document.workers) == (2, 2, world.membership.workers)
+    assert [e.reason for e in plan.of(A.Event)] == ["CheckpointRequested"]
+    assert plan.requeue_after is not None and plan.requeue_after <= 60
+    world.apply(plan)
+    assert world.job["status"]["checkpointRequest"] == 2 and world.job["status"]["psReplicas"] == before
+    world.converge()
+    # waiting: the ps that hold the variables being saved stay, a new one may start; the chief is not touched
+    assert _ps_pods(world) == [f"ctr-ps-{i}" for i in range(max(before, after))]
+    assert world.pods["ctr-chief-0"]["metadata"]["uid"] == chief_uid
+    world.job["status"]["progress"]["checkpointRequest"] = 2  # the chief saved and says so in its metrics
+    plan = world.plan()
+    assert "ctr-chief-0" in [a.name for a in plan.of(A.DeletePod)]
+    world.apply(plan)
+    assert "the checkpoint it saved at the request (2)" in world.cond("Restarting")["message"]
+    assert world.job["status"].get("checkpointRequest") is None and world.job["status"]["psReplicas"] == after
+    world.converge()
+    world.run_all()
+    world.converge()
+    assert world.is_true("Running") and _ps_pods(world) == [f"ctr-ps-{i}" for i in range(after)]
+    assert world.membership.checkpoint == 2  # the new chief takes it as its predecessor's: nothing asked of it
+
+
+@pytest.mark.parametrize("later, restarted", [(59, False), (61, True)])
+def test_a_chief_that_does_not_serve_the_checkpoint_request_is_restarted_after_a_minute(later, restarted):
+    world = running(ps=2)
+    _chief_reports(world, 1, 0)
+    world.job["spec"]["replicaSpecs"]["PS"]["replicas"] = 3
+    world.apply(world.plan())
+    world.now += timedelta(seconds=later)
+    plan = world.plan()
+    assert ("ctr-chief-0" in [a.name for a in plan.of(A.DeletePod)]) is restarted
+    if restarted:
+        world.apply(plan)
+        assert "it did not report checkpoint request 2 served" in world.cond("Restarting")["message"]

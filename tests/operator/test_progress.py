@@ -195,3 +195,34 @@ def test_a_chief_that_does_not_answer_is_skipped(chiefs):
 
     asyncio.run(scenario())
     assert writes == []
+
+
+def test_a_chief_asked_for_a_checkpoint_is_read_every_second_until_it_reports_it_served(chiefs):
+    """A ps count change waits for the chief's checkpoint: its chief is read every WAITING_INTERVAL_S, not every
+    ``interval``, until its metrics say the request was served; the other jobs keep the interval."""
+    cache = Cache()
+    served = "kubeps_membership_generation 2.0\nkubeps_workers_draining 0.0\nkubeps_checkpoint_request {}\n"
+    for name in ("asked", "other"):
+        cache.jobs[("ns", name)] = _job(name)
+        chiefs.texts[name] = chief_text(10, 5120.0) + served.format(0)
+    cache.jobs[("ns", "asked")]["status"]["checkpointRequest"] = 2
+    writes: list[tuple[str, dict]] = []
+
+    async def patch(namespace, name, body):
+        writes.append((name, body["status"]["progress"]))
+        cache.jobs[("ns", name)]["status"]["progress"] = body["status"]["progress"]
+
+    reader = ProgressReader(cache, Recorder(), patch, interval=60.0, url=chiefs.url)
+
+    async def scenario() -> None:
+        reader.start()
+        await asyncio.sleep(0.5)  # the first full pass
+        assert sorted(name for name, _ in writes) == ["asked", "other"]
+        chiefs.texts["asked"] = chief_text(10, 5120.0) + served.format(2)
+        chiefs.texts["other"] = chief_text(20, 10240.0) + served.format(0)
+        await asyncio.sleep(1.5)
+        await reader.close()
+
+    asyncio.run(scenario())
+    assert [p.get("checkpointRequest") for name, p in writes if name == "asked"] == [0, 2]
+    assert [p["step"] for name, p in writes if name == "other"] == [10]  # not read again within the interval

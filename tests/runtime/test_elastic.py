@@ -264,3 +264,31 @@ def test_a_membership_change_is_one_line_of_the_chief_s_log(make_cluster, caplog
             coordinator.apply_membership(Membership(generation=5, workers=cluster.cluster["worker"][:1]))
         assert ("membership generation 5: 1 worker(s); joining [], leaving [1] (each finishes what it runs); 1 "
                 "per-worker dataset(s) sharded again for 1 workers") in caplog.text
+
+
+def test_a_checkpoint_request_saves_with_the_programs_newest_manager_once(make_cluster, tmp_path, caplog):
+    """The operator's request before a ps count change: the chief saves with the newest CheckpointManager of its
+    program while it runs, once per request, and reports it served; the request in the first document a chief
+    applies was its predecessor's (served, nothing saved)."""
+    from kubeps.runtime.checkpoint import Checkpoint, CheckpointManager, CheckpointReader, StepCounter
+    from kubeps.runtime.variables.variable import Variable
+
+    cluster = make_cluster(num_ps=1, num_workers=1)
+    workers = cluster.cluster["worker"]
+    with _coordinator(cluster) as coordinator:
+        assert coordinator.apply_membership(Membership(generation=1, workers=workers, checkpoint=4)).checkpoint == 4
+        with coordinator.strategy.scope():
+            weights = Variable(np.zeros(3, np.float32), name="w")
+        step = StepCounter(30)
+        manager = CheckpointManager(Checkpoint(model=[weights], step=step), str(tmp_path / "ckpt"))
+        assert manager.checkpoints == []  # the first document's request: nothing saved
+        weights.assign(np.full(3, 7.0, np.float32))
+        status = coordinator.apply_membership(Membership(generation=2, workers=workers, checkpoint=5))
+        assert status.checkpoint == 5 and len(manager.checkpoints) == 1
+        reader = CheckpointReader(manager.latest_checkpoint)
+        assert np.array_equal(reader.get("model/w"), np.full(3, 7.0)) and reader.step == 30
+        assert "checkpoint request 5: saved" in caplog.text
+        coordinator.apply_membership(Membership(generation=3, workers=workers, checkpoint=5))  # served already
+        assert len(manager.checkpoints) == 1 and coordinator.membership_status().checkpoint == 5
+        metrics = {f.name: f.samples[0].value for f in coordinator._metric_families()}
+        assert metrics["kubeps_checkpoint_request"] == 5
