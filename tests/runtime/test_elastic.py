@@ -287,7 +287,7 @@ def test_a_checkpoint_request_saves_with_the_programs_newest_manager_once(make_c
         assert status.checkpoint == 5 and len(manager.checkpoints) == 1
         reader = CheckpointReader(manager.latest_checkpoint)
         assert np.array_equal(reader.get("model/w"), np.full(3, 7.0)) and reader.step == 30
-        assert "checkpoint request 5: saved" in caplog.text
+        assert f"checkpoint request 5: saved {manager.latest_checkpoint} in " in caplog.text
         coordinator.apply_membership(Membership(generation=3, workers=workers, checkpoint=5))  # served already
         assert len(manager.checkpoints) == 1 and coordinator.membership_status().checkpoint == 5
         metrics = {f.name: f.samples[0].value for f in coordinator._metric_families()}
