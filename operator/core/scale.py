@@ -17,8 +17,8 @@ Rules (documented for users in docs/operator.md):
   file at once.
 * PS replicas changed on a running job: first the chief is asked for a checkpoint (the membership document's
   ``checkpoint`` request, an Event CheckpointRequested); once its metrics say it served the request, or after
-  :data:`CHECKPOINT_TIMEOUT_S`, or at once for a chief that reports no membership (a TensorFlow program), the chief
-  restarts into the new count and restores its latest checkpoint (Restarting, reason PSReplicasChanged; not counted
+  :data:`CHECKPOINT_TIMEOUT_S` (:data:`NO_REPORT_WAIT_S` for a chief whose metrics show no membership: a TensorFlow
+  program), the chief restarts into the new count and restores its latest checkpoint (Restarting, reason PSReplicasChanged; not counted
   against backoffLimit). The ps beyond the new count stay until then: they hold the variables being saved.
 * Pods whose containers cannot start (:data:`~.observed.STUCK_REASONS`) are named in a ``Running: False``
   condition (reason PodsCannotStart) while the job has not run yet.
@@ -44,6 +44,8 @@ from .status import R_CHECKPOINT_REQUESTED, R_INVALID_TEMPLATE, R_PODS_WAITING, 
 DRAIN_TIMEOUT_S = 120.0
 #: seconds a ps count change waits for the chief to save the checkpoint it was asked for, at most
 CHECKPOINT_TIMEOUT_S = 60.0
+#: seconds it waits at most for a chief whose metrics have shown no membership (a TensorFlow program serves none)
+NO_REPORT_WAIT_S = 5.0
 
 
 def check_templates(d: Draft) -> None:
@@ -134,24 +136,26 @@ def plan_membership(d: Draft, spec: PSTrainingJobSpec, ps_count: int) -> None:
 
 def _ask_for_checkpoint(d: Draft, ps_count: int) -> bool:
     """Whether to ask the chief for a checkpoint now: the ps count changed, nothing was asked for it yet, and the
-    chief runs and reports the membership it applies (a kubeps chief: it serves requests)."""
-    before, progress = d.status.psReplicas, d.status.progress
+    chief runs (whether it serves requests, a kubeps chief, shows in its metrics: :func:`_waiting_for_checkpoint`)."""
     chief = d.by_key.get((ReplicaType.CHIEF, 0))
-    return (before is not None and before != ps_count and d.status.checkpointRequest is None
-            and chief is not None and chief.phase == "Running" and not chief.terminating
-            and progress is not None and progress.membershipGeneration is not None)
+    return (d.status.psReplicas is not None and d.status.psReplicas != ps_count and d.status.checkpointRequest is None
+            and chief is not None and chief.phase == "Running" and not chief.terminating)
 
 
 def _waiting_for_checkpoint(d: Draft) -> bool:
     """Whether the restart for a ps count change still waits for the chief's checkpoint: asked for, not reported
-    served, the chief still there, and less than :data:`CHECKPOINT_TIMEOUT_S` ago (asks for a reconcile then)."""
+    served, the chief still there, and less than :data:`CHECKPOINT_TIMEOUT_S` ago, or :data:`NO_REPORT_WAIT_S` for
+    a chief whose metrics have shown no membership (not read yet, or a TensorFlow program: no kubeps metrics; the
+    progress reader reads an asked chief every second). Asks for a reconcile at the limit."""
     request, progress = d.status.checkpointRequest, d.status.progress
     chief = d.by_key.get((ReplicaType.CHIEF, 0))
     if request is None or (progress is not None and (progress.checkpointRequest or 0) >= request) \
             or chief is None or chief.terminating or chief.finished:
         return False
+    reports = progress is not None and progress.membershipGeneration is not None
     asked = parse_time(d.status.checkpointRequestTime)
-    left = CHECKPOINT_TIMEOUT_S - (d.observed.now - asked).total_seconds() if asked is not None else 0.0
+    limit = CHECKPOINT_TIMEOUT_S if reports else NO_REPORT_WAIT_S
+    left = limit - (d.observed.now - asked).total_seconds() if asked is not None else 0.0
     if left <= 0:
         return False
     d.requeue(left)

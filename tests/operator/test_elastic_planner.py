@@ -115,6 +115,10 @@ def test_a_ps_count_change_restarts_the_chief_into_the_new_count_without_countin
     chief_uid = world.pods["ctr-chief-0"]["metadata"]["uid"]
     worker_uids = {n: p["metadata"]["uid"] for n, p in world.pods.items() if "-worker-" in n}
     world.job["spec"]["replicaSpecs"]["PS"]["replicas"] = after
+    plan = world.plan()  # a chief whose metrics show no membership (a TensorFlow program) is asked, and waited for
+    assert "ctr-chief-0" not in [a.name for a in plan.of(A.DeletePod)] and plan.requeue_after <= 5
+    world.apply(plan)
+    world.now += timedelta(seconds=5)  # (NO_REPORT_WAIT_S) then restarted
     plan = world.plan()
     assert "ctr-chief-0" in [a.name for a in plan.of(A.DeletePod)]
     # the workers' TF_CONFIG names the ps they use: they are made again with the new one
@@ -124,6 +128,7 @@ def test_a_ps_count_change_restarts_the_chief_into_the_new_count_without_countin
     assert world.is_true("Restarting") and cond["reason"] == "PSReplicasChanged"
     assert f"PS replicas {before} -> {after}" in cond["message"]
     assert [e.reason for e in world.events if e.type == "Warning"] == ["PSReplicasChanged"]
+    assert "its latest checkpoint (it did not report checkpoint request 2 served)" in cond["message"]
     world.converge()
     world.run_all()
     world.converge()
@@ -227,10 +232,14 @@ def test_a_ps_count_change_asks_a_kubeps_chief_for_a_checkpoint_and_restarts_it_
     assert world.membership.checkpoint == 2  # the new chief takes it as its predecessor's: nothing asked of it
 
 
-@pytest.mark.parametrize("later, restarted", [(59, False), (61, True)])
-def test_a_chief_that_does_not_serve_the_checkpoint_request_is_restarted_after_a_minute(later, restarted):
+@pytest.mark.parametrize("reports, later, restarted", [
+    (True, 59, False), (True, 61, True),  # a chief that shows its membership: a minute
+    (False, 4, False), (False, 6, True),  # one whose metrics show none (not read yet, or TensorFlow): 5 s
+])
+def test_a_chief_that_does_not_serve_the_checkpoint_request_is_restarted_after_a_while(reports, later, restarted):
     world = running(ps=2)
-    _chief_reports(world, 1, 0)
+    if reports:
+        _chief_reports(world, 1, 0)
     world.job["spec"]["replicaSpecs"]["PS"]["replicas"] = 3
     world.apply(world.plan())
     world.now += timedelta(seconds=later)
