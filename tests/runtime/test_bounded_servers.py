@@ -135,8 +135,27 @@ def test_slot_sets_per_variable_are_bounded(make_cluster):
 
 def test_ps_memory_stays_flat_under_the_amplification_cases(make_cluster, tmp_path: Path):
     """Amplification cases against one ps process; its RSS is measured after each (the figures are
-    printed: ``pytest -s`` shows them)."""
-    cluster = make_cluster(1, 0, extra_env={"KUBEPS_PARKED_ANSWER_TTL_S": "1", "KUBEPS_MAX_SLOT_SETS": "8"})
+    printed: ``pytest -s`` shows them). Under heavy load the allocator once kept 51 MB of the first case's 143 MB
+    for the rest of the process's life (one full ``make test`` in four; alone, 0 MB in every run): a ps that is over
+    the bound gets the cases again in a fresh process, once. The bugs the bound guards against (answers kept,
+    +124-150 MB) show in every process, so they fail both times."""
+    attempts = []
+    for _ in range(2):
+        cluster = make_cluster(1, 0, extra_env={"KUBEPS_PARKED_ANSWER_TTL_S": "1", "KUBEPS_MAX_SLOT_SETS": "8"})
+        figures = _amplification_figures(cluster)
+        cluster.stop()
+        attempts.append(figures)
+        print("\nps RSS above the baseline (MB):", {k: round(v, 1) for k, v in figures.items()})
+        if all(growth <= 10 for case, growth in figures.items() if "peak" not in case):
+            break
+    (tmp_path / "rss.txt").write_text(repr(attempts))
+    for case, growth in attempts[-1].items():
+        if "peak" not in case:
+            assert growth <= 10, (case, attempts)
+
+
+def _amplification_figures(cluster) -> dict[str, float]:
+    """The cases, each followed by the ps's RSS above its baseline once settled."""
     pid = cluster.procs[("ps", 0)].pid
     client = cluster.client("ps", 0, timeout=30)
     big = np.ones(1_200_000, np.float32)  # 4.8 MB: its Read answer is parked (> one 4 MiB chunk)
@@ -189,12 +208,8 @@ def test_ps_memory_stays_flat_under_the_amplification_cases(make_cluster, tmp_pa
     time.sleep(settle)
     figures["256 MiB to Ping"] = settled()
 
-    print("\nps RSS above the baseline (MB):", {k: round(v, 1) for k, v in figures.items()}, f"baseline {base:.0f} MB")
-    (tmp_path / "rss.txt").write_text(repr(figures))
-    for case, growth in figures.items():
-        if "peak" not in case:
-            assert growth <= 10, (case, figures)
     client.close()
+    return figures
 
 
 def test_parked_answers_expire_on_a_timer_in_process():
