@@ -104,18 +104,22 @@ class ProgressReader:
                     due = time.monotonic() + self.interval
                     await self.read_all()
                 else:
-                    await self.read_all(waiting_only=True)
+                    await self.read_waiting()
             except Exception:  # noqa: BLE001 - progress is best effort: never stop the loop
                 log.exception("reading the chiefs' progress failed")
             await asyncio.sleep(max(0.0, min(WAITING_INTERVAL_S, due - time.monotonic())))
 
-    async def read_all(self, waiting_only: bool = False) -> None:
-        """One pass over the running jobs (``waiting_only``: over those whose ps count change waits for the chief's
-        checkpoint, read every :data:`WAITING_INTERVAL_S` so that the restart follows the save within a second)."""
-        jobs = [job for job in list(self.cache.jobs.values()) if phase_of(job) in ("Running", "Restarting")]
-        if waiting_only:
-            await asyncio.gather(*(self.read_one(job) for job in jobs if _waits_for_checkpoint(job)))
-            return
+    def _running(self) -> list[Mapping[str, Any]]:
+        return [job for job in list(self.cache.jobs.values()) if phase_of(job) in ("Running", "Restarting")]
+
+    async def read_waiting(self) -> None:
+        """A pass over the jobs whose ps count change waits for the chief's checkpoint (every
+        :data:`WAITING_INTERVAL_S`, so that the restart follows the save within a second)."""
+        await asyncio.gather(*(self.read_one(job) for job in self._running() if _waits_for_checkpoint(job)))
+
+    async def read_all(self) -> None:
+        """One pass over the running jobs."""
+        jobs = self._running()
         alive = {job["metadata"].get("uid") for job in jobs}
         for uid in [u for u in self.readings if u not in alive]:  # finished or gone: forget their last reading
             self.readings.pop(uid, None)

@@ -18,8 +18,9 @@ Rules (documented for users in docs/operator.md):
 * PS replicas changed on a running job: first the chief is asked for a checkpoint (the membership document's
   ``checkpoint`` request, an Event CheckpointRequested); once its metrics say it served the request, or after
   :data:`CHECKPOINT_TIMEOUT_S` (:data:`NO_REPORT_WAIT_S` for a chief whose metrics show no membership: a TensorFlow
-  program), the chief restarts into the new count and restores its latest checkpoint (Restarting, reason PSReplicasChanged; not counted
-  against backoffLimit). The ps beyond the new count stay until then: they hold the variables being saved.
+  program), the chief restarts into the new count and restores its latest checkpoint (Restarting, reason
+  PSReplicasChanged; not counted against backoffLimit). The ps beyond the new count stay until then: they hold the
+  variables being saved.
 * Pods whose containers cannot start (:data:`~.observed.STUCK_REASONS`) are named in a ``Running: False``
   condition (reason PodsCannotStart) while the job has not run yet.
 
@@ -149,8 +150,7 @@ def _waiting_for_checkpoint(d: Draft) -> bool:
     progress reader reads an asked chief every second). Asks for a reconcile at the limit."""
     request, progress = d.status.checkpointRequest, d.status.progress
     chief = d.by_key.get((ReplicaType.CHIEF, 0))
-    if request is None or (progress is not None and (progress.checkpointRequest or 0) >= request) \
-            or chief is None or chief.terminating or chief.finished:
+    if request is None or _served(d) or chief is None or chief.terminating or chief.finished:
         return False
     reports = progress is not None and progress.membershipGeneration is not None
     asked = parse_time(d.status.checkpointRequestTime)
@@ -160,6 +160,12 @@ def _waiting_for_checkpoint(d: Draft) -> bool:
         return False
     d.requeue(left)
     return True
+
+
+def _served(d: Draft) -> bool:
+    """Whether the chief's metrics say it served the checkpoint request the job waits for."""
+    request, progress = d.status.checkpointRequest, d.status.progress
+    return request is not None and progress is not None and (progress.checkpointRequest or 0) >= request
 
 
 def restart_for_ps_count(d: Draft, count: int) -> None:
@@ -172,14 +178,14 @@ def restart_for_ps_count(d: Draft, count: int) -> None:
     chief = d.by_key.get((ReplicaType.CHIEF, 0))
     if before is not None and before != count and chief is not None and _waiting_for_checkpoint(d):
         return
-    request, progress = d.status.checkpointRequest, d.status.progress
+    request, served = d.status.checkpointRequest, _served(d)
     d.status.psReplicas = count
     d.status.checkpointRequest = d.status.checkpointRequestTime = None
     if before is None or before == count or chief is None:
         return
     if request is None:
         saved = "its latest checkpoint"
-    elif progress is not None and (progress.checkpointRequest or 0) >= request:
+    elif served:
         saved = f"the checkpoint it saved at the request ({request})"
     else:
         saved = f"its latest checkpoint (it did not report checkpoint request {request} served)"
