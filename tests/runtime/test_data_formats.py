@@ -1003,9 +1003,13 @@ def test_reader_children_keep_their_blocks_memory_unless_the_user_set_malloc(mon
     from kubeps.runtime.data import reader_processes
 
     def child_environ() -> dict[str, str]:
+        # Popen returns once the exec has begun (its error pipe closes); the kernel fills the new program's
+        # environment in a moment later, and until then /proc shows it empty. Wait for it, not for a time.
         child = reader_processes._Child()
         try:
-            raw = Path(f"/proc/{child.proc.pid}/environ").read_bytes()
+            deadline = time.monotonic() + 30
+            while not (raw := Path(f"/proc/{child.proc.pid}/environ").read_bytes()) and time.monotonic() < deadline:
+                time.sleep(0.01)
         finally:
             child.kill()
         return dict(item.split("=", 1) for item in raw.decode().split("\0") if "=" in item)
