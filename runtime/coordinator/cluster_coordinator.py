@@ -167,6 +167,8 @@ class _WorkerHandle:
         self.needs_resources = False
         #: left the membership: it finishes the closure it runs, takes nothing more, and its thread ends
         self.retiring = False
+        #: records its iterators had handed out in their passes under way, after its last function (its answer)
+        self.in_pass = 0
 
 
 class ClusterCoordinator:
@@ -257,6 +259,9 @@ class ClusterCoordinator:
         self.membership_generation: int | None = None
         #: times the per-worker datasets were sharded again for a new membership
         self._reshards = 0
+        #: records read in a pass that a reshard, a worker's departure or a worker's restart cut short: the new
+        #: shards read them again from their start (kubeps.runtime.data.passes)
+        self._records_reread = 0
         #: the last checkpoint request served (Membership.checkpoint)
         self._checkpoint_served = 0
         self._membership_lock = threading.Lock()
@@ -493,6 +498,10 @@ class ClusterCoordinator:
     def _worker_left(self, worker: _WorkerHandle) -> None:
         """A leaving worker's dispatch thread ended: nothing of the job runs on it any more."""
         with self._lock:
+            resharded = bool(self._dataset_fns)
+        if worker.in_pass and resharded:  # the workers that stay read its share again, from their shards' start
+            self._add_reread(worker, worker.in_pass, "left")
+        with self._lock:
             if worker in self._handles:
                 self._handles.remove(worker)
             self._drained.append(worker.index)
@@ -561,6 +570,7 @@ class ClusterCoordinator:
 
     def rebuild_worker_resources(self, worker: _WorkerHandle) -> bool:
         """Re-create every per-worker resource on a worker that came back (in creation order)."""
+        replaced, read_before = False, worker.in_pass
         for resource_id, payload in self._resources_for(worker):
             try:
                 meta, arrays = worker.client.call(WORKER.CREATE_RESOURCE, CreateResourceRequest(resource_id=resource_id), [payload],
@@ -574,7 +584,26 @@ class ClusterCoordinator:
                 if meta.get("status") == "error":
                     self._queue.set_error(error)
                 return False
+            replaced = replaced or "reread" in meta
+            self._count_records(worker, meta)
+        if not replaced and read_before:
+            # the worker restarted (it had none of its iterators): its last answer said how far it had read
+            self._add_reread(worker, read_before, "restarted")
         return True
+
+    def _count_records(self, worker: _WorkerHandle, meta: dict[str, Any]) -> None:
+        """A worker's answer: where its iterators stand, and what an iterator built again had read in its pass."""
+        worker.in_pass = int(meta.get("in_pass", worker.in_pass))
+        if meta.get("reread"):
+            self._add_reread(worker, int(meta["reread"]), "had its dataset sharded again")
+
+    def _add_reread(self, worker: _WorkerHandle, records: int, why: str) -> None:
+        with self._lock:
+            self._records_reread += records
+            total = self._records_reread
+        log.warning("worker %d %s after reading %d record(s) of its pass under way: the new shards read them "
+                    "again (at-least-once; %d record(s) read again in this job so far)", worker.index, why,
+                    records, total)
 
     # -- dispatch ----------------------------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -670,6 +699,7 @@ class ClusterCoordinator:
                 return
             self._queue.mark_finished(closure, result)
             self._closure_done()
+            self._count_records(worker, meta)
             if _metrics.ENABLED and closure.kind == "closure":
                 _metrics.CLOSURE_SECONDS.labels(str(worker.index)).observe(time.perf_counter() - started)
         elif status == "resource_missing":
@@ -719,6 +749,12 @@ class ClusterCoordinator:
                                        "Times the per-worker datasets were sharded again for a new membership")
         reshards.add_metric([], self._reshards)
         yield reshards
+        reread = CounterMetricFamily(
+            "kubeps_dataset_records_reread",
+            "Records read in a pass that a reshard, a worker leaving or a worker restarting cut short, which the new "
+            "shards read again (at-least-once)")
+        reread.add_metric([], self._records_reread)
+        yield reread
 
     # -- watchdog ----------------------------------------------------------------------------------------------
     def _closure_done(self) -> None:

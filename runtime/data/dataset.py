@@ -22,6 +22,7 @@ import os
 import threading
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
+from kubeps.runtime.data import passes
 from kubeps.runtime.data.arguments import callable_arg, index_arg, int_arg
 from kubeps.runtime.data.node import Node
 from kubeps.runtime.data.structure import close
@@ -52,6 +53,9 @@ class Dataset:
 
     # -- iteration ------------------------------------------------------------------------------------------------
     def __iter__(self) -> "DatasetIterator":
+        ledger = passes.current()
+        if ledger is not None:  # a worker's iterator: it counts what it hands out in batches or in elements
+            ledger.batched = any(isinstance(node, BatchNode) for node in self._node.chain())
         return DatasetIterator(self._node.iterate())
 
     def _derive(self, node: Node) -> "Dataset":

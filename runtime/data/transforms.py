@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 from typing import Any, Callable, Iterator
 
+from kubeps.runtime.data import passes
 from kubeps.runtime.data.node import Node, RowwiseNode
 from kubeps.runtime.data.structure import call, close, closing, concat, num_rows, slice_leaves, stack
 
@@ -98,27 +99,47 @@ class InterleaveNode(Node):
         return f"interleave(cycle_length={self._cycle_length})"
 
 
+def _one(element: Any) -> int:  # noqa: ARG001 - an unbatched element is one record
+    return 1
+
+
 class RepeatNode(RowwiseNode):
     def __init__(self, parent: Node, count: int | None):
         super().__init__(parent)
         self._count = count
 
-    def _passes_of(self, first: Iterator[Any] | None, open_pass: Callable[[], Iterator[Any]]) -> Iterator[Any]:
-        passes = itertools.count() if self._count is None else range(self._count)
-        for n in passes:
+    def _passes_of(self, first: Iterator[Any] | None, open_pass: Callable[[], Iterator[Any]],
+                   rows: Callable[[Any], int]) -> Iterator[Any]:
+        # the ledger of the worker's iterator opening this pipeline, if any: it learns where each pass starts
+        # (kubeps.runtime.data.passes), taken now, in the opener's thread, not in a prefetch thread later
+        ledger = passes.current()
+        depth = len(self.chain())
+        if ledger is not None:
+            ledger.claim(depth)
+        return self._each_pass(first, open_pass, rows, ledger, depth)
+
+    def _each_pass(self, first: Iterator[Any] | None, open_pass: Callable[[], Iterator[Any]],
+                   rows: Callable[[Any], int], ledger: passes.PassLedger | None, depth: int) -> Iterator[Any]:
+        counts = itertools.count() if self._count is None else range(self._count)
+        for n in counts:
+            if n and ledger is not None:
+                ledger.pass_started(depth)
             with closing(first if n == 0 and first is not None else open_pass()) as it:
                 empty = True
                 for item in it:
                     empty = False
+                    if ledger is not None:
+                        ledger.produced(depth, rows(item))
                     yield item
             if empty:
                 return
 
     def _on_blocks(self, parent: Iterator[Any]) -> Iterator[Any]:
-        return self._passes_of(parent, self._next_blocks)
+        return self._passes_of(parent, self._next_blocks, num_rows)
 
     def _on_elements(self) -> Iterator[Any]:
-        return self._passes_of(None, self.upstream.iterate)
+        batched = any(isinstance(node, BatchNode) for node in self.chain())
+        return self._passes_of(None, self.upstream.iterate, passes.rows_of if batched else _one)
 
     def _next_blocks(self) -> Iterator[Any]:
         blocks = self.upstream.blocks()

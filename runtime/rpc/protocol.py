@@ -430,6 +430,8 @@ ClosureStatus = Literal["ok", "error", "resource_missing", "ps_unavailable"]
 class ClosureAnswer(TypedDict, total=False):
     status: ClosureStatus
     pulls: int  #: ``ok``: how many reads the function's closure context sent
+    in_pass: int  #: ``ok``: records the worker's iterators handed out in their passes under way, after the function
+    reread: int  #: ``ok``, ``CreateResource`` of an iterator there already: those records of the iterator replaced
     type: str  #: ``error``: the exception's type name
     message: str
     traceback: str

@@ -25,8 +25,8 @@ from typing import Any, Callable, Iterator
 import cloudpickle
 import numpy as np
 
+from kubeps.runtime.data.passes import PassLedger, rows_of
 from kubeps.runtime.observe import metrics as _metrics
-from kubeps.runtime.util import nest
 from kubeps.runtime.variables import context as _context
 from kubeps.runtime.variables.context import ClosureContext
 from kubeps.runtime.errors import PSUnavailableError, ResourceMissingError
@@ -64,26 +64,31 @@ class WorkerState:
 
 
 class MeasuredIterator:
-    """A per-worker iterator that tells the metrics how long each ``next()`` waited for its batch and how many
-    examples the batch holds (the leading dimension of its first tensor); anything else goes to the iterator."""
+    """A per-worker iterator that keeps a :class:`~kubeps.runtime.data.passes.PassLedger` of what it hands out (the
+    records a reshard makes read again) and, with metrics on, tells them how long each ``next()`` waited for its
+    batch and how many examples the batch holds (the leading dimension of its first tensor); anything else goes to
+    the iterator."""
 
-    def __init__(self, inner: Iterator[Any]):
+    def __init__(self, inner: Iterator[Any], ledger: PassLedger):
         self._inner = inner
+        self.ledger = ledger
 
     def __iter__(self) -> "MeasuredIterator":
         return self
 
     def __next__(self) -> Any:
         started = time.perf_counter()
-        batch = next(self._inner)
-        _metrics.INPUT_WAIT.observe(time.perf_counter() - started)
-        _metrics.WORKER_BATCHES.inc()
         try:
-            shape = getattr(nest.first_leaf(batch), "shape", None)
-        except IndexError:  # a batch with no tensor
-            shape = None
-        if shape:
-            _metrics.WORKER_EXAMPLES.inc(shape[0])
+            with self.ledger.active():  # a pipeline opened on the first next() finds its ledger
+                batch = next(self._inner)
+        except StopIteration:
+            self.ledger.ended()
+            raise
+        self.ledger.consumed(batch)
+        if _metrics.ENABLED:
+            _metrics.INPUT_WAIT.observe(time.perf_counter() - started)
+            _metrics.WORKER_BATCHES.inc()
+            _metrics.WORKER_EXAMPLES.inc(rows_of(batch))
         return batch
 
     def get_next(self) -> Any:
@@ -91,6 +96,11 @@ class MeasuredIterator:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
+
+
+def records_in_pass(resources: dict[str, Any]) -> int:
+    """The records the worker's iterators handed out in the passes under way: what a reshard makes read again."""
+    return sum(r.ledger.in_pass() for r in list(resources.values()) if isinstance(r, MeasuredIterator))
 
 
 def _to_array(item: Any) -> Any:
@@ -151,7 +161,8 @@ def _run(state: WorkerState, payload: bytes, body: Callable[[Any], Any]) -> tupl
             return meta, [_bytes_tensor(blob)]
         tensors: list[np.ndarray] = []
         skeleton = split_structure(result, tensors, _to_array)
-        return {"status": "ok", "pulls": ctx.pulls}, [_bytes_tensor(cloudpickle.dumps(skeleton))] + tensors
+        return ({"status": "ok", "pulls": ctx.pulls, "in_pass": records_in_pass(state.resources)},
+                [_bytes_tensor(cloudpickle.dumps(skeleton))] + tensors)
     finally:
         _context.set_closure_context(previous)
         with state._lock:
@@ -173,14 +184,23 @@ def rpc_create_resource(state: WorkerState, request: CreateResourceRequest,
         raise ValueError(f"field 'resource_id' must be a non-empty string, got {resource_id!r}")
     payload = _payload(arrays, WORKER.CREATE_RESOURCE)
 
+    replaced = state.resources.get(resource_id)
+
     def build(fn: Callable[[], Any]) -> None:
-        resource = fn()
-        if _metrics.ENABLED and isinstance(resource, Iterator):
-            resource = MeasuredIterator(resource)
+        ledger = PassLedger()
+        with ledger.active():  # a pipeline opened by iter() finds its ledger
+            resource = fn()
+        if isinstance(resource, Iterator):
+            resource = MeasuredIterator(resource, ledger)
         state.resources[resource_id] = resource
         return None
 
-    return _run(state, payload, build)
+    meta, tensors = _run(state, payload, build)
+    if isinstance(replaced, MeasuredIterator) and meta.get("status") == "ok":
+        # built again for a new membership (or after a failure): the new iterator reads its shard from the start,
+        # so what the old one handed out in the pass under way is read again
+        meta["reread"] = replaced.ledger.in_pass()
+    return meta, tensors
 
 
 #: the methods of the worker service (:mod:`kubeps.runtime.server.methods` serves them)

@@ -204,7 +204,12 @@ def test_workers_scale_2_4_1_on_a_running_job(kind: Kind, ns: str):
     record("kubectl scale 4 -> 1 -> pods deleted", time.monotonic() - asked)
     assert kind.wait_finished(ns, "elastic") == "Succeeded"
     assert pod_uid(kind, ns, "elastic-chief-0") == chief, "the chief was restarted"
-    learned(chief_log(kind, ns, "elastic"))
+    log = chief_log(kind, ns, "elastic")
+    learned(log)
+    # what the passes cut short by the two changes had read is read again, and the chief says how much
+    reread = re.findall(r"; (\d+) record\(s\) read again in this job so far\)", log)
+    assert reread, log[-3000:]
+    print(f"[records] read again across 2 -> 4 -> 1: {reread[-1]}")
 
 
 def test_ps_scale_2_3_restarts_the_chief_from_its_checkpoint(kind: Kind, ns: str):

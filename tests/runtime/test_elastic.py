@@ -256,6 +256,76 @@ def test_the_datasets_are_sharded_again_for_each_membership_so_no_record_is_left
         assert coordinator._reshards == 2
 
 
+def _drained(coordinator, workers: set[int]) -> None:
+    deadline = time.monotonic() + 30
+    while not workers <= set(coordinator.membership_status().drained) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert workers <= set(coordinator.membership_status().drained)
+
+
+def test_the_records_read_again_across_churn_are_counted_exactly(make_cluster, caplog):
+    """Each reshard makes the workers read their new shards from the start: the records each worker (staying or
+    leaving) had taken in the pass under way are read a second time. The chief counts them from the workers'
+    answers, exactly, through ``prefetch`` running ahead and batches of a ``repeat`` that straddle passes."""
+    from kubeps.runtime.data import Dataset
+
+    records = 24
+    cluster = make_cluster(num_ps=1, num_workers=2)
+    with _coordinator(cluster) as coordinator:
+        dataset = coordinator.create_per_worker_dataset(
+            lambda ctx: Dataset.range(ctx.input_pipeline_id, records, ctx.num_input_pipelines).repeat().batch(5)
+            .prefetch(3))
+        iterator = iter(dataset)
+
+        def take(count: int) -> dict[int, int]:
+            """``count`` batches; the records each worker took."""
+            taken: dict[int, int] = {}
+            for worker, batch in [coordinator.schedule(_take, args=(iterator,)).fetch() for _ in range(count)]:
+                taken[worker] = taken.get(worker, 0) + len(batch)
+            return taken
+
+        before = take(7)
+        assert set(before) == {0, 1}
+        expected = sum(n % (records // 2) for n in before.values())  # the passes of 12 under way
+        with caplog.at_level("WARNING", logger="kubeps.runtime.coordinator.cluster_coordinator"):
+            addresses = _add_workers(cluster, 2)
+            coordinator.apply_membership(Membership(generation=1, workers=addresses))
+            during: dict[int, int] = {}
+            deadline = time.monotonic() + 60
+            while set(during) != {0, 1, 2, 3} and time.monotonic() < deadline:
+                for worker, n in take(8).items():
+                    during[worker] = during.get(worker, 0) + n
+            assert set(during) == {0, 1, 2, 3}
+            assert coordinator._records_reread == expected > 0
+            expected += sum(n % (records // 4) for n in during.values())  # the passes of 6 under way
+            coordinator.apply_membership(Membership(generation=2, workers=addresses[:1]))
+            after = take(3)
+            _drained(coordinator, {1, 2, 3})
+        assert set(after) == {0}
+        assert coordinator._records_reread == expected
+        metrics = {f.name: f.samples[0].value for f in coordinator._metric_families()}
+        assert metrics["kubeps_dataset_records_reread"] == expected
+        assert f"(at-least-once; {expected} record(s) read again in this job so far)" in caplog.text
+        assert "worker 3 left after reading" in caplog.text
+
+
+def test_a_restarted_worker_s_pass_is_counted_as_read_again(make_cluster):
+    """A worker that restarts gets its iterators built again and reads its shard from the start: what its last
+    answer said it had read in the pass under way is read again."""
+    from kubeps.runtime.data import Dataset
+
+    cluster = make_cluster(num_ps=1, num_workers=1)
+    with _coordinator(cluster) as coordinator:
+        dataset = coordinator.create_per_worker_dataset(lambda ctx: Dataset.range(10).repeat().batch(4))
+        iterator = iter(dataset)
+        firsts = [coordinator.schedule(_take, args=(iterator,)).fetch()[1][0] for _ in range(4)]
+        assert firsts == [0, 4, 8, 2]  # 16 records: 6 of the second pass
+        cluster.kill("worker", 0)
+        cluster.start_task("worker", 0)
+        assert coordinator.schedule(_take, args=(iterator,)).fetch()[1][0] == 0  # from the start again
+        assert coordinator._records_reread == 6
+
+
 def test_a_membership_change_is_one_line_of_the_chief_s_log(make_cluster, caplog):
     cluster = make_cluster(num_ps=1, num_workers=2)
     with _coordinator(cluster) as coordinator:
