@@ -106,6 +106,7 @@ def test_kubeps_local_scales_the_ctr_example_2_4_1_without_losing_an_execution(t
     # most a pass of the training set per change
     reread = [int(n) for n in re.findall(r"; (\d+) record\(s\) read again in this job so far\)", text)]
     assert reread and 0 < reread[-1] <= 2 * 300_000, text[-3000:]  # the example's --train-examples
+    last_reread = re.findall(r"^.*record\(s\) read again in this job so far.*$", text, re.M)[-1]
 
     # the same steps, unscaled
     baseline_log = tmp_path / "baseline.log"
@@ -117,7 +118,6 @@ def test_kubeps_local_scales_the_ctr_example_2_4_1_without_losing_an_execution(t
     with capsys.disabled():
         print(f"\nkubeps local scale 2 -> 4: {to_first:.2f} s from the command to a new worker's first execution; "
               f"executions {executions}, started {len(started)} ({len(started) - executions} re-run); "
-              f"{reread[-1]} records read again ({len(reread)} lines, the last: "
-              f"{re.findall(r'^.*record\(s\) read again in this job so far.*$', text, re.M)[-1]}); eval "
+              f"{reread[-1]} records read again ({len(reread)} lines, the last: {last_reread}); eval "
               f"log-loss scaled {scaled['logloss']:.4f} vs unscaled {unscaled['logloss']:.4f} (ratio {ratio:.4f})")
     assert abs(ratio - 1) < 0.02
