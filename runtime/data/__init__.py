@@ -10,6 +10,8 @@ Modules, bottom to top (none imports one above it):
 - ``options`` -- ``InputContext``, ``Options``, ``DistributeOptions``, ``AutoShardPolicy``;
 - ``structure`` -- elements and blocks: stacking, slicing, calling a user function on an element;
 - ``node`` -- ``Node``, one step of a pipeline (a source or a transformation of its parent's elements);
+- ``passes`` -- ``PassLedger``: where a worker's iterator stands in its pass (the records a reshard makes read
+  again);
 - ``sources`` -- arrays, ``range``, generators, iterables, file lists; ``transforms`` -- ``map``, ``filter``,
   ``interleave``, ``repeat``, ``batch``, ``shard``, ``take``, ``skip``; ``shuffle``; ``prefetch``;
 - ``readers`` -- ``read_lines``, ``read_csv``, ``read_npy``, ``read_npz`` for ``Dataset.from_files``;

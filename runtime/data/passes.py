@@ -15,11 +15,10 @@ still takes the previous one: the ledger keeps the starts the consumer has not r
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import threading
 from collections import deque
-from typing import Any, Iterator
+from typing import Any
 
 from kubeps.runtime.util import nest
 
@@ -42,6 +41,22 @@ def rows_of(element: Any) -> int:
     return int(shape[0]) if shape else 1
 
 
+class _Active:
+    """``with ledger.active():`` -- a plain class: it is entered on every batch a worker hands out."""
+
+    __slots__ = ("_ledger", "_token")
+
+    def __init__(self, ledger: "PassLedger"):
+        self._ledger = ledger
+
+    def __enter__(self) -> "PassLedger":
+        self._token = _CURRENT.set(self._ledger)
+        return self._ledger
+
+    def __exit__(self, *exc: object) -> None:
+        _CURRENT.reset(self._token)
+
+
 class PassLedger:
     """The records one iterator handed out, and where its passes start (both in records)."""
 
@@ -54,14 +69,9 @@ class PassLedger:
         self._owner_depth = -1
         self._ended = False
 
-    @contextlib.contextmanager
-    def active(self) -> Iterator["PassLedger"]:
-        """This ledger is :func:`current` in this thread (and in threads a node starts from here) for the block."""
-        token = _CURRENT.set(self)
-        try:
-            yield self
-        finally:
-            _CURRENT.reset(token)
+    def active(self) -> "_Active":
+        """This ledger is :func:`current` in this thread for a ``with`` block (a node opened in it keeps it)."""
+        return _Active(self)
 
     def claim(self, depth: int) -> None:
         """A ``repeat`` at ``depth`` nodes from the source offers to mark the passes: the deepest (the one nearest
@@ -82,9 +92,12 @@ class PassLedger:
             with self._lock:
                 self._starts.append(self._produced)
 
-    def consumed(self, element: Any) -> None:
-        """The iterator handed ``element`` to a function."""
-        rows = rows_of(element) if self.batched else 1
+    def consumed(self, element: Any, rows: int | None = None) -> None:
+        """The iterator handed ``element`` to a function (``rows``: its :func:`rows_of`, if the caller has it)."""
+        if not self.batched:
+            rows = 1
+        elif rows is None:
+            rows = rows_of(element)
         with self._lock:
             self._consumed += rows
             while len(self._starts) > 1 and self._starts[1] <= self._consumed:

@@ -69,9 +69,10 @@ class MeasuredIterator:
     batch and how many examples the batch holds (the leading dimension of its first tensor); anything else goes to
     the iterator."""
 
-    def __init__(self, inner: Iterator[Any], ledger: PassLedger):
+    def __init__(self, inner: Iterator[Any], ledger: PassLedger | None = None):
         self._inner = inner
-        self.ledger = ledger
+        #: the ledger the pipeline was opened with (``rpc_create_resource`` makes it active around ``iter()``)
+        self.ledger = PassLedger() if ledger is None else ledger
 
     def __iter__(self) -> "MeasuredIterator":
         return self
@@ -84,11 +85,12 @@ class MeasuredIterator:
         except StopIteration:
             self.ledger.ended()
             raise
-        self.ledger.consumed(batch)
+        rows = rows_of(batch)
+        self.ledger.consumed(batch, rows)
         if _metrics.ENABLED:
             _metrics.INPUT_WAIT.observe(time.perf_counter() - started)
             _metrics.WORKER_BATCHES.inc()
-            _metrics.WORKER_EXAMPLES.inc(rows_of(batch))
+            _metrics.WORKER_EXAMPLES.inc(rows)
         return batch
 
     def get_next(self) -> Any:
