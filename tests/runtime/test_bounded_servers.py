@@ -133,12 +133,18 @@ def test_slot_sets_per_variable_are_bounded(make_cluster):
     client.close()
 
 
+#: what a ps may keep above its baseline once an amplification case is over (MB)
+RETAINED_MB = 64
+
+
 def test_ps_memory_stays_flat_under_the_amplification_cases(make_cluster, tmp_path: Path):
     """Amplification cases against one ps process; its RSS is measured after each (the figures are
     printed: ``pytest -s`` shows them). Under heavy load the allocator once kept 51 MB of the first case's 143 MB
     for the rest of the process's life (one full ``make test`` in four; alone, 0 MB in every run): a ps that is over
     the bound gets the cases again in a fresh process, once. The bugs the bound guards against (answers kept,
     +124-150 MB) show in every process, so they fail both times."""
+    # the bound: the goal's +64 MB. Under load the allocator has kept 17-51 MB of what the cases freed (glibc's
+    # arenas); the bugs the bound guards against keep 124-150 MB in every process
     attempts = []
     for _ in range(2):
         cluster = make_cluster(1, 0, extra_env={"KUBEPS_PARKED_ANSWER_TTL_S": "1", "KUBEPS_MAX_SLOT_SETS": "8"})
@@ -146,12 +152,12 @@ def test_ps_memory_stays_flat_under_the_amplification_cases(make_cluster, tmp_pa
         cluster.stop()
         attempts.append(figures)
         print("\nps RSS above the baseline (MB):", {k: round(v, 1) for k, v in figures.items()})
-        if all(growth <= 10 for case, growth in figures.items() if "peak" not in case):
+        if all(growth <= RETAINED_MB for case, growth in figures.items() if "peak" not in case):
             break
     (tmp_path / "rss.txt").write_text(repr(attempts))
     for case, growth in attempts[-1].items():
         if "peak" not in case:
-            assert growth <= 10, (case, attempts)
+            assert growth <= RETAINED_MB, (case, attempts)
 
 
 def _amplification_figures(cluster) -> dict[str, float]:
@@ -171,7 +177,7 @@ def _amplification_figures(cluster) -> dict[str, float]:
         """RSS above the baseline once the janitor has had its turn: polled for up to three of its periods more (a
         loaded machine runs it late), returning as soon as the growth is within the bound."""
         deadline = time.monotonic() + 6.0
-        while (growth := rss_mb(pid) - base) > 10 and time.monotonic() < deadline:
+        while (growth := rss_mb(pid) - base) > RETAINED_MB and time.monotonic() < deadline:
             time.sleep(0.25)
         return growth
     time.sleep(settle)
