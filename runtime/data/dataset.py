@@ -32,7 +32,7 @@ from kubeps.runtime.data.readers import READERS, read_lines
 from kubeps.runtime.data.shuffle import ShuffleNode
 from kubeps.runtime.data.sources import FileListNode, GeneratorNode, IterableNode, RangeNode, TensorSlicesNode, TensorsNode
 from kubeps.runtime.data.transforms import (
-    BatchNode, FilterNode, InterleaveNode, MapNode, RepeatNode, ShardNode, SkipNode, TakeNode,
+    BatchNode, FilterNode, InterleaveNode, MapNode, RepeatNode, ShardNode, SkipNode, TakeNode, batched,
 )
 
 #: As ``tf.data.AUTOTUNE``: let the runtime pick a buffer size (``prefetch`` uses :data:`AUTOTUNE_PREFETCH`).
@@ -55,7 +55,7 @@ class Dataset:
     def __iter__(self) -> "DatasetIterator":
         ledger = passes.current()
         if ledger is not None:  # a worker's iterator: it counts what it hands out in batches or in elements
-            ledger.batched = any(isinstance(node, BatchNode) for node in self._node.chain())
+            ledger.batched = batched(self._node)
         return DatasetIterator(self._node.iterate())
 
     def _derive(self, node: Node) -> "Dataset":

@@ -3,8 +3,8 @@
 When the membership changes, every worker builds its dataset again for the new count and reads its new shard from
 the start (:mod:`kubeps.runtime.coordinator.cluster_coordinator`). The records it had taken in the pass then under way
 are read a second time in the new pass, by whichever worker's new shard holds them. A :class:`PassLedger` counts
-them: a worker's iterator gives every element it hands to a function to :meth:`PassLedger.consumed`, and the
-``repeat`` of its pipeline (the one nearest the consumer) says where each pass starts, counted in the same records.
+them: a worker's iterator reports the rows of every element it hands to a function (:meth:`PassLedger.consumed`),
+and the ``repeat`` of its pipeline (the one nearest the consumer) says where each pass starts, counted in the same records.
 Both sides count *records*: one per element of an unbatched pipeline, the rows of a batch (its first tensor's leading
 dimension) of a batched one, the rows of a block where ``repeat`` works on blocks.
 
@@ -18,11 +18,8 @@ from __future__ import annotations
 import contextvars
 import threading
 from collections import deque
-from typing import Any
 
-from kubeps.runtime.util import nest
-
-__all__ = ["PassLedger", "current", "rows_of"]
+__all__ = ["PassLedger", "current"]
 
 _CURRENT: contextvars.ContextVar["PassLedger | None"] = contextvars.ContextVar("kubeps_pass_ledger", default=None)
 
@@ -30,15 +27,6 @@ _CURRENT: contextvars.ContextVar["PassLedger | None"] = contextvars.ContextVar("
 def current() -> "PassLedger | None":
     """The ledger of the iterator being built or advanced in this thread, if any."""
     return _CURRENT.get()
-
-
-def rows_of(element: Any) -> int:
-    """How many records a batched element holds: its first tensor's leading dimension (1 for a scalar or none)."""
-    try:
-        shape = getattr(nest.first_leaf(element), "shape", None)
-    except IndexError:  # an element with no tensor
-        return 1
-    return int(shape[0]) if shape else 1
 
 
 class _Active:
@@ -92,12 +80,10 @@ class PassLedger:
             with self._lock:
                 self._starts.append(self._produced)
 
-    def consumed(self, element: Any, rows: int | None = None) -> None:
-        """The iterator handed ``element`` to a function (``rows``: its :func:`rows_of`, if the caller has it)."""
+    def consumed(self, rows: int) -> None:
+        """The iterator handed an element of ``rows`` rows to a function (one record unless the pipeline batches)."""
         if not self.batched:
             rows = 1
-        elif rows is None:
-            rows = rows_of(element)
         with self._lock:
             self._consumed += rows
             while len(self._starts) > 1 and self._starts[1] <= self._consumed:

@@ -106,6 +106,16 @@ def num_rows(block: Any) -> int:
     return int(nest.first_leaf(block, lists=False).shape[0])
 
 
+def rows_of(element: Any) -> int:
+    """How many records a batch a user's pipeline made holds: its first tensor's leading dimension, 1 where it has
+    no tensor or a scalar one (:func:`num_rows` is for blocks, which always have one)."""
+    try:
+        shape = getattr(nest.first_leaf(element), "shape", None)
+    except IndexError:
+        return 1
+    return int(shape[0]) if shape else 1
+
+
 def concat(blocks: Sequence[Any]) -> Any:
     return blocks[0] if len(blocks) == 1 else map_leaves(lambda *leaves: np.concatenate(leaves), *blocks)
 

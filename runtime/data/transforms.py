@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterator
 
 from kubeps.runtime.data import passes
 from kubeps.runtime.data.node import Node, RowwiseNode
-from kubeps.runtime.data.structure import call, close, closing, concat, num_rows, slice_leaves, stack
+from kubeps.runtime.data.structure import call, close, closing, concat, num_rows, rows_of, slice_leaves, stack
 
 
 class MapNode(Node):
@@ -138,8 +138,7 @@ class RepeatNode(RowwiseNode):
         return self._passes_of(parent, self._next_blocks, num_rows)
 
     def _on_elements(self) -> Iterator[Any]:
-        batched = any(isinstance(node, BatchNode) for node in self.chain())
-        return self._passes_of(None, self.upstream.iterate, passes.rows_of if batched else _one)
+        return self._passes_of(None, self.upstream.iterate, rows_of if batched(self) else _one)
 
     def _next_blocks(self) -> Iterator[Any]:
         blocks = self.upstream.blocks()
@@ -198,6 +197,11 @@ class BatchNode(Node):
     def describe(self) -> str:
         return f"batch({self._batch_size}{', drop_remainder' if self._drop_remainder else ''})"
 
+
+
+def batched(node: Node) -> bool:
+    """Whether ``node``'s elements are batches (a ``batch`` in its pipeline): they then hold several records."""
+    return any(isinstance(step, BatchNode) for step in node.chain())
 
 class ShardNode(RowwiseNode):
     def __init__(self, parent: Node, num_shards: int, index: int):

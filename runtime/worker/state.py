@@ -25,7 +25,8 @@ from typing import Any, Callable, Iterator
 import cloudpickle
 import numpy as np
 
-from kubeps.runtime.data.passes import PassLedger, rows_of
+from kubeps.runtime.data.passes import PassLedger
+from kubeps.runtime.data.structure import rows_of
 from kubeps.runtime.observe import metrics as _metrics
 from kubeps.runtime.variables import context as _context
 from kubeps.runtime.variables.context import ClosureContext
@@ -86,7 +87,7 @@ class MeasuredIterator:
             self.ledger.ended()
             raise
         rows = rows_of(batch)
-        self.ledger.consumed(batch, rows)
+        self.ledger.consumed(rows)
         if _metrics.ENABLED:
             _metrics.INPUT_WAIT.observe(time.perf_counter() - started)
             _metrics.WORKER_BATCHES.inc()
