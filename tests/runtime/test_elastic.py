@@ -278,24 +278,29 @@ def test_the_records_read_again_across_churn_are_counted_exactly(make_cluster, c
         iterator = iter(dataset)
 
         def take(count: int) -> dict[int, int]:
-            """``count`` batches; the records each worker took."""
+            """``count`` batches, one at a time; the records each worker took."""
             taken: dict[int, int] = {}
             for worker, batch in [coordinator.schedule(_take, args=(iterator,)).fetch() for _ in range(count)]:
                 taken[worker] = taken.get(worker, 0) + len(batch)
             return taken
 
-        before = take(7)
-        assert set(before) == {0, 1}
+        def take_until_each_of(workers: set[int], batches: int) -> dict[int, int]:
+            """At least ``batches`` batches, and more until each of ``workers`` took one: which idle worker runs a
+            function is the scheduler's choice, and under load one worker can run many in a row."""
+            taken: dict[int, int] = {}
+            deadline = time.monotonic() + 60
+            while (set(taken) != workers or sum(taken.values()) < 5 * batches) and time.monotonic() < deadline:
+                for worker, n in take(1).items():
+                    taken[worker] = taken.get(worker, 0) + n
+            assert set(taken) == workers
+            return taken
+
+        before = take_until_each_of({0, 1}, 7)
         expected = sum(n % (records // 2) for n in before.values())  # the passes of 12 under way
         with caplog.at_level("WARNING", logger="kubeps.runtime.coordinator.cluster_coordinator"):
             addresses = _add_workers(cluster, 2)
             coordinator.apply_membership(Membership(generation=1, workers=addresses))
-            during: dict[int, int] = {}
-            deadline = time.monotonic() + 60
-            while set(during) != {0, 1, 2, 3} and time.monotonic() < deadline:
-                for worker, n in take(8).items():
-                    during[worker] = during.get(worker, 0) + n
-            assert set(during) == {0, 1, 2, 3}
+            during = take_until_each_of({0, 1, 2, 3}, 8)
             assert coordinator._records_reread == expected > 0
             expected += sum(n % (records // 4) for n in during.values())  # the passes of 6 under way
             coordinator.apply_membership(Membership(generation=2, workers=addresses[:1]))
@@ -306,7 +311,8 @@ def test_the_records_read_again_across_churn_are_counted_exactly(make_cluster, c
         metrics = {f.name: f.samples[0].value for f in coordinator._metric_families()}
         assert metrics["kubeps_dataset_records_reread"] == expected
         assert f"(at-least-once; {expected} record(s) read again in this job so far)" in caplog.text
-        assert "worker 3 left after reading" in caplog.text
+        for worker in (1, 2, 3):  # a leaver whose pass under way is empty has nothing to say
+            assert (f"worker {worker} left after reading" in caplog.text) == (during[worker] % (records // 4) > 0)
 
 
 def test_a_restarted_worker_s_pass_is_counted_as_read_again(make_cluster):
