@@ -31,6 +31,7 @@ given (``schedule``, ``join``, ``create_per_worker_dataset``, ``create_per_worke
 from __future__ import annotations
 
 import functools
+import gc
 import math
 import time
 import types
@@ -52,7 +53,7 @@ from kubeps.runtime.ops.schedules import (CosineDecay, CosineDecayRestarts, Expo
                                           LearningRateSchedule, PiecewiseConstantDecay, PolynomialDecay)
 from kubeps.runtime.variables.context import resolve_resource
 from kubeps.runtime.variables.indexed_slices import IndexedSlices
-from kubeps.runtime.variables.variable import ShardedVariable, Variable, embedding_lookup
+from kubeps.runtime.variables.variable import ShardedVariable, Variable, gather_unique_rows
 
 import jax  # after keras_layers: the backend is set
 
@@ -285,6 +286,9 @@ class _Replica:
         self.update_metrics = jax.jit(update_metrics)
         self.direct = self._direct_ids(x)
         self.built = True
+        # Keras, jax and the compiled step are built for good: leave them out of the collector's full passes, which
+        # otherwise walk every one of their objects every few hundred steps (6% of a worker's CPU on the CTR bench)
+        gc.freeze()
 
     def _direct_ids(self, x: Any) -> list[int] | None:
         """Where each ``KubepsEmbedding``'s ids are in a batch's inputs when every one is called on an input of a
@@ -338,10 +342,11 @@ class _Replica:
             rows, inverse, unique_ids = [], [], []
             if tables:
                 for table, ids in zip(tables, self._ids(x)):
-                    unique, inv = np.unique(ids.reshape(-1), return_inverse=True)
+                    _, unique, inv, got = gather_unique_rows(table, ids)  # carries the last step's push
                     # padded to one row per id: a fixed shape, so the gradient function compiles once
-                    padded = np.zeros((ids.size,) + tuple(table.shape[1:]), dtype=table.dtype)
-                    padded[: unique.size] = embedding_lookup(table, unique)  # carries the last step's push
+                    padded = np.empty((ids.size,) + tuple(table.shape[1:]), dtype=table.dtype)
+                    padded[: unique.size] = got
+                    padded[unique.size:] = 0
                     rows.append(padded)
                     inverse.append(inv.reshape(ids.shape).astype(np.int32))
                     unique_ids.append(unique)

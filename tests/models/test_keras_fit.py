@@ -74,6 +74,24 @@ def test_a_replica_step_applies_keras_gradients_with_the_table_row_sparse():
 
 
 
+def test_a_built_replica_is_left_out_of_the_collector_s_passes():
+    """Keras, jax and the compiled step live as long as the worker: once the replica is built they are frozen out
+    of the cyclic collector's passes (gc.freeze), which otherwise walk all of them every few hundred steps."""
+    import gc
+
+    model = functional_model(KubepsEmbedding(VOCAB, DIM))
+    table = keras_fit.table_layers(model)[0].table
+    weights = [Variable(np.asarray(v.value), name=v.path) for v in model.trainable_variables]
+    replica = _replica(model, keras.losses.BinaryCrossentropy(from_logits=True))
+    try:
+        assert any(o is replica.model for o in gc.get_objects())  # built at the first step
+        replica.run(iter([batch()]), weights, [table], SGD(0.1), 1)
+        assert not any(o is replica.model or o is replica.model.layers[-1] for o in gc.get_objects())
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+
+
 def _replica(model, loss):
     return keras_fit._Replica(type(model), keras_fit._plain(model.get_config()), {}, loss,
                               [tuple(v.shape) for v in model.trainable_variables], len(keras_fit.table_layers(model)))
