@@ -76,19 +76,32 @@ def test_a_replica_step_applies_keras_gradients_with_the_table_row_sparse():
 
 def test_a_built_replica_is_left_out_of_the_collector_s_passes():
     """Keras, jax and the compiled step live as long as the worker: once the replica is built they are frozen out
-    of the cyclic collector's passes (gc.freeze), which otherwise walk all of them every few hundred steps."""
+    of the cyclic collector's passes (gc.freeze), which otherwise walk all of them every few hundred steps; the
+    garbage of that moment is collected first, not frozen with them."""
     import gc
+    import weakref
 
     model = functional_model(KubepsEmbedding(VOCAB, DIM))
     table = keras_fit.table_layers(model)[0].table
     weights = [Variable(np.asarray(v.value), name=v.path) for v in model.trainable_variables]
     replica = _replica(model, keras.losses.BinaryCrossentropy(from_logits=True))
+
+    class Cycle:
+        pass
+
+    gc.disable()  # only the build's own collection runs
     try:
         assert any(o is replica.model for o in gc.get_objects())  # built at the first step
+        garbage = Cycle()
+        garbage.itself = garbage
+        dead = weakref.ref(garbage)
+        del garbage
         replica.run(iter([batch()]), weights, [table], SGD(0.1), 1)
         assert not any(o is replica.model or o is replica.model.layers[-1] for o in gc.get_objects())
         assert gc.get_freeze_count() > 0
+        assert dead() is None  # collected before the freeze, not frozen with the live objects
     finally:
+        gc.enable()
         gc.unfreeze()
 
 
