@@ -9,7 +9,8 @@ time and alternating (``--reps`` rounds, the order rotating each round):
 * ``to-matched``: training-operator at kubeps's limits (``--kube-api-qps 100 --kube-api-burst 200
   --controller-threads 16``).
 
-Per run: time from the first create to all pods created and to all pods Running; per job (create -> its 11 pods
+Per run: time from the first create to half and all of the pods created, to all pods bound to a node (the
+scheduler's work) and to all pods Running (kwok's); per job (create -> its 11 pods
 Running) p50 and p99; the operator's CPU seconds (user + system) in the burst (from the first create to all pods
 Running) and with its start-up (from its start); reconciles (from each operator's metrics); its idle
 RSS (VmRSS 5 s after start) and peak RSS (VmHWM); API requests (each operator authenticates as its own service
@@ -121,6 +122,7 @@ class PodWatch:
         self.core = client.CoreV1Api(api_client)
         self.namespace = namespace
         self.seen: dict[str, tuple[str, float]] = {}
+        self.bound: dict[str, float] = {}  # first seen with a node (the scheduler's binding)
         self.running: dict[str, float] = {}
         self.lock = threading.Lock()
         self.stop = threading.Event()
@@ -151,6 +153,8 @@ class PodWatch:
             return
         with self.lock:
             self.seen.setdefault(name, (job, now))
+            if (pod.get("spec") or {}).get("nodeName"):
+                self.bound.setdefault(name, now)
             if (pod.get("status") or {}).get("phase") == "Running":
                 self.running.setdefault(name, now)
 
@@ -358,6 +362,7 @@ def one_run(cluster: Cluster, config: str, kubeconfig: Path, jobs: int, tmp: Pat
         watch.stop.set()
     with watch.lock:
         seen = dict(watch.seen)
+        bound = dict(watch.bound)
         running = dict(watch.running)
     if len(running) < total:
         raise SystemExit(f"{config}: only {len(running)}/{total} pods Running after 900 s; see {log}")
@@ -366,7 +371,9 @@ def one_run(cluster: Cluster, config: str, kubeconfig: Path, jobs: int, tmp: Pat
         per_job[job] = max(per_job.get(job, 0.0), running[pod] - starts[job])
     core.delete_namespace(namespace, propagation_policy="Background")
     return {
-        "config": config, "created": max(t for _, t in seen.values()) - t0, "running": max(running.values()) - t0,
+        "config": config, "half_created": pct([t for _, t in seen.values()], 50) - t0,
+        "created": max(t for _, t in seen.values()) - t0, "bound": max(bound.values(), default=t0) - t0,
+        "running": max(running.values()) - t0,
         "p50": pct(list(per_job.values()), 50), "p99": pct(list(per_job.values()), 99), "cpu": cpu - cpu_start,
         "cpu_total": cpu,
         "idle_rss": idle_rss, "peak_rss": peak, "requests": requests, "reconciles": reconciled, "wall": end - t0,
@@ -443,7 +450,8 @@ def main(argv: list[str] | None = None) -> int:
                 result = one_run(cluster, config, kubeconfigs[config], args.jobs, tmp,
                                  args.profile and Path(f"{args.profile}.{rep + 1}.txt"), args.ps, args.workers)
                 results.append(result)
-                print(f"round {rep + 1} {config:10s}: pods created {result['created']:6.1f} s, Running "
+                print(f"round {rep + 1} {config:10s}: half the pods created {result['half_created']:6.1f} s, all "
+                      f"{result['created']:6.1f} s, bound {result['bound']:6.1f} s, Running "
                       f"{result['running']:6.1f} s, per job p50 {result['p50']:6.1f} s p99 {result['p99']:6.1f} s, "
                       f"CPU {result['cpu']:5.1f} s (with start-up {result['cpu_total']:4.1f} s), RSS idle {result['idle_rss']:5.1f} MiB peak "
                       f"{result['peak_rss']:5.1f} MiB, API requests {result['requests']:6.0f}, reconciles "
@@ -453,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
         if CERT_DIR.exists():
             shutil.rmtree(CERT_DIR.parent, ignore_errors=True)
 
-    keys = ("created", "running", "p50", "p99", "cpu", "cpu_total", "idle_rss", "peak_rss", "requests", "reconciles")
+    keys = ("half_created", "created", "bound", "running", "p50", "p99", "cpu", "cpu_total", "idle_rss", "peak_rss", "requests", "reconciles")
     medians = {c: {k: statistics.median(r[k] for r in results if r["config"] == c) for k in keys}
                for c in configs}
     print(f"\n{args.jobs} job(s) of 1 chief + {args.ps} PS + {args.workers} workers ({pods} pods); "
