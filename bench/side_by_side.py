@@ -58,6 +58,7 @@ CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")  # fixed in training-op
 PS, WORKERS = 2, 8  # a job's shape by default; --ps and --workers change it (--jobs 1 --ps 50 --workers 1000)
 CONFIGS = ("kubeps", "to-default", "to-matched")
 KUBEPS_PYTHON = [sys.executable]  # --kubeps-python: another checkout's venv, to compare commits
+RUNNING_WITHIN_S = 900  # a run fails when its pods are not all Running by then
 
 
 def go() -> str:
@@ -346,7 +347,7 @@ def one_run(cluster: Cluster, config: str, kubeconfig: Path, jobs: int, tmp: Pat
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
             list(pool.map(create, names))
         total = jobs * (1 + ps + workers)
-        deadline = t0 + 900
+        deadline = t0 + RUNNING_WITHIN_S
         while watch.counts()[1] < total and time.monotonic() < deadline:
             time.sleep(0.05)
         end = time.monotonic()
@@ -365,7 +366,7 @@ def one_run(cluster: Cluster, config: str, kubeconfig: Path, jobs: int, tmp: Pat
         bound = dict(watch.bound)
         running = dict(watch.running)
     if len(running) < total:
-        raise SystemExit(f"{config}: only {len(running)}/{total} pods Running after 900 s; see {log}")
+        raise SystemExit(f"{config}: only {len(running)}/{total} pods Running after {RUNNING_WITHIN_S} s; see {log}")
     per_job: dict[str, float] = {}
     for pod, (job, _) in seen.items():
         per_job[job] = max(per_job.get(job, 0.0), running[pod] - starts[job])

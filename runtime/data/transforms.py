@@ -198,10 +198,10 @@ class BatchNode(Node):
         return f"batch({self._batch_size}{', drop_remainder' if self._drop_remainder else ''})"
 
 
-
 def batched(node: Node) -> bool:
     """Whether ``node``'s elements are batches (a ``batch`` in its pipeline): they then hold several records."""
     return any(isinstance(step, BatchNode) for step in node.chain())
+
 
 class ShardNode(RowwiseNode):
     def __init__(self, parent: Node, num_shards: int, index: int):

@@ -42,7 +42,7 @@ import numpy as np
 from kubeps.runtime.errors import RuntimeConfigError
 from kubeps.runtime.models.xla import import_jax
 from kubeps.runtime.variables.indexed_slices import IndexedSlices
-from kubeps.runtime.variables.variable import ShardedVariable, Variable, gather_unique_rows
+from kubeps.runtime.variables.variable import ShardedVariable, Variable, gather_padded_rows
 
 __all__ = ["ValueAndGrad", "value_and_grad"]
 
@@ -131,11 +131,7 @@ class ValueAndGrad:
         uniques: dict[str, np.ndarray] = {}
         for name, (table, ids_fn) in self.tables.items():  # first: the dense pull rides on the first lookup
             ids = self._ids(name, table, ids_fn, batch)
-            _, unique, inverse, gathered = gather_unique_rows(table, ids)
-            padded = np.zeros((max(ids.size, 1),) + tuple(table.shape[1:]), dtype=table.dtype)
-            padded[: len(unique)] = gathered
-            rows[name], uniques[name] = padded, unique
-            inverses[name] = inverse.reshape(ids.shape).astype(np.int32)
+            uniques[name], inverses[name], rows[name] = gather_padded_rows(table, ids)
         values = {name: np.asarray(var.read_value()) for name, var in self.dense.items()}
         compiled = self._compiled(values, rows, inverses, batch)
         loss, (d_dense, d_rows) = compiled(values, rows, inverses, batch)

@@ -53,7 +53,7 @@ from kubeps.runtime.ops.schedules import (CosineDecay, CosineDecayRestarts, Expo
                                           LearningRateSchedule, PiecewiseConstantDecay, PolynomialDecay)
 from kubeps.runtime.variables.context import resolve_resource
 from kubeps.runtime.variables.indexed_slices import IndexedSlices
-from kubeps.runtime.variables.variable import ShardedVariable, Variable, gather_unique_rows
+from kubeps.runtime.variables.variable import ShardedVariable, Variable, gather_padded_rows
 
 import jax  # after keras_layers: the backend is set
 
@@ -344,13 +344,9 @@ class _Replica:
             rows, inverse, unique_ids = [], [], []
             if tables:
                 for table, ids in zip(tables, self._ids(x)):
-                    _, unique, inv, got = gather_unique_rows(table, ids)  # carries the last step's push
-                    # padded to one row per id: a fixed shape, so the gradient function compiles once
-                    padded = np.empty((ids.size,) + tuple(table.shape[1:]), dtype=table.dtype)
-                    padded[: unique.size] = got
-                    padded[unique.size:] = 0
+                    unique, inv, padded = gather_padded_rows(table, ids)  # carries the last step's push
                     rows.append(padded)
-                    inverse.append(inv.reshape(ids.shape).astype(np.int32))
+                    inverse.append(inv)
                     unique_ids.append(unique)
             values = [v.read_value() for v in variables]  # from the step's pull (cached)
             loss, grads, row_grads, self.non_trainable, y_pred = self.loss_and_grads(

@@ -22,7 +22,8 @@ from kubeps.runtime.variables.partitioners import div_split, owner_of
 from kubeps.runtime.rpc.protocol import PS, AssignOp, AssignRequest, NamesRequest, ReadManyRequest, slot_key
 from kubeps.runtime.variables.slots import slots_for
 
-__all__ = ["PendingLookup", "ShardedVariable", "Variable", "embedding_lookup", "gather_unique_rows", "start_lookup"]
+__all__ = ["PendingLookup", "ShardedVariable", "Variable", "embedding_lookup", "gather_padded_rows", "gather_unique_rows",
+           "start_lookup"]
 
 
 def _dtype(dtype: Any) -> np.dtype:
@@ -489,6 +490,18 @@ def gather_unique_rows(params: Variable | ShardedVariable,
     ``rows`` is the row-sparse gradient of ``params`` over ``unique`` (what autodiff on the workers pushes)."""
     lookup = _RowLookup(params, ids, pipelined=False)
     return lookup.finish(lookup.send())
+
+
+def gather_padded_rows(params: Variable | ShardedVariable, ids: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What a jitted step on a worker takes for a table: ``(unique, inverse, rows)`` with ``rows`` the unique ids'
+    rows (:func:`gather_unique_rows`) padded with zeros to one row per id (at least one), so the compiled function
+    sees one shape whatever the number of distinct ids, and ``inverse`` (int32, shaped as ``ids``) indexing them.
+    The gradient of ``rows[: unique.size]`` is the table's row-sparse gradient over ``unique``."""
+    ids_arr, unique, inverse, gathered = gather_unique_rows(params, ids)
+    rows = np.empty((max(ids_arr.size, 1),) + tuple(params.shape[1:]), dtype=params.dtype)
+    rows[: unique.size] = gathered
+    rows[unique.size:] = 0
+    return unique, inverse.reshape(ids_arr.shape).astype(np.int32), rows
 
 
 class PendingLookup:
