@@ -37,6 +37,7 @@ import tempfile
 import threading
 import time
 
+from kubeps.runtime.coordinator.cluster_coordinator import DEFAULT_CLOSURES_PER_CALL
 from kubeps.runtime.local.launcher import free_ports
 
 TOKEN = "bench-token-" + "0123456789abcdef"
@@ -139,7 +140,8 @@ def measure(num_workers: int, args, tmp: str, ps_port: int) -> dict:
         rss0 = _rss_mb()
         t0 = time.perf_counter()
         # generous failure detection: on a loaded machine a ps or worker host can be starved for seconds
-        coordinator = kp.ClusterCoordinator(strategy, heartbeat_failures=20, ping_timeout=5.0)
+        coordinator = kp.ClusterCoordinator(strategy, heartbeat_failures=20, ping_timeout=5.0,
+                                            max_closures_per_call=args.closures_per_call)
         # connected: every worker answered (a per-worker value needs every dispatch thread to be up)
         warm = [coordinator.schedule(_trivial, args=(i,)) for i in range(num_workers)]
         coordinator.join()
@@ -199,6 +201,8 @@ def main() -> int:
     parser.add_argument("--closures", type=int, default=4000, help="trivial functions scheduled per count (4000)")
     parser.add_argument("--idle-s", type=float, default=3.0, help="seconds of idle heartbeats measured (3)")
     parser.add_argument("--profile", help="py-spy raw (collapsed) profile of the chief at the largest count")
+    parser.add_argument("--closures-per-call", type=int, default=DEFAULT_CLOSURES_PER_CALL,
+                        help="the coordinator's max_closures_per_call (default %(default)s; 1: one function per call)")
     args = parser.parse_args()
     if args.serve:
         serve(args.serve[0], args.serve[1], int(args.serve[2]), int(args.serve[3]))
@@ -221,7 +225,7 @@ def main() -> int:
             ps.wait(timeout=20)
 
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} (workers share the cores; "
-          f"only the chief's own CPU is counted)")
+          f"only the chief's own CPU is counted); at most {args.closures_per_call} function(s) per call")
     print(f"{'workers':>7} {'connect s':>9} {'dataset ms/worker':>17} {'closures/s':>10} {'chief cores':>11} "
           f"{'chief us/closure':>16} {'idle cores':>10} {'MB/worker':>9}  split us/closure")
     for r in rows:
@@ -240,7 +244,9 @@ def main() -> int:
     ok_rate = capacity >= 2000
     ok_mem = big["mb_per_worker"] <= 1.0
     print(f"goal: chief capacity on one core {capacity:.0f} closures/s to {big['workers']} workers (>= 2000): "
-          f"{'met' if ok_rate else 'MISSED'}; measured {big['closures_per_s']:.0f}/s on {big['chief_cores']:.2f} cores")
+          f"{'met' if ok_rate else 'MISSED'}; measured {big['closures_per_s']:.0f}/s on {big['chief_cores']:.2f} cores"
+          f" ({'also' if big['closures_per_s'] >= 2000 and big['chief_cores'] <= 1 else 'not'} >= 2000/s on <= 1 "
+          f"core as measured)")
     print(f"goal: chief memory per worker {big['mb_per_worker']:.3f} MB (<= 1 MB): {'met' if ok_mem else 'MISSED'}")
     return 0 if ok_rate and ok_mem else 1
 

@@ -161,8 +161,8 @@ class ClosureQueue:
         self._epoch = 0
         self._stopped = False
         #: transitions counted since the queue was made (the metrics read them): closures queued by put, finished,
-        #: failed, re-queued after their worker was lost, cancelled
-        self.counts = {"scheduled": 0, "finished": 0, "failed": 0, "retried": 0, "cancelled": 0}
+        #: failed, re-queued after their worker was lost, cancelled, sent in the call of the one before them
+        self.counts = {"scheduled": 0, "finished": 0, "failed": 0, "retried": 0, "cancelled": 0, "batched": 0}
 
     # -- coordinator side --------------------------------------------------------------------------------------
     def put(self, closure: Closure) -> None:
@@ -305,6 +305,45 @@ class ClosureQueue:
             self._inflight.add(closure)
             return closure
 
+    def take_more(self, worker: int, limit: int) -> list[Closure]:
+        """More closures for any worker, for ``worker`` to run after the one ``get`` gave it, in the same call: at
+        most ``limit``, and no more than its fair share of the global queue (what is queued over the workers taking
+        closures), so a backlog is spread over every worker and a short queue is not batched at all."""
+        with self._lock:
+            if limit <= 0 or self._stopped or self._error is not None or worker in self._retired:
+                return []
+            takers = max(1, len(self._worker_conds) - len(self._retired.intersection(self._worker_conds)))
+            taken = []
+            for _ in range(min(limit, len(self._queue) // takers)):
+                closure = self._queue.popleft()
+                closure.state = ClosureState.RUNNING
+                closure.attempts += 1
+                closure.ran_on.append(worker)
+                self._inflight.add(closure)
+                taken.append(closure)
+            self.counts["batched"] += len(taken)
+            return taken
+
+    def give_back(self, closures: list[Closure]) -> None:
+        """Closures taken by ``get``/``take_more`` that did not run (the function before them in the same call did
+        not finish): back to the front of their queue, in their order, as if never taken -- or cancelled, where
+        :meth:`requeue` would cancel them."""
+        with self._cond:
+            for closure in reversed(closures):
+                if closure not in self._inflight:
+                    continue
+                self._inflight.discard(closure)
+                if self._cancelled_on_return(closure, "the function before it in its call did not finish"):
+                    continue
+                closure.state = ClosureState.QUEUED
+                closure.attempts -= 1
+                if closure.ran_on:
+                    closure.ran_on.pop()
+                (self._queue if closure.worker is None else self._per_worker[closure.worker]).appendleft(closure)
+                self._wake_for(closure)
+            if self._idle():
+                self._cond.notify_all()
+
     def mark_finished(self, closure: Closure, value: Any) -> None:
         with self._cond:
             self._inflight.discard(closure)
@@ -350,19 +389,26 @@ class ClosureQueue:
         """
         with self._cond:
             self._inflight.discard(closure)
-            pending = self._error is not None and closure.worker is None
-            if closure.epoch != self._epoch or self._stopped or pending:
-                closure.state = ClosureState.CANCELLED
-                self.counts["cancelled"] += 1
-                why = f"an earlier one failed: {self._error!r}" if pending else "its worker failed"
-                closure.remote_value._set_error(CancelledError(f"the function was cancelled after {why}"))
-            else:
+            if not self._cancelled_on_return(closure, "its worker failed"):
                 closure.state = ClosureState.QUEUED
                 self.counts["retried"] += 1
                 target = self._queue if closure.worker is None else self._per_worker[closure.worker]
                 target.appendleft(closure)
                 self._wake_for(closure)
             self._cond.notify_all()
+
+    def _cancelled_on_return(self, closure: Closure, why: str) -> bool:
+        """Cancel ``closure``, on its way back to the queue, if it could never run: the queue stopped, its epoch was
+        cancelled, or an error is pending and it is for any worker (it could not run before that error is raised,
+        and raising it cancels the queue: parked there its ``fetch()`` would block until then)."""
+        pending = self._error is not None and closure.worker is None
+        if closure.epoch == self._epoch and not self._stopped and not pending:
+            return False
+        closure.state = ClosureState.CANCELLED
+        self.counts["cancelled"] += 1
+        why = f"an earlier one failed: {self._error!r}" if pending else why
+        closure.remote_value._set_error(CancelledError(f"the function was cancelled after {why}"))
+        return True
 
     def drop_per_worker(self, worker: int) -> list[Closure]:
         """Remove the closures queued for ``worker`` (its resources are rebuilt from scratch instead)."""

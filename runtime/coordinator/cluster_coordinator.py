@@ -65,7 +65,8 @@ from kubeps.runtime.errors import (
     WorkerUnavailableError,
 )
 from kubeps.runtime.rpc.client import Client
-from kubeps.runtime.rpc.protocol import PING, PS, WORKER, WORKER_SERVICE, CreateResourceRequest, RunClosureRequest
+from kubeps.runtime.rpc.protocol import (PING, PS, WORKER, WORKER_SERVICE, CreateResourceRequest, RunClosureRequest,
+                                        RunClosuresRequest)
 from kubeps.runtime.coordinator.strategy import ParameterServerStrategy
 from kubeps.runtime.coordinator.values import PerWorkerDataset, PerWorkerIterator, PerWorkerValues
 from kubeps.runtime.coordinator.watchdog import Watchdog
@@ -81,6 +82,8 @@ _NON_RETRYABLE_CODES = frozenset({"UNAUTHENTICATED", "PERMISSION_DENIED", "INVAL
 #: raw gRPC errors that can escape a transport instead of a RemoteError: the call did not complete (a cancelled
 #: future, a failed call), so the worker is treated as lost and the closure re-run, as for a RemoteError
 _GRPC_CALL_ERRORS = (grpc.RpcError, grpc.FutureCancelledError, grpc.FutureTimeoutError)
+#: the most queued functions one call to a worker carries (``max_closures_per_call``)
+DEFAULT_CLOSURES_PER_CALL = 8
 
 
 def _as_remote_error(err: BaseException, address: str) -> RemoteError:
@@ -191,6 +194,10 @@ class ClusterCoordinator:
     * ``hotspot_interval`` (default: the settings' ``KUBEPS_HOTSPOT_INTERVAL_S``, 10 s) and ``hotspot_threshold`` (2): every ``hotspot_interval`` seconds the ps' traffic
       is compared; a ps serving more than ``hotspot_threshold`` times the others' mean is reported
       (:mod:`~kubeps.runtime.coordinator.hotspots`; ``hotspots.latest`` is the last verdict).
+    * ``max_closures_per_call`` (8): while more functions are queued than there are workers, a worker's call carries
+      up to this many of them, its fair share of the queue (``RunClosures``; the worker runs them one after the
+      other), so the chief's cost per function falls with the backlog; a queue no longer than the worker count is
+      sent one function per call. A function's value is there when its call ends. 1 sends every function alone.
 
     With a membership file in the strategy's settings (``KUBEPS_MEMBERSHIP_FILE``: the operator's ConfigMap, or
     ``kubeps local``'s file), the workers follow that document while the coordinator runs
@@ -206,7 +213,8 @@ class ClusterCoordinator:
                  ps_error_interval: float = 1.0, ps_error_window: float = 60.0,
                  worker_wait_timeout: float = 3600.0, watchdog_timeout: float | None = None,
                  watchdog: Watchdog | None = None, hotspot_interval: float | None = None,
-                 hotspot_threshold: float = DEFAULT_HOTSPOT_THRESHOLD):
+                 hotspot_threshold: float = DEFAULT_HOTSPOT_THRESHOLD,
+                 max_closures_per_call: int = DEFAULT_CLOSURES_PER_CALL):
         if not isinstance(strategy, ParameterServerStrategy):
             raise RuntimeConfigError("strategy", type(strategy).__name__,
                                      "ClusterCoordinator needs a ParameterServerStrategy")
@@ -219,7 +227,8 @@ class ClusterCoordinator:
                 or not ps_error_interval >= 0:
             raise RuntimeConfigError("ps_error_interval", ps_error_interval, "must be a number of seconds >= 0")
         for name, value, low in (("heartbeat_failures", heartbeat_failures, 1),
-                                 ("max_transient_ps_errors", max_transient_ps_errors, 0)):
+                                 ("max_transient_ps_errors", max_transient_ps_errors, 0),
+                                 ("max_closures_per_call", max_closures_per_call, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise RuntimeConfigError(name, value, f"must be an integer >= {low}")
         if watchdog is not None and watchdog_timeout is not None:
@@ -235,6 +244,7 @@ class ClusterCoordinator:
         self.ps_error_interval = float(ps_error_interval)
         self.ps_error_window = float(ps_error_window)
         self.worker_wait_timeout = worker_wait_timeout
+        self.max_closures_per_call = max_closures_per_call
         self._queue = ClosureQueue()
         # the watchdog: created here from a timeout, or the caller's (given a progress probe if it has none)
         self.watchdog: Watchdog | None = watchdog
@@ -632,7 +642,12 @@ class ClusterCoordinator:
                 if closure is None:
                     continue
                 attempt = closure.attempts
-                self._run_closure(worker, closure)
+                more = (self._queue.take_more(worker.index, self.max_closures_per_call - 1)
+                        if closure.kind == "closure" and closure.worker is None else [])
+                if more:
+                    self._run_closures(worker, [closure, *more])
+                else:
+                    self._run_closure(worker, closure)
             except BaseException as err:  # noqa: BLE001 - the thread must outlive any error (see _dispatch_failed)
                 self._dispatch_failed(worker, closure, attempt, err)
         if worker.retiring and not self._stopping.is_set():
@@ -690,6 +705,74 @@ class ClusterCoordinator:
             return
         finally:
             worker.call = None
+        self._settle(worker, closure, meta, arrays, time.perf_counter() - started)
+        if meta.get("status") == "ok":
+            self._count_records(worker, meta)
+
+    def _run_closures(self, worker: _WorkerHandle, closures: list[Closure]) -> None:
+        """Several closures for any worker in one ``RunClosures`` call (``max_closures_per_call``): the worker runs
+        them one after the other and stops after the first that does not finish; those after it go back to the
+        front of the queue, untouched. A failed call is a failure of each closure, as for one."""
+        if self._stopping.is_set():
+            for closure in closures:
+                self._queue.requeue(closure)  # cancels it: taken just as the coordinator stopped
+            return
+        request: RunClosuresRequest = {"closure_ids": [closure.id for closure in closures]}
+        timeout = self.closure_timeout * len(closures)
+        started = time.perf_counter()
+        try:
+            try:
+                worker.call = worker.client.start(WORKER.RUN_CLOSURES, request,
+                                                  [closure.payload for closure in closures], timeout=timeout)
+                meta, arrays = worker.client.finish(worker.call)
+            except _GRPC_CALL_ERRORS as raw:  # the transport should have made it a RemoteError
+                log.warning("worker %d: %s escaped the transport; handled as %s", worker.index,
+                            type(raw).__name__, "a failed call")
+                raise _as_remote_error(raw, worker.address) from raw
+        except RemoteError as err:
+            worker.call = None
+            first, rest = closures[0], closures[1:]
+            if self._stopping.is_set():
+                for closure in closures:
+                    self._queue.requeue(closure)  # cancels it: the queue is stopped
+            elif err.code in _NON_RETRYABLE_CODES:
+                self._queue.mark_failed(first, err)
+                self._queue.give_back(rest)  # cancelled: the error is pending
+            else:
+                for closure in rest:
+                    self._queue.requeue(closure)  # it may have run: at-least-once, as the first
+                self.handle_worker_failure(worker, first, err)
+            return
+        finally:
+            worker.call = None
+        answers, counts = meta.get("answers"), meta.get("counts")
+        if not (meta.get("status") == "ok" and isinstance(answers, list) and isinstance(counts, list)
+                and len(answers) == len(counts) and 0 < len(answers) <= len(closures)
+                and all(isinstance(c, int) and c >= 0 for c in counts) and sum(counts) == len(arrays)):
+            error = ValueError(f"malformed {WORKER.RUN_CLOSURES} answer from worker {worker.index}: "
+                               f"{len(closures)} function(s) sent, {len(arrays)} tensor(s) and {meta!r:.200} back")
+            self._queue.mark_failed(closures[0], error)
+            self._queue.give_back(closures[1:])  # cancelled: the error is pending
+            self._closure_done()
+            return
+        self._queue.give_back(closures[len(answers):])
+        seconds = (time.perf_counter() - started) / len(answers)
+        offset = 0
+        for i, (closure, answer, count) in enumerate(zip(closures, answers, counts)):
+            try:
+                self._settle(worker, closure, answer, arrays[offset:offset + count], seconds)
+            except BaseException as err:
+                # the dispatch thread's last resort knows only the first closure: fail the others still held here
+                for held in closures[i:len(answers)]:
+                    if self._queue.fail_if_running(held, held.attempts, err):
+                        self._closure_done()
+                raise
+            offset += count
+        self._count_records(worker, meta)
+
+    def _settle(self, worker: _WorkerHandle, closure: Closure, meta: dict[str, Any], arrays: list[np.ndarray],
+                seconds: float) -> None:
+        """One closure's answer from its worker: finished, failed, or handed to the failure handling."""
         status = meta.get("status")
         if status == "ok":
             try:
@@ -699,9 +782,8 @@ class ClusterCoordinator:
                 return
             self._queue.mark_finished(closure, result)
             self._closure_done()
-            self._count_records(worker, meta)
             if _metrics.ENABLED and closure.kind == "closure":
-                _metrics.CLOSURE_SECONDS.labels(str(worker.index)).observe(time.perf_counter() - started)
+                _metrics.CLOSURE_SECONDS.labels(str(worker.index)).observe(seconds)
         elif status == "resource_missing":
             self.handle_worker_failure(worker, closure, ResourceMissingError(meta.get("message", "")))
         elif status == "ps_unavailable":
@@ -723,7 +805,8 @@ class ClusterCoordinator:
         for name, text in (("scheduled", "Functions scheduled"), ("finished", "Scheduled functions that finished"),
                            ("failed", "Scheduled functions that failed (non-retryable)"),
                            ("retried", "Scheduled functions re-queued after their worker was lost"),
-                           ("cancelled", "Scheduled functions cancelled")):
+                           ("cancelled", "Scheduled functions cancelled"),
+                           ("batched", "Scheduled functions sent to a worker in the call of the function before them")):
             family = CounterMetricFamily(f"kubeps_closures_{name}", text)
             family.add_metric([], counts[name])
             yield family

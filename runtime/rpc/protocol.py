@@ -83,6 +83,8 @@ __all__ = [
     "RestoreShardsRequest",
     "RestoreTableItem",
     "RunClosureRequest",
+    "RunClosuresAnswer",
+    "RunClosuresRequest",
     "SaveDynamicRequest",
     "SaveItem",
     "SaveShardsRequest",
@@ -149,6 +151,9 @@ class WORKER:
 
     RUN_CLOSURE = "RunClosure"  #: one uint8 tensor (the pickled function) -> :class:`ClosureAnswer` + result tensors
     CREATE_RESOURCE = "CreateResource"  #: :class:`CreateResourceRequest` + the pickled creator -> :class:`ClosureAnswer`
+    #: :class:`RunClosuresRequest` + one uint8 tensor per function -> :class:`RunClosuresAnswer` + the result tensors
+    #: of each function that ran, in order (the coordinator sends several queued functions in one call)
+    RUN_CLOSURES = "RunClosures"
 
 
 # -- errors ----------------------------------------------------------------------------------------------------------
@@ -417,6 +422,10 @@ class RunClosureRequest(TypedDict):
     closure_id: NotRequired[int]  #: the coordinator's id of the closure (logs)
 
 
+class RunClosuresRequest(TypedDict):
+    closure_ids: list[int]  #: the coordinator's ids of the functions, in the order of their tensors (logs)
+
+
 class CreateResourceRequest(TypedDict):
     resource_id: str
     closure_id: NotRequired[int]
@@ -437,6 +446,17 @@ class ClosureAnswer(TypedDict, total=False):
     traceback: str
     ps_index: int  #: ``ps_unavailable``: which ps
     restarted: bool  #: ``ps_unavailable``: the ps answered NOT_FOUND for a variable (it restarted empty)
+
+
+class RunClosuresAnswer(TypedDict):
+    """The functions of a ``RunClosures`` call run one after the other; the first whose answer is not ``ok`` is the
+    last to run (the others are not run: the coordinator queues them again). ``answers[i]`` is the ``i``-th
+    function's :class:`ClosureAnswer`, ``counts[i]`` how many of the call's result tensors are its own."""
+
+    status: Literal["ok"]
+    answers: list[ClosureAnswer]
+    counts: list[int]
+    in_pass: int  #: as :class:`ClosureAnswer`'s, after the last function that ran
 
 
 # -- the method tables -----------------------------------------------------------------------------------------------
@@ -475,6 +495,7 @@ WORKER_SPECS: dict[str, MethodSpec] = {
     PING: MethodSpec(EmptyRequest, PingAnswer, tensors=False),
     WORKER.RUN_CLOSURE: MethodSpec(RunClosureRequest, ClosureAnswer, tensors=True),
     WORKER.CREATE_RESOURCE: MethodSpec(CreateResourceRequest, ClosureAnswer, tensors=True),
+    WORKER.RUN_CLOSURES: MethodSpec(RunClosuresRequest, RunClosuresAnswer, tensors=True),
 }
 #: ``Collect``, the reserved method of both services (its answer is the parked answer's chunks)
 COLLECT_SPEC = MethodSpec(CollectRequest, EmptyAnswer, tensors=False)

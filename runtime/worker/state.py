@@ -32,7 +32,8 @@ from kubeps.runtime.variables import context as _context
 from kubeps.runtime.variables.context import ClosureContext
 from kubeps.runtime.errors import PSUnavailableError, ResourceMissingError
 from kubeps.runtime.rpc.codec import split_structure
-from kubeps.runtime.rpc.protocol import WORKER, ClosureAnswer, CreateResourceRequest, RunClosureRequest
+from kubeps.runtime.rpc.protocol import (WORKER, ClosureAnswer, CreateResourceRequest, RunClosureRequest,
+                                        RunClosuresAnswer, RunClosuresRequest)
 from kubeps.runtime.rpc.transport import PSTransport, ps_restarted
 from kubeps.runtime.rpc.tls import TLSConfig
 from kubeps.runtime.variables.variable import ShardedVariable, Variable
@@ -172,11 +173,42 @@ def _run(state: WorkerState, payload: bytes, body: Callable[[Any], Any]) -> tupl
             state.closures_run += 1
 
 
+def _call(obj: Any) -> Any:
+    return obj[0](*obj[1], **obj[2])
+
+
 def rpc_run_closure(state: WorkerState, request: RunClosureRequest,  # noqa: ARG001
                     arrays: list[np.ndarray]) -> tuple[ClosureAnswer, list[np.ndarray]]:
     """Run ``fn(*args, **kwargs)`` from the pickled ``(fn, args, kwargs)``."""
     payload = _payload(arrays, WORKER.RUN_CLOSURE)
-    return _run(state, payload, lambda obj: obj[0](*obj[1], **obj[2]))
+    return _run(state, payload, _call)
+
+
+def rpc_run_closures(state: WorkerState, request: RunClosuresRequest,
+                     arrays: list[np.ndarray]) -> tuple[RunClosuresAnswer, list[np.ndarray]]:
+    """Run several pickled ``(fn, args, kwargs)`` one after the other, as many ``RunClosure`` calls would; stop
+    after the first whose answer is not ``ok`` (what follows it is not run: the coordinator queues it again)."""
+    ids = request["closure_ids"]
+    if not ids or len(ids) != len(arrays):
+        raise ValueError(f"{WORKER.RUN_CLOSURES}: field 'closure_ids' must name one function per tensor, got "
+                         f"{len(ids)} id(s) for {len(arrays)} tensor(s)")
+    for i, array in enumerate(arrays):
+        if array.dtype != np.uint8 or array.ndim != 1:
+            raise ValueError(f"{WORKER.RUN_CLOSURES}: field 'tensors' must hold 1-D uint8 tensors (the pickled "
+                             f"functions); tensor {i} is {array.ndim}-D {array.dtype}")
+    payloads = [bytes(array.tobytes()) for array in arrays]
+    answers: list[ClosureAnswer] = []
+    counts: list[int] = []
+    tensors: list[np.ndarray] = []
+    for payload in payloads:
+        meta, out = _run(state, payload, _call)
+        answers.append(meta)
+        counts.append(len(out))
+        tensors += out
+        if meta.get("status") != "ok":
+            break
+    return ({"status": "ok", "answers": answers, "counts": counts, "in_pass": records_in_pass(state.resources)},
+            tensors)
 
 
 def rpc_create_resource(state: WorkerState, request: CreateResourceRequest,
@@ -207,7 +239,8 @@ def rpc_create_resource(state: WorkerState, request: CreateResourceRequest,
 
 
 #: the methods of the worker service (:mod:`kubeps.runtime.server.methods` serves them)
-BUILTIN_METHODS: dict[str, Callable[..., tuple[ClosureAnswer, list[np.ndarray]]]] = {
+BUILTIN_METHODS: dict[str, Callable[..., tuple[Any, list[np.ndarray]]]] = {
     WORKER.RUN_CLOSURE: rpc_run_closure,
+    WORKER.RUN_CLOSURES: rpc_run_closures,
     WORKER.CREATE_RESOURCE: rpc_create_resource,
 }
