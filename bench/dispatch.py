@@ -22,6 +22,10 @@ closures/s`` to the largest count on ``<= 1`` core, ``<= 1 MB`` per worker) are 
     .venv/bin/python bench/dispatch.py [--workers 8,64,256] [--hosts 8] [--closures 4000] [--profile out.txt]
 
 ``--profile FILE``: run py-spy (``pip install py-spy``) on the chief during the largest count's dispatch.
+``--closure-ms MS``: each function sleeps ``MS`` (a step's stand-in that uses no core): every worker stays busy and a
+backlog builds, as in training, so the coordinator sends its fair share of it per call (``--closures-per-call``, the
+coordinator's ``max_closures_per_call``; 1 sends each function alone). With functions that return at once the
+workers wait for the chief and nothing queues up: every function goes alone, whatever the setting.
 """
 
 from __future__ import annotations
@@ -110,6 +114,12 @@ def _trivial(i):
     return i + 1
 
 
+def _busy(i, seconds):
+    """A function that keeps its worker busy for ``seconds`` (a training step's stand-in) without using a core."""
+    time.sleep(seconds)
+    return i + 1
+
+
 def _dataset_fn():
     return iter(range(1_000_000))
 
@@ -160,12 +170,17 @@ def measure(num_workers: int, args, tmp: str, ps_port: int) -> dict:
                                          "--pid", str(os.getpid()), "--output", args.profile, "--nonblocking"],
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(1.0)
+        batched0 = coordinator._queue.counters()["batched"]
         threads0, cpu0, t0 = _thread_cpu(), _cpu(), time.perf_counter()
-        values = [coordinator.schedule(_trivial, args=(i,)) for i in range(args.closures)]
+        if args.closure_ms > 0:
+            values = [coordinator.schedule(_busy, args=(i, args.closure_ms / 1000)) for i in range(args.closures)]
+        else:
+            values = [coordinator.schedule(_trivial, args=(i,)) for i in range(args.closures)]
         coordinator.join()
         wall = time.perf_counter() - t0
         cpu = _cpu() - cpu0
         split = _split(threads0, _thread_cpu())
+        calls = args.closures - (coordinator._queue.counters()["batched"] - batched0)
         if profiler is not None:
             profiler.send_signal(signal.SIGINT)
             profiler.wait(timeout=60)
@@ -190,7 +205,8 @@ def measure(num_workers: int, args, tmp: str, ps_port: int) -> dict:
             "closures_per_s": args.closures / wall, "chief_cores": cpu / wall,
             "chief_us_per_closure": cpu * 1e6 / args.closures,
             "split_us_per_closure": {k: round(v * 1e6 / args.closures, 1) for k, v in sorted(split.items())},
-            "idle_cores": idle_cores, "mb_per_worker": (rss1 - rss0) / num_workers}
+            "idle_cores": idle_cores, "mb_per_worker": (rss1 - rss0) / num_workers,
+            "functions_per_call": args.closures / max(1, calls)}
 
 
 def main() -> int:
@@ -201,6 +217,9 @@ def main() -> int:
     parser.add_argument("--closures", type=int, default=4000, help="trivial functions scheduled per count (4000)")
     parser.add_argument("--idle-s", type=float, default=3.0, help="seconds of idle heartbeats measured (3)")
     parser.add_argument("--profile", help="py-spy raw (collapsed) profile of the chief at the largest count")
+    parser.add_argument("--closure-ms", type=float, default=0.0,
+                        help="each function sleeps this long (0: returns at once): with functions that keep every "
+                             "worker busy, the queue holds a backlog, as in training")
     parser.add_argument("--closures-per-call", type=int, default=DEFAULT_CLOSURES_PER_CALL,
                         help="the coordinator's max_closures_per_call (default %(default)s; 1: one function per call)")
     args = parser.parse_args()
@@ -225,12 +244,14 @@ def main() -> int:
             ps.wait(timeout=20)
 
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} (workers share the cores; "
-          f"only the chief's own CPU is counted); at most {args.closures_per_call} function(s) per call")
+          f"only the chief's own CPU is counted); at most {args.closures_per_call} function(s) per call; each "
+          f"function {'sleeps %g ms' % args.closure_ms if args.closure_ms > 0 else 'returns at once'}")
     print(f"{'workers':>7} {'connect s':>9} {'dataset ms/worker':>17} {'closures/s':>10} {'chief cores':>11} "
-          f"{'chief us/closure':>16} {'idle cores':>10} {'MB/worker':>9}  split us/closure")
+          f"{'chief us/closure':>16} {'per call':>8} {'idle cores':>10} {'MB/worker':>9}  split us/closure")
     for r in rows:
         print(f"{r['workers']:>7} {r['connect_s']:>9.2f} {r['dataset_ms_per_worker']:>17.2f} {r['closures_per_s']:>10.0f} "
-              f"{r['chief_cores']:>11.2f} {r['chief_us_per_closure']:>16.0f} {r['idle_cores']:>10.3f} "
+              f"{r['chief_cores']:>11.2f} {r['chief_us_per_closure']:>16.0f} {r['functions_per_call']:>8.2f} "
+              f"{r['idle_cores']:>10.3f} "
               f"{r['mb_per_worker']:>9.3f}  {r['split_us_per_closure']}")
     small, big = rows[0], rows[-1]
     print(f"ratios {big['workers']} / {small['workers']} workers: chief CPU per closure "

@@ -645,7 +645,15 @@ class ClusterCoordinator:
                 more = (self._queue.take_more(worker.index, self.max_closures_per_call - 1)
                         if closure.kind == "closure" and closure.worker is None else [])
                 if more:
-                    self._run_closures(worker, [closure, *more])
+                    taken = [(extra, extra.attempts) for extra in more]
+                    try:
+                        self._run_closures(worker, [closure, *more])
+                    except BaseException as err:
+                        # the last resort below knows only the first closure: fail the others still held here
+                        for extra, extra_attempt in taken:
+                            if self._queue.fail_if_running(extra, extra_attempt, err):
+                                self._closure_done()
+                        raise
                 else:
                     self._run_closure(worker, closure)
             except BaseException as err:  # noqa: BLE001 - the thread must outlive any error (see _dispatch_failed)
@@ -758,15 +766,8 @@ class ClusterCoordinator:
         self._queue.give_back(closures[len(answers):])
         seconds = (time.perf_counter() - started) / len(answers)
         offset = 0
-        for i, (closure, answer, count) in enumerate(zip(closures, answers, counts)):
-            try:
-                self._settle(worker, closure, answer, arrays[offset:offset + count], seconds)
-            except BaseException as err:
-                # the dispatch thread's last resort knows only the first closure: fail the others still held here
-                for held in closures[i:len(answers)]:
-                    if self._queue.fail_if_running(held, held.attempts, err):
-                        self._closure_done()
-                raise
+        for closure, answer, count in zip(closures, answers, counts):
+            self._settle(worker, closure, answer, arrays[offset:offset + count], seconds)
             offset += count
         self._count_records(worker, meta)
 

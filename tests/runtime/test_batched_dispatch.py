@@ -260,6 +260,26 @@ def test_a_lost_call_runs_each_of_its_functions_again(fake):
     assert coordinator._queue.counters()["retried"] == 4  # at-least-once: any of them may have run
 
 
+def test_an_unexpected_error_in_a_call_fails_each_of_its_functions_and_dispatch_goes_on(fake):
+    """The dispatch thread's last resort fails the function it held with an unexpected error (a bug, not re-run);
+    with several in the call, each of them, so none is left in flight (join would wait forever)."""
+    coordinator, client = fake
+
+    def bug(name, payloads):
+        raise KeyError("a bug in the dispatch path")
+
+    client.script = [None, bug]
+    values = _backlog(coordinator, client, 5)
+    with pytest.raises(KeyError, match="a bug in the dispatch path"):
+        coordinator.join()
+    assert values[0].fetch() == 0
+    for value in values[1:]:
+        with pytest.raises((KeyError, CancelledError)):
+            value.fetch(timeout=10)
+    assert coordinator._queue.stats() == {"queued": 0, "inflight": 0, "per_worker": 0}
+    assert coordinator.schedule(lambda: 7).fetch(timeout=20) == 7
+
+
 def test_a_malformed_answer_fails_the_first_function_and_cancels_the_rest(fake):
     coordinator, client = fake
 
