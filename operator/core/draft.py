@@ -19,7 +19,7 @@ from kubeps.operator.api.models import ConditionType, PSTrainingJobSpec, Replica
 from . import gang, kueue
 from .actions import CreatePod, DeletePod, Event, Plan
 from .children import pod_body
-from .observed import ObservedPod, controlled_by, observe_pod
+from .observed import ObservedPod, controlled_by, observe_pods
 from .state import Observed
 from .status import R_SUCCEEDED, StatusBook
 
@@ -43,7 +43,7 @@ class Draft:
         self.book = StatusBook(job.get("status"), observed.now)
         self.status = self.book.status  # the model the rules edit
         uid = self.meta.get("uid")
-        self.pods = [observe_pod(p) for p in (observed.pods if pods is None else pods) if controlled_by(p, uid)]
+        self.pods = observe_pods(observed.pods if pods is None else pods, uid)
         self.services: dict[str, Mapping[str, Any]] = {
             _name(s): s for s in observed.services if controlled_by(s, uid)
         }

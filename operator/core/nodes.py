@@ -159,14 +159,16 @@ def replace_lost_pods(pods: Sequence[Mapping[str, Any]], nodes: Mapping[str, Nod
     if all_lost(nodes, now, lost_after, leases_until):
         nodes = _none_lost(nodes)
     shown: list[Mapping[str, Any]] = []
+    fine: set[str] = set()  # nodes found not lost: each node is assessed once, not once per pod on it
     for pod in pods:
         node = (pod.get("spec") or {}).get("nodeName")
-        if not node:
+        if not node or node in fine:
             shown.append(pod)
             continue
         if node not in loss.lost:
             verdict = assess(nodes.get(node), now, lost_after, leases_until)
             if not verdict.lost:
+                fine.add(node)
                 shown.append(pod)
                 continue
             loss.lost[node] = verdict.why

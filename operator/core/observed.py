@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from kubeps.operator.api import models
 from kubeps.operator.api.models import ReplicaType
@@ -35,7 +35,7 @@ def parse_time(text: str | None) -> datetime | None:
     return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
 
 
-@dataclass
+@dataclass(frozen=True)
 class ObservedPod:
     """One pod of the job, as the planner reads it."""
 
@@ -127,6 +127,36 @@ def observe_pod(pod: Mapping[str, Any]) -> ObservedPod:
         finished_at=finished_at,
         waiting=waiting,
     )
+
+
+#: what :func:`observe_pods` read from each pod version: ``(uid, resourceVersion, deletionTimestamp)`` -> ``(the uids
+#: of its controllers, what observe_pod made of it)``. A version's content never changes (the lost-node rules mark a
+#: copy deleted: the deletion time is part of the key), so a job's reconciles read each pod version once, not once
+#: each (at 1,000 workers, reading every pod again took a quarter of the operator's CPU in a burst of creates).
+_OBSERVED: dict[tuple[str, str, Any], tuple[tuple[Any, ...], ObservedPod]] = {}
+_OBSERVED_MAX = 50_000
+
+
+def observe_pods(pods: Iterable[Mapping[str, Any]], controller: str | None) -> list[ObservedPod]:
+    """:func:`observe_pod` of each of ``pods`` that ``controller`` (a job's uid) controls, in their order."""
+    out = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        uid, version = meta.get("uid"), meta.get("resourceVersion")
+        if not uid or not version:  # not from the API server: read it every time
+            if controlled_by(pod, controller):
+                out.append(observe_pod(pod))
+            continue
+        key = (uid, version, meta.get("deletionTimestamp"))
+        seen = _OBSERVED.get(key)
+        if seen is None:
+            if len(_OBSERVED) >= _OBSERVED_MAX:
+                _OBSERVED.clear()
+            owners = tuple(ref.get("uid") for ref in meta.get("ownerReferences") or [] if ref.get("controller"))
+            seen = _OBSERVED[key] = (owners, observe_pod(pod))
+        if controller in seen[0]:  # as controlled_by
+            out.append(seen[1])
+    return out
 
 
 def controlled_by(obj: Mapping[str, Any], uid: str | None) -> bool:

@@ -79,8 +79,9 @@ NOT_RUN = {
         "runs every benchmark, minutes each",
     ("docs/benchmarks.md", ".venv/bin/python bench/ctr_vs_tf.py --overlap --rounds 3 --steps 2000          # overlap on and off, CPU"):
         "a benchmark of minutes; its GPU lines need a GPU machine (hack/device/gpu.sh runs them there)",
-    ("docs/benchmarks.md", ".venv/bin/python bench/dispatch.py --workers 8,64,256 --hosts 8 --closures 3000 --idle-s 2"):
-        "a benchmark of minutes that starts 256 workers; tests/runtime/test_closure_queue.py tests the wake-ups",
+    ("docs/benchmarks.md", ".venv/bin/python bench/dispatch.py --workers 8,64,256 --hosts 12 --closures 6000 --idle-s 1 [--closures-per-call 1]"):
+        "a benchmark of minutes that starts 256 workers; tests/runtime/test_closure_queue.py tests the wake-ups and "
+        "tests/runtime/test_batched_dispatch.py the calls of several functions",
     ("docs/benchmarks.md", ".venv/bin/python -m pytest tests/chaos/test_scale_chaos.py -s     # prints CHAOS {...}"):
         "runs a test file that make test runs itself",
     ("docs/benchmarks.md", ".venv/bin/python bench/request_cost.py --repeat 20"):
