@@ -19,7 +19,7 @@ from kubeps.operator.api.models import ConditionType, PSTrainingJobSpec, Replica
 from . import gang, kueue
 from .actions import CreatePod, DeletePod, Event, Plan
 from .children import pod_body
-from .observed import ObservedPod, controlled_by, observe_pods
+from .observed import ObservedPod, observe_pods, owned
 from .state import Observed
 from .status import R_SUCCEEDED, StatusBook
 
@@ -45,7 +45,7 @@ class Draft:
         uid = self.meta.get("uid")
         self.pods = observe_pods(observed.pods if pods is None else pods, uid)
         self.services: dict[str, Mapping[str, Any]] = {
-            _name(s): s for s in observed.services if controlled_by(s, uid)
+            _name(s): s for s in owned(observed.services, uid)
         }
         self.plan = Plan()
         self.by_key: dict[tuple[ReplicaType, int], ObservedPod] = {}

@@ -137,6 +137,32 @@ _OBSERVED: dict[tuple[str, str, Any], tuple[tuple[Any, ...], ObservedPod]] = {}
 _OBSERVED_MAX = 50_000
 
 
+#: the same for any child (Services): ``(uid, resourceVersion)`` -> the uids of its controllers
+_CONTROLLERS: dict[tuple[str, str], tuple[Any, ...]] = {}
+
+
+def owned(objs: Iterable[Mapping[str, Any]], controller: str | None) -> list[Mapping[str, Any]]:
+    """The objects of ``objs`` that ``controller`` controls (as :func:`controlled_by`), each version's owner
+    references read once."""
+    out = []
+    for obj in objs:
+        meta = obj.get("metadata") or {}
+        uid, version = meta.get("uid"), meta.get("resourceVersion")
+        if not uid or not version:
+            if controlled_by(obj, controller):
+                out.append(obj)
+            continue
+        owners = _CONTROLLERS.get((uid, version))
+        if owners is None:
+            if len(_CONTROLLERS) >= _OBSERVED_MAX:
+                _CONTROLLERS.clear()
+            owners = _CONTROLLERS[(uid, version)] = tuple(
+                ref.get("uid") for ref in meta.get("ownerReferences") or [] if ref.get("controller"))
+        if controller in owners:
+            out.append(obj)
+    return out
+
+
 def observe_pods(pods: Iterable[Mapping[str, Any]], controller: str | None) -> list[ObservedPod]:
     """:func:`observe_pod` of each of ``pods`` that ``controller`` (a job's uid) controls, in their order."""
     out = []

@@ -53,3 +53,14 @@ def test_observations_cannot_be_changed_in_place():
     seen = observe_pods([_pod("f", "1")], "job")[0]
     with pytest.raises(AttributeError):
         seen.phase = "Failed"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("owner, controller, job", [("job", True, "job"), ("job", False, "job"), ("other", True, "job")])
+def test_owned_children_are_the_same_as_controlled_by(owner, controller, job):
+    from kubeps.operator.core.observed import owned
+
+    for version in ("5", None):
+        service = {"metadata": {"name": "s", "uid": f"s-{owner}-{controller}-{version}", "resourceVersion": version,
+                                "ownerReferences": [{"uid": owner, "controller": controller}]}}
+        assert owned([service], job) == ([service] if controlled_by(service, job) else [])
+        assert owned([service], job) == owned([copy.deepcopy(service)], job)  # a version read once, same answer
