@@ -197,7 +197,8 @@ class ClusterCoordinator:
     * ``max_closures_per_call`` (8): while more functions are queued than there are workers, a worker's call carries
       up to this many of them, its fair share of the queue (``RunClosures``; the worker runs them one after the
       other), so the chief's cost per function falls with the backlog; a queue no longer than the worker count is
-      sent one function per call. A function's value is there when its call ends. 1 sends every function alone.
+      sent one function per call. A function's value is there when its call ends; the call's deadline is
+      ``closure_timeout`` times the functions it carries. 1 sends every function alone.
 
     With a membership file in the strategy's settings (``KUBEPS_MEMBERSHIP_FILE``: the operator's ConfigMap, or
     ``kubeps local``'s file), the workers follow that document while the coordinator runs
