@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from kubeps.operator.api import models
 from kubeps.operator.api.models import ReplicaType
@@ -129,16 +129,30 @@ def observe_pod(pod: Mapping[str, Any]) -> ObservedPod:
     )
 
 
-#: what :func:`observe_pods` read from each pod version: ``(uid, resourceVersion, deletionTimestamp)`` -> ``(the uids
-#: of its controllers, what observe_pod made of it)``. A version's content never changes (the lost-node rules mark a
-#: copy deleted: the deletion time is part of the key), so a job's reconciles read each pod version once, not once
-#: each (at 1,000 workers, reading every pod again took a quarter of the operator's CPU in a burst of creates).
-_OBSERVED: dict[tuple[str, str, Any], tuple[tuple[Any, ...], ObservedPod]] = {}
-_OBSERVED_MAX = 50_000
+#: what :func:`owned` and :func:`observe_pods` read from each version of a child, by the version's key: a version's
+#: content never changes, so a job's reconciles read it once, not once each (at 1,000 workers, reading every pod again
+#: took a quarter of the operator's CPU in a burst of creates). Objects not from the API server (no uid or
+#: resourceVersion) are read every time.
+_CONTROLLERS: dict[tuple[Any, ...], tuple[Any, ...]] = {}  #: (uid, resourceVersion) -> the uids of its controllers
+#: (uid, resourceVersion, deletionTimestamp) -> what observe_pod made of it (the lost-node rules mark a copy of a pod
+#: deleted: the deletion time is part of the key)
+_OBSERVED: dict[tuple[Any, ...], ObservedPod] = {}
+_KEPT_MAX = 50_000  # versions kept per cache; past it, it starts again empty
 
 
-#: the same for any child (Services): ``(uid, resourceVersion)`` -> the uids of its controllers
-_CONTROLLERS: dict[tuple[str, str], tuple[Any, ...]] = {}
+def _kept(cache: dict[tuple[Any, ...], Any], key: tuple[Any, ...], read: Callable[[], Any]) -> Any:
+    if not key[0] or not key[1]:
+        return read()
+    value = cache.get(key)
+    if value is None:
+        if len(cache) >= _KEPT_MAX:
+            cache.clear()
+        value = cache[key] = read()
+    return value
+
+
+def _controllers(meta: Mapping[str, Any]) -> tuple[Any, ...]:
+    return tuple(ref.get("uid") for ref in meta.get("ownerReferences") or [] if ref.get("controller"))
 
 
 def owned(objs: Iterable[Mapping[str, Any]], controller: str | None) -> list[Mapping[str, Any]]:
@@ -147,46 +161,23 @@ def owned(objs: Iterable[Mapping[str, Any]], controller: str | None) -> list[Map
     out = []
     for obj in objs:
         meta = obj.get("metadata") or {}
-        uid, version = meta.get("uid"), meta.get("resourceVersion")
-        if not uid or not version:
-            if controlled_by(obj, controller):
-                out.append(obj)
-            continue
-        owners = _CONTROLLERS.get((uid, version))
-        if owners is None:
-            if len(_CONTROLLERS) >= _OBSERVED_MAX:
-                _CONTROLLERS.clear()
-            owners = _CONTROLLERS[(uid, version)] = tuple(
-                ref.get("uid") for ref in meta.get("ownerReferences") or [] if ref.get("controller"))
-        if controller in owners:
+        if controller in _kept(_CONTROLLERS, (meta.get("uid"), meta.get("resourceVersion")),
+                               lambda: _controllers(meta)):
             out.append(obj)
     return out
 
 
 def observe_pods(pods: Iterable[Mapping[str, Any]], controller: str | None) -> list[ObservedPod]:
-    """:func:`observe_pod` of each of ``pods`` that ``controller`` (a job's uid) controls, in their order."""
+    """:func:`observe_pod` of each of ``pods`` that ``controller`` (a job's uid) controls, in their order, each
+    version read once."""
     out = []
-    for pod in pods:
+    for pod in owned(pods, controller):
         meta = pod.get("metadata") or {}
-        uid, version = meta.get("uid"), meta.get("resourceVersion")
-        if not uid or not version:  # not from the API server: read it every time
-            if controlled_by(pod, controller):
-                out.append(observe_pod(pod))
-            continue
-        key = (uid, version, meta.get("deletionTimestamp"))
-        seen = _OBSERVED.get(key)
-        if seen is None:
-            if len(_OBSERVED) >= _OBSERVED_MAX:
-                _OBSERVED.clear()
-            owners = tuple(ref.get("uid") for ref in meta.get("ownerReferences") or [] if ref.get("controller"))
-            seen = _OBSERVED[key] = (owners, observe_pod(pod))
-        if controller in seen[0]:  # as controlled_by
-            out.append(seen[1])
+        key = (meta.get("uid"), meta.get("resourceVersion"), meta.get("deletionTimestamp"))
+        out.append(_kept(_OBSERVED, key, lambda: observe_pod(pod)))
     return out
 
 
 def controlled_by(obj: Mapping[str, Any], uid: str | None) -> bool:
     """Whether ``obj`` names the job with ``uid`` as its controller (an owner reference with controller true)."""
-    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
-    return any(ref.get("controller") and ref.get("uid") == uid for ref in refs)
-
+    return uid in _controllers(obj.get("metadata") or {})

@@ -299,28 +299,28 @@ class ClosureQueue:
                 # woken for a closure of the global queue, this worker took a tagged one (or the global queue
                 # holds more than the workers on their way to it): pass the wake-up on
                 self._wake_for(self._queue[0])
-            closure.state = ClosureState.RUNNING
-            closure.attempts += 1
-            closure.ran_on.append(worker)
-            self._inflight.add(closure)
+            self._start(closure, worker)
             return closure
+
+    def _start(self, closure: Closure, worker: int) -> None:
+        closure.state = ClosureState.RUNNING
+        closure.attempts += 1
+        closure.ran_on.append(worker)
+        self._inflight.add(closure)
 
     def take_more(self, worker: int, limit: int) -> list[Closure]:
         """More closures for any worker, for ``worker`` to run after the one ``get`` gave it, in the same call: at
         most ``limit``, and no more than its fair share of the global queue (what is queued over the workers taking
         closures), so a backlog is spread over every worker and a short queue is not batched at all."""
+        if limit <= 0:
+            return []
         with self._lock:
-            if limit <= 0 or self._stopped or self._error is not None or worker in self._retired:
+            if self._stopped or self._error is not None or worker in self._retired:
                 return []
             takers = max(1, len(self._worker_conds) - len(self._retired.intersection(self._worker_conds)))
-            taken = []
-            for _ in range(min(limit, len(self._queue) // takers)):
-                closure = self._queue.popleft()
-                closure.state = ClosureState.RUNNING
-                closure.attempts += 1
-                closure.ran_on.append(worker)
-                self._inflight.add(closure)
-                taken.append(closure)
+            taken = [self._queue.popleft() for _ in range(min(limit, len(self._queue) // takers))]
+            for closure in taken:
+                self._start(closure, worker)
             self.counts["batched"] += len(taken)
             return taken
 

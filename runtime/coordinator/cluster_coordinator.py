@@ -686,54 +686,20 @@ class ClusterCoordinator:
         except BaseException:  # noqa: BLE001 - last resort: never let the handler itself end the thread
             log.exception("dispatch thread of worker %d could not recover from %r", worker.index, error)
 
-    def _run_closure(self, worker: _WorkerHandle, closure: Closure) -> None:
-        if self._stopping.is_set():
-            self._queue.requeue(closure)  # cancels it: taken just as the coordinator stopped
-            return
-        method = WORKER.RUN_CLOSURE if closure.kind == "closure" else WORKER.CREATE_RESOURCE
-        meta_in: RunClosureRequest | CreateResourceRequest = (
-            RunClosureRequest(closure_id=closure.id) if closure.kind == "closure"
-            else CreateResourceRequest(closure_id=closure.id, resource_id=closure.info["resource_id"]))
-        started = time.perf_counter()
-        try:
-            try:
-                worker.call = worker.client.start(method, meta_in, [closure.payload], timeout=self.closure_timeout)
-                meta, arrays = worker.client.finish(worker.call)
-            except _GRPC_CALL_ERRORS as raw:  # the transport should have made it a RemoteError
-                log.warning("worker %d: %s escaped the transport; handled as %s", worker.index,
-                            type(raw).__name__, "a failed call")
-                raise _as_remote_error(raw, worker.address) from raw
-        except RemoteError as err:
-            worker.call = None
-            if self._stopping.is_set():
-                self._queue.requeue(closure)  # cancels it: the queue is stopped
-            elif err.code in _NON_RETRYABLE_CODES:
-                self._queue.mark_failed(closure, err)
-            else:
-                self.handle_worker_failure(worker, closure, err)
-            return
-        finally:
-            worker.call = None
-        self._settle(worker, closure, meta, arrays, time.perf_counter() - started)
-        if meta.get("status") == "ok":
-            self._count_records(worker, meta)
-
-    def _run_closures(self, worker: _WorkerHandle, closures: list[Closure]) -> None:
-        """Several closures for any worker in one ``RunClosures`` call (``max_closures_per_call``): the worker runs
-        them one after the other and stops after the first that does not finish; those after it go back to the
-        front of the queue, untouched. A failed call is a failure of each closure, as for one."""
+    def _call(self, worker: _WorkerHandle, closures: list[Closure], method: str, request: Any,
+              timeout: float) -> tuple[dict[str, Any], list[np.ndarray]] | None:
+        """Send ``closures`` to ``worker`` in one ``method`` call and return its answer; None when the call did not
+        happen or failed, its closures then handled: re-queued (cancelled while stopping), failed (a non-retryable
+        code: the first, the others cancelled by that error), or re-run after the worker's failure (at-least-once:
+        any of them may have run)."""
         if self._stopping.is_set():
             for closure in closures:
                 self._queue.requeue(closure)  # cancels it: taken just as the coordinator stopped
-            return
-        request: RunClosuresRequest = {"closure_ids": [closure.id for closure in closures]}
-        timeout = self.closure_timeout * len(closures)
-        started = time.perf_counter()
+            return None
         try:
             try:
-                worker.call = worker.client.start(WORKER.RUN_CLOSURES, request,
-                                                  [closure.payload for closure in closures], timeout=timeout)
-                meta, arrays = worker.client.finish(worker.call)
+                worker.call = worker.client.start(method, request, [c.payload for c in closures], timeout=timeout)
+                return worker.client.finish(worker.call)
             except _GRPC_CALL_ERRORS as raw:  # the transport should have made it a RemoteError
                 log.warning("worker %d: %s escaped the transport; handled as %s", worker.index,
                             type(raw).__name__, "a failed call")
@@ -749,11 +715,36 @@ class ClusterCoordinator:
                 self._queue.give_back(rest)  # cancelled: the error is pending
             else:
                 for closure in rest:
-                    self._queue.requeue(closure)  # it may have run: at-least-once, as the first
+                    self._queue.requeue(closure)
                 self.handle_worker_failure(worker, first, err)
-            return
+            return None
         finally:
             worker.call = None
+
+    def _run_closure(self, worker: _WorkerHandle, closure: Closure) -> None:
+        method = WORKER.RUN_CLOSURE if closure.kind == "closure" else WORKER.CREATE_RESOURCE
+        meta_in: RunClosureRequest | CreateResourceRequest = (
+            RunClosureRequest(closure_id=closure.id) if closure.kind == "closure"
+            else CreateResourceRequest(closure_id=closure.id, resource_id=closure.info["resource_id"]))
+        started = time.perf_counter()
+        answer = self._call(worker, [closure], method, meta_in, self.closure_timeout)
+        if answer is None:
+            return
+        meta, arrays = answer
+        self._settle(worker, closure, meta, arrays, time.perf_counter() - started)
+        if meta.get("status") == "ok":
+            self._count_records(worker, meta)
+
+    def _run_closures(self, worker: _WorkerHandle, closures: list[Closure]) -> None:
+        """Several closures for any worker in one ``RunClosures`` call (``max_closures_per_call``): the worker runs
+        them one after the other and stops after the first that does not finish; those after it go back to the
+        front of the queue, untouched. A failed call is a failure of each closure, as for one."""
+        request: RunClosuresRequest = {"closure_ids": [closure.id for closure in closures]}
+        started = time.perf_counter()
+        answer = self._call(worker, closures, WORKER.RUN_CLOSURES, request, self.closure_timeout * len(closures))
+        if answer is None:
+            return
+        meta, arrays = answer
         answers, counts = meta.get("answers"), meta.get("counts")
         if not (meta.get("status") == "ok" and isinstance(answers, list) and isinstance(counts, list)
                 and len(answers) == len(counts) and 0 < len(answers) <= len(closures)

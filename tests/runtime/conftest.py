@@ -3,6 +3,7 @@ free loopback ports, with TF_CONFIG and a job token, torn down by PID."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -213,3 +214,24 @@ def coord(shared_cluster: LocalCluster):
     yield strategy, coordinator
     coordinator.shutdown()
     strategy.close()
+
+
+@contextlib.contextmanager
+def fake_worker_coordinator(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, client_type: type,
+                            **kwargs: Any) -> Iterator[tuple[Any, Any]]:
+    """``(coordinator, client)``: a coordinator whose one worker is ``client_type``, a stand-in for ``rpc.Client``.
+    The ps addresses lead nowhere: a huge ``heartbeat_failures`` keeps the failure detector from declaring the ps
+    dead during a test; ``kwargs`` go to the coordinator."""
+    from kubeps.runtime.coordinator import cluster_coordinator as coordinator_module
+    from kubeps.runtime.coordinator.strategy import ParameterServerStrategy
+
+    monkeypatch.setattr(coordinator_module, "Client", client_type)
+    strategy = ParameterServerStrategy(LocalCluster(1, 1, tmp_path).resolver(), job_token=TOKEN)
+    coordinator = ClusterCoordinator(strategy, heartbeat_failures=10_000, **kwargs)
+    try:
+        client = coordinator._workers[0].client
+        assert isinstance(client, client_type)
+        yield coordinator, client
+    finally:
+        coordinator.shutdown()
+        strategy.close()

@@ -16,13 +16,12 @@ import cloudpickle
 import numpy as np
 import pytest
 
-from kubeps.runtime.coordinator import cluster_coordinator as coordinator_module
 from kubeps.runtime.coordinator.closure_queue import Closure, ClosureQueue, ClosureState
 from kubeps.runtime.coordinator.cluster_coordinator import ClusterCoordinator
 from kubeps.runtime.coordinator.strategy import ParameterServerStrategy
 from kubeps.runtime.errors import CancelledError, RemoteError, RuntimeConfigError
 
-from .conftest import TOKEN, LocalCluster
+from .conftest import TOKEN, LocalCluster, fake_worker_coordinator
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -159,15 +158,8 @@ def run_payloads(name: str, payloads: list[np.ndarray], fail_at: int | None = No
 @pytest.fixture
 def fake(monkeypatch, tmp_path):
     """A coordinator with one fake worker (so its fair share is the whole backlog, up to the limit)."""
-    monkeypatch.setattr(coordinator_module, "Client", BatchingWorkerClient)
-    cluster = LocalCluster(1, 1, tmp_path)
-    strategy = ParameterServerStrategy(cluster.resolver(), job_token=TOKEN)
-    coordinator = ClusterCoordinator(strategy, heartbeat_failures=10_000, max_closures_per_call=4)
-    client = coordinator._workers[0].client
-    assert isinstance(client, BatchingWorkerClient)
-    yield coordinator, client
-    coordinator.shutdown()
-    strategy.close()
+    with fake_worker_coordinator(monkeypatch, tmp_path, BatchingWorkerClient, max_closures_per_call=4) as made:
+        yield made
 
 
 def _backlog(coordinator: ClusterCoordinator, client: BatchingWorkerClient, n: int) -> list[Any]:
@@ -194,18 +186,12 @@ def test_a_backlog_goes_in_calls_of_up_to_the_limit_and_every_value_comes_back(f
 
 
 def test_one_function_per_call_when_asked(monkeypatch, tmp_path):
-    monkeypatch.setattr(coordinator_module, "Client", BatchingWorkerClient)
-    strategy = ParameterServerStrategy(LocalCluster(1, 1, tmp_path).resolver(), job_token=TOKEN)
-    coordinator = ClusterCoordinator(strategy, heartbeat_failures=10_000, max_closures_per_call=1)
-    try:
-        client = coordinator._workers[0].client
+    with fake_worker_coordinator(monkeypatch, tmp_path, BatchingWorkerClient, max_closures_per_call=1) as made:
+        coordinator, client = made
         values = _backlog(coordinator, client, 6)
         coordinator.join()
         assert [v.fetch() for v in values] == [0, 10, 20, 30, 40, 50]
         assert client.calls == [("RunClosure", 1)] * 6
-    finally:
-        coordinator.shutdown()
-        strategy.close()
 
 
 @pytest.mark.parametrize("value", [0, -1, 2.5, True, "8"])

@@ -14,15 +14,13 @@ import grpc
 import numpy as np
 import pytest
 
-from kubeps.runtime.coordinator import cluster_coordinator as coordinator_module
 from kubeps.runtime.rpc import client as rpc
 from kubeps.runtime.rpc import protocol
 from kubeps.runtime.coordinator.closure_queue import Closure, ClosureState
 from kubeps.runtime.coordinator.cluster_coordinator import ClusterCoordinator
 from kubeps.runtime.errors import CancelledError, PSUnavailableError, RemoteError
-from kubeps.runtime.coordinator.strategy import ParameterServerStrategy
 
-from .conftest import TOKEN, LocalCluster
+from .conftest import TOKEN, fake_worker_coordinator
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -66,17 +64,9 @@ class FakeWorkerClient:
 
 @pytest.fixture
 def fake(monkeypatch, tmp_path):
-    """A coordinator with one fake worker. The ps addresses lead nowhere: a huge ``heartbeat_failures`` keeps the
-    failure detector from declaring the ps dead during a test."""
-    monkeypatch.setattr(coordinator_module, "Client", FakeWorkerClient)
-    cluster = LocalCluster(1, 1, tmp_path)
-    strategy = ParameterServerStrategy(cluster.resolver(), job_token=TOKEN)
-    coordinator = ClusterCoordinator(strategy, heartbeat_failures=10_000, ps_error_interval=0.2)
-    client = coordinator._workers[0].client
-    assert isinstance(client, FakeWorkerClient)
-    yield coordinator, client
-    coordinator.shutdown()
-    strategy.close()
+    """A coordinator with one fake worker."""
+    with fake_worker_coordinator(monkeypatch, tmp_path, FakeWorkerClient, ps_error_interval=0.2) as made:
+        yield made
 
 
 def _thread_alive(coordinator: ClusterCoordinator) -> bool:
