@@ -58,6 +58,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "kube: needs a Kubernetes API server (the `kube` fixture); "
         "skipped without hack/controlplane.sh build, unless KUBEPS_REQUIRE_CONTROL_PLANE=1",
     )
+    config.addinivalue_line(
+        "markers",
+        "alone: loads the 2-core machine by itself (a 1,000-pod job through the one API server); `make test` runs "
+        "these after all the others, one at a time, so that no other test's timing shares the machine with them",
+    )
 
 
 #: Test directories whose tests talk to the API server (every ``kube`` user is in one), and the lighter

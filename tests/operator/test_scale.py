@@ -155,6 +155,7 @@ def test_kopf_run_module_runs_a_job(crd, kube, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # 2,102 creates and 1,051 force-deletes: both cores busy for a minute or more (docs/testing.md)
 @pytest.mark.timeout(600)
 def test_a_1000_worker_job_gets_every_pod_with_its_tf_config(crd, kube, tmp_path):
     """One job of 1 chief + 50 ps + 1,000 workers on a fake node of its own (kwok; tainted, so that no other test's
