@@ -55,6 +55,7 @@ __all__ = [
     "NONFINITE_GRADIENTS_ENV",
     "PARKED_ANSWER_TTL_ENV",
     "PS_PROCESSES_ENV",
+    "PS_TASK_PID_ENV",
     "REQUEST_TIMEOUT_ENV",
     "SERVER_EXTENSIONS_ENV",
     "STREAM_IDLE_TIMEOUT_ENV",
@@ -99,6 +100,10 @@ CPUS_ENV = "KUBEPS_CPUS"
 #: its port and the next ones, each process a ps of its own to the chief and the workers
 #: (:meth:`kubeps.runtime.cluster.TFConfig.with_ps_processes`); ``kubeps local`` and the operator size it
 PS_PROCESSES_ENV = "KUBEPS_PS_PROCESSES"
+
+#: set by a ps task of several processes on the server processes it starts: the pid of the task's own process,
+#: which each of them ends with (``PR_SET_PDEATHSIG``, set by the process itself; not for users to set)
+PS_TASK_PID_ENV = "KUBEPS_PS_TASK_PID"
 
 #: ``cpu`` or ``gpu``: where a task's array kernels run (:mod:`kubeps.runtime.ops.kernels`)
 DEVICE_ENV = "KUBEPS_DEVICE"

@@ -140,6 +140,8 @@ class TaskSettings(BaseModel):
                             "a whole number of CPUs >= 1 (or unset: the cgroup quota and CPU affinity decide)", gt=0)
     #: server processes per ps task, the same in every task of the job (a ps uses that many cores)
     ps_processes: int = _var(contract.PS_PROCESSES_ENV, 1, "a whole number of processes per ps task >= 1", gt=0)
+    #: the ps task's own process, for a server process it started (:mod:`kubeps.runtime.server.processes`)
+    ps_task_pid: int | None = _var(contract.PS_TASK_PID_ENV, None, "a process id >= 1 (set by a ps task)", gt=0)
     #: where array kernels run; None: a GPU when CuPy sees one, else the CPU
     device: Literal["cpu", "gpu"] | None = _var(contract.DEVICE_ENV, None, "'cpu', 'gpu' or unset (auto)")
     #: how many GPU tasks share this task's GPU: each may use 0.9 / gpu_tasks of its memory (CuPy's pool, XLA)

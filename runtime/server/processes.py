@@ -11,7 +11,11 @@ own, already expanded ``TF_CONFIG``, and stays their supervisor: the task lives 
 * a process the task started that exits while the task serves ends the task (exit status 1): the launcher or the
   pod restarts the whole task, and the chief, seeing its ps restarted, restores the job from its checkpoint as
   for any lost ps;
-* the task's own process dying kills the others (``PR_SET_PDEATHSIG``), so a restarted task finds its ports free;
+* the task's own process dying kills the others, so a restarted task finds its ports free: each sets
+  ``PR_SET_PDEATHSIG`` on itself as it starts (:func:`die_with_task`, told the task's pid by
+  ``KUBEPS_PS_TASK_PID``). Nothing runs in a child between fork and exec: the task's process has gRPC's threads
+  by then, and a forked child that ran Python code there (a ``preexec_fn``) was aborted by gRPC's fork handling in
+  about 1 start in 5 on a loaded machine;
 * ``stop()`` terminates them, then kills what is left after the grace period.
 """
 
@@ -30,7 +34,7 @@ from kubeps.runtime.cluster import ClusterSpec, TFConfig, TFConfigError
 from kubeps.runtime.contract import PS_PROCESSES_ENV
 from kubeps.runtime.settings import TaskSettings
 
-__all__ = ["PSProcesses", "EXIT_PROCESS_LOST"]
+__all__ = ["PSProcesses", "EXIT_PROCESS_LOST", "die_with_task"]
 
 log = logging.getLogger("kubeps.server")
 
@@ -39,11 +43,16 @@ EXIT_PROCESS_LOST = 1
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+def die_with_task(task_pid: int) -> None:
+    """In a server process a ps task started: be killed when the task's process ``task_pid`` ends, and end at once
+    if it has ended already (this process then has another parent)."""
     try:
         ctypes.CDLL("libc.so.6").prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):  # not Linux/glibc: stop() still ends them
+    except (OSError, AttributeError):  # not Linux/glibc: the task's stop() still ends it
         pass
+    if os.getppid() != task_pid:
+        log.error("the ps task's process %d ended before this process of it started: exiting", task_pid)
+        os._exit(EXIT_PROCESS_LOST)
 
 
 class PSProcesses:
@@ -79,12 +88,12 @@ class PSProcesses:
             # detector still sees their traffic through ListVariables)
             child = self.settings.model_copy(update={
                 "ps_processes": 1, "cpus": 1, "tf_config": TFConfig.for_task(self.cluster, "ps", index).to_json(),
-                "metrics_port": None,
+                "metrics_port": None, "ps_task_pid": os.getpid(),
             })
             env = {k: v for k, v in os.environ.items() if k not in ours}
             env.update(child.to_env())
-            proc = subprocess.Popen([sys.executable, "-m", "kubeps.runtime.server"], env=env,
-                                    preexec_fn=_die_with_parent)  # noqa: PLW1509 - only prctl, no locks
+            # no preexec_fn: the child is spawned (vfork and exec), never a forked copy running Python (see above)
+            proc = subprocess.Popen([sys.executable, "-m", "kubeps.runtime.server"], env=env)
             self._procs.append(proc)
             threading.Thread(target=self._watch, args=(index, proc), daemon=True,
                              name=f"kubeps-ps-process-{index}").start()

@@ -49,7 +49,7 @@ from kubeps.runtime.settings import TaskSettings
 from kubeps.runtime.ps.budget import AnswerBudget, Ledger
 from kubeps.runtime.ps.state import ParameterServerState, UnknownVariableError
 from kubeps.runtime.server.metrics import state_collector
-from kubeps.runtime.server.processes import PSProcesses
+from kubeps.runtime.server.processes import PSProcesses, die_with_task
 from kubeps.runtime.server.methods import (BUILTIN_PS_METHODS, BUILTIN_WORKER_METHODS, PS_METHODS, WORKER_METHODS,
                                            Method, load_extensions, ps_methods, register_ps_method,
                                            register_worker_method, worker_methods)
@@ -755,6 +755,8 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
         print(f"kubeps server: {err}", file=sys.stderr)
         return 2
     logs.configure(settings)  # text, or JSON lines with the job, role, index and step (KUBEPS_LOG_FORMAT)
+    if settings.ps_task_pid is not None:  # a process a ps task started: it ends with the task
+        die_with_task(settings.ps_task_pid)
     try:
         load_extensions(settings)
         config = TFConfig.parse(settings.tf_config).with_ps_processes(settings.ps_processes)

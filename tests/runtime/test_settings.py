@@ -53,6 +53,7 @@ TABLE = {
     contract.MEMBERSHIP_FILE_ENV: (("/run/membership.json", "membership_file", "/run/membership.json"), None),
     contract.MEMBERSHIP_ACK_FILE_ENV: (("/run/ack.json", "membership_ack_file", "/run/ack.json"), None),
     contract.PS_PROCESSES_ENV: (("3", "ps_processes", 3), ("0", "a whole number of processes per ps task >= 1")),
+    contract.PS_TASK_PID_ENV: (("4242", "ps_task_pid", 4242), ("-1", "a process id >= 1")),
 }
 
 
