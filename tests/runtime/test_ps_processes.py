@@ -52,12 +52,12 @@ def test_ports_past_65535_are_refused():
         config.with_ps_processes(2)
 
 
-def _serve(ports_from: int, processes: int, tmp_path) -> subprocess.Popen:
+def _serve(ports_from: int, processes: int, tmp_path, **extra_env: str) -> subprocess.Popen:
     cluster = {"chief": [f"127.0.0.1:{ports_from + processes}"], "ps": [f"127.0.0.1:{ports_from}"],
                "worker": [f"127.0.0.1:{ports_from + processes + 1}"]}
     env = {k: v for k, v in os.environ.items() if not k.startswith("KUBEPS_")}
     env.update(TF_CONFIG=TFConfig.for_task(cluster, "ps", 0).to_json(), KUBEPS_JOB_TOKEN="t" * 32,
-               KUBEPS_BIND_HOST="127.0.0.1", KUBEPS_PS_PROCESSES=str(processes))
+               KUBEPS_BIND_HOST="127.0.0.1", KUBEPS_PS_PROCESSES=str(processes), **extra_env)
     log = open(tmp_path / "ps.log", "wb")  # noqa: SIM115 - the process writes it until the test ends
     return subprocess.Popen([sys.executable, "-m", "kubeps.runtime.server"], env=env, stdout=log,
                             stderr=subprocess.STDOUT)
@@ -119,16 +119,16 @@ def test_the_processes_of_a_killed_ps_task_die_with_it(tmp_path):
 def test_a_process_whose_ps_task_has_ended_exits_at_once(tmp_path):
     """A server process a ps task started sets PR_SET_PDEATHSIG itself (nothing runs between fork and exec in the
     task's threaded process) and first checks the task is still its parent: here it names pid 1, not its parent."""
-    port = free_port_runs(1, 3)[0]
-    cluster = {"chief": [f"127.0.0.1:{port + 1}"], "ps": [f"127.0.0.1:{port}"], "worker": [f"127.0.0.1:{port + 2}"]}
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBEPS_")}
-    env.update(TF_CONFIG=TFConfig.for_task(cluster, "ps", 0).to_json(), KUBEPS_JOB_TOKEN="t" * 32,
-               KUBEPS_BIND_HOST="127.0.0.1", KUBEPS_PS_TASK_PID="1")
-    done = subprocess.run([sys.executable, "-m", "kubeps.runtime.server"], env=env, capture_output=True, text=True,
-                          timeout=60)
-    assert done.returncode == EXIT_PROCESS_LOST
-    assert "the ps task's process 1 ended before this process of it started" in done.stderr
-    assert "serving" not in done.stderr
+    task = _serve(free_port_runs(1, 3)[0], 1, tmp_path, KUBEPS_PS_TASK_PID="1")
+    try:
+        assert task.wait(timeout=60) == EXIT_PROCESS_LOST
+    finally:
+        if task.poll() is None:
+            task.kill()
+            task.wait()
+    log = (tmp_path / "ps.log").read_text()
+    assert "the ps task's process 1 ended before this process of it started" in log
+    assert "serving" not in log
 
 
 PROGRAM = textwrap.dedent("""
