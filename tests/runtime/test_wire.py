@@ -126,6 +126,22 @@ def test_big_endian_input_is_sent_little_endian():
     np.testing.assert_array_equal(out, a)
 
 
+def test_dtype_names_are_right_whichever_byte_order_came_first():
+    """The encoder remembers the wire name of each dtype it met: a big-endian dtype met after its little-endian twin
+    (equal kinds, different byte order) is still swapped, and a native-order or Python-list input is named alike."""
+    values = np.arange(6)
+    for dtype in ("<i4", ">i4", "=i4", "<i4", ">f8", "<f8", "=f8"):
+        _, (out,) = decode_message(_frame({}, [values.astype(dtype)]))
+        assert out.dtype == np.dtype(dtype).newbyteorder("<")
+        np.testing.assert_array_equal(out, values)
+    _, (listed, scalar) = decode_message(_frame({}, [[1.5, 2.5], np.float32(3)]))
+    assert listed.dtype == np.float64 and scalar.dtype == np.float32 and scalar.shape == ()
+    with pytest.raises(WireError, match=r"tensors\[0\].dtype.*allowed dtypes"):
+        encode_chunks({}, [np.array(["a"])])
+    with pytest.raises(WireError, match=r"tensors\[0\].dtype.*allowed dtypes"):
+        encode_chunks({}, [np.zeros(2, dtype=">U3")])
+
+
 def _raw_frame(header: dict, data: bytes = b"") -> bytes:
     body = json.dumps(header).encode()
     head = struct.pack("<4sI", wire.MAGIC, len(body)) + body
