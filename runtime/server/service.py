@@ -342,8 +342,10 @@ class _Guard:
             self._uncount(slot)
             self._slots.discard(slot)
 
-    def receive(self, requests: Any, slot: _Slot) -> Iterator[bytes]:
-        """The request's chunks, each awaited under the deadlines."""
+    def receive(self, requests: Any, slot: _Slot, one: bool = False) -> Iterator[bytes]:
+        """The request's chunks, each awaited under the deadlines; with ``one``, only its first message (a unary
+        call's request: the stream's end is not awaited, which would cost one more trip through gRPC's polling
+        thread)."""
         it = iter(requests)
         last = slot.start + self.request_s
         while True:
@@ -361,6 +363,8 @@ class _Guard:
                     slot.deadline = math.inf
             slot.received += len(chunk)
             yield chunk
+            if one:
+                return
 
     def _janitor(self) -> None:
         period = max(0.05, min(1.0, self.idle_s / 4))
@@ -505,13 +509,14 @@ class _ServiceHandler(grpc.GenericRpcHandler):
                           "them stalls; retry later")
         return slot
 
-    def _run(self, name: str, fn: Method, chunks, context: _Context, slot: _Slot, ledger: Ledger | None) -> list[bytes]:
-        """Decode the request, run the method, encode the answer in chunks; failures abort with a status code
-        (never UNKNOWN: whatever a request holds, the answer says what was wrong with it)."""
+    def _run(self, name: str, fn: Method, chunks, context: _Context, slot: _Slot, ledger: Ledger | None,
+             unary: bool = False) -> list[bytes]:
+        """Decode the request (``unary``: its one message), run the method, encode the answer in chunks; failures
+        abort with a status code (never UNKNOWN: whatever a request holds, the answer says what was wrong with it)."""
         limit = 0 if name in self._no_tensors else self._server.max_request_bytes
         started = time.perf_counter() if _metrics.ENABLED else 0.0
         try:
-            meta, arrays = wire.decode_chunks(self._server.guard.receive(chunks, slot), limit,
+            meta, arrays = wire.decode_chunks(self._server.guard.receive(chunks, slot, unary), limit,
                                               self._server.settings.max_header_bytes, self._server.settings.max_tensors)
         except wire.WireError as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: {err}")
@@ -569,7 +574,7 @@ class _ServiceHandler(grpc.GenericRpcHandler):
         slot = self._enter(name, context)
         ledger = self._ledger(slot)
         try:
-            chunks = self._run(name, fn, requests, context, slot, ledger)
+            chunks = self._run(name, fn, requests, context, slot, ledger, unary=True)
         finally:
             self._server.guard.leave(slot)
             if ledger is not None:  # returned or parked (the parked bytes have their own bound)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 import struct
 import threading
+import time
 
 _PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 _DATA, _HEADERS, _SETTINGS, _PING = 0x0, 0x1, 0x4, 0x6
@@ -76,3 +77,34 @@ class StallingPeer:
                 sock.close()
             except OSError:
                 pass
+
+
+def answered_before_end_of_stream(address: str, path: str, token: str, message: bytes, wait_s: float) -> bool:
+    """Send one whole gRPC request ``message`` on ``path`` without ending the stream (no END_STREAM flag, as a
+    client that keeps its request side open would); whether the server sends an answer message within ``wait_s``."""
+    host, port = address.rsplit(":", 1)
+    headers = b"".join(_literal(k, v) for k, v in [
+        (":method", "POST"), (":scheme", "http"), (":path", path), (":authority", address),
+        ("content-type", "application/grpc"), ("te", "trailers"), ("x-kubeps-job-token", token)])
+    with socket.create_connection((host, int(port)), timeout=wait_s) as sock:
+        sock.sendall(_PREFACE + _frame(_SETTINGS, 0, 0) + _frame(_HEADERS, _END_HEADERS, 1, headers)
+                     + _frame(_DATA, 0, 1, b"\x00" + struct.pack(">I", len(message)) + message))
+        buf, deadline = b"", time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            sock.settimeout(max(0.01, deadline - time.monotonic()))
+            try:
+                data = sock.recv(65536)
+            except TimeoutError:
+                return False
+            if not data:
+                return False
+            buf += data
+            while len(buf) >= 9 and len(buf) >= 9 + int.from_bytes(buf[:3], "big"):
+                length = int.from_bytes(buf[:3], "big")
+                kind, flags, stream, payload = buf[3], buf[4], int.from_bytes(buf[5:9], "big") & 0x7FFFFFFF, buf[9:9 + length]
+                buf = buf[9 + length:]
+                if kind == _SETTINGS and not flags & _ACK:
+                    sock.sendall(_frame(_SETTINGS, _ACK, 0))
+                elif kind == _DATA and stream == 1 and payload:
+                    return True
+    return False

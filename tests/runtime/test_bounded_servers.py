@@ -17,7 +17,7 @@ from kubeps.runtime.rpc import wire
 from kubeps.runtime.rpc.protocol import PS, PS_SERVICE
 
 from .conftest import TOKEN
-from .stalling import StallingPeer
+from .stalling import StallingPeer, answered_before_end_of_stream
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -80,6 +80,18 @@ def test_stalled_streams_of_the_same_client_are_cancelled_after_the_idle_timeout
         time.sleep(0.2)
     assert "its request stalled" in cluster.log_text("ps", 0)
     client.close()
+
+
+def test_a_unary_call_is_answered_without_waiting_for_the_end_of_its_stream(make_cluster):
+    """The unary twin reads its one request message and answers: it does not wait for the client to end its side
+    of the stream (which would cost the server one more trip through gRPC's polling thread per call). A streamed
+    method still reads to the end (its request may have more chunks)."""
+    cluster = make_cluster(1, 0, extra_env={"KUBEPS_STREAM_IDLE_TIMEOUT_S": "60"})
+    address = cluster.cluster["ps"][0]
+    ping = wire.encode_chunks({}, [])[0]
+    assert answered_before_end_of_stream(address, f"/{PS_SERVICE}/Unary.Ping", TOKEN, ping, wait_s=5.0)
+    assert not answered_before_end_of_stream(address, f"/{PS_SERVICE}/Ping", TOKEN, ping, wait_s=1.0)
+    cluster.client("ps", 0).call("Ping")
 
 
 def test_request_caps(make_cluster):
