@@ -24,6 +24,7 @@ import numpy as np
 
 from kubeps.runtime.ops import kernels
 from kubeps.runtime.ops.optimizers import Adagrad
+from kubeps.runtime.settings import TaskSettings
 
 
 def make_ids(rng: np.random.Generator, rows: int, n: int, dup: float) -> np.ndarray:
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         "time_vs_copy_of_touched_bytes": t_fast / t_copy,
     }
     print(f"Adagrad sparse update: {a.ids} ids ({dup_share:.0%} duplicates) into {a.rows} x {a.dim} float32, "
-          f"backend={kernels.backend_name({'KUBEPS_DEVICE': 'cpu'})}, numpy {np.__version__}")
+          f"backend={kernels.backend_name(TaskSettings(device='cpu'))}, numpy {np.__version__}")
     print(f"  kubeps apply_sparse           {t_fast * 1e3:8.3f} ms  {res['updates_per_s']:8.1f} updates/s  "
           f"{res['ids_per_s'] / 1e6:.2f} M ids/s")
     print(f"  naive: dense np.add.at        {t_dense * 1e3:8.3f} ms  -> kubeps is {res['speedup_vs_naive_dense_add_at']:.1f}x faster")

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import itertools
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -89,7 +92,8 @@ def loop_reduce(ids, vals):
     return np.array(keys, dtype=np.int64), np.array([acc[k] for k in keys])
 
 
-@pytest.mark.parametrize("case", ["random-dups", "no-dups", "one-id-many-times", "high-multiplicity-mix", "rank3"])
+@pytest.mark.parametrize("case", ["random-dups", "no-dups", "one-id-many-times", "high-multiplicity-mix",
+                                  "every-multiplicity", "rank3"])
 def test_reduce_sparse_matches_loop(xp, case):
     rng = np.random.default_rng(7)
     if case == "random-dups":
@@ -97,10 +101,12 @@ def test_reduce_sparse_matches_loop(xp, case):
     elif case == "no-dups":
         ids = rng.permutation(100)[:40]
     elif case == "one-id-many-times":
-        ids = np.full(300, 9)  # beyond the rank-pass limit: the reduceat path
+        ids = np.full(300, 9)  # past the rank passes: the rest of the segment summed by reduceat
     elif case == "high-multiplicity-mix":
         ids = np.concatenate([np.full(20, 3), np.arange(10), np.full(5, 7)])
         rng.shuffle(ids)
+    elif case == "every-multiplicity":  # ids occurring 1 to 40 times: some end in the passes, some in reduceat
+        ids = rng.permutation(np.repeat(rng.permutation(1000)[:40], np.arange(1, 41)))
     else:
         ids = rng.integers(0, 8, size=30)
     shape = (ids.size, 3, 2) if case == "rank3" else (ids.size, 4)
@@ -244,3 +250,12 @@ def test_reduce_sparse_passes_ascending_unique_ids_through():
             want[i] = want.get(i, 0) + row
         np.testing.assert_array_equal(got_ids, sorted(want))
         np.testing.assert_array_equal(got, np.array([want[i] for i in sorted(want)]))
+
+
+def test_the_sparse_update_benchmark_runs():
+    """``bench/sparse_update.py`` (docs/kernels.md, ``make bench``) runs as documented, at a small size."""
+    repo = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, str(repo / "bench" / "sparse_update.py"), "--rows", "20000", "--ids", "512",
+                          "--repeat", "2"], capture_output=True, text=True, timeout=120, cwd=repo)
+    assert out.returncode == 0, out.stderr
+    assert "kubeps apply_sparse" in out.stdout and "x faster" in out.stdout
