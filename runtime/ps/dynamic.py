@@ -24,7 +24,8 @@ from kubeps.runtime.contract import (MAX_ANSWER_BYTES_ENV, MAX_BLOOM_COUNTERS_EN
                                      MAX_TABLE_DIM_ENV, MAX_TABLES_ENV)
 from kubeps.runtime.errors import LimitExceededError
 from kubeps.runtime.ps.methods import expect_arrays, unique_names
-from kubeps.runtime.ps.state import DISTINCT_ROWS_FROM_BYTES, ParameterServerState, UnknownVariableError
+from kubeps.runtime.ps.state import (DISTINCT_ROWS_FROM_BYTES, ParameterServerState, UnknownVariableError,
+                                     all_distinct)
 from kubeps.runtime.util.confined import confined_storage
 from kubeps.runtime.rpc.protocol import (PS, CreateDynamicRequest, CreateVariablesAnswer, DynamicInfoAnswer,
                                           DynamicInfoRequest, DynamicLookup, DynamicTableInfo, ExportDynamicAnswer,
@@ -119,7 +120,7 @@ def _check_keys(keys: Any, what: str, distinct: bool = True) -> np.ndarray:
     k = np.asarray(keys)
     if k.ndim != 1 or k.dtype != np.int64:
         raise ValueError(f"{what} must be a 1-D int64 array of keys, got {k.dtype} shape {list(k.shape)}")
-    if distinct and k.size > 1 and np.unique(k).size != k.size:
+    if distinct and not all_distinct(k):
         raise ValueError(f"{what} holds a key more than once; allowed: distinct keys (sum duplicates first)")
     return k
 
@@ -156,7 +157,7 @@ def check_answer_size(state: ParameterServerState, lookups: list[Lookup], extra:
                                  f"{state.settings.max_read_ids} per call ({MAX_READ_IDS_ENV})")
     for table, keys, _, _ in lookups:
         if keys.size * table.config.dim * table.dtype.itemsize > DISTINCT_ROWS_FROM_BYTES and \
-                np.unique(keys).size < keys.size:
+                not all_distinct(keys):
             raise ValueError(f"dynamic keys for {table.name!r}: {keys.size} keys name {np.unique(keys).size} distinct "
                              f"rows; a lookup whose rows pass {DISTINCT_ROWS_FROM_BYTES} bytes must name each key once "
                              "(kubeps's lookups send distinct keys with their counts)")

@@ -11,7 +11,7 @@ import pytest
 from kubeps.runtime.ops.optimizers import SGD
 from kubeps.runtime.ps.push import rpc_push
 from kubeps.runtime.rpc.validation import PS_REQUESTS
-from kubeps.runtime.ps.state import ParameterServerState, UnknownVariableError
+from kubeps.runtime.ps.state import DISTINCT_ROWS_FROM_BYTES, ParameterServerState, UnknownVariableError, all_distinct
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -154,3 +154,28 @@ def test_the_ps_refuses_a_gradient_of_another_dtype():
         state.apply_sparse("v", SGD_CONFIG, np.array([1]), np.zeros((1, 2), np.int64))
     with pytest.raises(ValueError, match="value for variable 'v' has dtype int64"):
         state.assign("v", np.zeros((3, 2), np.int64))
+
+
+def test_all_distinct_takes_ascending_ids_in_one_pass_and_sorts_the_rest():
+    assert all_distinct(np.array([], np.int64)) and all_distinct(np.array([7]))
+    assert all_distinct(np.arange(0, 10_000, 3))  # ascending: the one-pass answer
+    assert all_distinct(np.array([5, 1, 9, 3]))  # distinct, not ascending: sorted
+    assert not all_distinct(np.array([1, 2, 2, 3]))  # ascending but not strictly
+    assert not all_distinct(np.array([9, 1, 9]))
+
+
+def test_a_big_read_of_rows_names_each_row_once_in_any_order():
+    """Past DISTINCT_ROWS_FROM_BYTES a read must name each row once; ascending ids (what kubeps sends) and any other
+    order of distinct ids are read, a repeated id is refused."""
+    state = ParameterServerState()
+    rows = DISTINCT_ROWS_FROM_BYTES // 256 + 100
+    state.create("t", np.arange(2 * rows * 64, dtype=np.float32).reshape(2 * rows, 64))
+    ascending = np.arange(0, 2 * rows, 2)
+    shuffled = np.random.default_rng(0).permutation(ascending)
+    for ids in (ascending, shuffled):
+        state.check_reads([], ["t"], [ids])
+        np.testing.assert_array_equal(state.read_rows("t", ids), state.read("t")[ids])
+    repeated = ascending.copy()
+    repeated[-1] = repeated[0]
+    with pytest.raises(ValueError, match="name each row once"):
+        state.check_reads([], ["t"], [repeated])
