@@ -21,6 +21,7 @@ ps, the chief) computes with numpy and never touches a GPU. This module sits low
 
 from __future__ import annotations
 
+import math
 from types import ModuleType
 from typing import Any
 
@@ -44,6 +45,7 @@ __all__ = [
     "cupy_available",
     "embedding_gather",
     "reduce_sparse",
+    "set_rows",
     "dense_forward",
     "dense_backward",
     "relu",
@@ -272,6 +274,22 @@ def embedding_gather(table: Any, ids: Any) -> Any:
         raise ValueError(f"table must have rank >= 1, got shape {tuple(table.shape)}")
     ids = _check_ids(xp, ids, table.shape[0], "ids")
     return xp.take(table, ids, axis=0)
+
+
+def set_rows(table: Any, ids: Any, rows: Any) -> None:
+    """``table[ids] = rows`` for 1-D in-range ``ids`` and ``rows`` shaped ``(len(ids),) + table.shape[1:]``.
+
+    On numpy, with both arrays C-contiguous and of one dtype, each row is written as one opaque item (``np.put``
+    on a view of the rows as ``void`` items): a fancy-index assignment of row blocks copies element by element,
+    1.6x the time for 4,700 rows of 64 floats and 2.7x for 1,400 rows of 16. Anything else is the plain assignment."""
+    row_bytes = table.dtype.itemsize * math.prod(table.shape[1:]) if table.ndim >= 2 else 0
+    if (array_module(table, rows) is np and row_bytes and table.flags.c_contiguous and rows.flags.c_contiguous
+            and rows.dtype == table.dtype and rows.shape == (len(ids),) + table.shape[1:]):
+        item = np.dtype((np.void, row_bytes))
+        np.put(table.reshape(table.shape[0], -1).view(item).reshape(-1), ids,
+               rows.reshape(rows.shape[0], -1).view(item).reshape(-1))
+    else:
+        table[ids] = rows
 
 
 def reduce_sparse(indices: Any, values: Any) -> tuple[Any, Any]:

@@ -244,9 +244,9 @@ class Optimizer:
         slot_rows = {name: xp.take(s, ids, axis=0) for name, s in slots.items()}
         self._decay(rows, lr)
         self._update(rows, grad, slot_rows, lr, step)
-        var[ids] = rows
+        kernels.set_rows(var, ids, rows)
         for name, s in slots.items():
-            s[ids] = slot_rows[name]
+            kernels.set_rows(s, ids, slot_rows[name])
 
     def _decay(self, var: Any, lr: float) -> None:
         """Keras's decoupled weight decay, in place, before the update: ``var -= var * weight_decay * lr``."""

@@ -259,3 +259,19 @@ def test_the_sparse_update_benchmark_runs():
                           "--repeat", "2"], capture_output=True, text=True, timeout=120, cwd=repo)
     assert out.returncode == 0, out.stderr
     assert "kubeps apply_sparse" in out.stdout and "x faster" in out.stdout
+
+
+@pytest.mark.parametrize("shape, dtype, contiguous", [((50, 16), np.float32, True), ((50, 3, 2), np.float64, True),
+                                                      ((50, 4), np.float32, False), ((50,), np.int64, True)])
+def test_set_rows_writes_the_rows_of_the_ids_and_nothing_else(xp, shape, dtype, contiguous):
+    rng = np.random.default_rng(3)
+    table = xp.asarray(rng.normal(size=shape).astype(dtype))
+    if not contiguous:  # every other column of a wider table: the plain assignment
+        table = xp.asarray(rng.normal(size=(shape[0], 2 * shape[1])).astype(dtype))[:, ::2]
+    before = K.to_numpy(table).copy()
+    ids = xp.asarray(rng.permutation(shape[0])[:17])
+    rows = xp.asarray(rng.normal(size=(17,) + tuple(table.shape[1:])).astype(dtype))
+    K.set_rows(table, ids, rows)
+    want = before.copy()
+    want[K.to_numpy(ids)] = K.to_numpy(rows)
+    np.testing.assert_array_equal(K.to_numpy(table), want)
