@@ -225,3 +225,15 @@ def test_no_silent_casts_into_a_variable():
     counts = Variable(np.zeros(2, np.int64))
     with pytest.raises(RuntimeConfigError, match="without changing its kind"):
         counts.assign_add([0.5, 0.5])
+
+
+def test_rows_of_a_shard_land_at_their_positions_consecutive_or_not():
+    from kubeps.runtime.variables.variable import _set_positions  # noqa: PLC0415
+
+    for positions in (np.arange(3, 9), np.array([0, 2, 3, 7]), np.array([], dtype=np.int64)):
+        rows = np.zeros((10, 4), np.float32)
+        block = np.arange(positions.size * 4, dtype=np.float32).reshape(-1, 4) + 1
+        _set_positions(rows, positions, block)
+        want = np.zeros((10, 4), np.float32)
+        want[positions] = block
+        np.testing.assert_array_equal(rows, want)
