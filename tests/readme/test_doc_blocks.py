@@ -58,7 +58,7 @@ NOT_RUN = {
     ("docs/train-on-kubernetes.md", "kubectl apply -f examples/ctr/job.yaml"): "needs a cluster with the operator (tests/e2e)",
     ("docs/benchmarks.md", "python3 -m venv /path/tfenv && /path/tfenv/bin/pip install tensorflow-cpu==2.21.0     # the TF side, once"):
         "installs TensorFlow and benchmarks for minutes (make bench)",
-    ("docs/benchmarks.md", ".venv/bin/python bench/ctr_vs_tf.py --shape wide --rounds 1 --steps 800 [--tf-python /path/tfenv/bin/python]"):
+    ("docs/benchmarks.md", ".venv/bin/python bench/ctr_vs_tf.py --shape wide --rounds 3 --steps 1600 [--tf-python /path/tfenv/bin/python]"):
         "benchmarks for minutes; the driver's options are parsed by bench/ctr_vs_tf.py itself",
     ("docs/benchmarks.md", ".venv/bin/python bench/ps_capacity.py --cores 1,2 --clients 4 --seconds 8"):
         "benchmarks for minutes, pinning processes to cores",
