@@ -54,6 +54,7 @@ def all_distinct(ids: np.ndarray) -> bool:
         return True
     return bool(np.unique(ids).size == ids.size)
 
+
 class UnknownVariableError(KeyError):
     """The parameter server holds no variable of that name (servers answer NOT_FOUND)."""
 

@@ -275,3 +275,10 @@ def test_set_rows_writes_the_rows_of_the_ids_and_nothing_else(xp, shape, dtype, 
     want = before.copy()
     want[K.to_numpy(ids)] = K.to_numpy(rows)
     np.testing.assert_array_equal(K.to_numpy(table), want)
+
+
+def test_set_rows_of_no_ids_changes_nothing_even_in_an_empty_table():
+    for table in (np.zeros((0, 4), np.float32), np.arange(20, dtype=np.float32).reshape(5, 4)):
+        before = table.copy()
+        K.set_rows(table, np.zeros(0, np.int64), np.zeros((0, 4), np.float32))
+        np.testing.assert_array_equal(table, before)
