@@ -164,35 +164,24 @@ _WIRE_NAMES: dict[np.dtype, str] = {}
 _MAX_WIRE_NAMES = 256
 
 
-def _wire_name(i: int, dtype: np.dtype) -> str | None:
-    """The wire name of ``dtype`` (``tensors[i]``), or None for a big-endian one (the caller converts it); a dtype
-    the wire does not carry is a :class:`WireError`."""
-    known = _WIRE_NAMES.get(dtype)
-    if known is not None:
-        return known
-    name: str = dtype.name
-    if name not in _DTYPES:
-        raise WireError(f"tensors[{i}].dtype", str(dtype), f"allowed dtypes are {', '.join(ALLOWED_DTYPES)}")
-    if dtype.byteorder == ">":
-        return None
-    if len(_WIRE_NAMES) < _MAX_WIRE_NAMES:
-        _WIRE_NAMES[dtype] = name
-    return name
-
-
 def _tensor_header(name: str, array: np.ndarray, offset: int) -> dict[str, Any]:
     """The header entry of one tensor (the JSON form of :class:`TensorHeader`)."""
     return {"dtype": name, "shape": list(array.shape), "offset": offset, "nbytes": array.nbytes}
 
 
 def _as_wire_array(i: int, value: Any) -> tuple[np.ndarray, str]:
-    """``value`` as a little-endian C-contiguous array, with its dtype's wire name."""
+    """``value`` (``tensors[i]``) as a little-endian C-contiguous array, with its dtype's wire name; a dtype the wire
+    does not carry is a :class:`WireError`."""
     array = value if type(value) is np.ndarray else np.asarray(value)
-    name = _wire_name(i, array.dtype)
-    if name is None:  # big-endian: swapped to little-endian
-        array = array.astype(array.dtype.newbyteorder("<"))
-        name = _wire_name(i, array.dtype)
-        assert name is not None, "a little-endian dtype has a wire name"
+    name = _WIRE_NAMES.get(array.dtype)
+    if name is None:  # a dtype not met yet: check it; a big-endian one is swapped (and never remembered)
+        name = array.dtype.name
+        if name not in _DTYPES:
+            raise WireError(f"tensors[{i}].dtype", str(array.dtype), f"allowed dtypes are {', '.join(ALLOWED_DTYPES)}")
+        if array.dtype.byteorder == ">":
+            array = array.astype(array.dtype.newbyteorder("<"))
+        elif len(_WIRE_NAMES) < _MAX_WIRE_NAMES:
+            _WIRE_NAMES[array.dtype] = name
     return (array if array.flags.c_contiguous else array.copy(order="C")), name  # (ascontiguousarray would make 0-d 1-d)
 
 
