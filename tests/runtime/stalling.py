@@ -25,6 +25,23 @@ def _literal(name: str, value: str) -> bytes:
     return b"\x00" + bytes([len(n)]) + n + bytes([len(v)]) + v
 
 
+def _request_headers(address: str, path: str, token: str) -> bytes:
+    """The HEADERS block of a gRPC call of ``path`` with the job token."""
+    return b"".join(_literal(k, v) for k, v in [
+        (":method", "POST"), (":scheme", "http"), (":path", path), (":authority", address),
+        ("content-type", "application/grpc"), ("te", "trailers"), ("x-kubeps-job-token", token)])
+
+
+def _split_frames(buf: bytes) -> tuple[list[tuple[int, int, int, bytes]], bytes]:
+    """The whole frames at the start of ``buf`` as ``(kind, flags, stream, payload)``, and the bytes left over."""
+    frames = []
+    while len(buf) >= 9 and len(buf) >= 9 + int.from_bytes(buf[:3], "big"):
+        length = int.from_bytes(buf[:3], "big")
+        frames.append((buf[3], buf[4], int.from_bytes(buf[5:9], "big") & 0x7FFFFFFF, buf[9 : 9 + length]))
+        buf = buf[9 + length :]
+    return frames, buf
+
+
 class StallingPeer:
     """``streams`` stalled calls of ``path`` over ``connections`` TCP connections from ``source``."""
 
@@ -33,9 +50,7 @@ class StallingPeer:
         host, port = address.rsplit(":", 1)
         self.sockets: list[socket.socket] = []
         self._stop = threading.Event()
-        headers = b"".join(_literal(k, v) for k, v in [
-            (":method", "POST"), (":scheme", "http"), (":path", path), (":authority", address),
-            ("content-type", "application/grpc"), ("te", "trailers"), ("x-kubeps-job-token", token)])
+        headers = _request_headers(address, path, token)
         # a gRPC message prefix announcing 1 MB, then only the first bytes of it
         partial = b"\x00" + struct.pack(">I", 1 << 20) + b"KPS1"[:sent_bytes] + b"\0" * max(0, sent_bytes - 4)
         per = [streams // connections + (1 if i < streams % connections else 0) for i in range(connections)]
@@ -56,13 +71,8 @@ class StallingPeer:
                 data = sock.recv(65536)
                 if not data:
                     return
-                buf += data
-                while len(buf) >= 9:
-                    length = int.from_bytes(buf[:3], "big")
-                    if len(buf) < 9 + length:
-                        break
-                    kind, flags, payload = buf[3], buf[4], buf[9 : 9 + length]
-                    buf = buf[9 + length :]
+                frames, buf = _split_frames(buf + data)
+                for kind, flags, _, payload in frames:
                     if kind == _SETTINGS and not flags & _ACK:
                         sock.sendall(_frame(_SETTINGS, _ACK, 0))
                     elif kind == _PING and not flags & _ACK:
@@ -83,9 +93,7 @@ def answered_before_end_of_stream(address: str, path: str, token: str, message: 
     """Send one whole gRPC request ``message`` on ``path`` without ending the stream (no END_STREAM flag, as a
     client that keeps its request side open would); whether the server sends an answer message within ``wait_s``."""
     host, port = address.rsplit(":", 1)
-    headers = b"".join(_literal(k, v) for k, v in [
-        (":method", "POST"), (":scheme", "http"), (":path", path), (":authority", address),
-        ("content-type", "application/grpc"), ("te", "trailers"), ("x-kubeps-job-token", token)])
+    headers = _request_headers(address, path, token)
     with socket.create_connection((host, int(port)), timeout=wait_s) as sock:
         sock.sendall(_PREFACE + _frame(_SETTINGS, 0, 0) + _frame(_HEADERS, _END_HEADERS, 1, headers)
                      + _frame(_DATA, 0, 1, b"\x00" + struct.pack(">I", len(message)) + message))
@@ -98,11 +106,8 @@ def answered_before_end_of_stream(address: str, path: str, token: str, message: 
                 return False
             if not data:
                 return False
-            buf += data
-            while len(buf) >= 9 and len(buf) >= 9 + int.from_bytes(buf[:3], "big"):
-                length = int.from_bytes(buf[:3], "big")
-                kind, flags, stream, payload = buf[3], buf[4], int.from_bytes(buf[5:9], "big") & 0x7FFFFFFF, buf[9:9 + length]
-                buf = buf[9 + length:]
+            frames, buf = _split_frames(buf + data)
+            for kind, flags, stream, payload in frames:
                 if kind == _SETTINGS and not flags & _ACK:
                     sock.sendall(_frame(_SETTINGS, _ACK, 0))
                 elif kind == _DATA and stream == 1 and payload:
