@@ -1,6 +1,6 @@
 """The Keras example run as a user runs it (``kubeps local --ps 2 --workers 2 examples/keras/train.py``): its eval
-log-loss against the numpy example's, measured the same way (the numpy example's ``evaluate``), and the seed's
-``model.fit`` flow with a checkpoint callback, a parameter server killed mid-training and the job resumed."""
+log-loss against the teacher's and, with one worker each (where a run is deterministic), against the numpy
+example's, measured the same way (the numpy example's ``evaluate``); and the seed's ``model.fit`` flow with a checkpoint callback, a parameter server killed mid-training and the job resumed."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 KERAS_EXAMPLE = ROOT / "examples" / "keras" / "train.py"
 
 
-def kubeps_local(example: Path, *args: str, flags: tuple[str, ...] = ()) -> list[str]:
-    return [sys.executable, "-m", "kubeps.runtime.cli", "local", "--ps", "2", "--workers", "2", *flags,
+def kubeps_local(example: Path, *args: str, flags: tuple[str, ...] = (), workers: int = 2) -> list[str]:
+    return [sys.executable, "-m", "kubeps.runtime.cli", "local", "--ps", "2", "--workers", str(workers), *flags,
             str(example), "--", *args]
 
 
@@ -36,20 +36,31 @@ def result_of(stdout: str) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_keras_fit_matches_the_numpy_example_log_loss_within_half_a_percent(ctr_default_run):
-    """Same data, model, optimizer (Keras's Adagrad mapped to kubeps's) and steps (2400 of 512): eval log-loss
-    within 0.5% of the hand-written numpy path's (``kubeps local --ps 2 --workers 2 examples/ctr/train.py``, the
-    session's shared run)."""
+def test_keras_fit_gets_within_2_percent_of_the_teacher_under_kubeps_local(ctr_default_run):
+    """``kubeps local --ps 2 --workers 2 examples/keras/train.py``, default flags (5 epochs of 480 steps of 512):
+    the numpy example's claim holds for Keras ``fit``, on the same held-out set. (Two workers update the ps
+    asynchronously, so two runs differ by up to ~0.6%; the models are compared with one worker below.)"""
     done = subprocess.run(kubeps_local(KERAS_EXAMPLE), capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    runs = {"keras": result_of(done.stdout), "numpy": ctr_default_run[1]}
-    keras_run, numpy_run = runs["keras"], runs["numpy"]
-    print("LOGLOSS", {k: round(v["logloss"], 5) for k, v in runs.items()},
-          "EXAMPLES/S", {k: round(v["examples_per_s"]) for k, v in runs.items()})
+    keras_run, numpy_run = result_of(done.stdout), ctr_default_run[1]
+    print("LOGLOSS", {"keras": round(keras_run["logloss"], 5), "numpy": round(numpy_run["logloss"], 5)})
     assert keras_run["embedding_shards"] == 2 and keras_run["epochs_run"] == 5
     assert keras_run["teacher_logloss"] == numpy_run["teacher_logloss"]  # the same held-out set
-    assert abs(keras_run["logloss"] / numpy_run["logloss"] - 1) <= 0.005, runs
-    assert keras_run["logloss"] <= 1.02 * keras_run["teacher_logloss"]
+    assert keras_run["logloss"] <= 1.02 * keras_run["teacher_logloss"], keras_run
+    assert keras_run["logloss"] < keras_run["base_logloss"] - 0.15
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_keras_fit_with_one_worker_matches_the_numpy_example_within_a_tenth_of_a_percent(ctr_one_worker_run):
+    """Same data, model, optimizer (Keras's Adagrad mapped to kubeps's) and steps (2400 of 512), one worker, so both
+    runs are deterministic: Keras ``fit``'s eval log-loss against the hand-written numpy path's (observed 0.013%
+    apart: XLA and numpy round differently)."""
+    done = subprocess.run(kubeps_local(KERAS_EXAMPLE, workers=1), capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    keras_run, numpy_run = result_of(done.stdout), ctr_one_worker_run[1]
+    assert keras_run["teacher_logloss"] == numpy_run["teacher_logloss"]
+    assert abs(keras_run["logloss"] / numpy_run["logloss"] - 1) <= 0.001, (keras_run, numpy_run)
 
 
 @pytest.mark.slow

@@ -22,10 +22,10 @@ def load_example():
     return module
 
 
-def run_example(*script_args: str, evaluator: bool = False,
-                script: Path = EXAMPLE) -> tuple[subprocess.CompletedProcess, dict]:
+def run_example(*script_args: str, evaluator: bool = False, script: Path = EXAMPLE,
+                workers: int = 2) -> tuple[subprocess.CompletedProcess, dict]:
     result = subprocess.run(
-        [sys.executable, "-m", "kubeps.runtime.cli", "local", "--ps", "2", "--workers", "2",
+        [sys.executable, "-m", "kubeps.runtime.cli", "local", "--ps", "2", "--workers", str(workers),
          *(["--evaluator"] if evaluator else []), str(script), "--", *script_args],
         capture_output=True, text=True, timeout=170,
     )

@@ -16,17 +16,30 @@ JAX_EXAMPLE = EXAMPLE.with_name("train_jax.py")
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_jax_example_matches_the_numpy_example_within_half_a_percent(ctr_default_run):
-    """``kubeps local --ps 2 --workers 2 examples/ctr/train_jax.py`` with the default flags (2400 steps of 512):
-    its eval log-loss is within 0.5% of the numpy example's, measured here with the same flags."""
+def test_jax_example_gets_within_2_percent_of_the_teacher_under_kubeps_local(ctr_default_run):
+    """``kubeps local --ps 2 --workers 2 examples/ctr/train_jax.py`` with the default flags (2400 steps of 512): the
+    README's claim for the numpy example holds for the JAX one, on the same held-out data. (Two workers update the
+    ps asynchronously, so two runs differ by up to ~0.6%; the models are compared with one worker below.)"""
     result, jax_metrics = run_example(script=JAX_EXAMPLE)
     _, numpy_metrics = ctr_default_run
-    assert jax_metrics["logloss"] == pytest.approx(numpy_metrics["logloss"], rel=0.005), (jax_metrics, numpy_metrics)
     assert jax_metrics["teacher_logloss"] == numpy_metrics["teacher_logloss"]  # the same held-out data
-    assert jax_metrics["logloss"] <= 1.02 * jax_metrics["teacher_logloss"]
+    assert jax_metrics["logloss"] <= 1.02 * jax_metrics["teacher_logloss"], jax_metrics
+    assert jax_metrics["logloss"] < jax_metrics["base_logloss"] - 0.15
     assert jax_metrics["embedding_shards"] == 2
     assert "[chief-0] embedding table 65536x8 float32 in 2 shard(s)" in result.stdout
     assert "chief-0 exited with status 0" in result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_jax_example_with_one_worker_computes_the_numpy_examples_log_loss(ctr_one_worker_run):
+    """With one worker a run is deterministic, so the JAX model (gradients from ``jax.value_and_grad``) is held to the
+    hand-written numpy model's exact result: same data, seed, initial weights and optimizer, default flags. Observed
+    equal to the last bit; 1e-5 leaves room for another BLAS."""
+    _, jax_metrics = run_example(script=JAX_EXAMPLE, workers=1)
+    _, numpy_metrics = ctr_one_worker_run
+    assert jax_metrics["logloss"] == pytest.approx(numpy_metrics["logloss"], rel=1e-5), (jax_metrics, numpy_metrics)
+    assert jax_metrics["auc"] == pytest.approx(numpy_metrics["auc"], rel=1e-5)
 
 
 @pytest.mark.slow
