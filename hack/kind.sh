@@ -11,6 +11,9 @@
 #                         while the cluster is created, and load them once it is up
 #   hack/kind.sh images   build the project's runtime and operator images and `kind load` them
 #   hack/kind.sh tf-image build examples/tf/Dockerfile (tensorflow-cpu) as kubeps-tf:e2e and load it
+#   hack/kind.sh gpu-image  build the Dockerfile's runtime-gpu target (CuPy and CUDA's libraries from PyPI, about
+#                         3 GB) as kubeps-runtime-gpu:e2e; not loaded: kind's nodes have no GPU, and the e2e runs it
+#                         with `docker run` to check what it does without one
 #   hack/kind.sh kueue-image  put hack/kueue.sh's Kueue build in an image (FROM scratch: a static binary, no
 #                         registry) as kubeps-kueue:e2e and load it
 #   hack/kind.sh down     delete the cluster; if `up` started dockerd: stop it and remove what it left
@@ -58,6 +61,7 @@ RUNTIME_IMAGE="kubeps-runtime:$TAG"
 OPERATOR_IMAGE="kubeps-operator:$TAG"
 TF_IMAGE="kubeps-tf:$TAG"
 KERAS_IMAGE="kubeps-runtime-keras:$TAG"
+GPU_IMAGE="kubeps-runtime-gpu:$TAG"
 KUEUE_IMAGE="kubeps-kueue:$TAG"
 
 log() { printf '[kind] %s\n' "$*" >&2; }
@@ -711,20 +715,25 @@ keras_image() { [[ "${KUBEPS_KIND_KERAS_IMAGE:-0}" == 1 ]]; }
 
 # The project's runtime and operator images (and runtime-keras with KUBEPS_KIND_KERAS_IMAGE=1), built from the
 # Dockerfile (docker's layer cache makes a rebuild of unchanged sources a few seconds).
-build_images() {
-  local start=$SECONDS args=()
-  # the images' OCI labels: the version and the commit they were built from
-  args=(--build-arg "KUBEPS_VERSION=$("$ROOT/hack/version.sh")"
-        --build-arg "KUBEPS_REVISION=$("$ROOT/hack/version.sh" --revision)")
+# set_build_args: BUILD_ARGS, the --build-arg words every project image is built with (the OCI labels' version and
+# commit; offline, the debootstrapped Python base).
+set_build_args() {
+  BUILD_ARGS=(--build-arg "KUBEPS_VERSION=$("$ROOT/hack/version.sh")"
+              --build-arg "KUBEPS_REVISION=$("$ROOT/hack/version.sh" --revision)")
   if offline; then
     docker image inspect "$PYTHON_BASE" >/dev/null 2>&1 || die "$PYTHON_BASE missing: run hack/kind.sh build"
-    args+=(--build-arg "PYTHON_IMAGE=$PYTHON_BASE")
+    BUILD_ARGS+=(--build-arg "PYTHON_IMAGE=$PYTHON_BASE")
   fi
-  docker_build "$RUNTIME_IMAGE" "$ROOT" --target runtime "${args[@]}" || die "runtime image build failed"
+}
+
+build_images() {
+  local start=$SECONDS
+  set_build_args
+  docker_build "$RUNTIME_IMAGE" "$ROOT" --target runtime "${BUILD_ARGS[@]}" || die "runtime image build failed"
   if keras_image; then
-    docker_build "$KERAS_IMAGE" "$ROOT" --target runtime-keras "${args[@]}" || die "runtime-keras image build failed"
+    docker_build "$KERAS_IMAGE" "$ROOT" --target runtime-keras "${BUILD_ARGS[@]}" || die "runtime-keras image build failed"
   fi
-  docker_build "$OPERATOR_IMAGE" "$ROOT" --target operator "${args[@]}" || die "operator image build failed"
+  docker_build "$OPERATOR_IMAGE" "$ROOT" --target operator "${BUILD_ARGS[@]}" || die "operator image build failed"
   log "images built in $((SECONDS - start)) s"
 }
 
@@ -752,6 +761,15 @@ cmd_tf_image() {
   docker_build "$TF_IMAGE" "$ROOT" -f "$ROOT/examples/tf/Dockerfile" "${args[@]}" || die "TensorFlow image build failed"
   log "TensorFlow image built in $((SECONDS - start)) s"
   if cluster_exists; then load_images "$(pod_nodes)" "$TF_IMAGE"; fi
+}
+
+# The runtime-gpu image, built but not loaded: no kind node has a GPU (tests/e2e runs it with `docker run`).
+cmd_gpu_image() {
+  docker_up || die "no Docker engine: run hack/kind.sh up first"
+  local start=$SECONDS
+  set_build_args
+  docker_build "$GPU_IMAGE" "$ROOT" --target runtime-gpu "${BUILD_ARGS[@]}" || die "runtime-gpu image build failed"
+  log "runtime-gpu image built in $((SECONDS - start)) s"
 }
 
 # Kueue's manager (hack/kueue.sh build) as an image of one static binary, loaded into the cluster.
@@ -809,12 +827,13 @@ main() {
     up) cmd_up "${@:2}" ;;
     images) cmd_images ;;
     tf-image) cmd_tf_image ;;
+    gpu-image) cmd_gpu_image ;;
     kueue-image) cmd_kueue_image ;;
     down) cmd_down ;;
     env) cmd_env ;;
     status) cmd_status ;;
     network) set_up_pod_network; start_policy_enforcer ;;
-    *) echo "usage: $0 {build|up|images|tf-image|kueue-image|down|env|status|network}" >&2; exit 2 ;;
+    *) echo "usage: $0 {build|up|images|tf-image|gpu-image|kueue-image|down|env|status|network}" >&2; exit 2 ;;
   esac
 }
 
