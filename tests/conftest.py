@@ -113,12 +113,15 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 CTR_EXAMPLE = REPO / "examples" / "ctr" / "train.py"
 
 
-def _ctr_example_run(workers: int) -> tuple[subprocess.CompletedProcess, dict]:
+def run_ctr_example(*script_args: str, evaluator: bool = False, script: Path = CTR_EXAMPLE,
+                    workers: int = 2) -> tuple[subprocess.CompletedProcess, dict]:
+    """``kubeps local --ps 2 --workers W [--evaluator] SCRIPT -- ARGS`` as a user runs it: ``(process, RESULT)``, the
+    chief's one ``RESULT`` line parsed (the CTR examples print one)."""
     import json
 
     result = subprocess.run(
         [sys.executable, "-m", "kubeps.runtime.cli", "local", "--ps", "2", "--workers", str(workers),
-         str(CTR_EXAMPLE)],
+         *(["--evaluator"] if evaluator else []), str(script), "--", *script_args],
         capture_output=True, text=True, timeout=170, cwd=REPO,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -133,14 +136,14 @@ def ctr_default_run() -> tuple[subprocess.CompletedProcess, dict]:
     xdist worker) and shared by the tests that check it: ``(process, RESULT)``. Its data and seed are fixed, but two
     workers update the ps asynchronously, so the log-loss differs from run to run (0.4134-0.4158 seen); compare
     another path against ``ctr_one_worker_run`` instead."""
-    return _ctr_example_run(workers=2)
+    return run_ctr_example(workers=2)
 
 
 @pytest.fixture(scope="session")
 def ctr_one_worker_run() -> tuple[subprocess.CompletedProcess, dict]:
     """The same with ``--workers 1``: every step reads what the step before wrote, so the run is deterministic (the
     same log-loss to the last bit in every run) and another implementation of the model can be held to it."""
-    return _ctr_example_run(workers=1)
+    return run_ctr_example(workers=1)
 
 
 class WaitTimeout(AssertionError):

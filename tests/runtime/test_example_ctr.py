@@ -5,14 +5,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ctr" / "train.py"
+from ..conftest import CTR_EXAMPLE as EXAMPLE
+from ..conftest import run_ctr_example as run_example
 
 
 def load_example():
@@ -20,19 +18,6 @@ def load_example():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def run_example(*script_args: str, evaluator: bool = False, script: Path = EXAMPLE,
-                workers: int = 2) -> tuple[subprocess.CompletedProcess, dict]:
-    result = subprocess.run(
-        [sys.executable, "-m", "kubeps.runtime.cli", "local", "--ps", "2", "--workers", str(workers),
-         *(["--evaluator"] if evaluator else []), str(script), "--", *script_args],
-        capture_output=True, text=True, timeout=170,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    lines = [line for line in result.stdout.splitlines() if line.startswith("[chief-0] RESULT ")]
-    assert len(lines) == 1, result.stdout[-3000:]
-    return result, json.loads(lines[0].split(" RESULT ", 1)[1])
 
 
 @pytest.mark.slow
