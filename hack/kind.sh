@@ -674,8 +674,27 @@ create_cluster() {
     kubectl --kubeconfig "$KUBECONFIG_FILE" wait --for=condition=Ready nodes --all --timeout=120s >/dev/null
   fi
   start_policy_enforcer
+  start_storage
   echo "$((SECONDS - start))" >"$STATE/create-seconds"
   log "cluster $CLUSTER created in $((SECONDS - start)) s ($((WORKERS + 1)) node(s))"
+}
+
+# kind's local-path provisioner (the volumes of the jobs' claims) starts with the cluster, before the pod routes and
+# kube-proxy's rules are in place: its first start can time out reaching the API server's Service (30 s) and exit,
+# and each further exit doubles the kubelet's back-off (10 s, 20 s, 40 s, ...), which leaves a claim unbound, and
+# the pods that mount it Pending, for minutes. Once the network is up (and kube-proxy on every node): start it again
+# unless it has already reached the API server, and wait until it has.
+start_storage() {
+  local k=(kubectl --kubeconfig "$KUBECONFIG_FILE" -n local-path-storage) start=$SECONDS
+  storage_started() { "${k[@]}" logs deploy/local-path-provisioner 2>/dev/null | grep -q "Started provisioner controller"; }
+  storage_started && return 0
+  kubectl --kubeconfig "$KUBECONFIG_FILE" -n kube-system rollout status daemonset/kube-proxy --timeout=120s >/dev/null
+  "${k[@]}" delete pod -l app=local-path-provisioner --wait=false >/dev/null
+  while ! storage_started; do
+    [[ $((SECONDS - start)) -lt 120 ]] || die "the local-path provisioner did not reach the API server in 120 s"
+    sleep 1
+  done
+  log "local-path provisioner started again after the pod network, in $((SECONDS - start)) s"
 }
 
 # The nodes that run job pods, comma-separated: the workers (the control-plane node keeps its NoSchedule taint when

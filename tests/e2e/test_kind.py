@@ -47,6 +47,24 @@ def ctr_job(name: str, *, steps: int = 600, checkpoint: str | None = None, every
     return job
 
 
+#: CPU request of every pod of a job that runs beside others (``side_by_side``)
+SIDE_BY_SIDE_CPU = "50m"
+
+
+def side_by_side(job: dict) -> dict:
+    """``job`` with every replica's CPU request lowered to ``SIDE_BY_SIDE_CPU``, for the jobs that start together
+    at the beginning of the run (run_early, the missing-image job). Kind's two worker nodes have 2 CPUs each to
+    schedule from; at the example's requests (800-900m a job) the example, another run_early job and the missing-image
+    job ask for up to 2,550m of them at once, and a job on a volume (the sidecar evaluator's) needs its chief, ps and
+    evaluator on the volume's node: one could be left Pending there until the chief had succeeded and the job was
+    over, its evaluator never started. At 50m a job asks for 250-300m. Requests only place pods: the CPU a pod uses
+    is not limited by them."""
+    for spec in job["spec"]["replicaSpecs"].values():
+        container = spec["template"]["spec"]["containers"][0]
+        container.setdefault("resources", {}).setdefault("requests", {})["cpu"] = SIDE_BY_SIDE_CPU
+    return job
+
+
 def local_image(job: dict, image: str) -> dict:
     """``job`` with every replica's container running ``image`` from the nodes' own images (no registry is ever
     asked: ``imagePullPolicy: Never``)."""
@@ -71,6 +89,17 @@ def running(kind: Kind, ns: str, job: str, count: int) -> list[dict] | None:
     return pods if len(pods) >= count else None
 
 
+def pod_phases(kind: Kind, ns: str, job: str) -> list[str]:
+    """Each pod of ``job`` as ``name phase node [why it waits]``, for a failure message."""
+    out = []
+    for p in kind.pods(ns, job):
+        why = [c.get("message", c.get("reason", "")) for c in p["status"].get("conditions", [])
+               if c.get("status") == "False"]
+        out.append(" ".join([p["metadata"]["name"], p["status"].get("phase", "?"),
+                             p["spec"].get("nodeName") or "(not scheduled)", *why]))
+    return out
+
+
 def pod_uid(kind: Kind, ns: str, pod: str) -> str:
     return kind.json("-n", ns, "get", "pod", pod)["metadata"]["uid"]
 
@@ -82,7 +111,10 @@ def chief_log(kind: Kind, ns: str, job: str) -> str:
 def start_and_time(kind: Kind, ns: str, job: dict, pods: int) -> None:
     start = time.monotonic()
     kind.apply(ns, job)
-    wait(lambda: running(kind, ns, job["metadata"]["name"], pods), 180, f"{pods} pods Running", interval=0.25)
+    try:
+        wait(lambda: running(kind, ns, job["metadata"]["name"], pods), 180, f"{pods} pods Running", interval=0.25)
+    except AssertionError as err:
+        raise AssertionError(f"{err}; the job's pods: {pod_phases(kind, ns, job['metadata']['name'])}") from None
     record("job create -> all pods Running", time.monotonic() - start, pods=pods)
 
 
@@ -255,7 +287,7 @@ def start_no_image_job(kind: Kind) -> tuple[str, float]:
     """The missing-image job, in a namespace of its own: started before the first test, since all its test does is
     wait out its deadline (the tests before it run meanwhile)."""
     ns = new_namespace(kind, "test_image_that_does_not_exist")
-    job = ctr_job("no-image")
+    job = side_by_side(ctr_job("no-image"))
     job["spec"]["runPolicy"]["activeDeadlineSeconds"] = 45
     local_image(job, "kubeps-runtime:does-not-exist")
     start = time.monotonic()
@@ -296,7 +328,7 @@ def test_image_that_does_not_exist_fails_in_bounded_time(kind: Kind):
 
 @run_early
 def test_command_that_fails_at_once(kind: Kind, ns: str):
-    job = ctr_job("bad-command")
+    job = side_by_side(ctr_job("bad-command"))
     chief = job["spec"]["replicaSpecs"]["Chief"]["template"]["spec"]["containers"][0]
     chief["command"] = ["python", "-c", "import sys; print('bad input', file=sys.stderr); sys.exit(3)"]
     start = time.monotonic()
@@ -346,7 +378,7 @@ def test_network_policy_admits_the_job_and_refuses_other_pods(kind: Kind, ns: st
     job's is refused at the ps's port while it reaches cluster DNS."""
     nodes = kind.run("kind", "get", "nodes", "--name", kind.env["KUBEPS_KIND_CLUSTER"]).split()
     assert sorted(enforcer_nodes(kind)) == sorted(nodes), "kube-router is not running on every node"
-    job = ctr_job("np-e2e", steps=1000)
+    job = side_by_side(ctr_job("np-e2e", steps=1000))
     job["spec"]["security"] = {"networkPolicy": {"mode": "SameJob"}}
     start_and_time(kind, ns, job, pods=5)
     wait(lambda: kind.kubectl("-n", ns, "get", "networkpolicy", "np-e2e-kubeps", "-o", "name"), 60,
@@ -380,7 +412,7 @@ def test_network_policy_admits_the_job_and_refuses_other_pods(kind: Kind, ns: st
 @run_early
 def test_sidecar_evaluator_scores_the_final_checkpoint(kind: Kind, ns: str):
     claim = pvc(kind, ns)
-    job = ctr_job("with-eval", steps=600, checkpoint=claim, every=200, evaluator=True)
+    job = side_by_side(ctr_job("with-eval", steps=600, checkpoint=claim, every=200, evaluator=True))
     start_and_time(kind, ns, job, pods=6)
     assert kind.wait_finished(ns, "with-eval") == "Succeeded"
     # Read the evaluator's metrics from the shared volume.
