@@ -256,6 +256,12 @@ class RunPolicy(BaseModel):
         description="Which pods to delete once the job has finished: All, Running (default: what still runs, "
         "so PS, workers and evaluator do not idle) or None.",
     )
+    evaluatorGraceSeconds: int = Field(
+        60, ge=0, le=86400,
+        description="After the job succeeded: seconds its evaluator may still run to evaluate the final checkpoint "
+        "(it stops by itself once it has) before cleanPodPolicy Running deletes it; the parameter servers and "
+        "workers are deleted at once. 0: at once too.",
+    )
     backoffLimit: int = Field(
         6, ge=0, le=10000,
         description="Chief and PS restarts (pod recreations and in-place container restarts) allowed before the "

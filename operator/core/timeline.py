@@ -10,7 +10,9 @@ Rules (documented for users in docs/operator.md):
 * Gang scheduling (:mod:`.gang`): the job's PodGroup is made with its pods while it runs, deleted when it is
   suspended, queued or finished.
 * Once Succeeded or Failed: cleanPodPolicy deletes pods (and their Services): Running (default) what still runs,
-  All everything, None nothing; ttlSecondsAfterFinished deletes the finished job.
+  All everything, None nothing; ttlSecondsAfterFinished deletes the finished job. With Running, after a success an
+  evaluator still running is left up to runPolicy.evaluatorGraceSeconds to evaluate the final checkpoint (it exits
+  by itself once it has).
 
 Functions of a :class:`~.draft.Draft`; pure: no I/O, the time is the observed one.
 """
@@ -151,9 +153,18 @@ def cleanup(d: Draft) -> None:
             policy = CleanPodPolicy(raw)
     if policy is CleanPodPolicy.NONE:
         return
+    grace_until = _evaluator_grace_until(d) if policy is CleanPodPolicy.RUNNING else None
     removed: set[str] = set()
     for pod in sorted(d.pods, key=lambda p: p.name):
         if pod.terminating:
+            removed.add(pod.name)
+            continue
+        if grace_until is not None and pod.replica_type is ReplicaType.EVALUATOR and not pod.finished:
+            if d.now < grace_until:
+                d.requeue((grace_until - d.now).total_seconds())
+                continue
+            d.delete_pod(pod, f"cleanPodPolicy Running: still running {_evaluator_grace(d)} s after the job succeeded "
+                         "(runPolicy.evaluatorGraceSeconds)")
             removed.add(pod.name)
             continue
         if policy is CleanPodPolicy.ALL or not pod.finished:
@@ -162,6 +173,24 @@ def cleanup(d: Draft) -> None:
     for svc_name in sorted(d.services):
         if policy is CleanPodPolicy.ALL or svc_name in removed:
             d.plan.actions.append(DeleteService(svc_name, "cleanPodPolicy " + policy.value))
+
+
+def _evaluator_grace(d: Draft) -> int:
+    """runPolicy.evaluatorGraceSeconds (its default for a spec the models rejected)."""
+    if d.spec is not None:
+        return d.spec.runPolicy.evaluatorGraceSeconds
+    raw = _raw_run_policy(d).get("evaluatorGraceSeconds")
+    default = RunPolicy.model_fields["evaluatorGraceSeconds"].default
+    return raw if isinstance(raw, int) and not isinstance(raw, bool) and 0 <= raw <= 86400 else default
+
+
+def _evaluator_grace_until(d: Draft) -> datetime | None:
+    """Until when a succeeded job's evaluator is left to finish the final checkpoint; None: not at all (the job
+    failed: no final checkpoint is coming)."""
+    if not d.book.is_true(ConditionType.SUCCEEDED):
+        return None
+    finished = parse_time(d.status.completionTime) or d.now
+    return finished + timedelta(seconds=_evaluator_grace(d))
 
 
 def ttl(d: Draft) -> None:

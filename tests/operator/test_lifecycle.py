@@ -92,15 +92,19 @@ def test_job_yields_pods_services_secret_and_tf_config(kube, ns, operator):
 
 
 def test_chief_exit_0_succeeds_and_cleans_up_running_pods(kube, ns):
-    create_job(kube, ns, job_manifest("done", ps=1, workers=2, evaluator=1))
+    create_job(kube, ns, job_manifest("done", ps=1, workers=2, evaluator=1, run_policy={"evaluatorGraceSeconds": 4}))
     wait_state(kube, ns, "done", "Running")
     kube.terminate_pod(ns, "done-chief-0", 0)
     job = wait_state(kube, ns, "done", "Succeeded")
     assert condition(job, "Succeeded")["reason"] == "ChiefSucceeded"
     assert job["status"]["completionTime"]
-    # pods and Services are deleted concurrently: wait for both
+    # pods and Services are deleted concurrently: wait for both. The evaluator is left its grace to evaluate the
+    # final checkpoint, then deleted (a reconcile scheduled for then: nothing about the job changes meanwhile).
+    kept = ["done-chief-0", "done-evaluator-0"]
+    kube.wait_for(lambda: sorted(pods_of(kube, ns, "done")) == sorted(services_of(kube, ns, "done")) == kept,
+                  timeout=20, what="ps and workers deleted with their Services (cleanPodPolicy Running)")
     kube.wait_for(lambda: sorted(pods_of(kube, ns, "done")) == sorted(services_of(kube, ns, "done"))
-                  == ["done-chief-0"], timeout=20, what="ps, workers and evaluator deleted with their Services (cleanPodPolicy Running)")
+                  == ["done-chief-0"], timeout=20, what="the evaluator deleted after evaluatorGraceSeconds")
 
 
 def test_worker_failure_replaces_the_worker_and_keeps_running(kube, ns):

@@ -301,7 +301,8 @@ def test_pods_and_services_of_other_owners_are_ignored():
 
 # ----------------------------------------------------------------------------------------------- success
 @pytest.mark.parametrize("policy,deleted", [
-    ("Running", ["ctr-evaluator-0", "ctr-ps-0", "ctr-ps-1", "ctr-worker-0", "ctr-worker-2"]),
+    # the evaluator is left its grace (below) to evaluate the final checkpoint
+    ("Running", ["ctr-ps-0", "ctr-ps-1", "ctr-worker-0", "ctr-worker-2"]),
     ("All", ["ctr-chief-0", "ctr-evaluator-0", "ctr-ps-0", "ctr-ps-1", "ctr-worker-0", "ctr-worker-1",
              "ctr-worker-2"]),
     ("None", []),
@@ -323,6 +324,57 @@ def test_chief_exit_0_succeeds_and_clean_pod_policy_removes(policy, deleted):
     assert status["completionTime"] == "2025-01-01T12:00:00Z"
     assert any(e.reason == "ChiefSucceeded" for e in world.events)
     assert world.plan().actions == []
+
+
+def succeeded_with_evaluator(**run_policy) -> tuple[World, A.Plan]:
+    """A job whose chief exited 0 while its evaluator runs: the plan of that success."""
+    world = running(evaluator=1, run_policy=run_policy)
+    world.exit("ctr-chief-0", 0)
+    plan = world.plan()
+    world.apply(plan)
+    assert world.is_true("Succeeded")
+    return world, plan
+
+
+def test_after_a_success_the_evaluator_is_left_to_finish_the_final_checkpoint():
+    world, plan = succeeded_with_evaluator()
+    assert "ctr-evaluator-0" not in [a.name for a in plan.of(A.DeletePod)]
+    assert "ctr-evaluator-0" not in [a.name for a in plan.of(A.DeleteService)]
+    assert {"ctr-ps-0", "ctr-worker-0"} <= {a.name for a in plan.of(A.DeletePod)}
+    assert plan.requeue_after == 60
+    world.now += timedelta(seconds=20)
+    assert world.plan().requeue_after == 40
+    # it evaluated the final checkpoint and exited: nothing left to delete, no reconcile due for it
+    world.exit("ctr-evaluator-0", 0)
+    plan = world.plan()
+    assert plan.of(A.DeletePod) == [] and plan.requeue_after is None
+    assert world.job["status"]["state"] == "Succeeded"
+
+
+def test_an_evaluator_still_running_after_its_grace_is_deleted_with_the_reason():
+    world, _ = succeeded_with_evaluator(evaluatorGraceSeconds=30)
+    world.now += timedelta(seconds=29)
+    assert world.plan().of(A.DeletePod) == []
+    world.now += timedelta(seconds=1)
+    plan = world.plan()
+    [delete] = plan.of(A.DeletePod)
+    assert delete.name == "ctr-evaluator-0"
+    assert "30 s after the job succeeded" in delete.reason and "evaluatorGraceSeconds" in delete.reason
+    assert [a.name for a in plan.of(A.DeleteService)] == ["ctr-evaluator-0"]
+
+
+@pytest.mark.parametrize("run_policy", [{"evaluatorGraceSeconds": 0}, {"cleanPodPolicy": "All"}])
+def test_no_grace_deletes_the_evaluator_with_the_rest(run_policy):
+    _, plan = succeeded_with_evaluator(**run_policy)
+    assert "ctr-evaluator-0" in [a.name for a in plan.of(A.DeletePod)]
+
+
+def test_a_failed_job_deletes_its_evaluator_at_once():
+    world = running(evaluator=1, policies={"Chief": "Never"})
+    world.exit("ctr-chief-0", 3)
+    plan = world.plan()
+    assert plan.terminal and plan.status["state"] == "Failed"
+    assert "ctr-evaluator-0" in [a.name for a in plan.of(A.DeletePod)]
 
 
 def test_terminal_status_is_frozen():

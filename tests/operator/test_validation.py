@@ -74,6 +74,8 @@ INVALID = [
     ("negative-backoff", _set("spec.runPolicy.backoffLimit", -1), "spec.runPolicy.backoffLimit"),
     ("zero-deadline", _set("spec.runPolicy.activeDeadlineSeconds", 0), "spec.runPolicy.activeDeadlineSeconds"),
     ("negative-ttl", _set("spec.runPolicy.ttlSecondsAfterFinished", -5), "spec.runPolicy.ttlSecondsAfterFinished"),
+    ("negative-evaluator-grace", _set("spec.runPolicy.evaluatorGraceSeconds", -1),
+     "spec.runPolicy.evaluatorGraceSeconds"),
     ("suspend-not-bool", _set("spec.runPolicy.suspend", "yes"), "spec.runPolicy.suspend"),
     ("exit-code-0", _set("spec.runPolicy.retryableExitCodes", [0]), "spec.runPolicy.retryableExitCodes[0]"),
     ("exit-code-300", _set("spec.runPolicy.retryableExitCodes", [300]), "spec.runPolicy.retryableExitCodes[0]"),
@@ -112,7 +114,8 @@ def test_the_valid_base_manifest_is_accepted_with_defaults(crd, kube, namespace)
     del manifest["spec"]["replicaSpecs"]["PS"]["restartPolicy"]
     created = kube.custom().create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest,
                                                             dry_run="All")
-    assert created["spec"]["runPolicy"] == {"cleanPodPolicy": "Running", "backoffLimit": 6, "suspend": False}
+    assert created["spec"]["runPolicy"] == {"cleanPodPolicy": "Running", "evaluatorGraceSeconds": 60, "backoffLimit": 6,
+                                            "suspend": False}
     assert created["spec"]["replicaSpecs"]["PS"]["restartPolicy"] == "OnFailure"
 
 
