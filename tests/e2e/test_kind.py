@@ -415,6 +415,13 @@ def test_sidecar_evaluator_scores_the_final_checkpoint(kind: Kind, ns: str):
     job = side_by_side(ctr_job("with-eval", steps=600, checkpoint=claim, every=200, evaluator=True))
     start_and_time(kind, ns, job, pods=6)
     assert kind.wait_finished(ns, "with-eval") == "Succeeded"
+    # The job succeeded with its chief; the evaluator is left (runPolicy.evaluatorGraceSeconds, 60 s) to evaluate
+    # the final checkpoint and exits by itself.
+    finished = wait(lambda: kind.pods(ns, "with-eval") and [
+        p["status"].get("phase") for p in kind.pods(ns, "with-eval")
+        if p["metadata"]["name"] == "with-eval-evaluator-0" and p["status"].get("phase") in ("Succeeded", "Failed")],
+        90, "the evaluator to exit by itself")
+    assert finished == ["Succeeded"], pod_phases(kind, ns, "with-eval")
     # Read the evaluator's metrics from the shared volume.
     reader = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "read-metrics"},
               "spec": {"restartPolicy": "Never",
