@@ -153,17 +153,18 @@ def cleanup(d: Draft) -> None:
             policy = CleanPodPolicy(raw)
     if policy is CleanPodPolicy.NONE:
         return
-    grace_until = _evaluator_grace_until(d) if policy is CleanPodPolicy.RUNNING else None
+    grace = _evaluator_grace(d) if policy is CleanPodPolicy.RUNNING else None
     removed: set[str] = set()
     for pod in sorted(d.pods, key=lambda p: p.name):
         if pod.terminating:
             removed.add(pod.name)
             continue
-        if grace_until is not None and pod.replica_type is ReplicaType.EVALUATOR and not pod.finished:
-            if d.now < grace_until:
-                d.requeue((grace_until - d.now).total_seconds())
+        if grace is not None and pod.replica_type is ReplicaType.EVALUATOR and not pod.finished:
+            seconds, until = grace
+            if d.now < until:
+                d.requeue((until - d.now).total_seconds())
                 continue
-            d.delete_pod(pod, f"cleanPodPolicy Running: still running {_evaluator_grace(d)} s after the job succeeded "
+            d.delete_pod(pod, f"cleanPodPolicy Running: still running {seconds} s after the job succeeded "
                          "(runPolicy.evaluatorGraceSeconds)")
             removed.add(pod.name)
             continue
@@ -175,22 +176,15 @@ def cleanup(d: Draft) -> None:
             d.plan.actions.append(DeleteService(svc_name, "cleanPodPolicy " + policy.value))
 
 
-def _evaluator_grace(d: Draft) -> int:
-    """runPolicy.evaluatorGraceSeconds (its default for a spec the models rejected)."""
-    if d.spec is not None:
-        return d.spec.runPolicy.evaluatorGraceSeconds
-    raw = _raw_run_policy(d).get("evaluatorGraceSeconds")
-    default = RunPolicy.model_fields["evaluatorGraceSeconds"].default
-    return raw if isinstance(raw, int) and not isinstance(raw, bool) and 0 <= raw <= 86400 else default
-
-
-def _evaluator_grace_until(d: Draft) -> datetime | None:
-    """Until when a succeeded job's evaluator is left to finish the final checkpoint; None: not at all (the job
-    failed: no final checkpoint is coming)."""
+def _evaluator_grace(d: Draft) -> tuple[int, datetime] | None:
+    """``(runPolicy.evaluatorGraceSeconds, until when)`` a succeeded job's evaluator is left to finish the final
+    checkpoint; None: not at all (the job failed: no final checkpoint is coming). A spec the models rejected (edited
+    after the job ended) gets the default."""
     if not d.book.is_true(ConditionType.SUCCEEDED):
         return None
+    seconds = (d.spec.runPolicy if d.spec is not None else RunPolicy()).evaluatorGraceSeconds
     finished = parse_time(d.status.completionTime) or d.now
-    return finished + timedelta(seconds=_evaluator_grace(d))
+    return seconds, finished + timedelta(seconds=seconds)
 
 
 def ttl(d: Draft) -> None:

@@ -417,11 +417,9 @@ def test_sidecar_evaluator_scores_the_final_checkpoint(kind: Kind, ns: str):
     assert kind.wait_finished(ns, "with-eval") == "Succeeded"
     # The job succeeded with its chief; the evaluator is left (runPolicy.evaluatorGraceSeconds, 60 s) to evaluate
     # the final checkpoint and exits by itself.
-    finished = wait(lambda: kind.pods(ns, "with-eval") and [
-        p["status"].get("phase") for p in kind.pods(ns, "with-eval")
-        if p["metadata"]["name"] == "with-eval-evaluator-0" and p["status"].get("phase") in ("Succeeded", "Failed")],
-        90, "the evaluator to exit by itself")
-    assert finished == ["Succeeded"], pod_phases(kind, ns, "with-eval")
+    finished = wait(lambda: (phase := kind.json("-n", ns, "get", "pod", "with-eval-evaluator-0")["status"].get(
+        "phase")) in ("Succeeded", "Failed") and phase, 90, "the evaluator to exit by itself")
+    assert finished == "Succeeded", pod_phases(kind, ns, "with-eval")
     # Read the evaluator's metrics from the shared volume.
     reader = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "read-metrics"},
               "spec": {"restartPolicy": "Never",
