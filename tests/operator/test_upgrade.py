@@ -91,8 +91,13 @@ def test_helm_upgrade_from_the_previous_chart_keeps_a_running_job(kube, tmp_path
         # The new operator takes the job over: it acts on a change made after the upgrade.
         operator = OperatorProcess(kube, [namespace], tmp_path / "after.log").start()
         patch_job(kube, namespace, "upg", {"spec": {"replicaSpecs": {"Worker": {"replicas": 2}}}})
-        kube.wait_for(lambda: get_job(kube, namespace, "upg")["status"]["workers"] == "2/2", timeout=60,
-                      what="the new operator to add worker 1")
+        try:
+            kube.wait_for(lambda: get_job(kube, namespace, "upg")["status"]["workers"] == "2/2", timeout=60,
+                          what="the new operator to add worker 1")
+        except AssertionError as err:  # what the job and its pods were, and what the operator said
+            pods = {n: p.status.phase for n, p in pods_of(kube, namespace, "upg").items()}
+            raise AssertionError(f"{err}\nstatus: {get_job(kube, namespace, 'upg').get('status')}\npods: {pods}\n"
+                                 f"operator log:\n{operator.log_tail(40)}") from None
         after = uids(kube, namespace, "upg")
         assert {k: v for k, v in after.items() if k in before} == before  # the old children kept
         assert "pod/upg-worker-1" in after and get_job(kube, namespace, "upg")["status"]["state"] == "Running"
