@@ -56,6 +56,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 REPO = Path(__file__).resolve().parents[1]
 CTR = REPO / "bench" / "ctr"
@@ -127,21 +128,36 @@ def vm_hwm_bytes(pid: int) -> int | None:
     return None
 
 
-def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU time of a process so far (all its threads), and of the processes it started that still
-    run (a ps task of several server processes)."""
+def usage(pid: int) -> tuple[float, int] | None:
+    """``(CPU seconds, context switches)`` of a process so far: user + system time of all its threads, and the
+    voluntary + involuntary switches of the threads alive now (a thread that ended took its count with it); with the
+    processes it started that still run (a ps task of several server processes)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    total = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    switches = 0
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        threads = []
+    for tid in threads:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                switches += sum(int(line.split()[1]) for line in f if "ctxt_switches:" in line)
+        except (OSError, ValueError, IndexError):
+            continue
     try:
         with open(f"/proc/{pid}/task/{pid}/children") as f:
             children = [int(c) for c in f.read().split()]
     except OSError:
         children = []
-    return total + sum(c for child in children if (c := cpu_seconds(child)) is not None)
+    for child in children:
+        if (more := usage(child)) is not None:
+            cpu, switches = cpu + more[0], switches + more[1]
+    return cpu, switches
 
 
 class PeakRSS:
@@ -151,7 +167,7 @@ class PeakRSS:
     def __init__(self):
         self.tasks: dict[str, int] = {}
         self.peak: dict[str, int] = {}
-        self.cpu: dict[str, dict[str, float]] = {}  # mark -> task -> CPU seconds
+        self.cpu: dict[str, dict[str, tuple[float, int]]] = {}  # mark -> task -> (CPU seconds, context switches)
         self.lock = threading.Lock()
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._poll, daemon=True)
@@ -172,15 +188,16 @@ class PeakRSS:
     def mark(self, label: str) -> None:
         with self.lock:
             tasks = list(self.tasks.items())
-        self.cpu[label] = {name: t for name, pid in tasks if (t := cpu_seconds(pid)) is not None}
+        self.cpu[label] = {name: t for name, pid in tasks if (t := usage(pid)) is not None}
 
-    def cpu_ms_per_step(self, steps: int) -> dict[str, float]:
-        """CPU milliseconds per timed step of each task type (summed over its tasks) and of all tasks."""
+    def per_step(self, steps: int, which: int = 0, scale: float = 1000.0) -> dict[str, float]:
+        """Per timed step, of each task type (summed over its tasks) and of all tasks: CPU milliseconds
+        (``which=0``), or context switches (``which=1, scale=1``)."""
         start, end = self.cpu.get("start", {}), self.cpu.get("end", {})
         out: dict[str, float] = {}
         for name in start.keys() & end.keys():
             kind = name.rsplit("-", 1)[0]
-            out[kind] = out.get(kind, 0.0) + 1000 * (end[name] - start[name]) / steps
+            out[kind] = out.get(kind, 0.0) + scale * (end[name][which] - start[name][which]) / steps
         out["total"] = sum(out.values())
         return out
 
@@ -194,8 +211,10 @@ class PeakRSS:
         return dict(self.peak)
 
 
-def run_side(side: str, args: argparse.Namespace, data: Path, tf_python: str | None) -> dict:
-    """One training run of ``side`` under ``kubeps local``; its RESULT plus the peak RSS of each task."""
+def run_side(side: str, args: argparse.Namespace, data: Path, tf_python: str | None,
+             on_timed_start: Callable[[dict[str, int]], None] | None = None) -> dict:
+    """One training run of ``side`` under ``kubeps local``; its RESULT plus the peak RSS of each task.
+    ``on_timed_start`` is called with the tasks' pids by name (``ps-0``...) when the timed span starts."""
     cmd = [sys.executable, "-m", "kubeps.runtime.cli", "local", "--ps", str(args.ps), "--workers", str(args.workers)]
     if getattr(args, "ps_processes", None):
         cmd += ["--ps-processes", str(args.ps_processes)]
@@ -239,6 +258,8 @@ def run_side(side: str, args: argparse.Namespace, data: Path, tf_python: str | N
                 result = json.loads(m["json"])
             elif "TIMED START" in line or "TIMED END" in line:
                 rss.mark("start" if "START" in line else "end")
+                if "START" in line and on_timed_start is not None:
+                    on_timed_start(dict(rss.tasks))
         rc = proc.wait()
     finally:
         killer.cancel()
@@ -253,7 +274,8 @@ def run_side(side: str, args: argparse.Namespace, data: Path, tf_python: str | N
     result["peak_rss"] = peak
     executions = args.steps // args.steps_per_execution
     timed_steps = (executions - min(args.warmup_executions, executions)) * args.steps_per_execution
-    result["cpu_ms_per_step"] = rss.cpu_ms_per_step(max(1, timed_steps))
+    result["cpu_ms_per_step"] = rss.per_step(max(1, timed_steps))
+    result["switches_per_step"] = rss.per_step(max(1, timed_steps), which=1, scale=1.0)
     result["wall_seconds"] = time.monotonic() - started
     return result
 

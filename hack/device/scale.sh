@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The scaling curve on a many-core machine, in one run of at most ~4 minutes (docs/scaling.md):
 #   1. bench/scaling.py: the CTR workload (numpy layers, batch 512, mutual TLS) as 2+2, 2+4, 4+8 ps+workers and
-#      4+8 with 2 and 3 server processes per ps task; examples/s, CPU per task, cores per ps, efficiency vs 2+2;
+#      4+8 with 2 and 3 server processes per ps task; examples/s, CPU per task, cores per ps, efficiency vs 2+2,
+#      context switches per step and, where py-spy is installed (hack/device/wheels.sh carries it), the share of
+#      time ps-0 and worker-0 hold the GIL (SCALE_GIL_S seconds of each timed span, default 3; 0: not sampled);
 #   2. bench/ps_capacity.py: one ps task's pulls+pushes/s given 1, 2, 4, 8 cores (taskset), as 1 process and as one
 #      per core, its 6 clients sharing the cores.
 # Writes the table to $OUT/scaling.txt (and prints it), the raw figures to $OUT/*.json and the runs' output to
@@ -12,7 +14,7 @@
 # A dry run with tiny sizes: SCALE_STEPS=200 SCALE_EXAMPLES=20000 SCALE_SECONDS=1 SCALE_CORES=1,2 \
 #   SCALE_JOBS=1+1,1+2x2 OUT=/tmp/scale bash hack/device/scale.sh
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 PY=${PYTHON:-python3}
 : "${OUT:?set OUT to the folder the table goes to}"
 mkdir -p "$OUT"
@@ -31,8 +33,13 @@ started=$(date +%s)
   echo
 } > "$OUT/scaling.txt"
 
+GIL_S=${SCALE_GIL_S:-3}
+if [ "$GIL_S" != 0 ] && ! command -v py-spy >/dev/null && [ ! -x "$(dirname "$(command -v "$PY")")/py-spy" ]; then
+  echo "py-spy not found: the GIL is not sampled" >> "$OUT/scaling.txt"
+  GIL_S=0
+fi
 timeout "${SCALE_SCALING_S:-150}" "$PY" bench/scaling.py --jobs "$JOBS" --steps "$STEPS" --train-examples "$EXAMPLES" \
-  --eval-examples 20000 --json "$OUT/scaling.json" > "$OUT/scaling.log" 2>&1
+  --eval-examples 20000 --gil-seconds "$GIL_S" --json "$OUT/scaling.json" > "$OUT/scaling.log" 2>&1
 status_scaling=$?
 timeout "${SCALE_CAPACITY_S:-80}" "$PY" bench/ps_capacity.py --cores "$CORES" --clients "$CLIENTS" --seconds "$SECONDS_EACH" \
   --json "$OUT/ps_capacity.json" > "$OUT/ps_capacity.log" 2>&1

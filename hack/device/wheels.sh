@@ -8,4 +8,4 @@ PYVER=${PYVER:-3.12}
 python3 -m pip download --only-binary=:all: --python-version "$PYVER" --implementation cp \
   --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
   -d .gpu-deps 'pydantic>=2.5' 'cryptography>=42' 'cloudpickle>=3.0' 'prometheus-client>=0.19' \
-  'threadpoolctl>=3.1' 'pytest-timeout>=2.2'
+  'threadpoolctl>=3.1' 'pytest-timeout>=2.2' 'py-spy>=0.4'

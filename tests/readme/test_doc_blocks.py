@@ -62,6 +62,8 @@ NOT_RUN = {
         "benchmarks for minutes; the driver's options are parsed by bench/ctr_vs_tf.py itself",
     ("docs/benchmarks.md", ".venv/bin/python bench/ps_capacity.py --cores 1,2 --clients 4 --seconds 8"):
         "benchmarks for minutes, pinning processes to cores",
+    ("docs/benchmarks.md", ".venv/bin/python bench/scaling.py --jobs 2+2,4+8 --steps 3000 --rounds 2 --gil-seconds 4"):
+        "benchmarks for minutes, sampling two tasks with py-spy (not a dependency of kubeps)",
     ("docs/benchmarks.md", "KUBEPS_CPUS=1 .venv/bin/python bench/ctr_vs_tf.py --ps 1 --workers 1 --rounds 1 --steps 1500   # then KUBEPS_CPUS=2"):
         "benchmarks for minutes (twice)",
     ("docs/benchmarks.md", "kubeps local --ps 2 --workers 2 examples/ctr/train.py      # 2400 steps of 512, ~4 passes over 300k examples"):
