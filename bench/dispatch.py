@@ -12,7 +12,8 @@ For each worker count (``--workers 8,64,256``), in one run:
 * memory: the chief's RSS growth from before the coordinator to after the first closures, per worker;
 * dataset: ``create_per_worker_dataset`` on every worker until every worker's copy exists;
 * dispatch: ``--closures`` trivial functions (``schedule`` + ``join``): closures/s, the chief's CPU per closure
-  and its split between the dispatch threads, the heartbeat monitor, the scheduling thread and gRPC's own threads;
+  and its split between the dispatch threads, the heartbeat monitor, the scheduling thread and gRPC's own threads,
+  and the context switches of all its threads per closure (the hand-offs between threads a closure costs);
 * idle heartbeats: the chief's CPU per second with every worker connected and nothing to run.
 
 Prints one line per worker count and the ratios of the largest count to the smallest (per-closure CPU and
@@ -79,21 +80,25 @@ def _cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _thread_cpu() -> dict[int, float]:
-    """CPU seconds of every thread of this process, by native thread id."""
+def _threads() -> dict[int, tuple[float, int]]:
+    """``(CPU seconds, context switches)`` of every thread of this process, by native thread id."""
     out = {}
     for tid in os.listdir("/proc/self/task"):
         try:
             with open(f"/proc/self/task/{tid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
+            with open(f"/proc/self/task/{tid}/status") as f:
+                switches = sum(int(line.split()[1]) for line in f if "ctxt_switches:" in line)
+        except (OSError, ValueError, IndexError):
             continue
-        out[int(tid)] = (int(fields[11]) + int(fields[12])) / TICK
+        out[int(tid)] = ((int(fields[11]) + int(fields[12])) / TICK, switches)
     return out
 
 
-def _split(before: dict[int, float], after: dict[int, float]) -> dict[str, float]:
-    """CPU seconds spent between two snapshots, by the role of each Python thread (others: gRPC's threads)."""
+def _split(before: dict[int, tuple[float, int]], after: dict[int, tuple[float, int]],
+           which: int = 0) -> dict[str, float]:
+    """CPU seconds (``which=0``) or context switches (``which=1``) between two snapshots, by the role of each Python
+    thread (others: gRPC's threads)."""
     roles = {}
     for thread in threading.enumerate():
         name = thread.name
@@ -103,9 +108,9 @@ def _split(before: dict[int, float], after: dict[int, float]) -> dict[str, float
         if thread.native_id is not None:
             roles[thread.native_id] = role
     split: dict[str, float] = {}
-    for tid, cpu in after.items():
+    for tid, now in after.items():
         role = roles.get(tid, "grpc")
-        split[role] = split.get(role, 0.0) + cpu - before.get(tid, 0.0)
+        split[role] = split.get(role, 0.0) + now[which] - before.get(tid, (0.0, 0))[which]
     return split
 
 
@@ -171,7 +176,7 @@ def measure(num_workers: int, args, tmp: str, ps_port: int) -> dict:
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(1.0)
         batched0 = coordinator._queue.counters()["batched"]
-        threads0, cpu0, t0 = _thread_cpu(), _cpu(), time.perf_counter()
+        threads0, cpu0, t0 = _threads(), _cpu(), time.perf_counter()
         if args.closure_ms > 0:
             values = [coordinator.schedule(_busy, args=(i, args.closure_ms / 1000)) for i in range(args.closures)]
         else:
@@ -179,7 +184,8 @@ def measure(num_workers: int, args, tmp: str, ps_port: int) -> dict:
         coordinator.join()
         wall = time.perf_counter() - t0
         cpu = _cpu() - cpu0
-        split = _split(threads0, _thread_cpu())
+        threads1 = _threads()
+        split, switches = _split(threads0, threads1), _split(threads0, threads1, which=1)
         calls = args.closures - (coordinator._queue.counters()["batched"] - batched0)
         if profiler is not None:
             profiler.send_signal(signal.SIGINT)
@@ -205,6 +211,8 @@ def measure(num_workers: int, args, tmp: str, ps_port: int) -> dict:
             "closures_per_s": args.closures / wall, "chief_cores": cpu / wall,
             "chief_us_per_closure": cpu * 1e6 / args.closures,
             "split_us_per_closure": {k: round(v * 1e6 / args.closures, 1) for k, v in sorted(split.items())},
+            "switches_per_closure": sum(switches.values()) / args.closures,
+            "switches_split": {k: round(v / args.closures, 1) for k, v in sorted(switches.items())},
             "idle_cores": idle_cores, "mb_per_worker": (rss1 - rss0) / num_workers,
             "functions_per_call": args.closures / max(1, calls)}
 
@@ -247,12 +255,14 @@ def main() -> int:
           f"only the chief's own CPU is counted); at most {args.closures_per_call} function(s) per call; each "
           f"function {'sleeps %g ms' % args.closure_ms if args.closure_ms > 0 else 'returns at once'}")
     print(f"{'workers':>7} {'connect s':>9} {'dataset ms/worker':>17} {'closures/s':>10} {'chief cores':>11} "
-          f"{'chief us/closure':>16} {'per call':>8} {'idle cores':>10} {'MB/worker':>9}  split us/closure")
+          f"{'chief us/closure':>16} {'switches/closure':>16} {'per call':>8} {'idle cores':>10} {'MB/worker':>9}  "
+          f"split us/closure, then switches/closure")
     for r in rows:
         print(f"{r['workers']:>7} {r['connect_s']:>9.2f} {r['dataset_ms_per_worker']:>17.2f} {r['closures_per_s']:>10.0f} "
-              f"{r['chief_cores']:>11.2f} {r['chief_us_per_closure']:>16.0f} {r['functions_per_call']:>8.2f} "
+              f"{r['chief_cores']:>11.2f} {r['chief_us_per_closure']:>16.0f} {r['switches_per_closure']:>16.1f} "
+              f"{r['functions_per_call']:>8.2f} "
               f"{r['idle_cores']:>10.3f} "
-              f"{r['mb_per_worker']:>9.3f}  {r['split_us_per_closure']}")
+              f"{r['mb_per_worker']:>9.3f}  {r['split_us_per_closure']} {r['switches_split']}")
     small, big = rows[0], rows[-1]
     print(f"ratios {big['workers']} / {small['workers']} workers: chief CPU per closure "
           f"{big['chief_us_per_closure'] / small['chief_us_per_closure']:.2f}x, closures/s "
