@@ -25,7 +25,8 @@ closures/s`` to the largest count on ``<= 1`` core, ``<= 1 MB`` per worker) are 
 ``--profile FILE``: run py-spy (``pip install py-spy``) on the chief during the largest count's dispatch.
 ``--closure-ms MS``: each function sleeps ``MS`` (a step's stand-in that uses no core): every worker stays busy and a
 backlog builds, as in training, so the coordinator sends its fair share of it per call (``--closures-per-call``, the
-coordinator's ``max_closures_per_call``; 1 sends each function alone). With functions that return at once the
+coordinator's ``max_closures_per_call``; 1 sends each function alone). ``--gil-switch-interval S``: the coordinator's
+``gil_switch_interval`` (0: the interpreter's own, 5 ms; the baseline of that setting). With functions that return at once the
 workers wait for the chief and nothing queues up: every function goes alone, whatever the setting.
 """
 
@@ -42,7 +43,7 @@ import tempfile
 import threading
 import time
 
-from kubeps.runtime.coordinator.cluster_coordinator import DEFAULT_CLOSURES_PER_CALL
+from kubeps.runtime.coordinator.cluster_coordinator import DEFAULT_CLOSURES_PER_CALL, DEFAULT_GIL_SWITCH_INTERVAL
 from kubeps.runtime.local.launcher import free_ports
 
 TOKEN = "bench-token-" + "0123456789abcdef"
@@ -156,11 +157,13 @@ def measure(num_workers: int, args, tmp: str, ps_port: int) -> dict:
         t0 = time.perf_counter()
         # generous failure detection: on a loaded machine a ps or worker host can be starved for seconds
         coordinator = kp.ClusterCoordinator(strategy, heartbeat_failures=20, ping_timeout=5.0,
-                                            max_closures_per_call=args.closures_per_call)
+                                            max_closures_per_call=args.closures_per_call,
+                                            gil_switch_interval=args.gil_switch_interval or None)
         # connected: every worker answered (a per-worker value needs every dispatch thread to be up)
         warm = [coordinator.schedule(_trivial, args=(i,)) for i in range(num_workers)]
         coordinator.join()
         connect_s = time.perf_counter() - t0
+        switch_interval_ms = sys.getswitchinterval() * 1000
         assert [w.fetch() for w in warm] == [i + 1 for i in range(num_workers)]
 
         t0 = time.perf_counter()
@@ -211,7 +214,7 @@ def measure(num_workers: int, args, tmp: str, ps_port: int) -> dict:
             "closures_per_s": args.closures / wall, "chief_cores": cpu / wall,
             "chief_us_per_closure": cpu * 1e6 / args.closures,
             "split_us_per_closure": {k: round(v * 1e6 / args.closures, 1) for k, v in sorted(split.items())},
-            "switches_per_closure": sum(switches.values()) / args.closures,
+            "switches_per_closure": sum(switches.values()) / args.closures, "switch_interval_ms": switch_interval_ms,
             "switches_split": {k: round(v / args.closures, 1) for k, v in sorted(switches.items())},
             "idle_cores": idle_cores, "mb_per_worker": (rss1 - rss0) / num_workers,
             "functions_per_call": args.closures / max(1, calls)}
@@ -230,11 +233,17 @@ def main() -> int:
                              "worker busy, the queue holds a backlog, as in training")
     parser.add_argument("--closures-per-call", type=int, default=DEFAULT_CLOSURES_PER_CALL,
                         help="the coordinator's max_closures_per_call (default %(default)s; 1: one function per call)")
+    parser.add_argument("--gil-switch-interval", type=float, default=DEFAULT_GIL_SWITCH_INTERVAL,
+                        help="the coordinator's gil_switch_interval in seconds (default %(default)s; 0: the "
+                             "interpreter's own)")
     args = parser.parse_args()
     if args.serve:
         serve(args.serve[0], args.serve[1], int(args.serve[2]), int(args.serve[3]))
         return 0
     args.worker_counts = [int(w) for w in args.workers.split(",")]
+    if not 0 <= args.gil_switch_interval <= 1:
+        parser.error(f"--gil-switch-interval: {args.gil_switch_interval:g} is not in [0, 1] seconds (0: the "
+                     f"interpreter's own)")
 
     with tempfile.TemporaryDirectory() as tmp:
         ps_port = free_ports(1)[0]
@@ -252,7 +261,8 @@ def main() -> int:
             ps.wait(timeout=20)
 
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} (workers share the cores; "
-          f"only the chief's own CPU is counted); at most {args.closures_per_call} function(s) per call; each "
+          f"only the chief's own CPU is counted); at most {args.closures_per_call} function(s) per call; GIL switch "
+          f"interval {rows[0]['switch_interval_ms']:g} ms during the runs; each "
           f"function {'sleeps %g ms' % args.closure_ms if args.closure_ms > 0 else 'returns at once'}")
     print(f"{'workers':>7} {'connect s':>9} {'dataset ms/worker':>17} {'closures/s':>10} {'chief cores':>11} "
           f"{'chief us/closure':>16} {'switches/closure':>16} {'per call':>8} {'idle cores':>10} {'MB/worker':>9}  "

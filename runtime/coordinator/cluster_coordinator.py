@@ -47,6 +47,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from kubeps.runtime.checkpoint.manager import newest_manager
 from kubeps.runtime.cluster import Membership, MembershipAck
 from kubeps.runtime.util import nest
+from kubeps.runtime.util.gil import hold_switch_interval
 from kubeps.runtime.coordinator.closure_queue import Closure, ClosureQueue, ClosureState, RemoteValue
 from kubeps.runtime.coordinator.failure import FailureDetector, Heartbeat
 from kubeps.runtime.coordinator.membership import MembershipWatcher
@@ -84,6 +85,8 @@ _NON_RETRYABLE_CODES = frozenset({"UNAUTHENTICATED", "PERMISSION_DENIED", "INVAL
 _GRPC_CALL_ERRORS = (grpc.RpcError, grpc.FutureCancelledError, grpc.FutureTimeoutError)
 #: the most queued functions one call to a worker carries (``max_closures_per_call``)
 DEFAULT_CLOSURES_PER_CALL = 8
+#: the GIL switch interval the coordinator holds while it runs (seconds; ``gil_switch_interval``, util/gil.py)
+DEFAULT_GIL_SWITCH_INTERVAL = 0.05
 
 
 def _as_remote_error(err: BaseException, address: str) -> RemoteError:
@@ -199,6 +202,10 @@ class ClusterCoordinator:
       other), so the chief's cost per function falls with the backlog; a queue no longer than the worker count is
       sent one function per call. A function's value is there when its call ends; the call's deadline is
       ``closure_timeout`` times the functions it carries. 1 sends every function alone.
+    * ``gil_switch_interval`` (0.05 s): while the coordinator runs, the interpreter's GIL switch interval is at least
+      this (``sys.setswitchinterval``; never lowered, put back by :meth:`shutdown`). At CPython's 5 ms, hundreds of
+      dispatch threads take the GIL from each other by force; at 50 ms a function cost the chief a quarter of the CPU
+      at 256 workers (:mod:`kubeps.runtime.util.gil`). None leaves the interpreter's setting alone.
 
     With a membership file in the strategy's settings (``KUBEPS_MEMBERSHIP_FILE``: the operator's ConfigMap, or
     ``kubeps local``'s file), the workers follow that document while the coordinator runs
@@ -215,7 +222,8 @@ class ClusterCoordinator:
                  worker_wait_timeout: float = 3600.0, watchdog_timeout: float | None = None,
                  watchdog: Watchdog | None = None, hotspot_interval: float | None = None,
                  hotspot_threshold: float = DEFAULT_HOTSPOT_THRESHOLD,
-                 max_closures_per_call: int = DEFAULT_CLOSURES_PER_CALL):
+                 max_closures_per_call: int = DEFAULT_CLOSURES_PER_CALL,
+                 gil_switch_interval: float | None = DEFAULT_GIL_SWITCH_INTERVAL):
         if not isinstance(strategy, ParameterServerStrategy):
             raise RuntimeConfigError("strategy", type(strategy).__name__,
                                      "ClusterCoordinator needs a ParameterServerStrategy")
@@ -232,6 +240,11 @@ class ClusterCoordinator:
                                  ("max_closures_per_call", max_closures_per_call, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise RuntimeConfigError(name, value, f"must be an integer >= {low}")
+        if gil_switch_interval is not None and (isinstance(gil_switch_interval, bool)
+                                                or not isinstance(gil_switch_interval, (int, float))
+                                                or not 0 < gil_switch_interval <= 1):
+            raise RuntimeConfigError("gil_switch_interval", gil_switch_interval,
+                                     "must be None (the interpreter's own) or a number of seconds in (0, 1]")
         if watchdog is not None and watchdog_timeout is not None:
             raise RuntimeConfigError("watchdog", watchdog, "pass either watchdog_timeout or a Watchdog, not both")
         if watchdog is not None and not isinstance(watchdog, Watchdog):
@@ -282,6 +295,9 @@ class ClusterCoordinator:
             heartbeat_interval=self.heartbeat_interval, heartbeat_failures=heartbeat_failures,
             ping_timeout=self.ping_timeout, max_transient_ps_errors=max_transient_ps_errors,
             ps_error_interval=self.ps_error_interval, ps_error_window=self.ps_error_window)
+        #: lets go of the raised GIL switch interval (shutdown); None: the interpreter's left alone
+        self._switch_interval = (hold_switch_interval(gil_switch_interval) if gil_switch_interval is not None
+                                 else None)
         for worker in self._workers:
             self._start_dispatch(worker)
         self.failures.start()
@@ -550,6 +566,8 @@ class ClusterCoordinator:
             self._collector = None
         if self._stop_watchdog and self.watchdog is not None:
             self.watchdog.stop()
+        if self._switch_interval is not None:
+            self._switch_interval()
 
     close = shutdown
 

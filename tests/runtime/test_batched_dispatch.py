@@ -9,6 +9,7 @@ finish; what follows goes back to the front of the queue untouched (or is cancel
 from __future__ import annotations
 
 import pickle
+import sys
 import threading
 from typing import Any
 
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 
 from kubeps.runtime.coordinator.closure_queue import Closure, ClosureQueue, ClosureState
-from kubeps.runtime.coordinator.cluster_coordinator import ClusterCoordinator
+from kubeps.runtime.coordinator.cluster_coordinator import DEFAULT_GIL_SWITCH_INTERVAL, ClusterCoordinator
 from kubeps.runtime.coordinator.strategy import ParameterServerStrategy
 from kubeps.runtime.errors import CancelledError, RemoteError, RuntimeConfigError
 
@@ -202,6 +203,32 @@ def test_max_closures_per_call_is_checked(tmp_path, value):
             ClusterCoordinator(strategy, max_closures_per_call=value)
     finally:
         strategy.close()
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.5, True, "0.05"])
+def test_gil_switch_interval_is_checked(tmp_path, value):
+    strategy = ParameterServerStrategy(LocalCluster(1, 1, tmp_path).resolver(), job_token=TOKEN)
+    try:
+        with pytest.raises(RuntimeConfigError, match=r"gil_switch_interval.*a number of seconds in \(0, 1\]"):
+            ClusterCoordinator(strategy, gil_switch_interval=value)
+    finally:
+        strategy.close()
+
+
+@pytest.mark.parametrize("asked, held", [(DEFAULT_GIL_SWITCH_INTERVAL, 0.05), (0.02, 0.02), (None, 0.005)])
+def test_the_coordinator_holds_a_longer_gil_switch_interval_while_it_runs(monkeypatch, tmp_path, asked, held):
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(0.005)  # CPython's default
+    try:
+        with fake_worker_coordinator(monkeypatch, tmp_path, BatchingWorkerClient,
+                                     gil_switch_interval=asked) as (coordinator, client):
+            assert sys.getswitchinterval() == pytest.approx(held)
+            values = _backlog(coordinator, client, 3)
+            coordinator.join()
+            assert [v.fetch() for v in values] == [0, 10, 20]
+        assert sys.getswitchinterval() == pytest.approx(0.005)  # shutdown put the interpreter's back
+    finally:
+        sys.setswitchinterval(before)
 
 
 def test_an_error_in_a_call_fails_its_function_and_cancels_the_rest(fake):
