@@ -35,6 +35,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import random
 import queue
 import secrets
 import shutil
@@ -98,15 +99,57 @@ def max_port_base(num_ps: int, num_workers: int, evaluator: bool, ps_processes: 
 
 
 # -- ports --------------------------------------------------------------------------------------------------------
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """``count`` distinct free TCP ports on ``host``; the sockets are held together so no port is repeated."""
+#: the lowest port handed to a task: ports are picked from here up to the kernel's ephemeral range, where every
+#: outgoing connection takes its local port. A port picked inside that range and released until the task binds it
+#: (seconds later, after its imports) can be taken meanwhile by any process's connect(); seen when tests ran beside
+#: each other ("Failed to add port to server"), which left the chief waiting for a worker that never started.
+_LISTEN_FLOOR = 10000
+_EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
+_rng = random.Random()  # its own seed: a program seeding the random module must not make two runs pick alike
+
+
+def _ephemeral_low(path: str = _EPHEMERAL_RANGE) -> int | None:
+    """The first port of the kernel's ephemeral range, or None where it cannot be read."""
+    try:
+        with open(path) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _bind(host: str, port: int) -> socket.socket | None:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    s = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        s.bind((host, port))
+    except OSError:
+        s.close()
+        return None
+    return s
+
+
+def _free_socket(host: str, span: int = 1, low: int | None = None) -> socket.socket:
+    """A socket bound to a free port on ``host`` whose ``span - 1`` next ports are below the ephemeral range: a
+    random one between :data:`_LISTEN_FLOOR` and that range when there is room, else the kernel's choice."""
+    low = _ephemeral_low() if low is None else low
+    if low is not None and low - span - _LISTEN_FLOOR >= 1000:
+        for _ in range(200):
+            s = _bind(host, _rng.randrange(_LISTEN_FLOOR, low - span + 1))
+            if s is not None:
+                return s
+    s = _bind(host, 0)
+    if s is None:
+        raise LauncherError(f"no free TCP port on {host}")
+    return s
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct free TCP ports on ``host``, below the kernel's ephemeral range where there is room; the
+    sockets are held together so no port is repeated."""
     sockets = []
     try:
         for _ in range(count):
-            s = socket.socket(family, socket.SOCK_STREAM)
-            s.bind((host, 0))
-            sockets.append(s)
+            sockets.append(_free_socket(host))
         return [s.getsockname()[1] for s in sockets]
     finally:
         for s in sockets:
@@ -118,23 +161,21 @@ def free_port_runs(count: int, length: int, host: str = "127.0.0.1", attempts: i
     ``length`` processes serves on its port and the next ones)."""
     if length == 1:
         return free_ports(count, host)
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     held: list[socket.socket] = []
     firsts: list[int] = []
     try:
         for _ in range(attempts):
             if len(firsts) == count:
                 break
-            first = socket.socket(family, socket.SOCK_STREAM)
-            first.bind((host, 0))
+            first = _free_socket(host, span=length)
             run = [first]
             port = first.getsockname()[1]
-            try:
-                for shift in range(1, length):
-                    s = socket.socket(family, socket.SOCK_STREAM)
-                    run.append(s)
-                    s.bind((host, port + shift))
-            except OSError:
+            for shift in range(1, length):
+                s = _bind(host, port + shift) if port + shift <= 65535 else None
+                if s is None:
+                    break
+                run.append(s)
+            if len(run) < length:
                 for s in run:
                     s.close()
                 continue

@@ -18,7 +18,9 @@ import pytest
 from kubeps.runtime import cli
 from kubeps.runtime.contract import VERSION
 from kubeps.runtime.errors import RuntimeConfigError
-from kubeps.runtime.local.launcher import LauncherArgumentError, LauncherError, LocalCluster, exit_status, free_ports
+from kubeps.runtime.local import launcher
+from kubeps.runtime.local.launcher import (LauncherArgumentError, LauncherError, LocalCluster, exit_status, free_port_runs,
+                                           free_ports)
 
 # The task script: argv[1] is a directory for pid files, argv[2] a JSON behaviour per task type
 # ({"chief": {"exit": 3}, "worker": {"sleep": 60}, ...}); "default" applies to types not named. "wait_for": N
@@ -393,6 +395,24 @@ def test_free_ports_are_distinct_and_bindable():
     for port in ports:
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))
+
+
+def test_free_ports_lie_below_the_ephemeral_range_where_connections_take_theirs():
+    low = launcher._ephemeral_low()
+    if low is None or low - launcher._LISTEN_FLOOR < 1001:
+        pytest.skip(f"no room below this kernel's ephemeral range (from {low})")
+    ports = free_ports(16) + free_port_runs(4, 3)
+    assert all(launcher._LISTEN_FLOOR <= p < low for p in ports), (low, ports)
+    assert all(p + 2 < low for p in ports[16:])  # a run ends below the range too
+
+
+def test_a_free_port_is_the_kernels_choice_without_room_below_the_range():
+    s = launcher._free_socket("127.0.0.1", low=launcher._LISTEN_FLOOR + 500)
+    try:
+        assert s.getsockname()[1] > 0
+    finally:
+        s.close()
+    assert launcher._ephemeral_low("/nonexistent/ip_local_port_range") is None
 
 
 # -- usage errors -------------------------------------------------------------------------------------------------
