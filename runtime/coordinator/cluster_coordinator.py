@@ -204,7 +204,7 @@ class ClusterCoordinator:
       ``closure_timeout`` times the functions it carries. 1 sends every function alone.
     * ``gil_switch_interval`` (0.05 s): while the coordinator runs, the interpreter's GIL switch interval is at least
       this (``sys.setswitchinterval``; never lowered, put back by :meth:`shutdown`). At CPython's 5 ms, hundreds of
-      dispatch threads take the GIL from each other by force; at 50 ms a function cost the chief a quarter of the CPU
+      dispatch threads take the GIL from each other by force; at 50 ms a function cost the chief about half the CPU
       at 256 workers (:mod:`kubeps.runtime.util.gil`). None leaves the interpreter's setting alone.
 
     With a membership file in the strategy's settings (``KUBEPS_MEMBERSHIP_FILE``: the operator's ConfigMap, or

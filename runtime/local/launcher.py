@@ -128,10 +128,10 @@ def _bind(host: str, port: int) -> socket.socket | None:
     return s
 
 
-def _free_socket(host: str, span: int = 1, low: int | None = None) -> socket.socket:
-    """A socket bound to a free port on ``host`` whose ``span - 1`` next ports are below the ephemeral range: a
-    random one between :data:`_LISTEN_FLOOR` and that range when there is room, else the kernel's choice."""
-    low = _ephemeral_low() if low is None else low
+def _free_socket(host: str, low: int | None, span: int = 1) -> socket.socket:
+    """A socket bound to a free port on ``host`` whose ``span - 1`` next ports are below the ephemeral range (which
+    starts at ``low``, :func:`_ephemeral_low`): a random one between :data:`_LISTEN_FLOOR` and that range when there
+    is room, else the kernel's choice."""
     if low is not None and low - span - _LISTEN_FLOOR >= 1000:
         for _ in range(200):
             s = _bind(host, _rng.randrange(_LISTEN_FLOOR, low - span + 1))
@@ -147,9 +147,10 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     """``count`` distinct free TCP ports on ``host``, below the kernel's ephemeral range where there is room; the
     sockets are held together so no port is repeated."""
     sockets = []
+    low = _ephemeral_low()
     try:
         for _ in range(count):
-            sockets.append(_free_socket(host))
+            sockets.append(_free_socket(host, low))
         return [s.getsockname()[1] for s in sockets]
     finally:
         for s in sockets:
@@ -163,11 +164,12 @@ def free_port_runs(count: int, length: int, host: str = "127.0.0.1", attempts: i
         return free_ports(count, host)
     held: list[socket.socket] = []
     firsts: list[int] = []
+    low = _ephemeral_low()
     try:
         for _ in range(attempts):
             if len(firsts) == count:
                 break
-            first = _free_socket(host, span=length)
+            first = _free_socket(host, low, span=length)
             run = [first]
             port = first.getsockname()[1]
             for shift in range(1, length):

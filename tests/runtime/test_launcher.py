@@ -407,7 +407,7 @@ def test_free_ports_lie_below_the_ephemeral_range_where_connections_take_theirs(
 
 
 def test_a_free_port_is_the_kernels_choice_without_room_below_the_range():
-    s = launcher._free_socket("127.0.0.1", low=launcher._LISTEN_FLOOR + 500)
+    s = launcher._free_socket("127.0.0.1", launcher._LISTEN_FLOOR + 500)
     try:
         assert s.getsockname()[1] > 0
     finally:
