@@ -8,7 +8,7 @@ the same names.
 
 Where things live (each package's docstring states its rule): ``cluster``, ``contract`` and ``certs`` (TF_CONFIG,
 the pod contract and the job's certificates, shared with the operator), ``settings`` (a task's settings: the
-contract's variables, parsed once), ``lifecycle`` (which exit restarts what, shared too), ``errors``, ``util``,
+contract's variables, parsed once), ``checks`` (the one validation dialect), ``lifecycle`` (which exit restarts what, shared too), ``errors``, ``util``,
 ``data`` (input), ``rpc`` (everything on the network), ``variables`` (what a program holds and pushes), ``observe``
 (TensorBoard event files: ``kp.summary``; tensorboardX loads only when a writer is created), ``ops`` (kernels,
 optimizers, layers), ``models`` (gradients of models written with JAX; jax loads only when used), ``ps`` and
