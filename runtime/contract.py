@@ -49,6 +49,7 @@ __all__ = [
     "MAX_TABLE_DIM_ENV",
     "MAX_VARIABLES_ENV",
     "MEMBERSHIP_ACK_FILE_ENV",
+    "MEMBERSHIP_ACK_PATH",
     "MEMBERSHIP_FILE_ENV",
     "MIN_REQUEST_RATE_ENV",
     "METRICS_PORT_ENV",
@@ -145,6 +146,11 @@ MEMBERSHIP_FILE_ENV = "KUBEPS_MEMBERSHIP_FILE"
 #: where the chief writes a :class:`kubeps.runtime.cluster.MembershipAck` after applying a membership document
 #: (``kubeps local`` reads it to stop a drained worker); unset: nowhere
 MEMBERSHIP_ACK_FILE_ENV = "KUBEPS_MEMBERSHIP_ACK_FILE"
+
+#: the HTTP path, on the chief's metrics port, that serves its :class:`kubeps.runtime.cluster.MembershipAck` (JSON,
+#: the same document as the ack file): what the operator reads to act on a membership change. Metrics are for
+#: people and dashboards; no decision is taken on a metric's name
+MEMBERSHIP_ACK_PATH = "/kubeps/membership"
 
 # -- a server's limits (docs/runtime.md, "Limits"): what one peer may make a ps or worker hold --------------------
 #: seconds a server waits for the next chunk of a request before it cancels the call (default 10)

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 import threading
 from typing import Any, Protocol
 
 from kubeps.runtime.cluster import Membership, MembershipAck, TFConfigError
+from kubeps.runtime.util.files import write_atomically
 
-__all__ = ["DEFAULT_INTERVAL_S", "MembershipTarget", "MembershipWatcher", "read_membership", "write_atomically"]
+__all__ = ["DEFAULT_INTERVAL_S", "MembershipTarget", "MembershipWatcher", "read_membership"]
 
 log = logging.getLogger("kubeps.runtime.coordinator.membership")
 
@@ -43,23 +43,6 @@ def read_membership(path: str) -> Membership:
     """The membership document at ``path``; raises ``OSError`` or :class:`~kubeps.runtime.cluster.TFConfigError`."""
     with open(path, "rb") as fh:
         return Membership.parse(fh.read())
-
-
-def write_atomically(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same directory and a rename: a reader sees the
-    old file or the new one, never half of one."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".membership-", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 class MembershipWatcher:

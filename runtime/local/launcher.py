@@ -54,7 +54,7 @@ from typing import IO, Any, Callable, Mapping, Sequence
 
 from kubeps.runtime import certs
 from kubeps.runtime.cluster import Membership, MembershipAck, TFConfig
-from kubeps.runtime.coordinator.membership import write_atomically
+from kubeps.runtime.util.files import write_atomically
 from kubeps.runtime.local import scaling
 from kubeps.runtime.errors import RuntimeConfigError
 from kubeps.runtime.ops.kernels import DEVICE_ENV, cupy_available

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from kubeps.runtime.coordinator.membership import write_atomically
+from kubeps.runtime.util.files import write_atomically
 
 __all__ = [
     "MEMBERSHIP_ACK_FILE",

@@ -14,7 +14,8 @@ import pytest
 from kubeps.runtime.cluster import Membership, MembershipAck, TFConfigError
 from kubeps.runtime.coordinator.closure_queue import Closure, ClosureQueue, ClosureState
 from kubeps.runtime.coordinator.cluster_coordinator import ClusterCoordinator
-from kubeps.runtime.coordinator.membership import MembershipWatcher, write_atomically
+from kubeps.runtime.coordinator.membership import MembershipWatcher
+from kubeps.runtime.util.files import write_atomically
 from kubeps.runtime.variables.context import get_current_worker_index
 
 from .conftest import free_ports
