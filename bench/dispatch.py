@@ -22,6 +22,15 @@ closures/s`` to the largest count on ``<= 1`` core, ``<= 1 MB`` per worker) are 
 
     .venv/bin/python bench/dispatch.py [--workers 8,64,256] [--hosts 8] [--closures 4000] [--profile out.txt]
 
+``--local``: real workers under ``kubeps local`` instead (one process per worker, with the job's TLS, token and
+metrics, as ``kubeps local`` starts them; the chief is a task of the job too): one job per count, the counts
+alternating ``--rounds`` times so that the load of other programs on the machine falls on every count alike. Each
+chief measures ``--closures`` trivial functions once its workers all ran some. Prints each job's rate and each
+round's ratio of the largest count's rate to the smallest's, then the median ratio; ``--goal-ratio`` (0.8) is
+checked on it (exit status 1 on a miss). ``--profile`` profiles the largest count's chief in the first round.
+
+    .venv/bin/python bench/dispatch.py --local --workers 2,64 --rounds 3 --closures 4000
+
 ``--profile FILE``: run py-spy (``pip install py-spy``) on the chief during the largest count's dispatch.
 ``--closure-ms MS``: each function sleeps ``MS`` (a step's stand-in that uses no core): every worker stays busy and a
 backlog builds, as in training, so the coordinator sends its fair share of it per call (``--closures-per-call``, the
@@ -96,6 +105,22 @@ def _threads() -> dict[int, tuple[float, int]]:
     return out
 
 
+def _names(before: dict[int, tuple[float, int]], after: dict[int, tuple[float, int]]) -> dict[str, int]:
+    """Thread names (``comm``) of threads that are not Python's, with their CPU ms between two snapshots."""
+    python = {t.native_id for t in threading.enumerate()}
+    out: dict[str, int] = {}
+    for tid, now in after.items():
+        if tid in python:
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+        except OSError:
+            continue
+        out[name] = out.get(name, 0) + round((now[0] - before.get(tid, (0.0, 0))[0]) * 1000)
+    return out
+
+
 def _split(before: dict[int, tuple[float, int]], after: dict[int, tuple[float, int]],
            which: int = 0) -> dict[str, float]:
     """CPU seconds (``which=0``) or context switches (``which=1``) between two snapshots, by the role of each Python
@@ -113,6 +138,108 @@ def _split(before: dict[int, tuple[float, int]], after: dict[int, tuple[float, i
         role = roles.get(tid, "grpc")
         split[role] = split.get(role, 0.0) + now[which] - before.get(tid, (0.0, 0))[which]
     return split
+
+
+def _measured_dispatch(coordinator, args, profile: str | None) -> dict:
+    """Schedule ``--closures`` functions and join, measured: wall and CPU seconds, the CPU and context switches of
+    the chief's threads by role, the calls made, the gRPC threads' CPU; with ``profile``, py-spy records meanwhile."""
+    profiler = None
+    if profile:
+        profiler = subprocess.Popen(
+            [os.path.join(os.path.dirname(sys.executable), "py-spy"), "record", "--format", "raw", "--threads",
+             "--rate", "200", "--pid", str(os.getpid()), "--output", profile, "--nonblocking"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(1.0)
+    batched0 = coordinator._queue.counters()["batched"]
+    threads0, cpu0, t0 = _threads(), _cpu(), time.perf_counter()
+    if args.closure_ms > 0:
+        values = [coordinator.schedule(_busy, args=(i, args.closure_ms / 1000)) for i in range(args.closures)]
+    else:
+        values = [coordinator.schedule(_trivial, args=(i,)) for i in range(args.closures)]
+    coordinator.join()
+    wall = time.perf_counter() - t0
+    cpu = _cpu() - cpu0
+    threads1 = _threads()
+    calls = args.closures - (coordinator._queue.counters()["batched"] - batched0)
+    if profiler is not None:
+        profiler.send_signal(signal.SIGINT)
+        profiler.wait(timeout=60)
+    assert sum(v.fetch() for v in values) == sum(range(1, args.closures + 1))
+    return {"wall": wall, "cpu": cpu, "calls": calls, "split": _split(threads0, threads1),
+            "switches": _split(threads0, threads1, which=1), "grpc_names": _names(threads0, threads1)}
+
+
+# -- real workers under kubeps local --------------------------------------------------------------------------------
+def local_task(args) -> int:
+    """One task of a ``--local`` job: the ps and the workers serve; the chief measures its workers' rate and writes
+    it to ``--result``."""
+    import kubeps.runtime as kp
+    from kubeps.runtime.cluster import TFConfigClusterResolver
+
+    resolver = TFConfigClusterResolver()
+    if resolver.task_type != "chief":
+        kp.Server(resolver.cluster_spec(), job_name=resolver.task_type, task_index=resolver.task_id).join()
+        return 0
+    strategy = kp.ParameterServerStrategy(resolver)
+    coordinator = kp.ClusterCoordinator(strategy, heartbeat_failures=20, ping_timeout=5.0,
+                                        max_closures_per_call=args.closures_per_call,
+                                        gil_switch_interval=args.gil_switch_interval or None)
+    try:
+        count = coordinator.num_workers
+        for _ in range(2):  # every worker answered and ran functions
+            warm = [coordinator.schedule(_trivial, args=(i,)) for i in range(4 * count)]
+            coordinator.join()
+        del warm
+        run = _measured_dispatch(coordinator, args, args.profile)
+    finally:
+        coordinator.shutdown()
+    with open(args.result, "w") as f:
+        json.dump({"workers": count, "rate": args.closures / run["wall"], "us": run["cpu"] * 1e6 / args.closures,
+                   "load": os.getloadavg()[0], "per_call": args.closures / max(1, run["calls"]),
+                   "split": {k: round(v * 1e6 / args.closures) for k, v in sorted(run["split"].items())},
+                   "switches": round(sum(run["switches"].values()) / args.closures, 1),
+                   "gone": round((run["cpu"] - sum(run["split"].values())) * 1e6 / args.closures),
+                   "grpc_names": run["grpc_names"]}, f)
+    return 0
+
+
+def run_local_bench(args, argv: list[str]) -> int:
+    """``--local``: one ``kubeps local`` job per count and round, the counts alternating; each job's chief runs
+    :func:`local_task`. Prints each job's rate, each round's ratio and their median, checked against the goal."""
+    from kubeps.runtime.local.launcher import run_local
+
+    small, big = min(args.worker_counts), max(args.worker_counts)
+    ratios = []
+    with tempfile.TemporaryDirectory() as tmp:
+        result, log_path = os.path.join(tmp, "result.json"), os.path.join(tmp, "tasks.log")
+        for round_ in range(args.rounds):
+            rates = {}
+            for count in args.worker_counts:
+                task_args = ["--local-task", *argv, "--result", result]
+                if args.profile and round_ == 0 and count == big:
+                    task_args += ["--profile", args.profile]
+                with open(log_path, "w") as log:
+                    status = run_local(__file__, task_args, num_ps=1, num_workers=count, output=log, log=log)
+                if status != 0:
+                    with open(log_path) as log:
+                        print(log.read()[-4000:])
+                    print(f"the job of {count} workers failed with exit status {status}")
+                    return 2
+                with open(result) as f:
+                    got = json.load(f)
+                rates[count] = got["rate"]
+                print(f"round {round_ + 1}: {count:>4} workers {got['rate']:>7.0f} functions/s, chief "
+                      f"{got['us']:.0f} us CPU per function {got['split']}, {got['per_call']:.2f} per call, "
+                      f"{got['switches']} context switches per function; load {got['load']:.1f}; {got.get('gone')} us in threads "
+                      f"that ended; gRPC threads {got.get('grpc_names')} ms", flush=True)
+            ratios.append(rates[big] / rates[small])
+            print(f"round {round_ + 1}: {big} / {small} workers {ratios[-1]:.2f}x", flush=True)
+    median = sorted(ratios)[len(ratios) // 2]
+    met = median >= args.goal_ratio
+    print(f"goal: functions/s to {big} workers >= {args.goal_ratio:g}x the rate to {small} under kubeps local "
+          f"({os.cpu_count()} CPUs): median of {len(ratios)} round(s) {median:.2f}x "
+          f"({', '.join(f'{r:.2f}' for r in ratios)}): {'met' if met else 'MISSED'}", flush=True)
+    return 0 if met else 1
 
 
 # -- the chief -------------------------------------------------------------------------------------------------------
@@ -172,29 +299,10 @@ def measure(num_workers: int, args, tmp: str, ps_port: int) -> dict:
         dataset_s = time.perf_counter() - t0
         del dataset
 
-        profiler = None
-        if args.profile and num_workers == max(args.worker_counts):
-            profiler = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "py-spy"), "record", "--format", "raw", "--threads", "--rate", "200",
-                                         "--pid", str(os.getpid()), "--output", args.profile, "--nonblocking"],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            time.sleep(1.0)
-        batched0 = coordinator._queue.counters()["batched"]
-        threads0, cpu0, t0 = _threads(), _cpu(), time.perf_counter()
-        if args.closure_ms > 0:
-            values = [coordinator.schedule(_busy, args=(i, args.closure_ms / 1000)) for i in range(args.closures)]
-        else:
-            values = [coordinator.schedule(_trivial, args=(i,)) for i in range(args.closures)]
-        coordinator.join()
-        wall = time.perf_counter() - t0
-        cpu = _cpu() - cpu0
-        threads1 = _threads()
-        split, switches = _split(threads0, threads1), _split(threads0, threads1, which=1)
-        calls = args.closures - (coordinator._queue.counters()["batched"] - batched0)
-        if profiler is not None:
-            profiler.send_signal(signal.SIGINT)
-            profiler.wait(timeout=60)
-        assert sum(v.fetch() for v in values) == sum(range(1, args.closures + 1))
-        del values, warm
+        run = _measured_dispatch(coordinator, args,
+                                 args.profile if args.profile and num_workers == max(args.worker_counts) else None)
+        wall, cpu, calls, split, switches = run["wall"], run["cpu"], run["calls"], run["split"], run["switches"]
+        del warm
         rss1 = _rss_mb()
 
         cpu0, t0 = _cpu(), time.perf_counter()
@@ -220,6 +328,19 @@ def measure(num_workers: int, args, tmp: str, ps_port: int) -> dict:
             "functions_per_call": args.closures / max(1, calls)}
 
 
+def _without(argv: list[str], options: dict[str, int]) -> list[str]:
+    """``argv`` without ``options`` (each with the number of values it takes)."""
+    out, skip = [], 0
+    for arg in argv:
+        if skip:
+            skip -= 1
+        elif arg.split("=", 1)[0] in options:
+            skip = options[arg] if "=" not in arg else 0
+        else:
+            out.append(arg)
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--serve", nargs=4, metavar=("TF_CONFIG", "JOB", "FIRST", "COUNT"), help=argparse.SUPPRESS)
@@ -236,7 +357,15 @@ def main() -> int:
     parser.add_argument("--gil-switch-interval", type=float, default=DEFAULT_GIL_SWITCH_INTERVAL,
                         help="the coordinator's gil_switch_interval in seconds (default %(default)s; 0: the "
                              "interpreter's own)")
-    args = parser.parse_args()
+    parser.add_argument("--local", action="store_true",
+                        help="real workers under kubeps local, the counts alternated --rounds times (see above)")
+    parser.add_argument("--local-task", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    parser.add_argument("--rounds", type=int, default=3, help="--local: rounds of every count (3)")
+    parser.add_argument("--goal-ratio", type=float, default=0.8,
+                        help="--local: the least median ratio of the largest count's rate to the smallest's (0.8)")
+    argv = sys.argv[1:]
+    args = parser.parse_args(argv)
     if args.serve:
         serve(args.serve[0], args.serve[1], int(args.serve[2]), int(args.serve[3]))
         return 0
@@ -244,6 +373,10 @@ def main() -> int:
     if not 0 <= args.gil_switch_interval <= 1:
         parser.error(f"--gil-switch-interval: {args.gil_switch_interval:g} is not in [0, 1] seconds (0: the "
                      f"interpreter's own)")
+    if args.local_task:
+        return local_task(args)
+    if args.local:
+        return run_local_bench(args, _without(argv, {"--local": 0, "--profile": 1, "--rounds": 1}))
 
     with tempfile.TemporaryDirectory() as tmp:
         ps_port = free_ports(1)[0]
