@@ -1,6 +1,7 @@
 """The chief's membership watcher: it reads the membership document (:class:`~kubeps.runtime.cluster.Membership`)
-every ``interval`` seconds and hands a new one to :meth:`ClusterCoordinator.apply_membership
-<kubeps.runtime.coordinator.cluster_coordinator.ClusterCoordinator.apply_membership>`.
+every ``interval`` seconds and hands a new one to the chief's
+:class:`~kubeps.runtime.coordinator.membership_controller.MembershipController` (what
+:meth:`ClusterCoordinator.apply_membership <kubeps.runtime.ClusterCoordinator.apply_membership>` calls too).
 
 The document is a file (``KUBEPS_MEMBERSHIP_FILE``): the operator mounts the job's membership ConfigMap there
 (kubelet swaps the mounted files atomically when the ConfigMap changes), ``kubeps local`` writes it with an atomic
@@ -10,7 +11,7 @@ in force). With an ack file (``KUBEPS_MEMBERSHIP_ACK_FILE``) it writes a
 :class:`~kubeps.runtime.cluster.MembershipAck` there whenever the coordinator's membership state changed (a
 generation applied, a leaving worker drained), by atomic rename: ``kubeps local`` stops a drained worker on it.
 
-I/O stays here; what a change does to the dispatch threads and the closure queue is the coordinator's.
+I/O stays here; what a change does to the dispatch threads and the closure queue is the controller's.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ DEFAULT_INTERVAL_S = 0.25
 
 
 class MembershipTarget(Protocol):
-    """What the watcher needs of the coordinator."""
+    """What the watcher needs of the membership controller."""
 
     def apply_membership(self, membership: Membership) -> MembershipAck: ...
 

@@ -229,7 +229,7 @@ def fake_worker_coordinator(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cli
     strategy = ParameterServerStrategy(LocalCluster(1, 1, tmp_path).resolver(), job_token=TOKEN)
     coordinator = ClusterCoordinator(strategy, heartbeat_failures=10_000, **kwargs)
     try:
-        client = coordinator._workers[0].client
+        client = coordinator.workers.members[0].client
         assert isinstance(client, client_type)
         yield coordinator, client
     finally:

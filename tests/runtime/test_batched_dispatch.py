@@ -199,7 +199,7 @@ def test_one_function_per_call_when_asked(monkeypatch, tmp_path):
 def test_max_closures_per_call_is_checked(tmp_path, value):
     strategy = ParameterServerStrategy(LocalCluster(1, 1, tmp_path).resolver(), job_token=TOKEN)
     try:
-        with pytest.raises(RuntimeConfigError, match="max_closures_per_call.*must be an integer >= 1"):
+        with pytest.raises(RuntimeConfigError, match=r"'max_closures_per_call' has invalid value .*: an integer >= 1"):
             ClusterCoordinator(strategy, max_closures_per_call=value)
     finally:
         strategy.close()
@@ -209,7 +209,7 @@ def test_max_closures_per_call_is_checked(tmp_path, value):
 def test_gil_switch_interval_is_checked(tmp_path, value):
     strategy = ParameterServerStrategy(LocalCluster(1, 1, tmp_path).resolver(), job_token=TOKEN)
     try:
-        with pytest.raises(RuntimeConfigError, match=r"gil_switch_interval.*a number of seconds in \(0, 1\]"):
+        with pytest.raises(RuntimeConfigError, match=r"'gil_switch_interval' has invalid value .*: a number of seconds in \(0, 1\], or None"):
             ClusterCoordinator(strategy, gil_switch_interval=value)
     finally:
         strategy.close()

@@ -70,7 +70,7 @@ def fake(monkeypatch, tmp_path):
 
 
 def _thread_alive(coordinator: ClusterCoordinator) -> bool:
-    return all(w.thread is not None and w.thread.is_alive() for w in coordinator._workers)
+    return all(w.thread is not None and w.thread.is_alive() for w in coordinator.workers.members)
 
 
 def test_future_cancelled_error_escaping_the_transport_reruns_the_closure(fake):
@@ -88,7 +88,7 @@ def test_future_cancelled_error_escaping_the_transport_reruns_the_closure(fake):
 
 def test_unexpected_exception_fails_the_closure_and_the_thread_goes_on(fake, caplog):
     coordinator, client = fake
-    caplog.set_level(logging.ERROR, logger="kubeps.runtime.coordinator.cluster_coordinator")
+    caplog.set_level(logging.ERROR, logger="kubeps.runtime.coordinator.workers")
     boom = KeyError("a bug in the dispatch path")
     client.failures = [boom]
     value = coordinator.schedule(int)
@@ -119,7 +119,7 @@ def test_malformed_answer_fails_the_closure(fake):
 
 def test_error_while_reconnecting_does_not_end_the_thread(fake):
     coordinator, client = fake
-    worker = coordinator._workers[0]
+    worker = coordinator.workers.members[0]
     with client.lock:
         client.ping_failures = [ValueError("Cannot invoke RPC on closed channel!")]
         worker.healthy = False  # the next iteration reconnects first; that raises once
@@ -141,7 +141,7 @@ def test_ps_failed_during_the_retry_pause_fails_the_closure_instead_of_parking_i
     coordinator._queue._inflight.add(closure)  # as if a dispatch thread held it
     closure.state = ClosureState.RUNNING
     ps_error = PSUnavailableError(0, coordinator.strategy.ps_addresses[0], "4 errors over 3.0 s")
-    real_wait = coordinator._stopping.wait
+    real_wait = coordinator.workers.stopping.wait
 
     def pause(timeout=None):  # the other closure's error lands during this closure's pause
         coordinator.mark_ps_failed(0, ps_error)
@@ -149,11 +149,11 @@ def test_ps_failed_during_the_retry_pause_fails_the_closure_instead_of_parking_i
             coordinator.failures.ps_recovered(0)  # the job failed all the same: the error is pending
         return real_wait(0)
 
-    coordinator._stopping.wait = pause
+    coordinator.workers.stopping.wait = pause
     try:
         coordinator.handle_ps_error(closure, 0, "UNAVAILABLE: failed to connect to all addresses")
     finally:
-        coordinator._stopping.wait = real_wait
+        coordinator.workers.stopping.wait = real_wait
     start = time.monotonic()
     with pytest.raises(PSUnavailableError, match="4 errors"):
         closure.remote_value.fetch(timeout=5)

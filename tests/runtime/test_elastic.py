@@ -15,6 +15,7 @@ from kubeps.runtime.cluster import Membership, MembershipAck, TFConfigError
 from kubeps.runtime.coordinator.closure_queue import Closure, ClosureQueue, ClosureState
 from kubeps.runtime.coordinator.cluster_coordinator import ClusterCoordinator
 from kubeps.runtime.coordinator.membership import MembershipWatcher
+from kubeps.runtime.observe.chief_metrics import chief_families
 from kubeps.runtime.util.files import write_atomically
 from kubeps.runtime.variables.context import get_current_worker_index
 
@@ -254,7 +255,7 @@ def test_the_datasets_are_sharded_again_for_each_membership_so_no_record_is_left
         after = [coordinator.schedule(_take, args=(iterator,)).fetch() for _ in range(records)]
         # worker 0 alone reads the whole dataset again, from its start: none of 1..3's records is lost
         assert after == [(0, r) for r in range(records)]
-        assert coordinator._reshards == 2
+        assert coordinator.membership.reshards == 2
 
 
 def _drained(coordinator, workers: set[int]) -> None:
@@ -298,22 +299,27 @@ def test_the_records_read_again_across_churn_are_counted_exactly(make_cluster, c
 
         before = take_until_each_of({0, 1}, 7)
         expected = sum(n % (records // 2) for n in before.values())  # the passes of 12 under way
-        with caplog.at_level("WARNING", logger="kubeps.runtime.coordinator.cluster_coordinator"):
+        with caplog.at_level("WARNING", logger="kubeps.runtime.coordinator.membership_controller"):
             addresses = _add_workers(cluster, 2)
             coordinator.apply_membership(Membership(generation=1, workers=addresses))
             during = take_until_each_of({0, 1, 2, 3}, 8)
-            assert coordinator._records_reread == expected > 0
+            assert coordinator.membership.records.total == expected > 0
             expected += sum(n % (records // 4) for n in during.values())  # the passes of 6 under way
             coordinator.apply_membership(Membership(generation=2, workers=addresses[:1]))
             after = take(3)
             _drained(coordinator, {1, 2, 3})
         assert set(after) == {0}
-        assert coordinator._records_reread == expected
-        metrics = {f.name: f.samples[0].value for f in coordinator._metric_families()}
+        assert coordinator.membership.records.total == expected
+        metrics = _chief_metrics(coordinator)
         assert metrics["kubeps_dataset_records_reread"] == expected
         assert f"(at-least-once; {expected} record(s) read again in this job so far)" in caplog.text
         for worker in (1, 2, 3):  # a leaver whose pass under way is empty has nothing to say
             assert (f"worker {worker} left after reading" in caplog.text) == (during[worker] % (records // 4) > 0)
+
+
+def _chief_metrics(coordinator: ClusterCoordinator) -> dict[str, float]:
+    """The chief's metric families as its collector yields them at a scrape, by name."""
+    return {f.name: f.samples[0].value for f in chief_families(coordinator._queue, coordinator.membership.figures)}
 
 
 def test_a_restarted_worker_s_pass_is_counted_as_read_again(make_cluster):
@@ -330,14 +336,14 @@ def test_a_restarted_worker_s_pass_is_counted_as_read_again(make_cluster):
         cluster.kill("worker", 0)
         cluster.start_task("worker", 0)
         assert coordinator.schedule(_take, args=(iterator,)).fetch()[1][0] == 0  # from the start again
-        assert coordinator._records_reread == 6
+        assert coordinator.membership.records.total == 6
 
 
 def test_a_membership_change_is_one_line_of_the_chief_s_log(make_cluster, caplog):
     cluster = make_cluster(num_ps=1, num_workers=2)
     with _coordinator(cluster) as coordinator:
         coordinator.create_per_worker_dataset(lambda: [1])
-        with caplog.at_level("WARNING", logger="kubeps.runtime.coordinator.cluster_coordinator"):
+        with caplog.at_level("WARNING", logger="kubeps.runtime.coordinator.membership_controller"):
             coordinator.apply_membership(Membership(generation=5, workers=cluster.cluster["worker"][:1]))
         assert ("membership generation 5: 1 worker(s); joining [], leaving [1] (each finishes what it runs); 1 "
                 "per-worker dataset(s) sharded again for 1 workers") in caplog.text
@@ -367,5 +373,5 @@ def test_a_checkpoint_request_saves_with_the_programs_newest_manager_once(make_c
         assert f"checkpoint request 5: saved {manager.latest_checkpoint} in " in caplog.text
         coordinator.apply_membership(Membership(generation=3, workers=workers, checkpoint=5))  # served already
         assert len(manager.checkpoints) == 1 and coordinator.membership_status().checkpoint == 5
-        metrics = {f.name: f.samples[0].value for f in coordinator._metric_families()}
+        metrics = _chief_metrics(coordinator)
         assert metrics["kubeps_checkpoint_request"] == 5

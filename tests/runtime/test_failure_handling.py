@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from kubeps.runtime.coordinator.closure_queue import Closure
-from kubeps.runtime.coordinator.cluster_coordinator import ClusterCoordinator, _dumps
+from kubeps.runtime.coordinator.cluster_coordinator import ClusterCoordinator
+from kubeps.runtime.coordinator.shipping import dumps
 from kubeps.runtime.errors import PSUnavailableError
 from kubeps.runtime.ops.optimizers import SGD
 from kubeps.runtime.coordinator.supervisor import EXIT_PS_UNAVAILABLE, run_coordinator
@@ -171,7 +172,7 @@ def test_transient_errors_close_together_count_once(shared_cluster):
     those must not use up the tolerance; errors that go on for seconds must fail the job."""
     strategy = shared_cluster.strategy()
     coordinator = ClusterCoordinator(strategy)  # max_transient_ps_errors=3, ps_error_interval=1 s
-    payload = _dumps((int, (), {}), "int")
+    payload = dumps((int, (), {}), "int")
 
     def hammer(seconds: float) -> None:
         def one_dispatcher():
