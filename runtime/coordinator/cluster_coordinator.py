@@ -39,6 +39,7 @@ import functools
 from typing import Any, Callable, Sequence
 
 from kubeps.runtime.cluster import Membership, MembershipAck
+from kubeps.runtime.contract import MEMBERSHIP_ACK_PATH
 from kubeps.runtime.coordinator.closure_queue import Closure, ClosureQueue, RemoteValue
 from kubeps.runtime.coordinator.membership import MembershipWatcher
 from kubeps.runtime.coordinator.membership_controller import MembershipController, RecordsReread
@@ -100,7 +101,9 @@ class ClusterCoordinator:
 
     With a metrics port in the strategy's settings (``KUBEPS_METRICS_PORT``), the chief serves its Prometheus
     metrics there (:mod:`kubeps.runtime.observe.metrics`): the closure queue's counters, each worker's closure
-    time, the RPCs to the ps, the hot-spot verdicts (:mod:`kubeps.runtime.observe.chief_metrics`).
+    time, the RPCs to the ps, the hot-spot verdicts (:mod:`kubeps.runtime.observe.chief_metrics`); and, at
+    :data:`kubeps.runtime.contract.MEMBERSHIP_ACK_PATH`, its :class:`~kubeps.runtime.cluster.MembershipAck` as
+    JSON (:meth:`membership_status`), the same document as the ack file.
     """
 
     def __init__(self, strategy: Any, *, watchdog: Watchdog | None = None, **options: Any):
@@ -130,6 +133,7 @@ class ClusterCoordinator:
         if _metrics.serve(strategy.settings) is not None:
             self._collector = _metrics.add_collector(
                 functools.partial(chief_families, self._queue, self.membership.figures))
+            _metrics.add_document(MEMBERSHIP_ACK_PATH, self.membership.ack_json)
         self._stop_watchdog = False
         if self.watchdog is not None and not self.watchdog.running:
             self.watchdog.start()
@@ -292,6 +296,7 @@ class ClusterCoordinator:
         self.hotspots.stop()
         if self._collector is not None:
             _metrics.remove_collector(self._collector)
+            _metrics.remove_document(MEMBERSHIP_ACK_PATH, self.membership.ack_json)
             self._collector = None
         if self._stop_watchdog and self.watchdog is not None:
             self.watchdog.stop()

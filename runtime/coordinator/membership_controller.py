@@ -7,7 +7,7 @@ changed leaves (it finishes the closure it runs, takes nothing more, and drains)
 sharded again for the workers that stay; the records that cuts short are counted (:class:`RecordsReread`). A
 checkpoint request above the last one served is served with the program's newest ``CheckpointManager``.
 :meth:`~MembershipController.membership_status` is the acknowledgement (:class:`~kubeps.runtime.cluster.MembershipAck`)
-the watcher writes to its file.
+the watcher writes to its file and the chief serves on its metrics port.
 
 The file watcher is :mod:`~kubeps.runtime.coordinator.membership`; the controller is its target.
 """
@@ -171,6 +171,10 @@ class MembershipController:
                 generation=self.generation or 0, workers=[w.index for w in workers.members],
                 draining=sorted(w.index for w in workers.handles if w.retiring),
                 drained=list(workers.drained_indexes), checkpoint=self.checkpoint_served)
+
+    def ack_json(self) -> str:
+        """The acknowledgement as the ack file and the chief's HTTP path carry it."""
+        return self.membership_status().to_json()
 
     def figures(self) -> MembershipFigures:
         """The membership as the chief's metrics show it."""

@@ -10,6 +10,11 @@ row, on label children bound once per ``(method, peer)`` (:func:`client_call`). 
 counts anyway (rows and bytes per variable, the closure queue's transitions, the dynamic tables' counters) is read
 only when Prometheus scrapes, by collectors the owners register with :func:`add_collector`.
 
+Beside ``/metrics``, the endpoint serves the documents its owners register with :func:`add_document` (a path, a
+function that renders the document as JSON): the chief serves its membership acknowledgement there
+(:data:`kubeps.runtime.contract.MEMBERSHIP_ACK_PATH`), the typed answer another component acts on. A registered path
+nobody serves any more answers 404; every other path answers the metrics, as ``prometheus_client``'s own server.
+
 Names follow Prometheus' conventions: the ``kubeps_`` prefix, base units (seconds, bytes), ``_total`` on counters.
 docs/observability.md lists every metric; a test checks that list against a live scrape.
 """
@@ -17,10 +22,14 @@ docs/observability.md lists every metric; a test checks that list against a live
 from __future__ import annotations
 
 import logging
+import socket
 import threading
+from http.server import ThreadingHTTPServer
 from typing import Any, Callable, Iterable
+from urllib.parse import urlsplit
 
-from prometheus_client import REGISTRY, Counter, Gauge, Histogram, disable_created_metrics, start_http_server
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.exposition import MetricsHandler
 from prometheus_client.registry import Collector
 
 from kubeps.runtime.settings import TaskSettings
@@ -29,7 +38,9 @@ __all__ = [
     "ENABLED",
     "CallMetrics",
     "add_collector",
+    "add_document",
     "remove_collector",
+    "remove_document",
     "client_call",
     "enable",
     "serve",
@@ -93,6 +104,50 @@ PS_IMBALANCED = Gauge("kubeps_ps_imbalanced",
 
 _lock = threading.Lock()
 _served_port: int | None = None
+#: the documents served beside the metrics, by path: a function rendering each as JSON (None: served no more, 404)
+_documents: dict[str, Callable[[], str] | None] = {}
+
+
+class _Handler(MetricsHandler):
+    """``/metrics`` (any path but a document's) as ``prometheus_client`` serves it; a document's path, its JSON."""
+
+    def do_GET(self) -> None:
+        path = urlsplit(self.path).path
+        if path not in _documents:
+            super().do_GET()
+            return
+        render = _documents.get(path)
+        try:
+            body, status = (render().encode(), 200) if render is not None else (b"not served here\n", 404)
+        except Exception:  # noqa: BLE001 - the owner's failure is the answer's, never the server thread's
+            log.exception("metrics: rendering %s failed", path)
+            body, status = b"rendering failed\n", 500
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json" if status == 200 else "text/plain; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def add_document(path: str, render: Callable[[], str]) -> None:
+    """Serve ``render()`` (JSON text, rendered at each request) at ``path`` beside the metrics."""
+    _documents[path] = render
+
+
+def remove_document(path: str, render: Callable[[], str] | None = None) -> None:
+    """Serve nothing at ``path`` any more (404); with ``render``, only if that is what ``path`` serves."""
+    if render is None or _documents.get(path) == render:
+        _documents[path] = None
+
+
+class _Server6(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
+def _start_server(port: int, addr: str) -> None:
+    server = (_Server6 if ":" in addr else ThreadingHTTPServer)((addr, port), _Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="kubeps-metrics-http", daemon=True).start()
 
 
 def enable() -> None:
@@ -113,7 +168,7 @@ def serve(settings: TaskSettings) -> int | None:
         if _served_port is not None:
             return _served_port
         try:
-            start_http_server(settings.metrics_port, addr=settings.bind_host or "0.0.0.0")
+            _start_server(settings.metrics_port, settings.bind_host or "0.0.0.0")
         except OSError as err:
             log.warning("metrics: cannot serve on port %d (%s); this task records no metrics",
                         settings.metrics_port, err)

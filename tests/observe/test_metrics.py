@@ -7,11 +7,15 @@ import io
 import json
 import logging
 import time
+import urllib.error
+import urllib.request
 
 import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
+from kubeps.runtime.cluster import MembershipAck
+from kubeps.runtime.contract import MEMBERSHIP_ACK_PATH
 from kubeps.runtime.coordinator.cluster_coordinator import ClusterCoordinator
 from kubeps.runtime.coordinator.hotspots import HotSpotDetector, Imbalance, assess, traffic_of
 from kubeps.runtime.errors import RuntimeConfigError
@@ -26,7 +30,7 @@ from kubeps.runtime.variables.indexed_slices import IndexedSlices
 from kubeps.runtime.variables.partitioners import FixedShardsPartitioner
 from kubeps.runtime.variables.variable import Variable, embedding_lookup
 
-from ..runtime.conftest import LocalCluster
+from ..runtime.conftest import LocalCluster, free_ports
 
 MB = 1 << 20
 
@@ -194,3 +198,44 @@ def test_json_log_lines_carry_the_job_role_index_and_step():
         "level": "WARNING", "logger": "kubeps.test.json", "message": "hot ps", "job": "ctr", "role": "ps",
         "index": 1, "step": 120}
     assert line["time"].endswith("Z")
+
+
+# -- the chief's membership acknowledgement over HTTP --------------------------------------------------------------------
+def _get(port: int, path: str) -> tuple[int, str, str]:
+    """``(status, content type, body)`` of ``GET path`` on the metrics port."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as answer:
+            return answer.status, answer.headers["Content-Type"], answer.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.headers["Content-Type"], err.read().decode()
+
+
+def test_the_chief_serves_its_membership_ack_beside_its_metrics(tmp_path):
+    """The operator acts on the typed acknowledgement, parsed with the model the chief renders it with; the
+    gauges stay on ``/metrics`` for dashboards; once the chief is gone the path answers 404."""
+    local = LocalCluster(1, 2, tmp_path).start()
+    settings = TaskSettings(metrics_port=free_ports(1)[0], bind_host="127.0.0.1")
+    strategy = local.strategy(settings=settings)
+    coordinator = ClusterCoordinator(strategy)
+    try:
+        port = m.served_port()
+        assert port is not None
+        status, kind, body = _get(port, MEMBERSHIP_ACK_PATH)
+        assert (status, kind) == (200, "application/json")
+        assert MembershipAck.model_validate_json(body) == coordinator.membership_status()
+        assert MembershipAck.model_validate_json(body).workers == [0, 1]
+        coordinator.apply_membership(local.cluster["worker"][:1])
+        deadline = time.monotonic() + 30
+        while (ack := MembershipAck.model_validate_json(_get(port, MEMBERSHIP_ACK_PATH)[2])).drained != [1]:
+            assert time.monotonic() < deadline, ack
+            time.sleep(0.05)
+        assert (ack.generation, ack.workers, ack.draining) == (1, [0], [])
+        status, _, text = _get(port, "/metrics")
+        assert status == 200
+        assert "kubeps_membership_generation 1.0" in text and "kubeps_workers_draining 0.0" in text
+    finally:
+        coordinator.shutdown()
+        strategy.close()
+        local.stop()
+    assert _get(port, MEMBERSHIP_ACK_PATH)[0] == 404
+    assert _get(port, "/metrics")[0] == 200
