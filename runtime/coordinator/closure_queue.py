@@ -160,6 +160,9 @@ class ClosureQueue:
         self._error: BaseException | None = None
         self._epoch = 0
         self._stopped = False
+        #: the program is scheduling: a closure was put since the last ``wait``/``done`` (what ``take_more`` divides
+        #: the queue by depends on it)
+        self._producing = False
         #: transitions counted since the queue was made (the metrics read them): closures queued by put, finished,
         #: failed, re-queued after their worker was lost, cancelled, sent in the call of the one before them
         self.counts = {"scheduled": 0, "finished": 0, "failed": 0, "retried": 0, "cancelled": 0, "batched": 0}
@@ -171,6 +174,7 @@ class ClosureQueue:
             self._raise_if_error()
             self._enqueue(closure, self._queue)
             self.counts["scheduled"] += 1
+            self._producing = True
 
     def put_per_worker(self, worker: int, closure: Closure, raise_error: bool = True) -> None:
         """Queue a closure only ``worker`` may run (per-worker resources); ``raise_error=False`` leaves a pending
@@ -214,6 +218,7 @@ class ClosureQueue:
         """Block until nothing is queued or in flight (True), or an error is pending (raised); False on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
+            self._producing = False
             while self._error is None and not self._idle():
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
@@ -225,6 +230,7 @@ class ClosureQueue:
     def done(self) -> bool:
         """Non-blocking: raises the pending error, else whether everything finished."""
         with self._cond:
+            self._producing = False
             self._raise_if_error()
             return self._idle()
 
@@ -310,14 +316,22 @@ class ClosureQueue:
 
     def take_more(self, worker: int, limit: int) -> list[Closure]:
         """More closures for any worker, for ``worker`` to run after the one ``get`` gave it, in the same call: at
-        most ``limit``, and no more than its fair share of the global queue (what is queued over the workers taking
-        closures), so a backlog is spread over every worker and a short queue is not batched at all."""
+        most ``limit``, and no more than its fair share of the global queue.
+
+        While the program is scheduling (a ``put`` since its last ``wait``/``done``) the queue is refilled as it
+        drains, so the share is what is queued over the workers that could take closures now (``worker``, those
+        waiting in ``get`` and those woken for the queue): the chief's cost per function falls with the calls it saves, and a worker that comes
+        back finds more. Once the program waits, nothing refills the queue: the share is what is queued over every
+        worker taking closures, so a backlog is spread over every worker and a short queue is not batched at all."""
         if limit <= 0:
             return []
         with self._lock:
             if self._stopped or self._error is not None or worker in self._retired:
                 return []
-            takers = max(1, len(self._worker_conds) - len(self._retired.intersection(self._worker_conds)))
+            if self._producing:
+                takers = len(self._idle_workers) + len(self._woken) + 1
+            else:
+                takers = max(1, len(self._worker_conds) - len(self._retired.intersection(self._worker_conds)))
             taken = [self._queue.popleft() for _ in range(min(limit, len(self._queue) // takers))]
             for closure in taken:
                 self._start(closure, worker)

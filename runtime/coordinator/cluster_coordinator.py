@@ -85,11 +85,13 @@ class ClusterCoordinator:
     * ``hotspot_interval`` (default: the settings' ``KUBEPS_HOTSPOT_INTERVAL_S``, 10 s) and ``hotspot_threshold`` (2): every ``hotspot_interval`` seconds the ps' traffic
       is compared; a ps serving more than ``hotspot_threshold`` times the others' mean is reported
       (:mod:`~kubeps.runtime.coordinator.hotspots`; ``hotspots.latest`` is the last verdict).
-    * ``max_closures_per_call`` (8): while more functions are queued than there are workers, a worker's call carries
-      up to this many of them, its fair share of the queue (``RunClosures``; the worker runs them one after the
-      other), so the chief's cost per function falls with the backlog; a queue no longer than the worker count is
-      sent one function per call. A function's value is there when its call ends; the call's deadline is
-      ``closure_timeout`` times the functions it carries. 1 sends every function alone.
+    * ``max_closures_per_call`` (8): a worker's call carries up to this many queued functions, its fair share of
+      the queue (``RunClosures``; the worker runs them one after the other), so the chief's cost per function falls
+      with the backlog. While the program schedules, the share is over the workers that could take functions now
+      (the queue is refilled as it drains); once it waits (``join``, ``done``), over every worker, so a queue no
+      longer than the worker count is then sent one function per call. A function's value is there when its call
+      ends; the call's deadline is ``closure_timeout`` times the functions it carries. 1 sends every function
+      alone.
     * ``gil_switch_interval`` (0.05 s): while the coordinator runs, the interpreter's GIL switch interval is at least
       this (``sys.setswitchinterval``; never lowered, put back by :meth:`shutdown`). At CPython's 5 ms, hundreds of
       dispatch threads take the GIL from each other by force; at 50 ms a function cost the chief about half the CPU

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pickle
 import sys
 import threading
+import time
 from typing import Any
 
 import cloudpickle
@@ -28,14 +29,58 @@ pytestmark = pytest.mark.timeout(60)
 
 
 # -- the queue -------------------------------------------------------------------------------------------------------
-def _queue_with_takers(takers: int, closures: int) -> tuple[ClosureQueue, list[Closure]]:
+def _queue_with_takers(takers: int, closures: int, waiting: bool = True) -> tuple[ClosureQueue, list[Closure]]:
+    """A queue with ``takers`` workers and ``closures`` queued; ``waiting``: the program then waits (``done``), so
+    the queue is shared over every taker."""
     q = ClosureQueue()
     for worker in range(takers):  # a worker is a taker once it has called get()
         assert q.get(worker, timeout=0) is None
     items = [Closure(i) for i in range(closures)]
     for closure in items:
         q.put(closure)
+    if waiting:
+        assert not q.done()
     return q, items
+
+
+def test_while_the_program_schedules_the_share_is_over_the_workers_waiting_now():
+    """The queue is refilled as it drains: a worker whose call returned takes up to the limit when nobody else
+    waits for closures; once the program waits (join, done) the rest is shared over every worker."""
+    q, items = _queue_with_takers(2, 11, waiting=False)
+    first = q.get(0, 1)
+    more = q.take_more(0, 7)
+    assert [first, *more] == items[:8]  # nobody waits in get(): the limit
+    assert not q.done()
+    assert q.take_more(1, 7) == [items[8]]  # 3 left over 2 takers: 1 more
+    again = Closure(11)
+    q.put(again)  # scheduling again
+    assert q.take_more(1, 7) == [*items[9:11], again]
+
+
+def test_while_the_program_schedules_workers_woken_for_the_queue_get_their_share():
+    """Two functions scheduled while two workers wait go one to each, whichever comes first to the queue."""
+    q = ClosureQueue()
+    started = threading.Barrier(3)
+    calls: dict[int, list[Closure]] = {}
+
+    def worker(index: int) -> None:
+        started.wait()
+        first = q.get(index, timeout=10)
+        calls[index] = [first, *q.take_more(index, 7)]
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    started.wait()
+    deadline = time.monotonic() + 10
+    while len(q._idle_workers) < 2 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    items = [Closure(i) for i in range(2)]
+    for closure in items:
+        q.put(closure)
+    for thread in threads:
+        thread.join(timeout=10)
+    assert sorted(len(call) for call in calls.values()) == [1, 1], calls
 
 
 def test_take_more_takes_a_fair_share_of_the_backlog_only():
