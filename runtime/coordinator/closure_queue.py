@@ -328,10 +328,8 @@ class ClosureQueue:
         with self._lock:
             if self._stopped or self._error is not None or worker in self._retired:
                 return []
-            if self._producing:
-                takers = len(self._idle_workers) + len(self._woken) + 1
-            else:
-                takers = max(1, len(self._worker_conds) - len(self._retired.intersection(self._worker_conds)))
+            takers = (len(self._idle_workers) + len(self._woken) + 1 if self._producing
+                      else max(1, len(self._worker_conds) - len(self._retired.intersection(self._worker_conds))))
             taken = [self._queue.popleft() for _ in range(min(limit, len(self._queue) // takers))]
             for closure in taken:
                 self._start(closure, worker)
