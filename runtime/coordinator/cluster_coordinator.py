@@ -145,6 +145,13 @@ class ClusterCoordinator:
         if strategy.settings.membership_file:
             self.watch_membership(strategy.settings.membership_file, strategy.settings.membership_ack_file)
 
+    def __getattr__(self, name: str) -> Any:
+        """The options read as attributes, as before they had an object of their own (``closure_timeout``, ...)."""
+        options = self.__dict__.get("options")
+        if options is not None and name in CoordinatorOptions.__dataclass_fields__:
+            return getattr(options, name)
+        raise AttributeError(f"'ClusterCoordinator' object has no attribute '{name}'")
+
     def _connect(self, address: str) -> Client:
         strategy = self.strategy
         return Client(address, WORKER_SERVICE, strategy.job_token, timeout=self.options.closure_timeout,

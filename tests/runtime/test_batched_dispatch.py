@@ -240,6 +240,21 @@ def test_one_function_per_call_when_asked(monkeypatch, tmp_path):
         assert client.calls == [("RunClosure", 1)] * 6
 
 
+def test_the_options_are_checked_once_and_read_as_attributes(monkeypatch, tmp_path):
+    with fake_worker_coordinator(monkeypatch, tmp_path, BatchingWorkerClient, closure_timeout=30,
+                                 max_closures_per_call=3) as (coordinator, _):
+        assert (coordinator.closure_timeout, coordinator.max_closures_per_call) == (30.0, 3)
+        assert coordinator.options.heartbeat_failures == coordinator.heartbeat_failures == 10_000
+        with pytest.raises(AttributeError, match="no attribute 'closure_timeout_s'"):
+            getattr(coordinator, "closure_timeout_s")
+    strategy = ParameterServerStrategy(LocalCluster(1, 1, tmp_path).resolver(), job_token=TOKEN)
+    try:
+        with pytest.raises(TypeError, match="closure_timeout_s"):
+            ClusterCoordinator(strategy, closure_timeout_s=30)
+    finally:
+        strategy.close()
+
+
 @pytest.mark.parametrize("value", [0, -1, 2.5, True, "8"])
 def test_max_closures_per_call_is_checked(tmp_path, value):
     strategy = ParameterServerStrategy(LocalCluster(1, 1, tmp_path).resolver(), job_token=TOKEN)
