@@ -126,7 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     local.add_argument("--host", type=_host, default="127.0.0.1", help="address the tasks listen on (default 127.0.0.1)")
     local.add_argument(
-        "--port-base", type=_flag("--port-base", Port, int), default=None, help="use consecutive ports from this one (default: free ports)"
+        "--port-base", type=_flag("--port-base", Port, int), default=None,
+        help="use consecutive ports from this one (default: free ports)",
     )
     local.add_argument(
         "--grace-period",

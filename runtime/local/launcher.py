@@ -114,7 +114,7 @@ class LocalCluster:
                 raise TypeError("LocalCluster(spec): the script's arguments and the options are the spec's fields")
             self.spec = script
         else:
-            self.spec = LocalJobSpec.of(script, script_args, environ, **options)
+            self.spec = LocalJobSpec.from_arguments(script, script_args, environ, **options)
         spec = self.spec
         self.console = Console(output, log)
         gpu = _workers_share_a_gpu(spec.settings)

@@ -81,7 +81,8 @@ class Scaler:
         generation: int | None = None
         try:
             ack = self.scale(request.workers)
-            generation, message = ack.generation, f"{len(ack.workers)} worker(s), membership generation {ack.generation}"
+            generation = ack.generation
+            message = f"{len(ack.workers)} worker(s), membership generation {generation}"
         except (LauncherError, TimeoutError) as err:
             message = f"scaling to {request.workers} worker(s) failed: {err}"
             self._report(message)

@@ -77,7 +77,8 @@ class LocalJobSpec(BaseModel):
             raise _refusal(err, fields) from None
 
     @classmethod
-    def of(cls, script: str, script_args: Sequence[str], environ: Mapping[str, str], **options: Any) -> "LocalJobSpec":
+    def from_arguments(cls, script: str, script_args: Sequence[str], environ: Mapping[str, str],
+                       **options: Any) -> "LocalJobSpec":
         """The spec of :class:`~kubeps.runtime.local.launcher.LocalCluster`'s arguments, its settings read from
         ``environ`` (a bad one is a :class:`LauncherError` naming the variable)."""
         try:
@@ -140,7 +141,8 @@ def _refusal(err: ValidationError, fields: Mapping[str, Any]) -> Exception:
     field = str(first["loc"][0]) if first["loc"] else "spec"
     hints = get_type_hints(LocalJobSpec, include_extras=True)
     if field not in hints:
-        return TypeError(f"LocalJobSpec: unexpected argument {field!r}; allowed: {', '.join(LocalJobSpec.model_fields)}")
+        allowed = ", ".join(LocalJobSpec.model_fields)
+        return TypeError(f"LocalJobSpec: unexpected argument {field!r}; allowed: {allowed}")
     try:
         check_argument(field, fields.get(field), hints[field])
     except LauncherArgumentError as refused:
