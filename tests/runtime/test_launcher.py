@@ -19,6 +19,7 @@ from kubeps.runtime import cli
 from kubeps.runtime.contract import VERSION
 from kubeps.runtime.errors import RuntimeConfigError
 from kubeps.runtime.local import ports as local_ports
+from kubeps.runtime.local.ports import PortAllocator
 from kubeps.runtime.local.launcher import (LauncherArgumentError, LauncherError, LocalCluster, LocalJobSpec, exit_status,
                                            free_port_runs, free_ports)
 from kubeps.runtime.settings import TaskSettings
@@ -414,6 +415,27 @@ def test_a_free_port_is_the_kernels_choice_without_room_below_the_range():
     finally:
         s.close()
     assert local_ports._ephemeral_low("/nonexistent/ip_local_port_range") is None
+
+
+def test_consecutive_ports_give_each_ps_task_a_run_of_its_own():
+    """From a base, in the order chief, ps..., worker..., evaluator: a ps task of two server processes takes two."""
+    base = free_port_runs(1, 7)[0]
+    cluster = PortAllocator("127.0.0.1").cluster({"chief": 1, "ps": 2, "worker": 1, "evaluator": 1}, 2, base)
+    assert cluster == {"chief": [f"127.0.0.1:{base}"], "ps": [f"127.0.0.1:{base + 1}", f"127.0.0.1:{base + 3}"],
+                       "worker": [f"127.0.0.1:{base + 5}"], "evaluator": [f"127.0.0.1:{base + 6}"]}
+    assert PortAllocator("::1").address(2222) == "[::1]:2222"
+
+
+def test_scaling_refuses_a_bad_count_and_a_stopping_cluster(script):
+    cluster = LocalCluster(str(script), num_ps=1, num_workers=1, tls=False, metrics=False,
+                           output=open(os.devnull, "w"), log=open(os.devnull, "w"))
+    for count in (0, True, 1.5):
+        with pytest.raises(LauncherArgumentError, match="allowed is a number of workers >= 1"):
+            cluster.scale_workers(count)
+    cluster.stop()
+    with pytest.raises(LauncherError, match="the cluster is stopping; not scaling"):
+        cluster.scale_workers(2)
+    assert cluster.cluster["worker"] and not cluster.tasks
 
 
 # -- usage errors -------------------------------------------------------------------------------------------------
