@@ -6,15 +6,16 @@ and no pydantic model of the runtime mirrors one (a second declaration of a mess
 from __future__ import annotations
 
 import ast
+import pickle
 import re
 import typing
 from pathlib import Path
 
 import pytest
-from typing_extensions import is_typeddict
+from typing_extensions import get_type_hints, is_typeddict
 
 from kubeps.runtime.rpc import protocol
-from kubeps.runtime.rpc.protocol import COLLECT, PING, PS_SPECS, WORKER_SPECS
+from kubeps.runtime.rpc.protocol import COLLECT, PING, PS, PS_SPECS, WORKER, WORKER_SPECS, Method
 from kubeps.runtime.server.methods import BUILTIN_PS_METHODS, BUILTIN_WORKER_METHODS, compose
 from kubeps.runtime.errors import RuntimeConfigError
 
@@ -72,6 +73,39 @@ def test_two_packages_defining_one_method_is_an_error():
     assert compose(a={"M": one}, b={"N": other}) == {"M": one, "N": other}
     with pytest.raises(RuntimeConfigError, match="'method' has invalid value 'M': is defined by both a and b"):
         compose(a={"M": one}, b={"M": other})
+
+
+def test_every_method_constant_is_in_its_services_table_with_its_own_declarations():
+    for service, specs in ((PS, PS_SPECS), (WORKER, WORKER_SPECS)):
+        methods = [m for m in vars(service).values() if isinstance(m, Method)]
+        assert methods and all(specs[m] is m.spec for m in methods), service.__name__
+        assert set(specs) == {*methods, PING}
+    assert protocol.COLLECT_SPEC is COLLECT.spec
+
+
+def test_a_method_is_its_name_and_keeps_its_declarations_through_pickle():
+    again = pickle.loads(pickle.dumps(PS.PUSH))
+    assert again == "Push" and {"Push": 1}[again] == 1 and f"/{again}" == "/Push"
+    assert type(again) is Method and again.spec == PS.PUSH.spec
+
+
+def _holds_any(declaration: object, seen: tuple[object, ...] = ()) -> bool:
+    if declaration is typing.Any:
+        return True
+    if is_typeddict(declaration):
+        return declaration not in seen and any(_holds_any(t, (*seen, declaration))
+                                               for t in get_type_hints(declaration).values())
+    return any(_holds_any(arg, seen) for arg in typing.get_args(declaration))
+
+
+def test_no_answer_declaration_holds_any():
+    """A client's call of a Method is typed as its answer declaration by an overload; an ``Any`` inside the
+    declaration would make mypy give up on the overloads and type every answer of the method ``Any`` (``object`` is
+    the declaration of any JSON value there)."""
+    holding = sorted({spec.answer.__name__ for specs in (PS_SPECS, WORKER_SPECS) for spec in specs.values()
+                      if _holds_any(spec.answer)})
+    assert not holding, f"answer declarations holding Any (their clients' answers would be untyped): {holding}"
+    assert _holds_any(protocol.PushRequest)  # the check sees an Any inside a declaration
 
 
 # -- one declaration per message: no pydantic twin of a protocol declaration ----------------------------------------
