@@ -37,7 +37,7 @@ import pickle
 import sys
 import threading
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import cloudpickle
 import grpc
@@ -620,7 +620,7 @@ class ClusterCoordinator:
             self._add_reread(worker, read_before, "restarted")
         return True
 
-    def _count_records(self, worker: _WorkerHandle, meta: dict[str, Any]) -> None:
+    def _count_records(self, worker: _WorkerHandle, meta: Mapping[str, Any]) -> None:
         """A worker's answer: where its iterators stand, and what an iterator built again had read in its pass."""
         worker.in_pass = int(meta.get("in_pass", worker.in_pass))
         if meta.get("reread"):
@@ -873,7 +873,7 @@ class ClusterCoordinator:
         return join_structure(skeleton, arrays[1:])
 
     @staticmethod
-    def _closure_error(meta: dict[str, Any], arrays: list[np.ndarray], worker: _WorkerHandle) -> BaseException:
+    def _closure_error(meta: Mapping[str, Any], arrays: list[np.ndarray], worker: _WorkerHandle) -> BaseException:
         """The exception a function raised on ``worker``, rebuilt, with a note naming the worker and holding its
         traceback (``ClosureError`` when it cannot be rebuilt). A ``StopIteration`` -- a per-worker iterator that ran
         out -- becomes ``OutOfRangeError``, as in TensorFlow."""
