@@ -18,6 +18,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, PlainValidator, ValidationError, WithJsonSchema
 from pydantic.json_schema import JsonDict
 
+from kubeps.runtime.cluster import MembershipAck
 from kubeps.runtime.contract import FIRST_RETRYABLE_EXIT
 
 GROUP = "kubeps.dev"
@@ -500,7 +501,8 @@ class ReplicaStatus(BaseModel):
 
 
 class Progress(BaseModel):
-    """How far training is, read by the operator from the chief's metrics (``kubectl get psjob`` shows it)."""
+    """How far training is, read by the operator from the chief's metrics and its membership ack (``kubectl get
+    psjob`` shows it)."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -510,11 +512,11 @@ class Progress(BaseModel):
     examplesPerSecond: str | None = None
     #: the step of the last checkpoint the chief wrote (``kubeps_checkpoint_step``)
     lastCheckpointStep: int | None = None
-    #: the membership generation the chief applied (``kubeps_membership_generation``; docs/elastic.md)
+    #: the membership generation the chief applied (its membership ack's ``generation``; docs/elastic.md)
     membershipGeneration: int | None = None
-    #: workers that left the membership and still finish their last function (``kubeps_workers_draining``)
+    #: workers that left the membership and still finish their last function (how many the ack names ``draining``)
     workersDraining: int | None = None
-    #: the last checkpoint request of the membership document the chief served (``kubeps_checkpoint_request``)
+    #: the last checkpoint request of the membership document the chief served (the ack's ``checkpoint``)
     checkpointRequest: int | None = None
     #: when the operator read them
     lastUpdateTime: str | None = None
@@ -560,6 +562,10 @@ class PSTrainingJobStatus(BaseModel):
     #: count; cleared at that restart.
     checkpointRequest: int | None = None
     checkpointRequestTime: str | None = None
+    #: The chief's membership ack as last read (the document ``kubeps local`` reads too): the generation it
+    #: applied, the workers it dispatches to, drains and drained, the checkpoint request it served. The planner
+    #: decides from it when a scaled-away worker's pod goes and when the chief restarts into a new ps count.
+    membershipAck: MembershipAck | None = None
 
 
 class SpecError(ValueError):

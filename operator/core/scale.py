@@ -9,15 +9,15 @@ Rules (documented for users in docs/operator.md):
 * A template that cannot be made into a pod fails the job (InvalidPodTemplate), once, instead of raising at every
   reconcile.
 * Pods and Services beyond the spec's replicas (Worker scale-down) or of no known replica are deleted; a worker's
-  pod once the chief reports (in its metrics, read into ``status.progress``) that it applied the new membership
-  and drained the leaving workers, or after :data:`DRAIN_TIMEOUT_S`.
+  pod once the chief acknowledges (its membership ack, read into ``status.membershipAck``) that it applied the
+  new membership and drained that worker, or after :data:`DRAIN_TIMEOUT_S`.
 * The job's membership ConfigMap names the Workers of the spec (index order), and its generation grows at each
   change: the chief watches the document and dispatches to exactly those, without a restart (docs/elastic.md).
   Once written, the running chief pod is annotated with the generation, so that the kubelet refreshes the mounted
   file at once.
 * PS replicas changed on a running job: first the chief is asked for a checkpoint (the membership document's
-  ``checkpoint`` request, an Event CheckpointRequested); once its metrics say it served the request, or after
-  :data:`CHECKPOINT_TIMEOUT_S` (:data:`NO_REPORT_WAIT_S` for a chief whose metrics show no membership: a TensorFlow
+  ``checkpoint`` request, an Event CheckpointRequested); once its ack says it served the request, or after
+  :data:`CHECKPOINT_TIMEOUT_S` (:data:`NO_REPORT_WAIT_S` for a chief that acknowledges no membership: a TensorFlow
   program), the chief restarts into the new count and restores its latest checkpoint (Restarting, reason
   PSReplicasChanged; not counted against backoffLimit). The ps beyond the new count stay until then: they hold the
   variables being saved.
@@ -45,7 +45,7 @@ from .status import R_CHECKPOINT_REQUESTED, R_INVALID_TEMPLATE, R_PODS_WAITING, 
 DRAIN_TIMEOUT_S = 120.0
 #: seconds a ps count change waits for the chief to save the checkpoint it was asked for, at most
 CHECKPOINT_TIMEOUT_S = 60.0
-#: seconds it waits at most for a chief whose metrics have shown no membership (a TensorFlow program serves none)
+#: seconds it waits at most for a chief that has acknowledged no membership (a TensorFlow program serves no ack)
 NO_REPORT_WAIT_S = 5.0
 
 
@@ -77,33 +77,34 @@ def delete_beyond_spec(d: Draft, desired: dict[ReplicaType, int]) -> None:
         if pod.replica_type is ReplicaType.PS and pod.index is not None and pod.index < ps_held:
             continue
         if pod.replica_type is None or pod.index is None or pod.index >= desired[pod.replica_type]:
-            if hold and pod.replica_type is ReplicaType.WORKER and not pod.finished:
+            if pod.index in hold and pod.replica_type is ReplicaType.WORKER and not pod.finished:
                 continue
             d.delete_pod(pod, "scaled down")
             d.event("Normal", "ScaledDown", f"Deleting pod {pod.name}: beyond the spec's replicas")
 
 
-def draining(d: Draft) -> bool:
-    """Whether the chief may still be draining scaled-away workers: it reports its membership (a kubeps chief,
-    ``status.progress``), has not yet reported the latest generation with no worker draining, and the change is
-    less than :data:`DRAIN_TIMEOUT_S` old (a chief that never gets there does not keep the pods forever). Asks for
-    a reconcile at the timeout."""
-    seen, progress = d.observed.membership, d.status.progress
+def draining(d: Draft) -> frozenset[int]:
+    """The indexes of the workers the chief may still be draining: it acknowledges memberships (a kubeps chief,
+    ``status.membershipAck``), and its ack is of an older generation than the latest (every worker it knew may
+    still run a function) or names them ``draining``; for at most :data:`DRAIN_TIMEOUT_S` after the change (a
+    chief that never gets there does not keep the pods forever). Asks for a reconcile at the timeout."""
+    seen, ack = d.observed.membership, d.status.membershipAck
     chief = d.by_key.get((ReplicaType.CHIEF, 0))
-    if seen is None or progress is None or progress.membershipGeneration is None or chief is None \
-            or chief.terminating or chief.finished:
-        return False
+    if seen is None or ack is None or chief is None or chief.terminating or chief.finished:
+        return frozenset()
     planned = [a.generation for a in d.plan.of(ApplyMembership)]  # written by this plan: not seen by the chief yet
-    if progress.membershipGeneration >= max([seen.generation, *planned]) and not progress.workersDraining:
-        return False
+    if ack.generation >= max([seen.generation, *planned]):
+        held = frozenset(ack.draining)
+    else:
+        held = frozenset(p.index for p in d.pods if p.replica_type is ReplicaType.WORKER and p.index is not None)
     changed = parse_time(d.status.membershipTime)
-    if changed is None:
-        return False
+    if not held or changed is None:
+        return frozenset()
     left = DRAIN_TIMEOUT_S - (d.observed.now - changed).total_seconds()
     if left <= 0:
-        return False
+        return frozenset()
     d.requeue(left)
-    return True
+    return held
 
 
 def plan_membership(d: Draft, spec: PSTrainingJobSpec, ps_count: int) -> None:
@@ -137,7 +138,8 @@ def plan_membership(d: Draft, spec: PSTrainingJobSpec, ps_count: int) -> None:
 
 def _ask_for_checkpoint(d: Draft, ps_count: int) -> bool:
     """Whether to ask the chief for a checkpoint now: the ps count changed, nothing was asked for it yet, and the
-    chief runs (whether it serves requests, a kubeps chief, shows in its metrics: :func:`_waiting_for_checkpoint`)."""
+    chief runs (whether it serves requests, a kubeps chief, shows in its membership ack:
+    :func:`_waiting_for_checkpoint`)."""
     chief = d.by_key.get((ReplicaType.CHIEF, 0))
     return (d.status.psReplicas is not None and d.status.psReplicas != ps_count and d.status.checkpointRequest is None
             and chief is not None and chief.phase == "Running" and not chief.terminating)
@@ -146,13 +148,13 @@ def _ask_for_checkpoint(d: Draft, ps_count: int) -> bool:
 def _waiting_for_checkpoint(d: Draft) -> bool:
     """Whether the restart for a ps count change still waits for the chief's checkpoint: asked for, not reported
     served, the chief still there, and less than :data:`CHECKPOINT_TIMEOUT_S` ago, or :data:`NO_REPORT_WAIT_S` for
-    a chief whose metrics have shown no membership (not read yet, or a TensorFlow program: no kubeps metrics; the
+    a chief that has acknowledged no membership (not read yet, or a TensorFlow program: no kubeps ack; the
     progress reader reads an asked chief every second). Asks for a reconcile at the limit."""
-    request, progress = d.status.checkpointRequest, d.status.progress
+    request = d.status.checkpointRequest
     chief = d.by_key.get((ReplicaType.CHIEF, 0))
     if request is None or _served(d) or chief is None or chief.terminating or chief.finished:
         return False
-    reports = progress is not None and progress.membershipGeneration is not None
+    reports = d.status.membershipAck is not None
     asked = parse_time(d.status.checkpointRequestTime)
     limit = CHECKPOINT_TIMEOUT_S if reports else NO_REPORT_WAIT_S
     left = limit - (d.observed.now - asked).total_seconds() if asked is not None else 0.0
@@ -163,9 +165,9 @@ def _waiting_for_checkpoint(d: Draft) -> bool:
 
 
 def _served(d: Draft) -> bool:
-    """Whether the chief's metrics say it served the checkpoint request the job waits for."""
-    request, progress = d.status.checkpointRequest, d.status.progress
-    return request is not None and progress is not None and (progress.checkpointRequest or 0) >= request
+    """Whether the chief's membership ack says it served the checkpoint request the job waits for."""
+    request, ack = d.status.checkpointRequest, d.status.membershipAck
+    return request is not None and ack is not None and ack.checkpoint >= request
 
 
 def restart_for_ps_count(d: Draft, count: int) -> None:
