@@ -18,6 +18,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, PlainValidator, ValidationError, WithJsonSchema
 from pydantic.json_schema import JsonDict
 
+from kubeps.runtime import lifecycle
 from kubeps.runtime.cluster import MembershipAck
 from kubeps.runtime.contract import FIRST_RETRYABLE_EXIT
 
@@ -142,13 +143,25 @@ _RESTART_POLICY_DOC = (
 )
 
 
+def default_restart_policy(role: str) -> ReplicaRestartPolicy:
+    """A role's default ``restartPolicy``: the lifecycle table's (:data:`kubeps.runtime.lifecycle.ROLES`), which
+    ``kubeps local --restart`` follows too: one default per role for both."""
+    return ReplicaRestartPolicy(lifecycle.ROLES[role].policy)
+
+
+def _restart_policy(role: str) -> Any:
+    default = default_restart_policy(role)
+    return Field(default, description=f"{_RESTART_POLICY_DOC} Default: {default.value}.")
+
+
 class ReplicaSpec(BaseModel):
-    """What every role's spec has; each role's class below sets its own count, bounds and documentation."""
+    """What every role's spec has; each role's class below sets its own count, bounds, default restartPolicy and
+    documentation."""
 
     model_config = ConfigDict(extra="ignore")
 
     replicas: int
-    restartPolicy: ReplicaRestartPolicy = Field(ReplicaRestartPolicy.ON_FAILURE, description=_RESTART_POLICY_DOC)
+    restartPolicy: ReplicaRestartPolicy
     template: PodTemplateSpec
 
 
@@ -156,24 +169,28 @@ class ChiefSpec(ReplicaSpec):
     """The chief (coordinator): exactly one."""
 
     replicas: int = Field(1, ge=1, le=1, description="Number of replicas (1..1).")
+    restartPolicy: ReplicaRestartPolicy = _restart_policy(lifecycle.CHIEF)
 
 
 class PSSpec(ReplicaSpec):
     """Parameter servers: at least one."""
 
     replicas: int = Field(1, ge=1, le=MAX_PS, description=f"Number of replicas (1..{MAX_PS}).")
+    restartPolicy: ReplicaRestartPolicy = _restart_policy(lifecycle.PS)
 
 
 class WorkerSpec(ReplicaSpec):
     """Workers: at least one."""
 
     replicas: int = Field(1, ge=1, le=MAX_WORKERS, description=f"Number of replicas (1..{MAX_WORKERS}).")
+    restartPolicy: ReplicaRestartPolicy = _restart_policy(lifecycle.WORKER)
 
 
 class EvaluatorSpec(ReplicaSpec):
     """A sidecar evaluator: none or one."""
 
     replicas: int = Field(1, ge=0, le=1, description="Number of replicas (0..1).")
+    restartPolicy: ReplicaRestartPolicy = _restart_policy(lifecycle.EVALUATOR)
 
 
 class ReplicaSpecs(BaseModel):
