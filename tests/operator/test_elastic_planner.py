@@ -118,7 +118,7 @@ def test_a_ps_count_change_restarts_the_chief_into_the_new_count_without_countin
     plan = world.plan()  # a chief whose metrics show no membership (a TensorFlow program) is asked, and waited for
     assert "ctr-chief-0" not in [a.name for a in plan.of(A.DeletePod)] and plan.requeue_after <= 5
     world.apply(plan)
-    world.now += timedelta(seconds=5)  # (NO_REPORT_WAIT_S) then restarted
+    world.now += timedelta(seconds=5)  # (the Checkpointing wait's deadline for a chief with no ack) then restarted
     plan = world.plan()
     assert "ctr-chief-0" in [a.name for a in plan.of(A.DeletePod)]
     # the workers' TF_CONFIG names the ps they use: they are made again with the new one
