@@ -25,7 +25,8 @@
 Rule: purely data-manipulative. No I/O, no clock (the time is :attr:`.state.Observed.now`), no randomness (the shell adds
 the token); no kopf, no Kubernetes client, no aiohttp, nothing of the shell (:mod:`kubeps.operator.kube`,
 :mod:`kubeps.operator.controller`). It may import :mod:`kubeps.operator.api` and, of the runtime, the TF_CONFIG
-model (:mod:`kubeps.runtime.cluster`), the pod contract (:mod:`kubeps.runtime.contract`) and the task settings
+model (:mod:`kubeps.runtime.cluster`), the pod contract (:mod:`kubeps.runtime.contract`), the lifecycle table
+(:mod:`kubeps.runtime.lifecycle`), the validation dialect (:mod:`kubeps.runtime.checks`) and the task settings
 (:mod:`kubeps.runtime.settings`, to render a pod's environment). Table-tested in
 ``tests/operator/test_planner.py`` without an API server.
 """

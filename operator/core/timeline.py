@@ -22,6 +22,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
+from kubeps.runtime.checks import NonNegativeInt, check
+
 from kubeps.operator.api import models
 from kubeps.operator.api.models import CleanPodPolicy, ConditionType, PSTrainingJobSpec, ReplicaType, RunPolicy
 
@@ -186,12 +188,15 @@ def _evaluator_grace(d: Draft) -> tuple[int, datetime] | None:
 
 def ttl(d: Draft) -> None:
     """Delete a finished job once ttlSecondsAfterFinished passed (else reconcile again then)."""
+    raw: int | None
     if d.spec is not None:
         raw = d.spec.runPolicy.ttlSecondsAfterFinished
     else:
-        raw = _raw_run_policy(d).get("ttlSecondsAfterFinished")
-        if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
-            return  # an invalid spec with an unusable TTL: keep the failed job
+        try:
+            raw = check("spec.runPolicy.ttlSecondsAfterFinished", _raw_run_policy(d).get("ttlSecondsAfterFinished"),
+                        NonNegativeInt, owner="PSTrainingJob")
+        except ValueError:  # RuntimeConfigError: absent, or an invalid spec with an unusable TTL: keep the job
+            return
     if raw is None:
         return
     finished = parse_time(d.status.completionTime) or d.now
