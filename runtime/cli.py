@@ -19,9 +19,11 @@ import ipaddress
 import os
 import sys
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
+from kubeps.runtime.checks import NonNegativeSeconds, Port, PositiveInt, allowed_text, check
 from kubeps.runtime.contract import VERSION
+from kubeps.runtime.errors import RuntimeConfigError
 
 __all__ = ["build_parser", "main"]
 
@@ -53,40 +55,32 @@ class _Exit(Exception):
         self.status = status
 
 
-def _int_at_least(minimum: int, flag: str):
-    def parse(text: str) -> int:
+def _flag(flag: str, type_: Any, parse: Callable[[str], Any], bounds: str | None = None) -> Callable[[str], Any]:
+    """An argparse type for ``flag``: the text parsed with ``parse`` and checked as ``type_``, a type of the one
+    validation dialect (:mod:`kubeps.runtime.checks`; :class:`~kubeps.runtime.local.spec.LocalJobSpec` checks the
+    same value again, naming its field). Refused as ``FLAG must be ALLOWED, got TEXT``, where ALLOWED is what the
+    type allows, or ``bounds`` for a value that parses but lies outside them."""
+    allowed = allowed_text(type_)
+
+    def convert(text: str) -> Any:
         try:
-            value = int(text)
+            value = parse(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} must be an integer >= {minimum}, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{flag} must be >= {minimum}, got {value}")
-        return value
-
-    return parse
-
-
-def _port_base(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--port-base must be a port number in 1..65535, got {text!r}") from None
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"--port-base must be a port number in 1..65535, got {value}")
-    return value
-
-
-def _seconds(flag: str):
-    def parse(text: str) -> float:
+            raise argparse.ArgumentTypeError(f"{flag} must be {allowed}, got {text!r}") from None
         try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} must be a number of seconds >= 0, got {text!r}") from None
-        if not value >= 0:
-            raise argparse.ArgumentTypeError(f"{flag} must be a number of seconds >= 0, got {text}")
-        return value
+            return check(flag, value, type_)
+        except RuntimeConfigError:
+            raise argparse.ArgumentTypeError(f"{flag} must be {bounds or allowed}, got {text}") from None
 
-    return parse
+    return convert
+
+
+def _count(flag: str) -> Callable[[str], int]:
+    return _flag(flag, PositiveInt, int, bounds=">= 1")
+
+
+def _seconds(flag: str) -> Callable[[str], float]:
+    return _flag(flag, NonNegativeSeconds, float)
 
 
 def _host(text: str) -> str:
@@ -122,17 +116,18 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     local.add_argument("script", help="the training program (the same file runs as every task)")
-    local.add_argument("--ps", type=_int_at_least(1, "--ps"), default=2, help="parameter servers (default 2)")
-    local.add_argument("--workers", type=_int_at_least(1, "--workers"), default=2, help="workers (default 2)")
+    local.add_argument("--ps", type=_count("--ps"), default=2, help="parameter servers (default 2)")
+    local.add_argument("--workers", type=_count("--workers"), default=2, help="workers (default 2)")
     local.add_argument("--evaluator", action="store_true", help="also run a sidecar evaluator task")
     local.add_argument(
-        "--ps-processes", type=_int_at_least(1, "--ps-processes"), default=None,
+        "--ps-processes", type=_count("--ps-processes"), default=None,
         help=("server processes per ps task, each on its own port and core (default: KUBEPS_PS_PROCESSES, else the "
               "ps task's CPU share: the machine's CPUs divided by ps + workers)"),
     )
     local.add_argument("--host", type=_host, default="127.0.0.1", help="address the tasks listen on (default 127.0.0.1)")
     local.add_argument(
-        "--port-base", type=_port_base, default=None, help="use consecutive ports from this one (default: free ports)"
+        "--port-base", type=_flag("--port-base", Port, int), default=None,
+        help="use consecutive ports from this one (default: free ports)",
     )
     local.add_argument(
         "--grace-period",
@@ -268,36 +263,31 @@ def _run_validate(argv: list[str]) -> int:
 
 
 def _run_local(args: argparse.Namespace, script_args: list[str]) -> int:
-    from kubeps.runtime.local.launcher import LauncherError, LocalCluster, max_port_base, run_local  # noqa: PLC0415 - only `kubeps local` needs it
+    """``kubeps local``: the flags as a :class:`~kubeps.runtime.local.spec.LocalJobSpec` with the task settings of
+    this environment, run by :func:`~kubeps.runtime.local.launcher.run_local` (``--restart``: by a
+    :class:`~kubeps.runtime.local.restarting.RestartingLocalCluster`)."""
+    from kubeps.runtime.local.errors import LauncherError, PortBaseError  # noqa: PLC0415 - only `kubeps local` needs it
+    from kubeps.runtime.local.launcher import LocalCluster, run_local  # noqa: PLC0415
     from kubeps.runtime.local.restarting import RestartingLocalCluster  # noqa: PLC0415
+    from kubeps.runtime.local.spec import LocalJobSpec  # noqa: PLC0415
+    from kubeps.runtime.settings import TaskSettings  # noqa: PLC0415
 
     local_parser: argparse.ArgumentParser = args._local_parser
     if not os.path.exists(args.script):
         local_parser.error(f"script file not found: {args.script}")
     if not os.path.isfile(args.script):
         local_parser.error(f"script must be a file, got a directory: {args.script}")
-    highest = max_port_base(args.ps, args.workers, args.evaluator, args.ps_processes or 1)
-    if args.port_base is not None and args.port_base > highest:  # LocalCluster checks it too, naming port_base
-        tasks = 1 + args.ps * (args.ps_processes or 1) + args.workers + (1 if args.evaluator else 0)
-        local_parser.error(f"--port-base must be in 1..{highest} for {tasks} tasks, got {args.port_base}")
     try:
-        return run_local(
-            args.script,
-            script_args,
-            num_ps=args.ps,
-            num_workers=args.workers,
-            evaluator=args.evaluator,
-            host=args.host,
-            port_base=args.port_base,
-            python=args.python,
-            grace_period=args.grace_period,
-            evaluator_grace=args.evaluator_grace,
-            tls=not args.insecure_plaintext,
-            metrics=not args.no_metrics,
-            ps_processes=args.ps_processes,
-            cluster_factory=RestartingLocalCluster if args.restart else LocalCluster,
+        spec = LocalJobSpec(
+            script=args.script, script_args=tuple(script_args), num_ps=args.ps, num_workers=args.workers,
+            evaluator=args.evaluator, host=args.host, port_base=args.port_base, python=args.python,
+            grace_period=args.grace_period, evaluator_grace=args.evaluator_grace, tls=not args.insecure_plaintext,
+            metrics=not args.no_metrics, ps_processes=args.ps_processes, settings=TaskSettings.from_env(),
         )
-    except LauncherError as err:
+        return run_local(spec, cluster_factory=RestartingLocalCluster if args.restart else LocalCluster)
+    except PortBaseError as err:
+        local_parser.error(f"--port-base must be in 1..{err.highest} for {err.ports} tasks, got {err.value}")
+    except (LauncherError, RuntimeConfigError) as err:  # a bad task setting in the environment, ports in use, ...
         local_parser.error(str(err))
     return USAGE_ERROR  # pragma: no cover - error() raises
 
@@ -348,7 +338,6 @@ def _call_builder(builder: Any, script_args: list[str], parser: argparse.Argumen
 
 def _run_export(args: argparse.Namespace, script_args: list[str]) -> int:
     from kubeps.runtime.checkpoint.format import CheckpointError  # noqa: PLC0415 - only `kubeps export` needs it
-    from kubeps.runtime.errors import RuntimeConfigError  # noqa: PLC0415
     from kubeps.runtime.models import export  # noqa: PLC0415
 
     parser: argparse.ArgumentParser = args._export_parser
@@ -387,8 +376,8 @@ def _run_local_scale(argv: list[str]) -> int:
                      "workers start and the chief dispatches to them, or the highest workers finish their last "
                      "function and stop; the chief is not restarted. Waits until it is done."),
     )
-    parser.add_argument("--workers", type=_int_at_least(1, "--workers"), required=True, help="workers from now on")
-    parser.add_argument("--pid", type=_int_at_least(1, "--pid"), default=None,
+    parser.add_argument("--workers", type=_count("--workers"), required=True, help="workers from now on")
+    parser.add_argument("--pid", type=_count("--pid"), default=None,
                         help="the launcher's pid (kubeps local's own), when several runs are going")
     parser.add_argument("--timeout", type=_seconds("--timeout"), default=120.0,
                         help="seconds to wait for the scaling to finish (default 120)")

@@ -18,6 +18,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, PlainValidator, ValidationError, WithJsonSchema
 from pydantic.json_schema import JsonDict
 
+from kubeps.runtime import lifecycle
+from kubeps.runtime.cluster import MembershipAck
 from kubeps.runtime.contract import FIRST_RETRYABLE_EXIT
 
 GROUP = "kubeps.dev"
@@ -141,13 +143,25 @@ _RESTART_POLICY_DOC = (
 )
 
 
+def default_restart_policy(role: str) -> ReplicaRestartPolicy:
+    """A role's default ``restartPolicy``: the lifecycle table's (:data:`kubeps.runtime.lifecycle.ROLES`), which
+    ``kubeps local --restart`` follows too: one default per role for both."""
+    return ReplicaRestartPolicy(lifecycle.ROLES[role].policy)
+
+
+def _restart_policy(role: str) -> Any:
+    default = default_restart_policy(role)
+    return Field(default, description=f"{_RESTART_POLICY_DOC} Default: {default.value}.")
+
+
 class ReplicaSpec(BaseModel):
-    """What every role's spec has; each role's class below sets its own count, bounds and documentation."""
+    """What every role's spec has; each role's class below sets its own count, bounds, default restartPolicy and
+    documentation."""
 
     model_config = ConfigDict(extra="ignore")
 
     replicas: int
-    restartPolicy: ReplicaRestartPolicy = Field(ReplicaRestartPolicy.ON_FAILURE, description=_RESTART_POLICY_DOC)
+    restartPolicy: ReplicaRestartPolicy
     template: PodTemplateSpec
 
 
@@ -155,24 +169,28 @@ class ChiefSpec(ReplicaSpec):
     """The chief (coordinator): exactly one."""
 
     replicas: int = Field(1, ge=1, le=1, description="Number of replicas (1..1).")
+    restartPolicy: ReplicaRestartPolicy = _restart_policy(lifecycle.CHIEF)
 
 
 class PSSpec(ReplicaSpec):
     """Parameter servers: at least one."""
 
     replicas: int = Field(1, ge=1, le=MAX_PS, description=f"Number of replicas (1..{MAX_PS}).")
+    restartPolicy: ReplicaRestartPolicy = _restart_policy(lifecycle.PS)
 
 
 class WorkerSpec(ReplicaSpec):
     """Workers: at least one."""
 
     replicas: int = Field(1, ge=1, le=MAX_WORKERS, description=f"Number of replicas (1..{MAX_WORKERS}).")
+    restartPolicy: ReplicaRestartPolicy = _restart_policy(lifecycle.WORKER)
 
 
 class EvaluatorSpec(ReplicaSpec):
     """A sidecar evaluator: none or one."""
 
     replicas: int = Field(1, ge=0, le=1, description="Number of replicas (0..1).")
+    restartPolicy: ReplicaRestartPolicy = _restart_policy(lifecycle.EVALUATOR)
 
 
 class ReplicaSpecs(BaseModel):
@@ -500,7 +518,8 @@ class ReplicaStatus(BaseModel):
 
 
 class Progress(BaseModel):
-    """How far training is, read by the operator from the chief's metrics (``kubectl get psjob`` shows it)."""
+    """How far training is, read by the operator from the chief's metrics and its membership ack (``kubectl get
+    psjob`` shows it)."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -510,11 +529,11 @@ class Progress(BaseModel):
     examplesPerSecond: str | None = None
     #: the step of the last checkpoint the chief wrote (``kubeps_checkpoint_step``)
     lastCheckpointStep: int | None = None
-    #: the membership generation the chief applied (``kubeps_membership_generation``; docs/elastic.md)
+    #: the membership generation the chief applied (its membership ack's ``generation``; docs/elastic.md)
     membershipGeneration: int | None = None
-    #: workers that left the membership and still finish their last function (``kubeps_workers_draining``)
+    #: workers that left the membership and still finish their last function (how many the ack names ``draining``)
     workersDraining: int | None = None
-    #: the last checkpoint request of the membership document the chief served (``kubeps_checkpoint_request``)
+    #: the last checkpoint request of the membership document the chief served (the ack's ``checkpoint``)
     checkpointRequest: int | None = None
     #: when the operator read them
     lastUpdateTime: str | None = None
@@ -560,6 +579,10 @@ class PSTrainingJobStatus(BaseModel):
     #: count; cleared at that restart.
     checkpointRequest: int | None = None
     checkpointRequestTime: str | None = None
+    #: The chief's membership ack as last read (the document ``kubeps local`` reads too): the generation it
+    #: applied, the workers it dispatches to, drains and drained, the checkpoint request it served. The planner
+    #: decides from it when a scaled-away worker's pod goes and when the chief restarts into a new ps count.
+    membershipAck: MembershipAck | None = None
 
 
 class SpecError(ValueError):

@@ -2,11 +2,13 @@
 ``status.progress`` (Kubeflow's controllers have no such reader; pods get no API credentials for it).
 
 Every ``progress_interval`` seconds (default 10; every second for a job whose ps count change waits for the chief's
-checkpoint) :class:`ProgressReader` GETs ``/metrics`` of the chief of every
-Running or Restarting job it watches (``http://<job>-chief-0.<namespace>.svc[.<domain>]:<metrics port>``, at most
-16 at a time, 3 s each), reads the step, the examples counter, the last checkpoint's step and the membership the chief applied
-(:mod:`kubeps.operator.core.progress`), and patches ``status.progress`` when the step, the checkpoint or the
-membership changed.
+checkpoint) :class:`ProgressReader` GETs ``/metrics`` and the membership ack
+(:data:`~kubeps.runtime.contract.MEMBERSHIP_ACK_PATH`, a :class:`~kubeps.runtime.cluster.MembershipAck` as JSON)
+of the chief of every Running or Restarting job it watches
+(``http://<job>-chief-0.<namespace>.svc[.<domain>]:<metrics port>``, at most 16 at a time, 3 s each), reads the
+step, the examples counter and the last checkpoint's step from the metrics (:mod:`kubeps.operator.core.progress`),
+and patches ``status.progress`` and ``status.membershipAck`` when the step, the checkpoint or the ack changed. The
+planner decides from the ack alone; a malformed or absent ack is logged and changes nothing.
 The writes are spaced to at most ``progress_writes_per_second`` (default 20) over all jobs, so 200 jobs cost the
 API server 20 status patches a second at most, and a job's progress is at most ``200 / 20 = 10`` s behind the
 interval. A hot ps the chief's detector flags (``kubeps_ps_imbalanced``) becomes a Warning Event
@@ -20,8 +22,13 @@ import logging
 import time
 from datetime import datetime, timezone
 from typing import Any, Callable, Mapping
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
+from pydantic import ValidationError
+
+from kubeps.runtime.cluster import MembershipAck
+from kubeps.runtime.contract import MEMBERSHIP_ACK_PATH
 
 from kubeps.operator.api import models
 from kubeps.operator.core.observed import fmt_time
@@ -31,7 +38,7 @@ from .cache import Cache
 from .metrics import phase_of
 from .recorder import Recorder
 
-__all__ = ["ProgressReader", "chief_metrics_url"]
+__all__ = ["ProgressReader", "chief_ack_url", "chief_metrics_url"]
 
 log = logging.getLogger("kubeps.operator.progress")
 #: the fields of ``status.progress`` whose change is written (the rate alone is not)
@@ -61,17 +68,28 @@ def chief_metrics_url(job: Mapping[str, Any], cluster_domain: str | None, templa
     return f"http://{meta['name']}-chief-0.{meta['namespace']}.svc{domain}:{port}/metrics"
 
 
+def chief_ack_url(metrics_url: str) -> str:
+    """Where the chief serves its membership ack: its metrics URL with the path's ``/metrics`` replaced by
+    :data:`~kubeps.runtime.contract.MEMBERSHIP_ACK_PATH` (``http://<chief>:9090/kubeps/membership``; a path
+    before it, as through a proxy, stays), or that path appended to a URL whose path does not end in
+    ``/metrics``."""
+    parts = urlsplit(metrics_url)
+    path = parts.path[:-len("/metrics")] if parts.path.endswith("/metrics") else parts.path.rstrip("/")
+    return urlunsplit(parts._replace(path=path + MEMBERSHIP_ACK_PATH, query="", fragment=""))
+
+
 def _waits_for_checkpoint(job: Mapping[str, Any]) -> bool:
     status = job.get("status") or {}
     request = status.get("checkpointRequest")
-    return request is not None and ((status.get("progress") or {}).get("checkpointRequest") or 0) < request
+    return request is not None and ((status.get("membershipAck") or {}).get("checkpoint") or 0) < request
 
 
 class ProgressReader:
     """Reads the chiefs' metrics and writes the jobs' ``status.progress`` (``run()`` until ``close()``).
 
     ``patch(namespace, name, body)`` writes a status merge patch (the Kubernetes client's ``patch_job_status``);
-    ``url(job)`` is where a job's chief serves its metrics (tests point it at a server of their own)."""
+    ``url(job)`` is where a job's chief serves its metrics (tests point it at a server of their own); its
+    membership ack is on the same host and port (:func:`chief_ack_url`)."""
 
     def __init__(self, cache: Cache, recorder: Recorder, patch: Callable[[str, str, dict], Any], *,
                  interval: float = 10.0, writes_per_second: float = 20.0,
@@ -136,32 +154,60 @@ class ProgressReader:
     async def read_one(self, job: Mapping[str, Any]) -> None:
         meta = job["metadata"]
         uid = str(meta.get("uid"))
-        if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=READ_TIMEOUT_S))
-        try:
-            async with self._session.get(self.url(job)) as answer:
-                if answer.status != 200:
-                    return
-                text = await answer.text()
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
-            log.debug("progress of %s/%s: the chief's metrics did not answer: %s", meta["namespace"], meta["name"], err)
-            return
-        reading = read_chief(text, time.monotonic())
-        new = progress(self.readings.get(uid), reading, fmt_time(datetime.now(timezone.utc)))
-        self.readings[uid] = reading
-        self._hot_ps(job, uid, reading)
-        old = (job.get("status") or {}).get("progress") or {}
-        if new is None or all(new.get(k) == old.get(k) for k in _WRITTEN_WHEN_CHANGED):
+        url = self.url(job)
+        text, ack_text = await asyncio.gather(self._get(job, url, "metrics"), self._get(job, chief_ack_url(url), "ack"))
+        reading = None if text is None else read_chief(text, time.monotonic())
+        ack = None if ack_text is None else self._ack(job, ack_text)
+        new = progress(self.readings.get(uid), reading, fmt_time(datetime.now(timezone.utc)), ack)
+        if reading is not None:
+            self.readings[uid] = reading
+            self._hot_ps(job, uid, reading)
+        status = job.get("status") or {}
+        old = status.get("progress") or {}
+        write: dict[str, Any] = {}
+        if new is not None and any(new.get(k) != old.get(k) for k in _WRITTEN_WHEN_CHANGED):
+            write["progress"] = {**old, **new} if reading is None else new
+        if ack is not None and ack.model_dump(mode="json") != status.get("membershipAck"):
+            write["membershipAck"] = ack.model_dump(mode="json")
+        if not write:
             return  # nothing moved: no write
         await self._spaced()
         try:
-            await self.patch(meta["namespace"], meta["name"], {"status": {"progress": new}})
+            await self.patch(meta["namespace"], meta["name"], {"status": write})
             self.writes += 1
-            if not old.get("step") and new["step"] > 0 and uid not in self.started:  # its first step: once per job
+            if not old.get("step") and (new or {}).get("step", 0) > 0 and uid not in self.started:  # once per job
                 self.started.add(uid)
                 self.recorder.first_step(job)
         except Exception as err:  # noqa: BLE001 - the job may be gone; the next pass tries again
             log.debug("progress of %s/%s not written: %s", meta["namespace"], meta["name"], err)
+
+    async def _get(self, job: Mapping[str, Any], url: str, what: str) -> str | None:
+        """The text the chief answers at ``url``; None when it does not answer 200 (logged)."""
+        meta = job["metadata"]
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=READ_TIMEOUT_S))
+        try:
+            async with self._session.get(url) as answer:
+                if answer.status != 200:
+                    log.debug("progress of %s/%s: the chief's %s answered %d", meta["namespace"], meta["name"],
+                              what, answer.status)
+                    return None
+                return await answer.text()
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
+            log.debug("progress of %s/%s: the chief's %s did not answer: %s", meta["namespace"], meta["name"],
+                      what, err)
+            return None
+
+    @staticmethod
+    def _ack(job: Mapping[str, Any], text: str) -> MembershipAck | None:
+        """The chief's membership ack from its answer; None (logged) when it is not one."""
+        try:
+            return MembershipAck.model_validate_json(text)
+        except ValidationError as err:
+            meta = job["metadata"]
+            log.warning("%s/%s: the chief's membership ack is malformed, ignored: %s", meta["namespace"],
+                        meta["name"], err.errors(include_url=False)[:1])
+            return None
 
     async def _spaced(self) -> None:
         """Wait for this write's turn: writes over all jobs at least ``gap`` seconds apart."""

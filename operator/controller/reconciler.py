@@ -168,7 +168,7 @@ class Reconciler:
         cached = self.cache.secrets.get(key) == uid
         observed = await self.observe(key, job, cached)
         plan = planner.plan(observed)
-        if cached and plan.of(CreatePod) and await self.control.read_own_secret(key, uid) is None:
+        if cached and plan.of(CreatePod) and await self.control.secrets.read_own_secret(key, uid) is None:
             self.queue.again(key)
             return
         self.reconciles += 1
@@ -182,7 +182,7 @@ class Reconciler:
             job = written
         await self.control.apply(key, job, plan)
         await self.control.force_delete_pods(key, plan.force_deletes)
-        await self.control.sync_disruption_budget(key, job, disruption.wanted(job, plan.terminal))
+        await self.control.scheduling.sync_disruption_budget(key, job, disruption.wanted(job, plan.terminal))
         if plan.all_children_present:
             self.recorder.all_children_present(job)
         if plan.requeue_after is not None:
@@ -203,15 +203,15 @@ class Reconciler:
             # answers 409, and create_secret then checks whose it is); one GET fewer per new job.
             secret = None
         else:
-            body = await self.control.read_own_secret(key, uid)
+            body = await self.control.secrets.read_own_secret(key, uid)
             secret = SecretFacts.of(body) if body is not None else None
         # a job never reconciled has no ConfigMap yet: one GET fewer per new job, as for the Secret
-        membership = await self.control.read_membership(key, uid) if pods or job.get("status") else None
+        membership = await self.control.membership.read_membership(key, uid) if pods or job.get("status") else None
         queue = await self.queue_view(key, job) if self.config.kueue and kueue.queue_name(job) else None
         pod_group = None
         if self.config.gang_scheduler is not GangScheduler.NONE and (pods or job.get("status")):
             # (a job never reconciled has none: one fewer GET per new job, as for the Secret)
-            pod_group = await self.control.read_own_pod_group(key, uid, gang.API_VERSIONS[self.config.gang_scheduler])
+            pod_group = await self.control.scheduling.read_own_pod_group(key, uid, gang.API_VERSIONS[self.config.gang_scheduler])
         seen = nodes.NodesSeen()
         if self.nodes is not None:
             seen = nodes.NodesSeen(self.nodes.view(), self.settings.node_lost_after, self.nodes.leases_until,

@@ -1,8 +1,9 @@
 """One reconcile's plan as it is drafted: :class:`Draft`, the working state every rule of the planner shares.
 
 It reads the :class:`~.state.Observed` job once (its pods projected and keyed by replica, its Services by name, its
-status as a :class:`~.status.StatusBook`) and carries the moves every rule makes: post an Event, fail or succeed the
-job, create or delete a pod, ask to be reconciled again. The rules themselves are functions of their own modules
+status as a :class:`~.status.StatusBook`) and carries the moves every rule makes: post an Event, move the job
+between its states (:meth:`Draft.move`, which applies the row of the job state table, :mod:`.flow`, as written),
+create or delete a pod, ask to be reconciled again. The rules themselves are functions of their own modules
 (:mod:`.restarts`, :mod:`.timeline`, :mod:`.security`, :mod:`.scale`), which :mod:`.planner` calls in order, as
 TensorFlow's ``Dataset`` delegates each transformation to its own module.
 
@@ -19,9 +20,10 @@ from kubeps.operator.api.models import ConditionType, PSTrainingJobSpec, Replica
 from . import gang, kueue
 from .actions import CreatePod, DeletePod, Event, Plan
 from .children import pod_body
+from .flow import FAILING, On, Row, State, phase_of, row
 from .observed import ObservedPod, observe_pods, owned
 from .state import Observed
-from .status import R_SUCCEEDED, StatusBook
+from .status import StatusBook
 
 
 class Draft:
@@ -74,25 +76,61 @@ class Draft:
         pod = self.by_key.get((rt, index))
         return pod is not None and not pod.terminating and pod.phase == "Succeeded"
 
-    # -- events and terminal transitions -------------------------------------------------------------------
+    # -- events and moves between states ------------------------------------------------------------------
     def event(self, etype: str, reason: str, message: str) -> None:
         self.plan.actions.append(Event(etype, reason, message))
 
+    @property
+    def phase(self) -> State:
+        """The job's phase as its conditions say now (:func:`.flow.phase_of`)."""
+        return phase_of(self.book)
+
+    def move(self, on: On, message: str, *, current: State | None = None, event_message: str | None = None,
+             settled_message: str = "") -> Row:
+        """Move the job on ``on`` by the row of the job state table (:mod:`.flow`) from its phase (or from
+        ``current``, an elastic wait's state, which the status does not keep), and apply it as written: its
+        conditions with the row's reason and ``message``, ``backoffCount`` for a counted row, its Event
+        (``event_message``, default ``message``). A move the table does not name raises
+        :class:`~.flow.TransitionError`. Returns the row applied."""
+        r = row(self.phase if current is None else current, on)
+        book, note = self.book, event_message if event_message is not None else message
+        if r.to is State.FAILED or r.to is State.SUCCEEDED:
+            book.set_condition(ConditionType.FAILED if r.to is State.FAILED else ConditionType.SUCCEEDED, True,
+                               r.reason, message)
+            book.finish()
+            self.event("Warning" if r.to is State.FAILED else "Normal", r.reason, note)
+        elif r.to is State.RESTARTING:
+            book.set_condition(ConditionType.RESTARTING, True, r.reason, message)
+            book.set_condition(ConditionType.RUNNING, False, r.reason, message)
+            self.event("Warning", r.note or r.reason, note)
+        elif r.to is State.RUNNING:
+            if r.from_ is State.RESTARTING:
+                book.set_condition(ConditionType.RESTARTING, False, r.reason, settled_message)
+            book.set_condition(ConditionType.RUNNING, True, r.reason, message)
+            self.event("Normal", r.reason, note)
+        elif r.to is State.SUSPENDED:
+            if book.set_condition(ConditionType.SUSPENDED, True, r.reason, message):
+                self.event("Normal", r.reason, note)
+            for ctype in (ConditionType.RUNNING, ConditionType.RESTARTING):
+                book.set_condition(ctype, False, r.reason, message)
+        elif r.to is State.CREATED:
+            if r.from_ is State.SUSPENDED:
+                book.set_condition(ConditionType.SUSPENDED, False, r.reason, message)
+                self.status.startTime = book.now_text
+            else:
+                book.set_condition(ConditionType.CREATED, True, r.reason, message)
+            self.event("Normal", r.reason, note)
+        elif r.to is State.CHECKPOINTING:
+            self.event("Normal", r.reason, note)
+        elif r.from_ is State.CHECKPOINTING:  # settled: the restart into the new ps count follows
+            self.status.checkpointRequest = self.status.checkpointRequestTime = None
+        if r.counted:
+            self.status.backoffCount += 1
+        return r
+
     def fail(self, reason: str, message: str) -> None:
-        self.book.set_condition(ConditionType.FAILED, True, reason, message)
-        self.book.finish()
-        self.event("Warning", reason, message)
-
-    def succeed(self, message: str, reason: str = R_SUCCEEDED) -> None:
-        self.book.set_condition(ConditionType.SUCCEEDED, True, reason, message)
-        self.book.finish()
-        self.event("Normal", reason, message)
-
-    def restarting(self, reason: str, event_reason: str, message: str) -> None:
-        """The job restarts some of its pods: Restarting (and not Running) for ``reason``, a Warning Event."""
-        self.book.set_condition(ConditionType.RESTARTING, True, reason, message)
-        self.book.set_condition(ConditionType.RUNNING, False, reason, message)
-        self.event("Warning", event_reason, message)
+        """Fail the job for ``reason`` (the table's failing event of that reason)."""
+        self.move(FAILING[reason], message)
 
     # -- children and timers ------------------------------------------------------------------------------------
     def create_pod(self, rt: ReplicaType, index: int) -> None:

@@ -277,33 +277,9 @@ class Queueing:
             self.hold = (R_EVICTED, f"Workload {name} is finished ({reason}); delete and resubmit the job to run "
                                     f"it again.")
             return
-        # The pod bodies are made only when the Workload is written: most reconciles compare the counts alone.
-        if _pod_set_shape(wspec.get("podSets")) != _spec_shape(spec):
-            if reserved:
-                self.actions.append(DeleteWorkload(name, uid, "the job's replicas changed while it was admitted"))
-                self.hold = (R_QUEUED, f"The job's replicas changed: Workload {name} is replaced and queued anew.")
-                return
-            self.actions.append(PatchWorkload(name, {"spec": {"podSets": pod_sets(spec, templates())}}))
-        patch: dict[str, Any] = {}
-        if wspec.get("active", True) != active:
-            patch["active"] = active
-        if wspec.get("queueName") != queue and not reserved:
-            patch["queueName"] = queue
-        if patch:
-            self.actions.append(PatchWorkload(name, {"spec": patch}))
-        generation = (workload.get("metadata") or {}).get("generation")
-        evicted = _conditions(workload).get(EVICTED)
-        if evicted is not None and evicted.get("status") == "True":
-            why = str(evicted.get("reason") or "Evicted")
-            message = str(evicted.get("message") or "")
-            self.hold = (R_EVICTED, f"Kueue evicted Workload {name} ({why}): {message}".rstrip(": "))
-            if reserved and pods_left == 0:
-                # The job controller's half of an eviction: once nothing runs, give the quota back and requeue.
-                self.actions.append(ApplyWorkloadStatus(name, status_apply(workload, [
-                    _condition(REQUEUED, why in _REQUEUE_REASONS, why, message, generation, now),
-                    _condition(QUOTA_RESERVED, False, "PendingEvaluation", message, generation, now),
-                    _condition(ADMITTED, False, "NoReservation", "The workload has no reservation", generation, now),
-                ], clear_admission=True)))
+        if self._sync_spec(name, uid, wspec, reserved, queue, active, templates):
+            return
+        if self._evicted(workload, name, reserved, pods_left):
             return
         if not _is_true(workload, ADMITTED):
             where = wspec.get("queueName") or queue
@@ -313,6 +289,44 @@ class Queueing:
                 self.hold = (R_QUEUED, f"Waiting for Kueue to admit Workload {name} (LocalQueue {where}).")
             return
         self.infos = admission_info(workload, view.flavors)
+
+    def _sync_spec(self, name: str, uid: Any, wspec: Mapping[str, Any], reserved: bool, queue: str, active: bool,
+                   templates: Callable[[], Mapping[ReplicaType, Mapping[str, Any]]]) -> bool:
+        """Keep the Workload's podSets, ``active`` and queue those of the job; returns True when the job's replicas
+        changed while it was admitted (the Workload is replaced, the job held)."""
+        # The pod bodies are made only when the Workload is written: most reconciles compare the counts alone.
+        if _pod_set_shape(wspec.get("podSets")) != _spec_shape(self.spec):
+            if reserved:
+                self.actions.append(DeleteWorkload(name, uid, "the job's replicas changed while it was admitted"))
+                self.hold = (R_QUEUED, f"The job's replicas changed: Workload {name} is replaced and queued anew.")
+                return True
+            self.actions.append(PatchWorkload(name, {"spec": {"podSets": pod_sets(self.spec, templates())}}))
+        patch: dict[str, Any] = {}
+        if wspec.get("active", True) != active:
+            patch["active"] = active
+        if wspec.get("queueName") != queue and not reserved:
+            patch["queueName"] = queue
+        if patch:
+            self.actions.append(PatchWorkload(name, {"spec": patch}))
+        return False
+
+    def _evicted(self, workload: Mapping[str, Any], name: str, reserved: bool, pods_left: int) -> bool:
+        """Hold a job whose Workload Kueue evicted; once none of its pods is left, give the quota back and requeue
+        (the job controller's half of an eviction). Returns whether it was evicted."""
+        evicted = _conditions(workload).get(EVICTED)
+        if evicted is None or evicted.get("status") != "True":
+            return False
+        generation, now = (workload.get("metadata") or {}).get("generation"), self.now
+        why = str(evicted.get("reason") or "Evicted")
+        message = str(evicted.get("message") or "")
+        self.hold = (R_EVICTED, f"Kueue evicted Workload {name} ({why}): {message}".rstrip(": "))
+        if reserved and pods_left == 0:
+            self.actions.append(ApplyWorkloadStatus(name, status_apply(workload, [
+                _condition(REQUEUED, why in _REQUEUE_REASONS, why, message, generation, now),
+                _condition(QUOTA_RESERVED, False, "PendingEvaluation", message, generation, now),
+                _condition(ADMITTED, False, "NoReservation", "The workload has no reservation", generation, now),
+            ], clear_admission=True)))
+        return True
 
     def pods_ready(self, ready: bool) -> ApplyWorkloadStatus | None:
         """What tells Kueue whether every pod of the admitted job is ready (its ``PodsReady`` condition), when that

@@ -29,13 +29,13 @@ from datetime import datetime
 from typing import Any, Mapping
 
 from kubeps.operator.api import models
-from kubeps.operator.api.models import ConditionType, ReplicaType, SpecError
+from kubeps.operator.api.models import ReplicaType, SpecError
 
 from . import nodes, restarts, scale, security, timeline
 from .actions import CreatePod, Plan
 from .draft import Draft
+from .flow import On, State
 from .state import Observed
-from .status import R_CREATED, R_INVALID
 
 
 def plan(observed: Observed) -> Plan:
@@ -73,7 +73,7 @@ def _run(d: Draft) -> Plan:
             models.check_name(d.name)
             d.spec = models.parse_spec(d.job.get("spec"))
         except SpecError as err:
-            d.fail(R_INVALID, str(err))
+            d.move(On.INVALID_SPEC, str(err))
     else:
         try:
             d.spec = models.parse_spec(d.job.get("spec"))
@@ -99,9 +99,9 @@ def _reconcile(d: Draft) -> None:
     spec = d.valid_spec
     run_policy = spec.runPolicy
     d.status.observedGeneration = d.meta.get("generation")
-    if d.book.set_condition(ConditionType.CREATED, True, R_CREATED,
-                            f"PSTrainingJob {d.meta.get('namespace')}/{d.name} is created."):
-        d.event("Normal", R_CREATED, f"PSTrainingJob {d.name} is created")
+    if d.phase is State.NEW:
+        d.move(On.CREATE, f"PSTrainingJob {d.meta.get('namespace')}/{d.name} is created.",
+               event_message=f"PSTrainingJob {d.name} is created")
     desired = d.desired_counts()
     security.plan_objects(d, spec)
     if timeline.hold(d, spec):

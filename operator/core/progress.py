@@ -1,14 +1,12 @@
-"""A job's training progress from its chief's Prometheus metrics: pure, no I/O (the controller's
-:mod:`~kubeps.operator.controller.progress` fetches the text and writes the status).
+"""A job's training progress from its chief's Prometheus metrics and its membership ack: pure, no I/O (the
+controller's :mod:`~kubeps.operator.controller.progress` fetches both and writes the status).
 
-:func:`read_chief` picks what the status needs out of the chief's ``/metrics`` text (``kubeps_train_step``,
-``kubeps_train_examples_total``, ``kubeps_checkpoint_step``, the hot ps ``kubeps_ps_imbalanced{ps,variable}``, the
-membership the chief applied ``kubeps_membership_generation``, its workers still draining
-``kubeps_workers_draining`` and the last checkpoint request it served ``kubeps_checkpoint_request``); :func:`progress`
-turns two readings into ``status.progress``: the step, the examples per second between them, the last checkpoint's
-step, the membership generation, the draining workers and the checkpoint request served (the planner deletes a
-scaled-away worker's pod once the chief drained it, and restarts the chief into a new ps count once it served the
-checkpoint request: :mod:`.scale`).
+:func:`read_chief` picks what people are shown out of the chief's ``/metrics`` text (``kubeps_train_step``,
+``kubeps_train_examples_total``, ``kubeps_checkpoint_step``, the hot ps ``kubeps_ps_imbalanced{ps,variable}``);
+:func:`progress` turns two readings and the chief's :class:`~kubeps.runtime.cluster.MembershipAck` into
+``status.progress``: the step, the examples per second between them, the last checkpoint's step, and, from the
+ack, the membership generation, the draining workers and the checkpoint request served. Metrics are for people:
+no decision is taken on them. The planner decides from the ack itself (``status.membershipAck``, :mod:`.scale`).
 """
 
 from __future__ import annotations
@@ -17,13 +15,14 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from kubeps.runtime.cluster import MembershipAck
+
 __all__ = ["ChiefReading", "progress", "read_chief"]
 
 _SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 #: the metrics read as they are (besides the hot ps)
-_READ = ("kubeps_train_step", "kubeps_train_examples_total", "kubeps_checkpoint_step", "kubeps_membership_generation",
-         "kubeps_workers_draining", "kubeps_checkpoint_request")
+_READ = ("kubeps_train_step", "kubeps_train_examples_total", "kubeps_checkpoint_step")
 
 
 @dataclass(frozen=True)
@@ -36,11 +35,6 @@ class ChiefReading:
     checkpoint_step: int | None = None
     #: ``(ps, variable shard)`` of every hot ps the chief's detector flags
     hot: tuple[tuple[str, str], ...] = ()
-    #: the membership generation the chief applied, and how many workers that left still finish their last function
-    membership_generation: int | None = None
-    workers_draining: int | None = None
-    #: the last checkpoint request of the membership document the chief served
-    checkpoint_request: int | None = None
 
 
 def read_chief(text: str, at: float) -> ChiefReading:
@@ -66,25 +60,26 @@ def read_chief(text: str, at: float) -> ChiefReading:
             values[name] = value
     ints = {name: None if values.get(name) is None else int(values[name]) for name in _READ}
     return ChiefReading(at=at, step=ints["kubeps_train_step"], examples=values.get("kubeps_train_examples_total"),
-                        checkpoint_step=ints["kubeps_checkpoint_step"], hot=tuple(sorted(hot)),
-                        membership_generation=ints["kubeps_membership_generation"],
-                        workers_draining=ints["kubeps_workers_draining"],
-                        checkpoint_request=ints["kubeps_checkpoint_request"])
+                        checkpoint_step=ints["kubeps_checkpoint_step"], hot=tuple(sorted(hot)))
 
 
-def progress(previous: ChiefReading | None, now: ChiefReading, when: str) -> dict[str, Any] | None:
-    """``status.progress`` from the reading ``now`` (and ``previous``, for the rate); None when the chief has
-    reported neither a step nor a membership yet. Examples per second need two readings with the examples counter
-    going up; a counter that went back (the chief restarted) gives no rate this time."""
-    if now.step is None and now.membership_generation is None:
+def progress(previous: ChiefReading | None, now: ChiefReading | None, when: str,
+             ack: MembershipAck | None = None) -> dict[str, Any] | None:
+    """``status.progress`` from the reading ``now`` (and ``previous``, for the rate) and the chief's membership
+    ``ack``; None when the chief has reported neither a step nor a membership yet. Examples per second need two
+    readings with the examples counter going up; a counter that went back (the chief restarted) gives no rate this
+    time."""
+    if (now is None or now.step is None) and ack is None:
         return None
     out: dict[str, Any] = {"lastUpdateTime": when}
+    if ack is not None:
+        out["membershipGeneration"] = ack.generation
+        out["workersDraining"] = len(ack.draining)
+        out["checkpointRequest"] = ack.checkpoint
+    if now is None:
+        return out
     if now.step is not None:
         out["step"] = now.step
-    if now.membership_generation is not None:
-        out["membershipGeneration"] = now.membership_generation
-        out["workersDraining"] = now.workers_draining or 0
-        out["checkpointRequest"] = now.checkpoint_request or 0
     if now.checkpoint_step is not None and now.checkpoint_step > 0:
         out["lastCheckpointStep"] = now.checkpoint_step
     if (previous is not None and previous.examples is not None and now.examples is not None

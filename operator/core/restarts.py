@@ -32,9 +32,9 @@ from kubeps.operator.api.models import (ConditionType, PSTrainingJobSpec, Replic
                                         SuccessPolicy)
 
 from .draft import Draft
+from .flow import On
 from .observed import ObservedPod
-from .status import (COUNTED, R_ALL_WORKERS_FAILED, R_ALL_WORKERS_SUCCEEDED, R_BACKOFF, R_CHIEF_FAILED, R_PS_FAILED,
-                     R_RUNNING, R_WORKER_FAILED)
+from .status import COUNTED
 
 
 def exit_of(d: Draft, pod: ObservedPod) -> str:
@@ -67,8 +67,8 @@ def restart_allowed(d: Draft, what: str) -> bool:
     limit = d.valid_spec.runPolicy.backoffLimit
     used = backoff_used(d)
     if used >= limit:
-        d.fail(R_BACKOFF, f"{what}, but the job already restarted its chief and parameter servers {used} "
-                          f"time(s) and backoffLimit is {limit}.")
+        d.move(On.BACKOFF_EXCEEDED, f"{what}, but the job already restarted its chief and parameter servers "
+                                    f"{used} time(s) and backoffLimit is {limit}.")
         return False
     return True
 
@@ -83,12 +83,12 @@ def succeeded(d: Draft, spec: PSTrainingJobSpec, deadline: datetime | None) -> b
     if not (deadline is None or d.now < deadline or chief.finished_at is None or chief.finished_at <= deadline):
         return False
     if spec.successPolicy is SuccessPolicy.CHIEF_ONLY:
-        d.succeed(f"The chief ({chief.name}) exited with code 0.")
+        d.move(On.CHIEF_SUCCEEDED, f"The chief ({chief.name}) exited with code 0.")
         return True
     workers = d.desired_counts()[ReplicaType.WORKER]
     if all(d.exited_0(ReplicaType.WORKER, i) for i in range(workers)):
-        d.succeed(f"The chief and all {workers} worker(s) exited with code 0 (successPolicy AllWorkers).",
-                  R_ALL_WORKERS_SUCCEEDED)
+        d.move(On.ALL_WORKERS_SUCCEEDED,
+               f"The chief and all {workers} worker(s) exited with code 0 (successPolicy AllWorkers).")
         return True
     return False
 
@@ -122,21 +122,18 @@ def reconcile_ps(d: Draft, count: int, spec: PSTrainingJobSpec) -> bool:
             what = _ended(pod, f"ps {index}")
             delete = True
         if not decision.restarts:
-            d.fail(R_PS_FAILED, f"{what}; restartPolicy {policy.value} does not retry it.")
+            d.move(On.PS_FAILED, f"{what}; restartPolicy {policy.value} does not retry it.")
             return True
         if decision.counted and not restart_allowed(d, what):
             return True
         d.book.retire(pod)
-        if decision.counted:
-            d.status.backoffCount += 1
         if lifecycle.CHIEF in decision.restarts:
             d.status.chiefEpoch += 1  # the chief's pods of older epochs are restarted (restart_chief_for_epoch)
         ps_status = d.book.replica_status(ReplicaType.PS)
         ps_status.restarts += 1
         if pod.phase == "Failed" or not delete:
             ps_status.failed += 1
-        d.restarting(R_PS_FAILED, "PSRestarting",
-                     f"{what}; restarting it and the chief, which restores the latest checkpoint.")
+        d.move(On.PS_RESTART, f"{what}; restarting it and the chief, which restores the latest checkpoint.")
         if delete:
             d.delete_pod(pod, "restart")
     return False
@@ -173,9 +170,9 @@ def reconcile_chief(d: Draft, spec: PSTrainingJobSpec) -> bool:
         if pod.epoch < d.status.chiefEpoch:
             restart_chief_for_epoch(d, pod)
         elif backoff_used(d) > spec.runPolicy.backoffLimit:
-            d.fail(R_BACKOFF, f"The chief and parameter servers restarted {backoff_used(d)} time(s) "
-                              f"(including in-place container restarts), more than backoffLimit "
-                              f"{spec.runPolicy.backoffLimit}.")
+            d.move(On.BACKOFF_EXCEEDED, f"The chief and parameter servers restarted {backoff_used(d)} time(s) "
+                                        f"(including in-place container restarts), more than backoffLimit "
+                                        f"{spec.runPolicy.backoffLimit}.")
             return True
         return False
     # Failed (Succeeded was handled before).
@@ -187,7 +184,7 @@ def reconcile_chief(d: Draft, spec: PSTrainingJobSpec) -> bool:
         return False
     what = _ended(pod, "the chief")
     if not retries(d, ReplicaType.CHIEF, policy, pod):
-        d.fail(R_CHIEF_FAILED, f"{what}; restartPolicy {policy.value} does not retry it.")
+        d.move(On.CHIEF_FAILED, f"{what}; restartPolicy {policy.value} does not retry it.")
         return True
     return _chief_restart(d, what, pod, delete=True)
 
@@ -197,11 +194,10 @@ def _chief_restart(d: Draft, what: str, pod: ObservedPod, delete: bool) -> bool:
     if not restart_allowed(d, what):
         return True
     d.book.retire(pod)
-    d.status.backoffCount += 1
     chief_status = d.book.replica_status(ReplicaType.CHIEF)
     chief_status.restarts += 1
     chief_status.failed += 1
-    d.restarting(R_CHIEF_FAILED, "ChiefRestarting", f"{what}; restarting it.")
+    d.move(On.CHIEF_RESTART, f"{what}; restarting it.")  # counted against backoffLimit
     if delete:
         d.delete_pod(pod, "restart")
     return False
@@ -240,12 +236,12 @@ def reconcile_replicas(d: Draft, rt: ReplicaType, count: int, spec: PSTrainingJo
         elif pod.phase == "Failed":
             done_for_good += 1
     if rt is ReplicaType.WORKER and done_for_good and spec.successPolicy is SuccessPolicy.ALL_WORKERS:
-        d.fail(R_WORKER_FAILED, f"{done_for_good} worker(s) failed and their restartPolicy {policy.value} "
-                                f"does not recreate them; successPolicy AllWorkers needs every worker to exit 0.")
+        d.move(On.WORKER_FAILED, f"{done_for_good} worker(s) failed and their restartPolicy {policy.value} "
+                                 f"does not recreate them; successPolicy AllWorkers needs every worker to exit 0.")
         return True
     if rt is ReplicaType.WORKER and done_for_good == count:
-        d.fail(R_ALL_WORKERS_FAILED, f"All {count} worker(s) failed and their restartPolicy "
-                                     f"{policy.value} does not recreate them.")
+        d.move(On.ALL_WORKERS_FAILED, f"All {count} worker(s) failed and their restartPolicy "
+                                      f"{policy.value} does not recreate them.")
         return True
     return False
 
@@ -266,9 +262,8 @@ def update_running(d: Draft, desired: dict[ReplicaType, int]) -> None:
     if not core:
         return
     if d.book.is_true(ConditionType.RESTARTING):
-        d.book.set_condition(ConditionType.RESTARTING, False, R_RUNNING, "The chief and parameter servers run again.")
-        d.book.set_condition(ConditionType.RUNNING, True, R_RUNNING, "The job is running again.")
-        d.event("Normal", R_RUNNING, "The chief and all parameter servers run again")
+        d.move(On.RUNNING_AGAIN, "The job is running again.", settled_message="The chief and parameter servers run again.",
+               event_message="The chief and all parameter servers run again")
         return
     if d.book.is_true(ConditionType.RUNNING):
         return
@@ -280,8 +275,8 @@ def update_running(d: Draft, desired: dict[ReplicaType, int]) -> None:
             continue  # done for good
         workers.append(running(ReplicaType.WORKER, index))
     if workers and all(workers):
-        d.book.set_condition(ConditionType.RUNNING, True, R_RUNNING, "The chief, parameter servers and workers run.")
-        d.event("Normal", R_RUNNING, "All replicas are running")
+        d.move(On.ALL_RUNNING, "The chief, parameter servers and workers run.",
+               event_message="All replicas are running")
 
 
 def _ended(pod: ObservedPod, what: str) -> str:

@@ -9,16 +9,16 @@ Rules (documented for users in docs/operator.md):
 * A template that cannot be made into a pod fails the job (InvalidPodTemplate), once, instead of raising at every
   reconcile.
 * Pods and Services beyond the spec's replicas (Worker scale-down) or of no known replica are deleted; a worker's
-  pod once the chief reports (in its metrics, read into ``status.progress``) that it applied the new membership
-  and drained the leaving workers, or after :data:`DRAIN_TIMEOUT_S`.
+  pod once the chief acknowledges (its membership ack, read into ``status.membershipAck``) that it applied the
+  new membership and drained that worker, or after the Draining wait's deadline (:data:`.flow.WAITS`).
 * The job's membership ConfigMap names the Workers of the spec (index order), and its generation grows at each
   change: the chief watches the document and dispatches to exactly those, without a restart (docs/elastic.md).
   Once written, the running chief pod is annotated with the generation, so that the kubelet refreshes the mounted
   file at once.
 * PS replicas changed on a running job: first the chief is asked for a checkpoint (the membership document's
-  ``checkpoint`` request, an Event CheckpointRequested); once its metrics say it served the request, or after
-  :data:`CHECKPOINT_TIMEOUT_S` (:data:`NO_REPORT_WAIT_S` for a chief whose metrics show no membership: a TensorFlow
-  program), the chief restarts into the new count and restores its latest checkpoint (Restarting, reason
+  ``checkpoint`` request, an Event CheckpointRequested); once its ack says it served the request, or after the
+  Checkpointing wait's deadline (:data:`.flow.WAITS`; shorter for a chief that acknowledges no membership: a
+  TensorFlow program), the chief restarts into the new count and restores its latest checkpoint (Restarting, reason
   PSReplicasChanged; not counted against backoffLimit). The ps beyond the new count stay until then: they hold the
   variables being saved.
 * Pods whose containers cannot start (:data:`~.observed.STUCK_REASONS`) are named in a ``Running: False``
@@ -38,15 +38,9 @@ from .actions import AnnotatePod, ApplyMembership, CreateService, DeletePod, Del
 from .children import (ANNOTATION_MEMBERSHIP, child_name, cluster_addresses, membership_body, membership_name,
                        pod_body, service_body, worker_selector)
 from .draft import Draft
+from .flow import WAITS, On, State
 from .observed import fmt_time, parse_time
-from .status import R_CHECKPOINT_REQUESTED, R_INVALID_TEMPLATE, R_PODS_WAITING, R_PS_SCALED
-
-#: seconds a scaled-away worker's pod is kept for the chief to drain it (finish the function it runs), at most
-DRAIN_TIMEOUT_S = 120.0
-#: seconds a ps count change waits for the chief to save the checkpoint it was asked for, at most
-CHECKPOINT_TIMEOUT_S = 60.0
-#: seconds it waits at most for a chief whose metrics have shown no membership (a TensorFlow program serves none)
-NO_REPORT_WAIT_S = 5.0
+from .status import R_PODS_WAITING
 
 
 def check_templates(d: Draft) -> None:
@@ -60,14 +54,14 @@ def check_templates(d: Draft) -> None:
             pod_body(d.job, spec, rt, 0, d.status.chiefEpoch, d.config)
             service_body(d.job, rt, 0)
         except (TypeError, ValueError, AttributeError, KeyError, IndexError) as err:
-            d.fail(R_INVALID_TEMPLATE, f"spec.replicaSpecs.{rt.value}.template cannot be made into a pod: "
-                                       f"{type(err).__name__}: {err}")
+            d.move(On.INVALID_TEMPLATE, f"spec.replicaSpecs.{rt.value}.template cannot be made into a pod: "
+                                        f"{type(err).__name__}: {err}")
             return
 
 
 def delete_beyond_spec(d: Draft, desired: dict[ReplicaType, int]) -> None:
     """Pods that should not exist: replica types or indices beyond the spec (Worker scale-down). A scaled-away
-    worker is kept while the chief drains it (:func:`draining`)."""
+    worker is Draining (:mod:`.flow`) while the chief drains it (:func:`draining`)."""
     hold = draining(d)
     # while the chief saves the checkpoint asked for before a ps count change, every ps of its count holds shards
     ps_held = (d.status.psReplicas or 0) if d.status.checkpointRequest is not None else 0
@@ -77,33 +71,36 @@ def delete_beyond_spec(d: Draft, desired: dict[ReplicaType, int]) -> None:
         if pod.replica_type is ReplicaType.PS and pod.index is not None and pod.index < ps_held:
             continue
         if pod.replica_type is None or pod.index is None or pod.index >= desired[pod.replica_type]:
-            if hold and pod.replica_type is ReplicaType.WORKER and not pod.finished:
-                continue
+            if pod.replica_type is ReplicaType.WORKER and not pod.finished:
+                if hold is not None and pod.index in hold:
+                    continue  # Draining
+                d.move(On.WORKER_DRAINED if hold is not None else On.DRAIN_GIVEN_UP, "", current=State.DRAINING)
             d.delete_pod(pod, "scaled down")
             d.event("Normal", "ScaledDown", f"Deleting pod {pod.name}: beyond the spec's replicas")
 
 
-def draining(d: Draft) -> bool:
-    """Whether the chief may still be draining scaled-away workers: it reports its membership (a kubeps chief,
-    ``status.progress``), has not yet reported the latest generation with no worker draining, and the change is
-    less than :data:`DRAIN_TIMEOUT_S` old (a chief that never gets there does not keep the pods forever). Asks for
-    a reconcile at the timeout."""
-    seen, progress = d.observed.membership, d.status.progress
+def draining(d: Draft) -> frozenset[int] | None:
+    """The indexes of the workers the chief may still be draining: its ack (``status.membershipAck``) is of an
+    older generation than the latest (every worker it knew may still run a function), or names them ``draining``.
+    None once the Draining wait is over (its deadline, :data:`.flow.WAITS`, from ``status.membershipTime``; at once
+    for a chief that acknowledges no membership, a TensorFlow program, or one that is gone). Asks for a reconcile
+    at the deadline."""
+    seen, ack = d.observed.membership, d.status.membershipAck
     chief = d.by_key.get((ReplicaType.CHIEF, 0))
-    if seen is None or progress is None or progress.membershipGeneration is None or chief is None \
-            or chief.terminating or chief.finished:
-        return False
-    planned = [a.generation for a in d.plan.of(ApplyMembership)]  # written by this plan: not seen by the chief yet
-    if progress.membershipGeneration >= max([seen.generation, *planned]) and not progress.workersDraining:
-        return False
     changed = parse_time(d.status.membershipTime)
-    if changed is None:
-        return False
-    left = DRAIN_TIMEOUT_S - (d.observed.now - changed).total_seconds()
-    if left <= 0:
-        return False
-    d.requeue(left)
-    return True
+    if seen is None or chief is None or chief.terminating or chief.finished or changed is None:
+        return None
+    left = WAITS[State.DRAINING].left((d.observed.now - changed).total_seconds(), acked=ack is not None)
+    if ack is None or left <= 0:
+        return None
+    planned = [a.generation for a in d.plan.of(ApplyMembership)]  # written by this plan: not seen by the chief yet
+    if ack.generation >= max([seen.generation, *planned]):
+        held = frozenset(ack.draining)
+    else:
+        held = frozenset(p.index for p in d.pods if p.replica_type is ReplicaType.WORKER and p.index is not None)
+    if held:
+        d.requeue(left)
+    return held
 
 
 def plan_membership(d: Draft, spec: PSTrainingJobSpec, ps_count: int) -> None:
@@ -118,10 +115,10 @@ def plan_membership(d: Draft, spec: PSTrainingJobSpec, ps_count: int) -> None:
     checkpoint = seen.checkpoint if seen is not None else 0
     if _ask_for_checkpoint(d, ps_count):
         checkpoint = generation
+        d.move(On.PS_COUNT_CHANGED, f"PS replicas {d.status.psReplicas} -> {ps_count}: the chief is asked for a "
+                                    f"checkpoint (request {generation}) before it restarts into the new count",
+               current=_checkpoint_state(d))
         d.status.checkpointRequest, d.status.checkpointRequestTime = generation, fmt_time(d.observed.now)
-        d.event("Normal", R_CHECKPOINT_REQUESTED,
-                f"PS replicas {d.status.psReplicas} -> {ps_count}: the chief is asked for a checkpoint (request "
-                f"{generation}) before it restarts into the new count")
     if seen is not None and seen.workers == workers and seen.checkpoint == checkpoint:
         _tell_chief(d, seen.generation)
         return
@@ -137,25 +134,32 @@ def plan_membership(d: Draft, spec: PSTrainingJobSpec, ps_count: int) -> None:
 
 def _ask_for_checkpoint(d: Draft, ps_count: int) -> bool:
     """Whether to ask the chief for a checkpoint now: the ps count changed, nothing was asked for it yet, and the
-    chief runs (whether it serves requests, a kubeps chief, shows in its metrics: :func:`_waiting_for_checkpoint`)."""
+    chief runs (whether it serves requests, a kubeps chief, shows in its membership ack:
+    :func:`_waiting_for_checkpoint`)."""
     chief = d.by_key.get((ReplicaType.CHIEF, 0))
     return (d.status.psReplicas is not None and d.status.psReplicas != ps_count and d.status.checkpointRequest is None
             and chief is not None and chief.phase == "Running" and not chief.terminating)
 
 
+def _checkpoint_state(d: Draft) -> State:
+    """Checkpointing while a checkpoint request is outstanding (``status.checkpointRequest``), else Settled."""
+    return State.CHECKPOINTING if d.status.checkpointRequest is not None else State.SETTLED
+
+
 def _waiting_for_checkpoint(d: Draft) -> bool:
     """Whether the restart for a ps count change still waits for the chief's checkpoint: asked for, not reported
-    served, the chief still there, and less than :data:`CHECKPOINT_TIMEOUT_S` ago, or :data:`NO_REPORT_WAIT_S` for
-    a chief whose metrics have shown no membership (not read yet, or a TensorFlow program: no kubeps metrics; the
-    progress reader reads an asked chief every second). Asks for a reconcile at the limit."""
-    request, progress = d.status.checkpointRequest, d.status.progress
+    served, the chief still there, and the Checkpointing wait's deadline (:data:`.flow.WAITS`, shorter for a chief
+    that has acknowledged no membership: not read yet, or a TensorFlow program; the progress reader reads an asked
+    chief every second) not passed since the request. Asks for a reconcile at the deadline."""
+    request = d.status.checkpointRequest
     chief = d.by_key.get((ReplicaType.CHIEF, 0))
     if request is None or _served(d) or chief is None or chief.terminating or chief.finished:
         return False
-    reports = progress is not None and progress.membershipGeneration is not None
     asked = parse_time(d.status.checkpointRequestTime)
-    limit = CHECKPOINT_TIMEOUT_S if reports else NO_REPORT_WAIT_S
-    left = limit - (d.observed.now - asked).total_seconds() if asked is not None else 0.0
+    if asked is None:
+        return False
+    left = WAITS[State.CHECKPOINTING].left((d.observed.now - asked).total_seconds(),
+                                           acked=d.status.membershipAck is not None)
     if left <= 0:
         return False
     d.requeue(left)
@@ -163,9 +167,9 @@ def _waiting_for_checkpoint(d: Draft) -> bool:
 
 
 def _served(d: Draft) -> bool:
-    """Whether the chief's metrics say it served the checkpoint request the job waits for."""
-    request, progress = d.status.checkpointRequest, d.status.progress
-    return request is not None and progress is not None and (progress.checkpointRequest or 0) >= request
+    """Whether the chief's membership ack says it served the checkpoint request the job waits for."""
+    request, ack = d.status.checkpointRequest, d.status.membershipAck
+    return request is not None and ack is not None and ack.checkpoint >= request
 
 
 def restart_for_ps_count(d: Draft, count: int) -> None:
@@ -179,8 +183,9 @@ def restart_for_ps_count(d: Draft, count: int) -> None:
     if before is not None and before != count and chief is not None and _waiting_for_checkpoint(d):
         return
     request, served = d.status.checkpointRequest, _served(d)
+    if request is not None:  # the Checkpointing wait ends
+        d.move(On.CHECKPOINT_SERVED if served else On.CHECKPOINT_GIVEN_UP, "", current=State.CHECKPOINTING)
     d.status.psReplicas = count
-    d.status.checkpointRequest = d.status.checkpointRequestTime = None
     if before is None or before == count or chief is None:
         return
     if request is None:
@@ -190,8 +195,8 @@ def restart_for_ps_count(d: Draft, count: int) -> None:
     else:
         saved = f"its latest checkpoint (it did not report checkpoint request {request} served)"
     d.status.chiefEpoch += 1  # the chief of an older epoch is restarted (restarts.reconcile_chief)
-    d.restarting(R_PS_SCALED, R_PS_SCALED, f"PS replicas {before} -> {count}: the chief and the workers restart "
-                                           f"with the new parameter servers; the chief restores {saved} into them")
+    d.move(On.PS_SCALED, f"PS replicas {before} -> {count}: the chief and the workers restart with the new "
+                         f"parameter servers; the chief restores {saved} into them")
     # a worker's TF_CONFIG names the ps it reads and pushes to: the running ones would not know the new ps (nor
     # miss the removed ones), so they are made again with the new TF_CONFIG; nothing of theirs is counted
     for pod in sorted((p for p in d.pods if p.replica_type is ReplicaType.WORKER and not p.terminating),

@@ -22,7 +22,8 @@ from .actions import CreateNetworkPolicy, CreateSecret, ReissueCertificate
 from .children import (network_policy_body, network_policy_mode, network_policy_name, secret_body, secret_name,
                        tls_enabled, tls_hosts)
 from .draft import Draft
-from .status import COUNTED, R_SECRET_LOST
+from .flow import On
+from .status import COUNTED
 
 
 def plan_objects(d: Draft, spec: PSTrainingJobSpec) -> None:
@@ -52,7 +53,7 @@ def restart_for_lost_secret(d: Draft) -> bool:
         return False
     message = (f"Secret {secret_name(d.name)} was deleted while {len(present)} pod(s) held its token; "
                f"restarting them all with a new token, the chief restores the latest checkpoint.")
-    d.restarting(R_SECRET_LOST, R_SECRET_LOST, message)
+    d.move(On.SECRET_LOST, message)
     for pod in sorted(present, key=lambda p: p.name):
         if pod.replica_type in COUNTED and d.book.retire(pod):
             d.book.replica_status(pod.replica_type).restarts += 1

@@ -22,6 +22,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
+from kubeps.runtime.checks import NonNegativeInt, check
+
 from kubeps.operator.api import models
 from kubeps.operator.api.models import CleanPodPolicy, ConditionType, PSTrainingJobSpec, ReplicaType, RunPolicy
 
@@ -30,7 +32,8 @@ from .actions import CreatePod, DeleteJob, DeleteService
 from .children import pod_body
 from .draft import Draft
 from .observed import fmt_time, parse_time
-from .status import COUNTED, R_DEADLINE, R_RESUMED, R_SUSPENDED
+from .flow import HOLDING, On
+from .status import COUNTED, R_SUSPENDED
 
 
 def queued(d: Draft) -> bool:
@@ -55,10 +58,8 @@ def hold(d: Draft, spec: PSTrainingJobSpec) -> bool:
     if why is None:
         return False
     reason, message = why
-    if d.book.set_condition(ConditionType.SUSPENDED, True, reason, message):
-        d.event("Normal", reason, f"{message} Deleting the job's pods and Services." if d.pods else message)
-    for ctype in (ConditionType.RUNNING, ConditionType.RESTARTING):
-        d.book.set_condition(ctype, False, reason, message)
+    d.move(HOLDING[reason], message,
+           event_message=f"{message} Deleting the job's pods and Services." if d.pods else message)
     for pod in sorted(d.pods, key=lambda p: p.name):
         if pod.replica_type in COUNTED:
             d.book.retire(pod)  # so that a pod still terminating at resume is not taken for a lost one
@@ -73,9 +74,7 @@ def start(d: Draft) -> None:
     """The job runs: resumed when it was Suspended (startTime reset), started when it had not."""
     if d.book.is_true(ConditionType.SUSPENDED):
         resumed = "The job is resumed." if d.queueing is None else "Kueue admitted the job's Workload."
-        d.book.set_condition(ConditionType.SUSPENDED, False, R_RESUMED, resumed)
-        d.status.startTime = d.book.now_text
-        d.event("Normal", R_RESUMED, f"{resumed} Creating its pods and Services.")
+        d.move(On.RESUME, resumed, event_message=f"{resumed} Creating its pods and Services.")
     if d.status.startTime is None:
         d.status.startTime = d.book.now_text
 
@@ -93,8 +92,8 @@ def past_deadline(d: Draft, run_policy: RunPolicy, due: datetime | None) -> bool
         return False
     if d.now >= due:
         elapsed = (d.now - _started(d)).total_seconds()
-        d.fail(R_DEADLINE, f"The job ran {int(elapsed)} s, longer than activeDeadlineSeconds="
-                           f"{run_policy.activeDeadlineSeconds}.")
+        d.move(On.DEADLINE_EXCEEDED, f"The job ran {int(elapsed)} s, longer than activeDeadlineSeconds="
+                                     f"{run_policy.activeDeadlineSeconds}.")
         return True
     d.requeue((due - d.now).total_seconds())
     return False
@@ -189,12 +188,15 @@ def _evaluator_grace(d: Draft) -> tuple[int, datetime] | None:
 
 def ttl(d: Draft) -> None:
     """Delete a finished job once ttlSecondsAfterFinished passed (else reconcile again then)."""
+    raw: int | None
     if d.spec is not None:
         raw = d.spec.runPolicy.ttlSecondsAfterFinished
     else:
-        raw = _raw_run_policy(d).get("ttlSecondsAfterFinished")
-        if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
-            return  # an invalid spec with an unusable TTL: keep the failed job
+        try:
+            raw = check("spec.runPolicy.ttlSecondsAfterFinished", _raw_run_policy(d).get("ttlSecondsAfterFinished"),
+                        NonNegativeInt, owner="PSTrainingJob")
+        except ValueError:  # RuntimeConfigError: absent, or an invalid spec with an unusable TTL: keep the job
+            return
     if raw is None:
         return
     finished = parse_time(d.status.completionTime) or d.now

@@ -75,6 +75,13 @@ def _check_root_for(saveables: list[Saveable], tables: list[TableSaveable], dire
         check_checkpoint_root(directory, field)
 
 
+def _rows(tensor: TensorEntry, start: int, stop: int) -> dict[str, Any]:
+    """Rows ``start..stop-1`` of a checkpointed tensor: its entry with the slices that overlap them, as a
+    ``RestoreItem`` carries it (JSON)."""
+    slices = [s for s, _, _ in overlapping(tensor.slices, start, stop)] if tensor.shape else tensor.slices
+    return TensorEntry(shape=tensor.shape, dtype=tensor.dtype, slices=slices).model_dump(mode="json")
+
+
 class Checkpoint:
     """The objects a checkpoint holds, by name: ``Checkpoint(model=..., optimizer=..., step=StepCounter())``.
 
@@ -194,7 +201,7 @@ class Checkpoint:
             saved = executor.save(path, [item for item, _ in pairs])
             if len(saved) != len(pairs):
                 raise CheckpointError(f"{executor.label} saved {len(saved)} shards, {len(pairs)} were asked for")
-            return [((sv.name, item.start), s) for (item, sv), s in zip(pairs, saved)]
+            return [((sv.name, item["start"]), s) for (item, sv), s in zip(pairs, saved)]
 
         if groups:
             with ThreadPoolExecutor(max_workers=len(groups), thread_name_prefix="ckpt-shards") as pool:
@@ -274,20 +281,10 @@ class Checkpoint:
                             f"expected the variable's shape {entry.shape} (slots are shaped like their variable)"
                         )
             for shard in sv.shards:
-                value = TensorEntry(shape=entry.shape, dtype=entry.dtype,
-                                    slices=[s for s, _, _ in overlapping(entry.slices, shard.start, shard.stop)]
-                                    if entry.shape else entry.slices)
-                slots = {
-                    okey: {
-                        sname: TensorEntry(shape=t.shape, dtype=t.dtype,
-                                           slices=[s for s, _, _ in overlapping(t.slices, shard.start, shard.stop)]
-                                           if t.shape else t.slices)
-                        for sname, t in group.items()
-                    }
-                    for okey, group in entry.slots.items()
-                }
-                item = RestoreItem(key=shard.key, name=sv.name, start=shard.start, stop=shard.stop, value=value,
-                                   slots=slots)
+                a, b = shard.start, shard.stop
+                item = RestoreItem(key=shard.key, name=sv.name, start=a, stop=b, value=_rows(entry, a, b),
+                                   slots={okey: {sname: _rows(t, a, b) for sname, t in group.items()}
+                                          for okey, group in entry.slots.items()})
                 groups.setdefault(group_key(shard.executor), (shard.executor, []))[1].append(item)
         for key in stateful:
             if key not in manifest.objects:

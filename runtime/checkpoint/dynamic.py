@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, StrictInt
 
 from kubeps.runtime.checkpoint.format import (
     CheckpointCorruptError,
@@ -38,13 +37,14 @@ from kubeps.runtime.checkpoint.format import (
     SliceEntry,
     TensorEntry,
     dynamic_file_name,
+    parse_entry,
     read_rows,
     short_listing,
     tensor_rows,
     write_array,
 )
-from kubeps.runtime.rpc import protocol
-from kubeps.runtime.rpc.protocol import PS, RestoreDynamicRequest, SaveDynamicRequest
+from kubeps.runtime.rpc.protocol import PS, RestoreDynamicRequest, RestoreTableItem, SaveDynamicRequest, SaveTableItem
+from kubeps.runtime.rpc.transport import PSTransport
 from kubeps.runtime.util.keyhash import SHARD_SEED, shard_of
 from kubeps.runtime.util.storage import Storage, storage_for
 from kubeps.runtime.variables.dynamic import DynamicEmbedding
@@ -59,38 +59,6 @@ _INT32_MAX = np.iinfo(np.int32).max
 def table_hash() -> str:
     """What the manifest records as the tables' key -> shard hash (``keyhash.shard_of``)."""
     return f"splitmix64-high32-mod-shards/seed={SHARD_SEED:#x}"
-
-
-class SaveTableItem(BaseModel):
-    """Save this ps's shard ``shard`` of table ``key`` (``name`` in the checkpoint); on the wire,
-    :class:`kubeps.runtime.rpc.protocol.SaveTableItem` (:meth:`wire`)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    key: str
-    name: str
-    shard: StrictInt
-
-    def wire(self) -> protocol.SaveTableItem:
-        return {"key": self.key, "name": self.name, "shard": self.shard}
-
-
-class RestoreTableItem(BaseModel):
-    """Load into this ps's table ``key`` -- shard ``shard`` of ``num_shards`` -- the keys of checkpointed ``table``
-    (``name`` in the checkpoint) that hash to it; on the wire, :class:`kubeps.runtime.rpc.protocol.RestoreTableItem`
-    (:meth:`wire`)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    key: str
-    name: str
-    shard: StrictInt
-    num_shards: StrictInt
-    table: DynamicTableEntry
-
-    def wire(self) -> protocol.RestoreTableItem:
-        return {"key": self.key, "name": self.name, "shard": self.shard, "num_shards": self.num_shards,
-                "table": self.table.model_dump(mode="json")}
 
 
 # -- the shard side --------------------------------------------------------------------------------------------
@@ -108,7 +76,7 @@ def save_table(table: DynamicTable, directory: str, item: SaveTableItem,
         rows = tensor_rows(array.shape)
         slices = []
         if rows:
-            fname = dynamic_file_name(item.name, item.shard, part, optimizer)
+            fname = dynamic_file_name(item["name"], item["shard"], part, optimizer)
             written.append(storage.join(directory, fname))
             sha, nbytes = write_array(storage, written[-1], array)
             slices = [SliceEntry(start=0, stop=rows, file=fname, sha256=sha, nbytes=nbytes)]
@@ -118,7 +86,7 @@ def save_table(table: DynamicTable, directory: str, item: SaveTableItem,
         optional = {part: put(part, state[part]) for part in ("pending_keys", "pending_counts", "bloom")
                     if state[part] is not None}
         return DynamicShardEntry(
-            shard=item.shard, rows=int(state["keys"].size), updates=int(state["updates"]),
+            shard=item["shard"], rows=int(state["keys"].size), updates=int(state["updates"]),
             evicted=int(state["evicted"]), keys=put("keys", state["keys"]), values=put("values", state["values"]),
             freqs=put("freqs", state["freqs"]), steps=put("steps", state["steps"]),
             slots={okey: {s: put(s, a, okey) for s, a in group.items()} for okey, group in state["slots"].items()},
@@ -155,20 +123,21 @@ def verify_table(directory: str, name: str, entry: DynamicTableEntry) -> None:
                 _check_owner(rows, shard, entry, what)
 
 
-def read_table_shard(directory: str, item: RestoreTableItem, dim: int, dtype: np.dtype,
+def read_table_shard(directory: str, item: RestoreTableItem, entry: DynamicTableEntry, dim: int, dtype: np.dtype,
                      storage: Storage | None = None) -> dict[str, Any]:
-    """Everything shard ``item.shard`` of ``item.num_shards`` gets from the checkpoint, read and checked (files,
-    keys on their shards, no key twice, the table's ``dim`` and ``dtype``): the arguments of
+    """Everything shard ``item["shard"]`` of ``item["num_shards"]`` gets from the checkpoint's ``entry`` for the
+    table (the item's ``table``, parsed), read and checked (files, keys on their shards, no key twice, the table's
+    ``dim`` and ``dtype``): the arguments of
     :meth:`~kubeps.runtime.variables.dynamic_table.DynamicTable.restore_checkpoint`. Changes nothing."""
-    entry, what = item.table, f"dynamic table {item.name!r}"
+    what, shard_index, num_shards = f"dynamic table {item['name']!r}", item["shard"], item["num_shards"]
     if entry.dim != dim or np.dtype(entry.dtype) != dtype:
         raise CheckpointMismatchError(f"{what}: the checkpoint holds rows of dim {entry.dim} dtype {entry.dtype}; "
                                       f"the table on this ps has dim {dim} dtype {dtype.name}")
-    if not 0 <= item.shard < item.num_shards:
-        raise CheckpointError(f"{what}: shard {item.shard} of {item.num_shards} does not exist")
+    if not 0 <= shard_index < num_shards:
+        raise CheckpointError(f"{what}: shard {shard_index} of {num_shards} does not exist")
     storage = storage_for(directory) if storage is None else storage
-    same = entry.num_shards == item.num_shards
-    sources = [entry.shards[item.shard]] if same else entry.shards
+    same = entry.num_shards == num_shards
+    sources = [entry.shards[shard_index]] if same else entry.shards
     updates = sources[0].updates if same else max(s.updates for s in entry.shards)
 
     def read(shard: DynamicShardEntry, part: str, t: TensorEntry) -> np.ndarray:
@@ -180,7 +149,7 @@ def read_table_shard(directory: str, item: RestoreTableItem, dim: int, dtype: np
     slot_init: dict[str, dict[str, np.ndarray]] = {}
     for shard in sources:
         keys = _check_owner(read(shard, "keys", shard.keys), shard, entry, what)
-        mine = shard_of(keys, item.num_shards) == item.shard
+        mine = shard_of(keys, num_shards) == shard_index
         parts["keys"].append(keys[mine])
         parts["values"].append(read(shard, "values", shard.values)[mine])
         parts["freqs"].append(read(shard, "freqs", shard.freqs)[mine])
@@ -192,7 +161,7 @@ def read_table_shard(directory: str, item: RestoreTableItem, dim: int, dtype: np
                 slot_init.setdefault(okey, {}).setdefault(sname, np.asarray(shard.slot_init[okey][sname], dtype=dtype))
         if shard.pending_keys is not None and shard.pending_counts is not None:
             pkeys = read(shard, "pending_keys", shard.pending_keys)
-            pmine = shard_of(pkeys, item.num_shards) == item.shard
+            pmine = shard_of(pkeys, num_shards) == shard_index
             parts["pending_keys"].append(pkeys[pmine])
             parts["pending_counts"].append(read(shard, "pending_counts", shard.pending_counts)[pmine])
     out: dict[str, Any] = {k: np.concatenate(v) if v else None for k, v in parts.items()}
@@ -231,15 +200,18 @@ def _bloom(sources: list[DynamicShardEntry], same: bool,
 
 
 def prepare_restore(table: DynamicTable, directory: str, item: RestoreTableItem,
-                    max_slot_sets: int | None = None, storage: Storage | None = None) -> dict[str, Any]:
+                    max_slot_sets: int | None = None, storage: Storage | None = None, field: str = "table") -> dict[str, Any]:
     """Read and check what ``table`` gets from the checkpoint (:func:`read_table_shard`, and the number of slot
-    sets it may hold); changes nothing. :func:`load_table` then loads it."""
-    loaded = read_table_shard(directory, item, table.config.dim, table.dtype, storage)
+    sets it may hold); changes nothing. :func:`load_table` then loads it. The item's ``table`` is checked as the
+    manifest format's :class:`~kubeps.runtime.checkpoint.format.DynamicTableEntry` (a ``ValueError`` naming
+    ``field`` when it is not one)."""
+    entry = parse_entry(DynamicTableEntry, item["table"], field)
+    loaded = read_table_shard(directory, item, entry, table.config.dim, table.dtype, storage)
     if max_slot_sets is not None and len(loaded["slot_init"]) > max_slot_sets:
-        raise CheckpointMismatchError(f"dynamic table {item.name!r}: the checkpoint holds slots of "
+        raise CheckpointMismatchError(f"dynamic table {item['name']!r}: the checkpoint holds slots of "
                                       f"{len(loaded['slot_init'])} optimizers; a table here holds at most "
                                       f"{max_slot_sets}")
-    if item.table.config.get("bloom_hashes") != table.config.bloom_hashes:
+    if entry.config.get("bloom_hashes") != table.config.bloom_hashes:
         loaded["bloom"] = None  # other hash functions: the saved counters mean nothing here
     return loaded
 
@@ -304,10 +276,10 @@ def save_tables(tables: list[TableSaveable], directory: str, timeout: float | No
         local = t.table.local_table
         return item if local is None else save_table(local, directory, item)
 
-    def call(transport: Any, ps: int, items: list[SaveTableItem]) -> list[DynamicShardEntry]:
-        request: SaveDynamicRequest = {"directory": directory, "items": [i.wire() for i in items]}
+    def call(transport: PSTransport, ps: int, items: list[SaveTableItem]) -> list[DynamicShardEntry]:
+        request: SaveDynamicRequest = {"directory": directory, "items": items}
         meta, _ = transport.call(ps, PS.SAVE_DYNAMIC, request, (), timeout)
-        return [DynamicShardEntry.model_validate(s) for s in meta["saved"]]
+        return [parse_entry(DynamicShardEntry, s, f"saved[{i}]") for i, s in enumerate(meta["saved"])]
 
     shards = _per_place(tables, one, call)
     return {t.name: DynamicTableEntry(dim=t.table.dim, dtype=t.table.dtype.name, key_dtype=t.table.key_dtype,
@@ -342,15 +314,17 @@ def restore_tables(tables: list[TableSaveable], entries: dict[str, DynamicTableE
         for t in tables:
             verify_table(directory, t.name, entries[t.name])
 
+    wired = {t.name: entries[t.name].model_dump(mode="json") for t in tables}
+
     def one(t: TableSaveable, shard: int) -> Any:
         item = RestoreTableItem(key=t.table.key, name=t.name, shard=shard, num_shards=t.table.num_shards,
-                                table=entries[t.name])
+                                table=wired[t.name])
         local = t.table.local_table
         return item if local is None else restore_table(local, directory, item)
 
-    def call(transport: Any, ps: int, items: list[RestoreTableItem]) -> list[int]:
-        request: RestoreDynamicRequest = {"directory": directory, "items": [i.wire() for i in items]}
+    def call(transport: PSTransport, ps: int, items: list[RestoreTableItem]) -> list[int]:
+        request: RestoreDynamicRequest = {"directory": directory, "items": items}
         meta, _ = transport.call(ps, PS.RESTORE_DYNAMIC, request, (), timeout)
-        return list(meta["restored"])
+        return meta["restored"]
 
     _per_place(tables, one, call)

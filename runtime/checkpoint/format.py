@@ -7,7 +7,7 @@ import hashlib
 import json
 import logging
 import re
-from typing import Iterable, Any, Sequence
+from typing import Iterable, Any, Sequence, TypeVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, StrictInt, ValidationError, field_validator, model_validator
@@ -188,6 +188,19 @@ class VariableEntry(TensorEntry):
                         f"and rank ({len(self.shape)})"
                     )
         return self
+
+
+class SavedShard(BaseModel):
+    """What saving one shard of a variable wrote (a ``SaveShards`` answer holds one per item): the value's slice,
+    its dtype, and ``slots``: ``{optimizer key: {slot: (slice, dtype, trailing shape)}}``. The coordinator puts the
+    shards of a variable together into its :class:`VariableEntry`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: str
+    value: SliceEntry
+    dtype: str
+    slots: dict[str, dict[str, tuple[SliceEntry, str, list[int]]]] = {}
 
 
 #: the parts of a dynamic table's shard that are not one entry per live row (the admission state)
@@ -477,6 +490,25 @@ def read_rows(storage: Storage, directory: str, entry: TensorEntry, lo: int, hi:
     return out
 
 
+def _problems(err: ValidationError) -> str:
+    """A manifest entry's problems in words: per problem (the first five), its path and pydantic's message."""
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg']}"
+                     for e in err.errors(include_url=False)[:5])
+
+
+EntryT = TypeVar("EntryT", bound=BaseModel)
+
+
+def parse_entry(model: type[EntryT], raw: object, field: str) -> EntryT:
+    """A manifest entry carried in a message (a restore item's ``value``, a table item's ``table``, a save's
+    answer), checked by the format's ``model``; a ``ValueError`` naming the field and the problems when malformed.
+    The protocol declares such an entry as a JSON object: the manifest format is its one definition."""
+    try:
+        return model.model_validate(raw)
+    except ValidationError as err:
+        raise ValueError(f"field '{field}' is not a valid {model.__name__}: {_problems(err)}") from None
+
+
 # -- manifests on storage --------------------------------------------------------------------------------------
 def read_manifest(path: str) -> Manifest:
     """The manifest of the checkpoint at ``path`` (a ``ckpt-N`` directory); raises a :class:`CheckpointError`."""
@@ -496,10 +528,7 @@ def read_manifest(path: str) -> Manifest:
     try:
         return Manifest.model_validate(data)
     except ValidationError as err:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg']}" for e in err.errors()[:5]
-        )
-        raise CheckpointCorruptError(f"checkpoint {path}: {MANIFEST_NAME} is malformed: {problems}") from None
+        raise CheckpointCorruptError(f"checkpoint {path}: {MANIFEST_NAME} is malformed: {_problems(err)}") from None
 
 
 def commit_manifest(path: str, manifest: Manifest) -> None:

@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol
 
 import numpy as np
-from kubeps.runtime.checkpoint.format import CheckpointMismatchError
-from kubeps.runtime.checkpoint.shards import RestoreItem, SavedShard, SaveItem, ShardAccess, restore_items, save_items
-from kubeps.runtime.rpc.protocol import PS, RestoreShardsRequest, SaveShardsRequest
+from kubeps.runtime.checkpoint.format import CheckpointMismatchError, SavedShard, parse_entry
+from kubeps.runtime.checkpoint.shards import ShardAccess, restore_items, save_items
+from kubeps.runtime.rpc.protocol import PS, RestoreItem, RestoreShardsRequest, SaveItem, SaveShardsRequest
+from kubeps.runtime.rpc.transport import PSTransport
 
 
 
@@ -66,7 +67,7 @@ class LocalExecutor:
 class PSExecutor:
     """Sends save/restore items to one parameter server through a PS transport (``call(ps, method, meta, ...)``)."""
 
-    def __init__(self, transport, ps_index: int, timeout: float | None = 600.0):
+    def __init__(self, transport: PSTransport, ps_index: int, timeout: float | None = 600.0):
         self.transport = transport
         self.ps_index = ps_index
         self.timeout = timeout
@@ -74,14 +75,14 @@ class PSExecutor:
         self.group_key = ("ps", id(transport), ps_index)
 
     def save(self, directory: str, items: list[SaveItem]) -> list[SavedShard]:
-        request: SaveShardsRequest = {"directory": directory, "items": [i.wire() for i in items]}
+        request: SaveShardsRequest = {"directory": directory, "items": items}
         meta, _ = self.transport.call(self.ps_index, PS.SAVE_SHARDS, request, (), self.timeout)
-        return [SavedShard.model_validate(s) for s in meta["saved"]]
+        return [parse_entry(SavedShard, s, f"saved[{i}]") for i, s in enumerate(meta["saved"])]
 
     def restore(self, directory: str, items: list[RestoreItem]) -> int:
-        request: RestoreShardsRequest = {"directory": directory, "items": [i.wire() for i in items]}
+        request: RestoreShardsRequest = {"directory": directory, "items": items}
         meta, _ = self.transport.call(self.ps_index, PS.RESTORE_SHARDS, request, (), self.timeout)
-        return int(meta.get("restored", 0))
+        return meta["restored"]
 
 
 def group_key(executor: ShardExecutor) -> Any:

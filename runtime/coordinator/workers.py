@@ -22,7 +22,7 @@ import logging
 import pickle
 import threading
 import time
-from typing import Any, Callable, Mapping, Protocol, cast
+from typing import Any, Callable, Protocol
 
 import grpc
 import numpy as np
@@ -34,9 +34,10 @@ from kubeps.runtime.coordinator.shipping import build_dataset, dumps
 from kubeps.runtime.errors import ClosureError, OutOfRangeError, RemoteError, ResourceMissingError, \
     WorkerUnavailableError
 from kubeps.runtime.observe import metrics as _metrics
+from kubeps.runtime.rpc.client import Client
 from kubeps.runtime.rpc.codec import join_structure
 from kubeps.runtime.rpc.protocol import (PING, WORKER, WORKER_SERVICE, ClosureAnswer, CreateResourceRequest,
-                                         PingAnswer, RunClosureRequest, RunClosuresAnswer, RunClosuresRequest)
+                                         RunClosureRequest, RunClosuresAnswer, RunClosuresRequest)
 
 __all__ = ["RecordsAccount", "Worker", "WorkerSet"]
 
@@ -64,7 +65,7 @@ class RecordsAccount(Protocol):
 class Worker:
     """One worker: its client, health, in-flight call, and the dispatch thread that runs closures on it."""
 
-    def __init__(self, workers: WorkerSet, index: int, address: str, client: Any):
+    def __init__(self, workers: WorkerSet, index: int, address: str, client: Client):
         self.cluster = workers  # the WorkerSet (TensorFlow's Cluster)
         self.index = index
         self.address = address
@@ -170,7 +171,7 @@ class Worker:
 
     # -- one call ----------------------------------------------------------------------------------------------------
     def _call(self, closures: list[Closure], method: str, request: Any,
-              timeout: float) -> tuple[Mapping[str, Any], list[np.ndarray]] | None:
+              timeout: float) -> tuple[Any, list[np.ndarray]] | None:
         """Send ``closures`` in one ``method`` call and return the answer; None when the call did not happen or
         failed, its closures then handled: re-queued (cancelled while stopping), failed (a non-retryable code: the
         first, the others cancelled by that error), or re-run after the worker's failure (at-least-once: any of
@@ -183,7 +184,7 @@ class Worker:
         try:
             try:
                 self.call = self.client.start(method, request, [c.payload for c in closures], timeout=timeout)
-                return cast("tuple[Mapping[str, Any], list[np.ndarray]]", self.client.finish(self.call))
+                return self.client.finish(self.call)
             except _GRPC_CALL_ERRORS as raw:  # the transport should have made it a RemoteError
                 log.warning("worker %d: %s escaped the transport; handled as %s", self.index,
                             type(raw).__name__, "a failed call")
@@ -214,7 +215,8 @@ class Worker:
         got = self._call([closure], method, request, self.cluster.options.closure_timeout)
         if got is None:
             return
-        answer, arrays = cast(ClosureAnswer, got[0]), got[1]
+        answer: ClosureAnswer = got[0]
+        arrays = got[1]
         self._settle(closure, answer, arrays, time.perf_counter() - started)
         if answer.get("status") == "ok":
             self.cluster.records.answered(self, answer.get("in_pass"), answer.get("reread"))
@@ -229,7 +231,8 @@ class Worker:
         got = self._call(closures, WORKER.RUN_CLOSURES, request, self.cluster.options.closure_timeout * len(closures))
         if got is None:
             return
-        answer, arrays = cast(RunClosuresAnswer, got[0]), got[1]
+        answer: RunClosuresAnswer = got[0]
+        arrays = got[1]
         answers, counts = answer.get("answers"), answer.get("counts")
         if not (answer.get("status") == "ok" and isinstance(answers, list) and isinstance(counts, list)
                 and len(answers) == len(counts) and 0 < len(answers) <= len(closures)
@@ -311,7 +314,7 @@ class Worker:
                 delay = min(delay * 2, 2.0)
                 continue
             previous = self.incarnation
-            self.incarnation = cast(PingAnswer, meta).get("incarnation")
+            self.incarnation = meta.get("incarnation")
             self.heartbeat.last_ok = time.monotonic()
             self.healthy = True
             if previous is not None and previous != self.incarnation:
@@ -324,12 +327,12 @@ class Worker:
         replaced, read_before = False, self.in_pass
         for resource_id, payload in self.cluster.resources_for(self):
             try:
-                meta, arrays = self.client.call(WORKER.CREATE_RESOURCE, CreateResourceRequest(resource_id=resource_id),
-                                                [payload], timeout=self.cluster.options.closure_timeout)
+                answer, arrays = self.client.call(WORKER.CREATE_RESOURCE,
+                                                  CreateResourceRequest(resource_id=resource_id), [payload],
+                                                  timeout=self.cluster.options.closure_timeout)
             except RemoteError as err:
                 log.warning("rebuilding %s on worker %d failed: %s", resource_id, self.index, err)
                 return False
-            answer = cast(ClosureAnswer, meta)
             if answer.get("status") != "ok":
                 error = closure_error(answer, arrays, self)
                 log.error("rebuilding %s on worker %d raised %r", resource_id, self.index, error)
@@ -350,7 +353,7 @@ class WorkerSet:
     those drained, the per-worker resources each builds, and the failure handling."""
 
     def __init__(self, strategy: Any, queue: ClosureQueue, options: CoordinatorOptions,
-                 connect: Callable[[str], Any], records: RecordsAccount, watchdog: Any = None):
+                 connect: Callable[[str], Client], records: RecordsAccount, watchdog: Any = None):
         self.strategy, self.queue, self.options = strategy, queue, options
         self.records, self.watchdog = records, watchdog
         self._connect = connect

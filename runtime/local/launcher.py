@@ -28,38 +28,37 @@ No process is left behind: each task runs in its own session (process group), a 
 ``waitid(WNOWAIT)`` so its process group id stays reserved until :meth:`LocalCluster.stop` has signalled the group
 and reaped the task, and :func:`run_local` stops the cluster on success, failure, SIGINT, SIGTERM, SIGHUP and at
 interpreter exit.
+
+:class:`LocalCluster` is the sum of its parts: the job's :class:`~kubeps.runtime.local.spec.LocalJobSpec`
+(``spec``), its addresses and each task's environment (``environment``,
+:mod:`kubeps.runtime.local.environment`), the processes (``processes``, :mod:`kubeps.runtime.local.processes`),
+the scaler (``scaler``, :mod:`kubeps.runtime.local.scaler`) and the two output streams (``console``).
 """
 
 from __future__ import annotations
 
 import atexit
-import json
 import os
-import random
-import queue
-import secrets
 import shutil
 import signal
-import socket
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 import weakref
-from contextlib import contextmanager
-from dataclasses import dataclass
 from types import FrameType
 from typing import IO, Any, Callable, Mapping, Sequence
 
-from kubeps.runtime import certs
-from kubeps.runtime.cluster import Membership, MembershipAck, TFConfig
-from kubeps.runtime.util.files import write_atomically
+from kubeps.runtime.cluster import MembershipAck
 from kubeps.runtime.local import scaling
-from kubeps.runtime.errors import RuntimeConfigError
+from kubeps.runtime.local.console import Console
+from kubeps.runtime.local.credentials import tls_settings
+from kubeps.runtime.local.environment import JobEnvironment, job_settings, task_keys
+from kubeps.runtime.local.errors import LauncherArgumentError, LauncherError
+from kubeps.runtime.local.ports import PortAllocator, free_port_runs, free_ports, max_port_base
+from kubeps.runtime.local.processes import Signalled, TaskLauncher, TaskProcess, exit_status
+from kubeps.runtime.local.scaler import Scaler
+from kubeps.runtime.local.spec import DEFAULT_EVALUATOR_GRACE_S, DEFAULT_GRACE_PERIOD_S, LocalJobSpec
 from kubeps.runtime.ops.kernels import DEVICE_ENV, cupy_available
 from kubeps.runtime.settings import TaskSettings
-from kubeps.runtime.util.threads import cpu_budget
 
 __all__ = [
     "DEFAULT_EVALUATOR_GRACE_S",
@@ -67,6 +66,7 @@ __all__ = [
     "LauncherError",
     "LauncherArgumentError",
     "LocalCluster",
+    "LocalJobSpec",
     "TaskProcess",
     "exit_status",
     "free_port_runs",
@@ -75,193 +75,29 @@ __all__ = [
     "run_local",
 ]
 
-#: Seconds between SIGTERM and SIGKILL when stopping a task (``--grace-period``).
-DEFAULT_GRACE_PERIOD_S = 5.0
-#: After the chief succeeded, how long a running evaluator may take to finish the final checkpoint (seconds).
-DEFAULT_EVALUATOR_GRACE_S = 60.0
-#: Start order: servers first, so the chief finds them listening (it retries anyway).
-START_ORDER = ("ps", "worker", "evaluator", "chief")
+
+def _workers_share_a_gpu(settings: TaskSettings) -> bool:
+    """Whether this machine's GPU is there for the workers; a :class:`LauncherError` where they were asked to
+    compute on one (``KUBEPS_DEVICE=gpu``) and there is none: every task of kubeps local runs here."""
+    gpu, why = cupy_available() if settings.device != "cpu" else (False, "")
+    if settings.device == "gpu" and not gpu:
+        raise LauncherError(f"{DEVICE_ENV}=gpu: the workers would compute on a GPU, but {why}; no task was "
+                            f"started (set {DEVICE_ENV}=cpu to run on the CPU)")
+    return gpu
 
 
-class LauncherError(RuntimeError):
-    """The local cluster could not be set up (bad arguments, ports in use, a script that cannot start)."""
+def _remove_trees(directories: list[str]) -> None:
+    for directory in directories:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
-class LauncherArgumentError(RuntimeConfigError, LauncherError):
-    """A bad argument of :class:`LocalCluster`: the message names the parameter, its value and what is allowed
-    (``kubeps local`` checks its own flags before, and words its errors with them)."""
-
-
-def max_port_base(num_ps: int, num_workers: int, evaluator: bool, ps_processes: int = 1) -> int:
-    """The highest first port of a job whose tasks take consecutive ports (``port_base``, ``--port-base``; a ps
-    task of several processes takes one port per process)."""
-    return 65535 - (1 + num_ps * ps_processes + num_workers + (1 if evaluator else 0)) + 1
-
-
-# -- ports --------------------------------------------------------------------------------------------------------
-#: the lowest port handed to a task: ports are picked from here up to the kernel's ephemeral range, where every
-#: outgoing connection takes its local port. A port picked inside that range and released until the task binds it
-#: (seconds later, after its imports) can be taken meanwhile by any process's connect(); seen when tests ran beside
-#: each other ("Failed to add port to server"), which left the chief waiting for a worker that never started.
-_LISTEN_FLOOR = 10000
-_EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
-_rng = random.Random()  # its own seed: a program seeding the random module must not make two runs pick alike
-
-
-def _ephemeral_low(path: str = _EPHEMERAL_RANGE) -> int | None:
-    """The first port of the kernel's ephemeral range, or None where it cannot be read."""
-    try:
-        with open(path) as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _bind(host: str, port: int) -> socket.socket | None:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    s = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        s.bind((host, port))
-    except OSError:
-        s.close()
-        return None
-    return s
-
-
-def _free_socket(host: str, low: int | None, span: int = 1) -> socket.socket:
-    """A socket bound to a free port on ``host`` whose ``span - 1`` next ports are below the ephemeral range (which
-    starts at ``low``, :func:`_ephemeral_low`): a random one between :data:`_LISTEN_FLOOR` and that range when there
-    is room, else the kernel's choice."""
-    if low is not None and low - span - _LISTEN_FLOOR >= 1000:
-        for _ in range(200):
-            s = _bind(host, _rng.randrange(_LISTEN_FLOOR, low - span + 1))
-            if s is not None:
-                return s
-    s = _bind(host, 0)
-    if s is None:
-        raise LauncherError(f"no free TCP port on {host}")
-    return s
-
-
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """``count`` distinct free TCP ports on ``host``, below the kernel's ephemeral range where there is room; the
-    sockets are held together so no port is repeated."""
-    sockets = []
-    low = _ephemeral_low()
-    try:
-        for _ in range(count):
-            sockets.append(_free_socket(host, low))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
-def free_port_runs(count: int, length: int, host: str = "127.0.0.1", attempts: int = 200) -> list[int]:
-    """The first ports of ``count`` runs of ``length`` consecutive free TCP ports on ``host`` (a ps task of
-    ``length`` processes serves on its port and the next ones)."""
-    if length == 1:
-        return free_ports(count, host)
-    held: list[socket.socket] = []
-    firsts: list[int] = []
-    low = _ephemeral_low()
-    try:
-        for _ in range(attempts):
-            if len(firsts) == count:
-                break
-            first = _free_socket(host, low, span=length)
-            run = [first]
-            port = first.getsockname()[1]
-            for shift in range(1, length):
-                s = _bind(host, port + shift) if port + shift <= 65535 else None
-                if s is None:
-                    break
-                run.append(s)
-            if len(run) < length:
-                for s in run:
-                    s.close()
-                continue
-            held.extend(run)
-            firsts.append(port)
-        if len(firsts) < count:
-            raise LauncherError(f"found only {len(firsts)} of {count} runs of {length} consecutive free ports on "
-                                f"{host} in {attempts} attempts: give --port-base")
-        return firsts
-    finally:
-        for s in held:
-            s.close()
-
-
-def _check_ports_free(host: str, ports: Sequence[int]) -> None:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    for port in ports:
-        with socket.socket(family, socket.SOCK_STREAM) as s:
-            try:
-                s.bind((host, port))
-            except OSError as err:
-                raise LauncherError(
-                    f"--port-base: port {port} on {host} is not free ({err.strerror}); the cluster needs ports "
-                    f"{ports[0]}..{ports[-1]}: pick another --port-base or leave it out to use free ports"
-                ) from None
-
-
-def exit_status(returncode: int) -> int:
-    """A shell-style exit status: the code itself, or ``128 + signal`` for a process killed by a signal."""
-    return 128 - returncode if returncode < 0 else returncode
-
-
-# -- one task -----------------------------------------------------------------------------------------------------
-@dataclass
-class TaskProcess:
-    """A running (or finished) task of the local cluster."""
-
-    task_type: str
-    index: int
-    address: str
-    popen: subprocess.Popen
-    #: the exit code once the process has exited (negative: killed by that signal), as Popen reports it
-    returncode: int | None = None
-    output_thread: threading.Thread | None = None
-    waiter_thread: threading.Thread | None = None
-    reaped: bool = False
-    #: its exit was reported (or handled by a restart policy): not to be reported again
-    exit_handled: bool = False
-    #: scaled away: stopped by the launcher after the chief drained it, not a failure
-    retired: bool = False
-
-    @property
-    def name(self) -> str:
-        return f"{self.task_type}-{self.index}"
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    @property
-    def running(self) -> bool:
-        return self.returncode is None
-
-
-def _wait_without_reaping(pid: int) -> int:
-    """Block until ``pid`` exits and return its Popen-style return code, leaving it a zombie (not reaped): its
-    pid -- and so its process group id -- cannot be reused until :meth:`LocalCluster.stop` reaps it."""
-    while True:
-        try:
-            info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
-        except ChildProcessError:  # already reaped elsewhere
-            return -1
-        except InterruptedError:  # pragma: no cover - PEP 475 retries for us
-            continue
-        if info is None:  # pragma: no cover - only with WNOHANG
-            continue
-        if info.si_code == os.CLD_EXITED:
-            return info.si_status
-        return -info.si_status  # CLD_KILLED / CLD_DUMPED: the signal number
-
-
-# -- the cluster --------------------------------------------------------------------------------------------------
 class LocalCluster:
     """The processes of one local job, supervised.
+
+    Built from a :class:`LocalJobSpec` (``LocalCluster(spec)``), or from the spec's fields as keyword arguments
+    (``LocalCluster(script, script_args, num_ps=2, ...)``, the settings read from ``env``, default this process's
+    environment). ``env`` is the environment the tasks inherit (their task settings are rendered over it);
+    ``output`` and ``log`` the streams of the tasks' lines and of the launcher's messages (default stdout, stderr).
 
     ``start()`` starts every task, ``wait()`` blocks until the chief exits and returns its exit status (after a
     successful chief, first letting a running evaluator finish for up to ``evaluator_grace`` seconds), ``stop()``
@@ -269,282 +105,105 @@ class LocalCluster:
     ``on_task_exit(task)`` is called for every task that exits before the chief: override it to restart tasks.
     """
 
-    def __init__(
-        self,
-        script: str,
-        script_args: Sequence[str] = (),
-        *,
-        num_ps: int = 2,
-        num_workers: int = 2,
-        evaluator: bool = False,
-        host: str = "127.0.0.1",
-        port_base: int | None = None,
-        python: str = sys.executable,
-        env: Mapping[str, str] | None = None,
-        grace_period: float = DEFAULT_GRACE_PERIOD_S,
-        evaluator_grace: float = DEFAULT_EVALUATOR_GRACE_S,
-        output: IO[str] | None = None,
-        log: IO[str] | None = None,
-        tls: bool = True,
-        metrics: bool = True,
-        ps_processes: int | None = None,
-    ):
-        if num_ps < 1:
-            raise LauncherArgumentError("num_ps", num_ps, "allowed is a number of parameter servers >= 1")
-        if num_workers < 1:
-            raise LauncherArgumentError("num_workers", num_workers, "allowed is a number of workers >= 1")
-        if not grace_period >= 0:
-            raise LauncherArgumentError("grace_period", grace_period, "allowed is a number of seconds >= 0")
-        if not evaluator_grace >= 0:
-            raise LauncherArgumentError("evaluator_grace", evaluator_grace, "allowed is a number of seconds >= 0")
-        if ps_processes is not None and not (isinstance(ps_processes, int) and ps_processes >= 1):
-            raise LauncherArgumentError("ps_processes", ps_processes,
-                                        "allowed is a number of server processes per ps task >= 1, or None (the "
-                                        "ps task's CPU share decides)")
-        if not os.path.isfile(script):
-            raise LauncherError(f"script file not found: {script}")
-        self.script = script
-        self.script_args = list(script_args)
-        self.python = python
-        self.host = host
-        self.grace_period = grace_period
-        #: after the chief succeeded, how long the evaluator may take to evaluate the final checkpoint and exit
-        self.evaluator_grace = evaluator_grace
-        self._output = output
-        self._log = log
-        self._write_lock = threading.Lock()
-
+    def __init__(self, script: str | LocalJobSpec, script_args: Sequence[str] = (), *,
+                 env: Mapping[str, str] | None = None, output: IO[str] | None = None, log: IO[str] | None = None,
+                 **options: Any):
         environ = dict(os.environ if env is None else env)
-        try:
-            given = TaskSettings.from_env(environ)  # the user's settings, checked before any task starts
-        except RuntimeConfigError as err:
-            raise LauncherError(str(err)) from None
-        # every task of kubeps local runs here: no GPU here means no worker could compute where it was asked to
-        gpu, why = cupy_available() if given.device != "cpu" else (False, "")
-        if given.device == "gpu" and not gpu:
-            raise LauncherError(f"{DEVICE_ENV}=gpu: the workers would compute on a GPU, but {why}; no task was "
-                                f"started (set {DEVICE_ENV}=cpu to run on the CPU)")
-        decided: dict[str, Any] = {}
-        if gpu and given.gpu_tasks == 1 and num_workers > 1:
-            # the workers (KUBEPS_DEVICE=gpu, or unset: they take the GPU they see) share this machine's GPU: each
-            # gets its share of the memory
-            decided["gpu_tasks"] = num_workers
-        if given.job_token is None and given.job_token_file is None:
-            decided["job_token"] = secrets.token_hex(24)
-        if given.bind_host is None:
-            decided["bind_host"] = host
-        if not given.checkpoint_root:
-            # the parameter servers write checkpoint shards only below these: the directory kubeps local runs in and
-            # the temporary directory (where the examples write); set KUBEPS_CHECKPOINT_ROOT to choose others
-            decided["checkpoint_root"] = (os.getcwd(), tempfile.gettempdir())
-        if given.cpus is None:
-            # the machine's CPUs shared by the tasks that compute (ps and workers): math thread pools sized to
-            # one task's share instead of every task starting one thread per core (see kubeps.runtime.util.threads)
-            decided["cpus"] = max(1, int(cpu_budget(given)) // (num_ps + num_workers))
-        if ps_processes is not None:
-            # one server process per ps task unless asked: on 16 cores several per task served less than one
-            # (docs/benchmarks.md#scaling-benchscalingpy-benchps_capacitypy)
-            decided["ps_processes"] = ps_processes
-        processes = decided.get("ps_processes", given.ps_processes)
-        counts = {"chief": 1, "ps": num_ps, "worker": num_workers, "evaluator": 1 if evaluator else 0}
-        total = sum(counts.values())
-        # a ps task of several processes takes one port per process: its own and the next ones
-        widths = {"chief": 1, "ps": processes, "worker": 1, "evaluator": 1}
-        if port_base is not None:
-            highest = max_port_base(num_ps, num_workers, evaluator, processes)
-            if not 1 <= port_base <= highest:
-                raise LauncherArgumentError("port_base", port_base,
-                                            f"allowed is a port in 1..{highest}: {total} tasks take consecutive ports")
-            ports: list[int] = []
-            taken: list[int] = []
-            port = port_base
-            for t in ("chief", "ps", "worker", "evaluator"):
-                for _ in range(counts[t]):
-                    ports.append(port)
-                    taken.extend(range(port, port + widths[t]))
-                    port += widths[t]
-            _check_ports_free(host, taken)
+        if isinstance(script, LocalJobSpec):
+            if script_args or options:
+                raise TypeError("LocalCluster(spec): the script's arguments and the options are the spec's fields")
+            self.spec = script
         else:
-            ps_ports = iter(free_port_runs(num_ps, processes, host))
-            others = iter(free_ports(total - num_ps, host))
-            ports = [next(ps_ports) if t == "ps" else next(others)
-                     for t in ("chief", "ps", "worker", "evaluator") for _ in range(counts[t])]
-        host_part = f"[{host}]" if ":" in host else host
-        addresses = iter(f"{host_part}:{p}" for p in ports)
-        self.cluster: dict[str, list[str]] = {
-            t: [next(addresses) for _ in range(counts[t])] for t in ("chief", "ps", "worker", "evaluator") if counts[t]
-        }
-        #: the throw-away directory of this run's CA and certificate (removed by stop(), or when the cluster is
-        #: garbage-collected or the interpreter exits without a stop()), if one was made
-        self.tls_dir: str | None = None
-        self._remove_tls_dir: Callable[[], Any] = lambda: None
-        if not tls:
-            decided.update(tls_ca_file=None, tls_cert_file=None, tls_key_file=None)
-        elif not (given.tls_ca_file or given.tls_cert_file or given.tls_key_file):
-            self.tls_dir, files = _throwaway_credentials(host)
-            self._remove_tls_dir = weakref.finalize(self, shutil.rmtree, self.tls_dir, ignore_errors=True)
-            decided.update(files)
-        #: each task's Prometheus metrics port (free ports; ``metrics=False``, ``--no-metrics``: none, and no
-        #: task records metrics)
-        self.metrics_ports: dict[tuple[str, int], int] = {}
-        if metrics:
-            keys = [(t, i) for t in START_ORDER for i in range(counts[t])]
-            self.metrics_ports = dict(zip(keys, free_ports(len(keys), host)))
-        decided["metrics_port"] = None
-        #: what every task is told (TF_CONFIG and the metrics port apart: :meth:`task_settings`), rendered into
-        #: its environment
-        self.settings = given.model_copy(update=decided)
-        # the rest of the environment passes through; the task's settings are only ever the rendered ones
-        self._base_env = {k: v for k, v in environ.items() if k not in set(TaskSettings.variables().values())}
-        self._base_env["PYTHONUNBUFFERED"] = "1"
-
+            self.spec = LocalJobSpec.from_arguments(script, script_args, environ, **options)
+        spec = self.spec
+        self.console = Console(output, log)
+        gpu = _workers_share_a_gpu(spec.settings)
+        #: the private directories of this run (TLS files, the run directory), removed by stop() or with the cluster
+        self._directories: list[str] = []
+        self._remove_directories = weakref.finalize(self, _remove_trees, self._directories)
+        ports = PortAllocator(spec.host)
+        cluster = ports.cluster(spec.counts(), spec.server_processes, spec.port_base)
+        #: the throw-away directory of this run's CA and certificate, if one was made
+        self.tls_dir, tls = tls_settings(spec)
+        if self.tls_dir is not None:
+            self._directories.append(self.tls_dir)
+        keys = task_keys(cluster)
+        metrics_ports = dict(zip(keys, ports.free(len(keys)))) if spec.metrics else {}
         #: this run's private directory: the chief's membership document and its ack, scale requests
-        #: (:mod:`kubeps.runtime.local.scaling`); removed by stop()
-        self.run_dir = tempfile.mkdtemp(prefix=f"{scaling.RUN_DIR_PREFIX}{os.getpid()}-")
-        self._remove_run_dir = weakref.finalize(self, shutil.rmtree, self.run_dir, ignore_errors=True)
-        self.membership_path = os.path.join(self.run_dir, scaling.MEMBERSHIP_FILE)
-        self.membership_ack_path = os.path.join(self.run_dir, scaling.MEMBERSHIP_ACK_FILE)
-        #: the generation of the membership document last written (0: the workers the run started with)
-        self.membership_generation = 0
-        self._scale_lock = threading.Lock()
-        self._scaler: threading.Thread | None = None
-
-        self.tasks: dict[tuple[str, int], TaskProcess] = {}
-        self._events: "queue.Queue[TaskProcess]" = queue.Queue()
-        self._lock = threading.RLock()
-        self._stopping = False
+        self.run_dir = scaling.make_run_dir()
+        self._directories.append(self.run_dir)
+        self.environment = JobEnvironment(job_settings(spec, gpu, tls), environ, spec.host, cluster, metrics_ports,
+                                          scaling.membership_files(self.run_dir))
+        self.processes = TaskLauncher([spec.python, spec.script, *spec.script_args], self.console,
+                                      spec.grace_period)
+        self.scaler = Scaler(self.run_dir, self.environment, self.processes, ports,
+                             lambda index: self._start_and_report("worker", index))
         self._started = False
         #: ``time.time()`` when the chief's exit was seen last (before any evaluator grace)
         self.chief_exit_time: float | None = None
-        # signals that arrive while a process is being started are held until it is tracked (see run_local)
-        self._defer_signals = 0
-        self._pending_signal: int | None = None
 
-    # -- configuration ------------------------------------------------------------------------------------------
+    # -- what the parts hold --------------------------------------------------------------------------------------
+    @property
+    def cluster(self) -> dict[str, list[str]]:
+        """The addresses of the job's tasks by type (the evaluator's too)."""
+        return self.environment.cluster
+
+    @property
+    def tasks(self) -> dict[tuple[str, int], TaskProcess]:
+        """The latest process of each ``(type, index)``."""
+        return self.processes.tasks
+
+    @property
+    def metrics_ports(self) -> dict[tuple[str, int], int]:
+        """Each task's Prometheus metrics port (none with ``metrics=False``)."""
+        return self.environment.metrics_ports
+
+    @property
+    def settings(self) -> TaskSettings:
+        """What every task is told (TF_CONFIG and the metrics port apart: :meth:`task_settings`)."""
+        return self.environment.settings
+
     @property
     def job_token(self) -> str | None:
         return self.settings.job_token
 
     def task_keys(self) -> list[tuple[str, int]]:
         """Every ``(type, index)`` of the job, in start order."""
-        return [(t, i) for t in START_ORDER for i in range(len(self.cluster.get(t, [])))]
+        return self.environment.task_keys()
 
     def tf_config(self, task_type: str, index: int) -> str:
         """The TF_CONFIG JSON of one task (the evaluator's cluster is just itself)."""
-        return TFConfig.for_task(self.cluster, task_type, index).to_json()
+        return self.environment.tf_config(task_type, index)
 
     def task_settings(self, task_type: str, index: int) -> TaskSettings:
-        """The settings of one task: the cluster's, with the task's TF_CONFIG and metrics port (and for the chief,
-        its membership document and ack file)."""
-        update: dict[str, Any] = {"tf_config": self.tf_config(task_type, index),
-                                  "metrics_port": self.metrics_ports.get((task_type, index))}
-        if task_type == "chief":
-            update.update(membership_file=self.membership_path, membership_ack_file=self.membership_ack_path)
-        return self.settings.model_copy(update=update)
+        """The settings of one task (:meth:`JobEnvironment.task_settings`)."""
+        return self.environment.task_settings(task_type, index)
 
-    def _metrics_host(self) -> str:
-        return f"[{self.host}]" if ":" in self.host else self.host
+    def task_env(self, task_type: str, index: int) -> dict[str, str]:
+        """The environment of one task: the launcher's (or ``env``), its settings rendered over it."""
+        return self.environment.task_env(task_type, index)
 
     def metrics_url(self, task_type: str, index: int) -> str | None:
         """``http://host:port/metrics`` of one task, None without metrics."""
-        port = self.metrics_ports.get((task_type, index))
-        return f"http://{self._metrics_host()}:{port}/metrics" if port else None
-
-    def task_env(self, task_type: str, index: int) -> dict[str, str]:
-        """The environment of one task: this process's (or ``env``), its settings rendered over it."""
-        return {**self._base_env, **self.task_settings(task_type, index).to_env()}
-
-    # -- output -------------------------------------------------------------------------------------------------
-    def _out(self) -> IO[str]:
-        return self._output if self._output is not None else sys.stdout
-
-    def _err(self) -> IO[str]:
-        return self._log if self._log is not None else sys.stderr
+        return self.environment.metrics_url(task_type, index)
 
     def report(self, message: str) -> None:
         """A launcher message, ``[kubeps] ...``, on the log stream (stderr by default)."""
-        with self._write_lock:
-            stream = self._err()
-            stream.write(f"[kubeps] {message}\n")
-            stream.flush()
-
-    def _pump_output(self, task: TaskProcess) -> None:
-        prefix = f"[{task.name}] "
-        stream = task.popen.stdout
-        assert stream is not None
-        try:
-            for raw in iter(stream.readline, b""):
-                line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-                with self._write_lock:
-                    try:
-                        out = self._out()
-                        out.write(prefix + line + "\n")
-                        out.flush()
-                    except (OSError, ValueError):
-                        pass  # our own stdout is gone (a closed pipe): keep draining so the task never blocks
-        except (OSError, ValueError):  # the task's pipe was closed under us during shutdown
-            pass
-        finally:
-            try:
-                stream.close()
-            except OSError:
-                pass
-
-    def _watch(self, task: TaskProcess) -> None:
-        task.returncode = _wait_without_reaping(task.pid)
-        self._events.put(task)
+        self.console.report(message)
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
-    @contextmanager
-    def _signals_deferred(self):
-        self._defer_signals += 1
-        try:
-            yield
-        finally:
-            self._defer_signals -= 1
-            if not self._defer_signals and self._pending_signal is not None:
-                signum, self._pending_signal = self._pending_signal, None
-                raise _Signalled(signum)
-
     def start_task(self, task_type: str, index: int) -> TaskProcess:
         """Start (or restart, once the previous process has exited) one task at its address."""
         addresses = self.cluster.get(task_type, [])
         if not 0 <= index < len(addresses):
             raise LauncherError(f"the cluster has {len(addresses)} '{task_type}' task(s); no index {index}")
-        with self._lock, self._signals_deferred():
-            if self._stopping:
-                raise LauncherError(f"the cluster is stopping; not starting {task_type}-{index}")
-            previous = self.tasks.get((task_type, index))
-            if previous is not None:
-                if previous.running:
-                    raise LauncherError(f"{previous.name} is still running (pid {previous.pid})")
-                # what the previous run left in its process group goes with it: once reaped, its group id is
-                # free and nothing could reach those processes any more
-                self._signal_group(previous, signal.SIGKILL)
-                self._reap(previous)
-            try:
-                popen = subprocess.Popen(
-                    [self.python, self.script, *self.script_args],
-                    env=self.task_env(task_type, index),
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,  # its own process group: signalled as a whole, immune to our tty's ^C
-                    close_fds=True,
-                )
-            except OSError as err:
-                raise LauncherError(f"cannot start {task_type}-{index} with {self.python!r}: {err}") from None
-            task = TaskProcess(task_type, index, addresses[index], popen)
-            self.tasks[(task_type, index)] = task
-            task.output_thread = threading.Thread(
-                target=self._pump_output, args=(task,), name=f"kubeps-out-{task.name}", daemon=True
-            )
-            task.waiter_thread = threading.Thread(
-                target=self._watch, args=(task,), name=f"kubeps-wait-{task.name}", daemon=True
-            )
-            task.output_thread.start()
-            task.waiter_thread.start()
-            return task
+        return self.processes.start(task_type, index, addresses[index], self.task_env(task_type, index))
+
+    def _start_and_report(self, task_type: str, index: int) -> TaskProcess:
+        task = self.start_task(task_type, index)
+        url = self.metrics_url(task_type, index)
+        self.report(f"{task.name} pid {task.pid} at {task.address}" + (f", metrics {url}" if url else ""))
+        return task
 
     def start(self) -> None:
         """Start every task: parameter servers, workers, the evaluator, then the chief."""
@@ -552,13 +211,10 @@ class LocalCluster:
             raise LauncherError("this LocalCluster was already started")
         self._started = True
         summary = ", ".join(f"{t} {' '.join(a)}" for t, a in self.cluster.items())
-        self.report(f"starting {self.script} on {summary}")
-        self._write_membership()
+        self.report(f"starting {self.spec.script} on {summary}")
+        self.scaler.write_membership()
         for task_type, index in self.task_keys():
-            task = self.start_task(task_type, index)
-            port = self.metrics_ports.get((task_type, index))
-            metrics = f", metrics http://{self._metrics_host()}:{port}/metrics" if port else ""
-            self.report(f"{task.name} pid {task.pid} at {task.address}{metrics}")
+            self._start_and_report(task_type, index)
 
     def wait(self, timeout: float | None = None) -> int:
         """Block until the chief exits; return its exit status (``128 + signal`` if killed). Tasks that exit
@@ -569,23 +225,18 @@ class LocalCluster:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 raise TimeoutError(f"the chief is still running after {timeout} s")
-            self._take_scale_request()
-            try:
-                # short waits keep the main thread responsive to SIGINT/SIGTERM
-                task = self._events.get(timeout=0.2 if remaining is None else min(0.2, remaining))
-            except queue.Empty:
-                continue
-            if self.tasks.get((task.task_type, task.index)) is not task or task.retired:
-                continue  # an old incarnation of a restarted task, or a worker scaled away
-            if task.output_thread is not None:
-                task.output_thread.join(timeout=2.0)  # its last lines first
+            self.scaler.take_request()
+            # short waits keep the main thread responsive to SIGINT/SIGTERM
+            task = self.processes.next_exit(0.2 if remaining is None else min(0.2, remaining))
+            if task is None or not self.processes.is_current(task):
+                continue  # nothing yet, an old incarnation of a restarted task, or a worker scaled away
+            task.join_output()  # its last lines first
             if task.task_type == "chief":
-                status = exit_status(task.returncode if task.returncode is not None else -1)
-                self.report(f"chief-0 exited with status {status}")
+                self.report(f"chief-0 exited with status {task.status}")
                 self.chief_exit_time = time.time()
-                if status == 0:
+                if task.status == 0:
                     self.let_evaluator_finish(None if deadline is None else deadline - time.monotonic())
-                return status
+                return task.status
             ended = self.on_task_exit(task)
             if ended is not None:
                 return ended
@@ -602,7 +253,8 @@ class LocalCluster:
             if not task.exit_handled:
                 self._report_evaluator_exit(task)
             return True
-        grace = self.evaluator_grace if timeout is None else max(0.0, min(self.evaluator_grace, timeout))
+        evaluator_grace = self.spec.evaluator_grace
+        grace = evaluator_grace if timeout is None else max(0.0, min(evaluator_grace, timeout))
         if grace <= 0:
             return False
         self.report(f"waiting up to {grace:.0f} s for the evaluator to finish the final checkpoint")
@@ -616,11 +268,9 @@ class LocalCluster:
         return True
 
     def _report_evaluator_exit(self, task: TaskProcess) -> None:
-        if task.output_thread is not None:
-            task.output_thread.join(timeout=2.0)  # its last lines first
+        task.join_output()  # its last lines first
         task.exit_handled = True
-        self.report(f"{task.name} (pid {task.pid}) exited with status "
-                    f"{exit_status(task.returncode if task.returncode is not None else -1)}")
+        self.report(f"{task.name} (pid {task.pid}) exited with status {task.status}")
 
     def on_task_exit(self, task: TaskProcess) -> int | None:
         """Called when a task other than the chief exits while the chief runs; returns None to go on, or the exit
@@ -631,182 +281,34 @@ class LocalCluster:
             self._report_evaluator_exit(task)
             return None
         task.exit_handled = True
-        status = exit_status(task.returncode if task.returncode is not None else -1)
         if task.task_type == "ps":
-            self.report(f"{task.name} (pid {task.pid}) exited with status {status} before the chief; ending the run "
-                        f"with it (the chief cannot finish without its ps; --restart restarts them)")
-            return status or 1
+            self.report(f"{task.name} (pid {task.pid}) exited with status {task.status} before the chief; ending the "
+                        f"run with it (the chief cannot finish without its ps; --restart restarts them)")
+            return task.status or 1
         self.report(
-            f"{task.name} (pid {task.pid}) exited with status {status} before the chief; it is not restarted "
+            f"{task.name} (pid {task.pid}) exited with status {task.status} before the chief; it is not restarted "
             f"(the chief may fail or hang without it)"
         )
         return None
 
-    def _signal_group(self, task: TaskProcess, sig: int) -> None:
-        if task.reaped:
-            return  # its process group id may belong to someone else now
-        try:
-            os.killpg(task.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    def _reap(self, task: TaskProcess) -> None:
-        if task.reaped:
-            return
-        try:
-            task.popen.wait(timeout=max(self.grace_period, 1.0))
-        except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL was sent; the kernel is slow
-            os.kill(task.pid, signal.SIGKILL)
-            task.popen.wait()
-        task.reaped = True
-        if task.returncode is None:
-            task.returncode = task.popen.returncode
-
     def stop(self) -> None:
         """Stop every task: SIGTERM to each process group, SIGKILL to what is left after the grace period, then
-        reap, then remove the throw-away TLS directory. Safe to call more than once and from an ``atexit`` hook."""
-        with self._lock:
-            self._stopping = True
-            tasks = list(self.tasks.values())
+        reap, then remove the run's private directories. Safe to call more than once and from an ``atexit``
+        hook."""
         try:
-            self._stop_tasks(tasks)
+            self.processes.stop_all()
         finally:
-            self._remove_tls_dir()  # a finalizer runs once: later calls do nothing
-            self._remove_run_dir()
+            self._remove_directories()  # a finalizer runs once: later calls do nothing
 
     # -- scaling ------------------------------------------------------------------------------------------------
-    def _write_membership(self) -> None:
-        workers = list(self.cluster["worker"])
-        write_atomically(self.membership_path,
-                         Membership(generation=self.membership_generation, workers=workers).to_json())
-
     def membership_ack(self) -> MembershipAck | None:
         """What the chief last acknowledged (None: nothing yet)."""
-        try:
-            with open(self.membership_ack_path, "rb") as fh:
-                return MembershipAck.model_validate_json(fh.read())
-        except (OSError, ValueError):
-            return None
-
-    def _take_scale_request(self) -> None:
-        """Called by :meth:`wait`: start on a pending ``kubeps local scale`` request, one at a time."""
-        if self._scaler is not None and self._scaler.is_alive():
-            return
-        try:
-            request = scaling.read_request(self.run_dir)
-        except ValueError as err:
-            self.report(f"scale request ignored: {err}")
-            return
-        if request is None:
-            return
-
-        def scale() -> None:
-            started = time.monotonic()
-            try:
-                ack = self.scale_workers(request.workers)
-                message = f"{len(ack.workers)} worker(s), membership generation {ack.generation}"
-            except (LauncherError, TimeoutError) as err:
-                ack, message = None, f"scaling to {request.workers} worker(s) failed: {err}"
-                self.report(message)
-            result = {"id": request.id, "workers": len(self.cluster["worker"]),
-                      "generation": ack.generation if ack else None, "seconds": time.monotonic() - started,
-                      "message": message}
-            try:
-                write_atomically(os.path.join(self.run_dir, scaling.SCALE_RESULT_FILE), json.dumps(result))
-            except OSError:
-                pass  # the run ended meanwhile
-
-        self._scaler = threading.Thread(target=scale, name="kubeps-scale", daemon=True)
-        self._scaler.start()
+        return self.scaler.ack()
 
     def scale_workers(self, count: int, timeout: float = 120.0) -> MembershipAck:
-        """Run ``count`` workers from now on, without restarting the chief: new workers start at new free ports
-        (indexes after the last), or the highest indexes are drained and stopped. The chief learns it from its
-        membership document; returns its acknowledgement. Scaling down waits (up to ``timeout`` seconds) until
-        the chief says the leaving workers finished their last closure, then stops them; a chief that does not
-        answer in time is said so and the workers are stopped all the same (their closures re-run elsewhere)."""
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise LauncherArgumentError("workers", count, "allowed is a number of workers >= 1")
-        with self._scale_lock:
-            if self._stopping:
-                raise LauncherError("the cluster is stopping; not scaling")
-            old = len(self.cluster["worker"])
-            before = self.membership_ack()
-            if count > old:
-                ports = free_ports(count - old, self.host)
-                host = f"[{self.host}]" if ":" in self.host else self.host
-                self.cluster["worker"].extend(f"{host}:{p}" for p in ports)
-                if self.metrics_ports:
-                    for index, port in zip(range(old, count), free_ports(count - old, self.host)):
-                        self.metrics_ports[("worker", index)] = port
-                for index in range(old, count):
-                    task = self.start_task("worker", index)
-                    url = self.metrics_url("worker", index)
-                    self.report(f"{task.name} pid {task.pid} at {task.address}" + (f", metrics {url}" if url else ""))
-            self.membership_generation += 1
-            generation = self.membership_generation
-            leaving = list(range(count, old))
-            kept = self.cluster["worker"][:count]
-            write_atomically(self.membership_path, Membership(generation=generation, workers=kept).to_json())
-            self.report(f"scaling workers {old} -> {count} (membership generation {generation})")
-            ack = self._wait_for_ack(generation, leaving, before, timeout)
-            if leaving:
-                retired = []
-                with self._lock:
-                    for index in leaving:
-                        if ("worker", index) in self.tasks:
-                            task = self.tasks.pop(("worker", index))
-                            task.retired = task.exit_handled = True
-                            retired.append(task)
-                        self.metrics_ports.pop(("worker", index), None)
-                    del self.cluster["worker"][count:]
-                self._stop_tasks(retired)
-            return ack if ack is not None else MembershipAck(generation=generation, workers=list(range(count)))
-
-    def _wait_for_ack(self, generation: int, leaving: list[int], before: MembershipAck | None,
-                      timeout: float) -> MembershipAck | None:
-        """The chief's ack of ``generation`` once every index of ``leaving`` drained (once more than ``before``
-        says), or None after ``timeout`` seconds (said in a line)."""
-        drained_before = list(before.drained) if before else []
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and not self._stopping:
-            ack = self.membership_ack()
-            if ack is not None and ack.generation >= generation and all(
-                    ack.drained.count(i) > drained_before.count(i) for i in leaving):
-                return ack
-            chief = self.tasks.get(("chief", 0))
-            if chief is None or not chief.running:
-                break
-            time.sleep(0.05)
-        self.report(f"the chief did not acknowledge membership generation {generation} "
-                    + (f"with workers {leaving} drained " if leaving else "")
-                    + f"within {timeout:.0f} s" + (": stopping them anyway (their closures re-run elsewhere)"
-                                                   if leaving else ""))
-        return None
-
-    def _stop_tasks(self, tasks: list[TaskProcess]) -> None:
-        if not tasks:
-            return
-        live = [t for t in tasks if t.running and not t.reaped]
-        if live:
-            self.report("stopping " + ", ".join(t.name for t in live))
-        for task in tasks:
-            if task.running:
-                self._signal_group(task, signal.SIGTERM)
-        deadline = time.monotonic() + self.grace_period
-        while any(t.running for t in tasks) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        for task in tasks:
-            if task.running:
-                self.report(f"{task.name} (pid {task.pid}) did not stop within {self.grace_period} s: SIGKILL")
-            # also catches anything a task left behind in its process group
-            self._signal_group(task, signal.SIGKILL)
-        for task in tasks:
-            self._reap(task)
-            if task.output_thread is not None:
-                task.output_thread.join(timeout=2.0)
-            if task.waiter_thread is not None:
-                task.waiter_thread.join(timeout=2.0)
+        """Run ``count`` workers from now on, without restarting the chief (:meth:`Scaler.scale`): new workers
+        start at new free ports, or the highest indexes are drained and stopped."""
+        return self.scaler.scale(count, timeout)
 
     def __enter__(self) -> "LocalCluster":
         return self
@@ -815,47 +317,9 @@ class LocalCluster:
         self.stop()
 
 
-# -- TLS ------------------------------------------------------------------------------------------------------------
-def _throwaway_credentials(host: str) -> tuple[str, dict[str, str]]:
-    """Make a CA and the tasks' certificate for ``host`` in a new private directory: the directory, and the
-    settings' fields (``tls_*_file``) naming the files."""
-    directory = tempfile.mkdtemp(prefix="kubeps-tls-")  # mode 0700
-    try:
-        made = certs.issue_job_credentials("local", [host, "localhost"])
-        files = {"tls_ca_file": (certs.CA_CERT_KEY, made.ca_cert), "tls_cert_file": (certs.TLS_CERT_KEY, made.cert),
-                 "tls_key_file": (certs.TLS_KEY_KEY, made.key)}
-        paths = {}
-        for field, (filename, data) in files.items():
-            path = os.path.join(directory, filename)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-            paths[field] = path
-    except BaseException:
-        shutil.rmtree(directory, ignore_errors=True)
-        raise
-    return directory, paths
-
-
 # -- the command --------------------------------------------------------------------------------------------------
-class _Signalled(Exception):
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _signal_handler(cluster: LocalCluster) -> Callable[[int, object], None]:
-    def handle(signum: int, frame: object) -> None:  # noqa: ARG001 - signal handler signature
-        if cluster._defer_signals:
-            cluster._pending_signal = signum  # raised once the process being started is tracked
-            return
-        raise _Signalled(signum)
-
-    return handle
-
-
 def run_local(
-    script: str,
+    script: str | LocalJobSpec,
     script_args: Sequence[str] = (),
     *,
     cluster_factory: Callable[..., LocalCluster] = LocalCluster,
@@ -868,12 +332,12 @@ def run_local(
     previous: dict[signal.Signals, Callable[[int, FrameType | None], Any] | int | None] = {}
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            previous[sig] = signal.signal(sig, _signal_handler(cluster))
+            previous[sig] = signal.signal(sig, lambda signum, frame: cluster.processes.on_signal(signum))
     try:
         cluster.start()
         return cluster.wait()
-    except (_Signalled, KeyboardInterrupt) as err:
-        signum: int = err.signum if isinstance(err, _Signalled) else signal.SIGINT
+    except (Signalled, KeyboardInterrupt) as err:
+        signum: int = err.signum if isinstance(err, Signalled) else signal.SIGINT
         cluster.report(f"received {signal.Signals(signum).name}")
         return 128 + signum
     finally:

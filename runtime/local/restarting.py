@@ -1,22 +1,22 @@
 """``RestartingLocalCluster``: ``kubeps local --restart``, the operator's restart behaviour on one machine.
 
 A plain subclass of :class:`~kubeps.runtime.local.launcher.LocalCluster` that applies
-:class:`~kubeps.runtime.coordinator.supervisor.RestartPolicy` (the pure decision table, next to the exit-code contract it
-follows): failed workers and evaluators are restarted, a failed ps is restarted together with the chief, and a chief
-exiting with a retryable status is restarted. Every failure and restart is recorded in ``events`` with its time,
+:class:`~kubeps.runtime.local.policy.RestartPolicy` (the lifecycle table within a per-task budget): failed workers
+and evaluators are restarted, a failed ps is restarted together with the chief, and a chief exiting with a
+retryable status is restarted. Every failure and restart is recorded in ``events`` with its time,
 which is how the chaos tests measure detection and recovery.
 """
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 import time
 from typing import Any
 
 from kubeps.runtime.errors import RemoteError
-from kubeps.runtime.local.launcher import LocalCluster, TaskProcess, exit_status
+from kubeps.runtime.local.launcher import LocalCluster
+from kubeps.runtime.local.processes import TaskProcess
 from kubeps.runtime.rpc.client import Client
 from kubeps.runtime.rpc.protocol import PING, PS_SERVICE
 from kubeps.runtime.rpc.tls import load_tls
@@ -65,10 +65,7 @@ class RestartingLocalCluster(LocalCluster):
                 if task is not None and task.running:
                     self.report(f"stopping {name}: {action.reason}")
                     self._record("kill", name, reason=action.reason)
-                    try:
-                        os.killpg(task.pid, signal.SIGKILL)  # still running: its process group is ours
-                    except (ProcessLookupError, PermissionError):
-                        pass
+                    self.processes.signal_group(task, signal.SIGKILL)  # still running: its process group is ours
             elif action.kind == "report":
                 self.report(action.reason)
             elif action.kind in ("finish", "fail"):
@@ -78,10 +75,8 @@ class RestartingLocalCluster(LocalCluster):
                     self._job_failed = action.reason
                     chief = self.tasks.get(("chief", 0))
                     if action.task != ("chief", 0) and chief is not None and chief.running:
-                        try:
-                            os.killpg(chief.pid, signal.SIGKILL)  # the job is over: wait() returns once it exits
-                        except (ProcessLookupError, PermissionError):
-                            pass
+                        # the job is over: wait() returns once it exits
+                        self.processes.signal_group(chief, signal.SIGKILL)
         return None
 
     def _parameter_servers_answer(self, timeout: float) -> bool:
@@ -98,7 +93,7 @@ class RestartingLocalCluster(LocalCluster):
                             break
                         except RemoteError:
                             pass
-                    if time.monotonic() > deadline or self._stopping:
+                    if time.monotonic() > deadline or self.processes.stopping:
                         return False
                     time.sleep(0.05)
             finally:
@@ -128,10 +123,9 @@ class RestartingLocalCluster(LocalCluster):
 
     def on_task_exit(self, task: TaskProcess) -> int | None:  # called by LocalCluster.wait for every non-chief exit
         task.exit_handled = True
-        status = exit_status(task.returncode if task.returncode is not None else -1)
-        self._record("exit", task.name, status)
+        self._record("exit", task.name, task.status)
         key = (task.task_type, task.index)
-        self._apply(self.policy.on_exit(task.task_type, task.index, status, self.restarts.get(key, 0)))
+        self._apply(self.policy.on_exit(task.task_type, task.index, task.status, self.restarts.get(key, 0)))
         return None  # the policy restarted what it restarts: the run goes on
 
     def wait(self, timeout: float | None = None) -> int:

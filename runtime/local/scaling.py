@@ -5,7 +5,7 @@ temporary directory. It holds the chief's membership document (``membership.json
 :mod:`kubeps.runtime.coordinator.membership`), the chief's acknowledgement (``membership-ack.json``) and, while
 one is pending, a scale request (``scale-request.json``). ``kubeps local scale`` writes the request (atomically),
 the launcher picks it up within a fraction of a second (its wait loop looks for the file), scales
-(:meth:`kubeps.runtime.local.launcher.LocalCluster.scale_workers`) and writes ``scale-result.json`` with the
+(:meth:`kubeps.runtime.local.scaler.Scaler.scale`) and writes ``scale-result.json`` with the
 request's id, which the command waits for and prints. The same path as the operator's: a membership document the
 chief applies without a restart.
 
@@ -33,6 +33,8 @@ __all__ = [
     "SCALE_RESULT_FILE",
     "ScaleRequest",
     "find_run_dir",
+    "make_run_dir",
+    "membership_files",
     "read_request",
     "request_scale",
 ]
@@ -51,6 +53,16 @@ class ScaleRequest:
 
     workers: int
     id: str
+
+
+def make_run_dir() -> str:
+    """A new run directory for this launcher (mode 0700); whoever made it removes it."""
+    return tempfile.mkdtemp(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}-")
+
+
+def membership_files(run_dir: str) -> tuple[str, str]:
+    """The chief's membership document and its acknowledgement in ``run_dir``."""
+    return os.path.join(run_dir, MEMBERSHIP_FILE), os.path.join(run_dir, MEMBERSHIP_ACK_FILE)
 
 
 def _alive(pid: int) -> bool:

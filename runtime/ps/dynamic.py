@@ -18,8 +18,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from kubeps.runtime.checkpoint.dynamic import RestoreTableItem, SaveTableItem, load_table, prepare_restore, save_table
-from kubeps.runtime.checkpoint.shards import request_items
+from kubeps.runtime.checkpoint.dynamic import load_table, prepare_restore, save_table
+from kubeps.runtime.checkpoint.shards import request_directory
 from kubeps.runtime.contract import (MAX_ANSWER_BYTES_ENV, MAX_BLOOM_COUNTERS_ENV, MAX_READ_IDS_ENV, MAX_SLOT_SETS_ENV,
                                      MAX_TABLE_DIM_ENV, MAX_TABLES_ENV)
 from kubeps.runtime.errors import LimitExceededError
@@ -247,9 +247,9 @@ def rpc_save_dynamic(state: ParameterServerState, request: SaveDynamicRequest,
     """``SaveDynamic``: ``{"directory", "items": [SaveTableItem]}`` -> ``{"saved": [DynamicShardEntry]}``: this
     ps's shard of each table written to the checkpoint directory."""
     expect_arrays(PS.SAVE_DYNAMIC, arrays, 0)
-    directory, items = request_items(request, SaveTableItem, state.checkpoint_roots)
+    directory, items = request_directory(request, state.checkpoint_roots), request["items"]
     registry = tables_of(state)
-    tables = [registry.get(i.key) for i in items]  # every table known before the first file is written
+    tables = [registry.get(i["key"]) for i in items]  # every table known before the first file is written
     storage = confined_storage(directory, state.checkpoint_roots)
     saved = [save_table(t, directory, i, storage) for t, i in zip(tables, items)]
     return {"saved": [s.model_dump(mode="json") for s in saved]}, []
@@ -260,11 +260,12 @@ def rpc_restore_dynamic(state: ParameterServerState, request: RestoreDynamicRequ
     """``RestoreDynamic``: ``{"directory", "items": [RestoreTableItem]}`` -> ``{"restored": [rows]}``: each table
     replaced by the checkpointed keys that hash to this ps (read and checked before it changes)."""
     expect_arrays(PS.RESTORE_DYNAMIC, arrays, 0)
-    directory, items = request_items(request, RestoreTableItem, state.checkpoint_roots)
+    directory, items = request_directory(request, state.checkpoint_roots), request["items"]
     registry = tables_of(state)
-    tables = [registry.get(i.key) for i in items]
+    tables = [registry.get(i["key"]) for i in items]
     storage = confined_storage(directory, state.checkpoint_roots)
-    prepared = [prepare_restore(t, directory, i, state.max_slot_sets, storage) for t, i in zip(tables, items)]
+    prepared = [prepare_restore(t, directory, i, state.max_slot_sets, storage, f"items[{n}].table")
+                for n, (t, i) in enumerate(zip(tables, items))]
     # every table's part was read and checked: nothing below is refused
     return {"restored": [load_table(t, loaded) for t, loaded in zip(tables, prepared)]}, []
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Generic, Mapping, Sequence, TypeVar, overload
 
 import grpc
 import numpy as np
@@ -42,11 +42,18 @@ from kubeps.runtime.observe import metrics as _metrics
 from kubeps.runtime.rpc import wire
 from kubeps.runtime.errors import RemoteError, UnauthenticatedError
 from kubeps.runtime.rpc.protocol import (ANSWER_ID_KEY, ANSWER_PARKED, COLLECT, CollectRequest, ERROR_REASON_KEY, TOO_MANY_CALLS,
-                                          UNARY_PREFIX)
+                                          UNARY_PREFIX, Method)
 from kubeps.runtime.rpc.security import token_metadata
 from kubeps.runtime.rpc.tls import TLSConfig
+from kubeps.runtime.rpc.validation import ANSWERS, AnswerShape
 
-__all__ = ["CHANNEL_OPTIONS", "DEFAULT_TIMEOUT_S", "SERVER_KEEPALIVE_OPTIONS", "Call", "Client"]
+__all__ = ["CHANNEL_OPTIONS", "DEFAULT_TIMEOUT_S", "SERVER_KEEPALIVE_OPTIONS", "Answer", "Call", "Client"]
+
+#: a call's answer metadata: its method's answer declaration (a :class:`~kubeps.runtime.rpc.protocol.Method`'s), the
+#: decoded JSON object for a method the protocol does not declare (the user's)
+AnswerT = TypeVar("AnswerT")
+#: what a call of a method the protocol does not declare answers
+Answer = dict[str, Any]
 
 #: Deadline of a call that has none of its own (seconds).
 DEFAULT_TIMEOUT_S = 30.0
@@ -110,6 +117,8 @@ class Client:
         self._blocking = blocking
         #: the metric children of each method called (bound once; :mod:`kubeps.runtime.observe.metrics`)
         self._metrics: dict[str, _metrics.CallMetrics] = {}
+        #: the answer validator of each built-in method of the service (a user's method has none)
+        self._answers: dict[str, AnswerShape] = ANSWERS.get(service, {})
 
     def _method(self, name: str, unary: bool = False) -> Any:
         """The multi-callable of a method: its stream-stream path, or (``unary``) its unary-unary twin."""
@@ -144,8 +153,17 @@ class Client:
                 self._methods.clear()
         channel.close()
 
+    @overload
+    def start(  # type: ignore[overload-overlap]  # a Method is a str: this overload is the narrower one
+            self, name: Method[AnswerT], meta: Mapping[str, Any] | None = None, arrays: Sequence[Any] = (),
+            timeout: float | None = None) -> "Call[AnswerT]": ...
+
+    @overload
     def start(self, name: str, meta: Mapping[str, Any] | None = None, arrays: Sequence[Any] = (),
-              timeout: float | None = None) -> "Call":
+              timeout: float | None = None) -> "Call[Answer]": ...
+
+    def start(self, name: str, meta: Mapping[str, Any] | None = None, arrays: Sequence[Any] = (),
+              timeout: float | None = None) -> "Call[Any]":
         """Start a call without waiting for it; ``finish(call)`` (or ``call.result()``) reads the answer.
 
         A request that encodes to one chunk goes out on the method's unary twin (one gRPC message each way, no
@@ -153,24 +171,34 @@ class Client:
         """
         timeout = self.timeout if timeout is None else timeout
         chunks = wire.encode_chunks(meta, arrays, self.chunk_bytes or wire.DEFAULT_CHUNK_BYTES)
-        call = Call(self, name, timeout, chunks)
+        call: Call[Any] = Call(self, name, timeout, chunks)
         call._launch(timeout)
         return call
 
-    def finish(self, call: "Call") -> tuple[dict[str, Any], list[np.ndarray]]:
+    def finish(self, call: "Call[AnswerT]") -> tuple[AnswerT, list[np.ndarray]]:
         """Read a started call's response; gRPC failures become :class:`RemoteError` with the status code name."""
         return call.result()
 
+    @overload
+    def call(  # type: ignore[overload-overlap]  # a Method is a str: this overload is the narrower one
+            self, name: Method[AnswerT], meta: Mapping[str, Any] | None = None, arrays: Sequence[Any] = (),
+            timeout: float | None = None) -> tuple[AnswerT, list[np.ndarray]]: ...
+
+    @overload
     def call(self, name: str, meta: Mapping[str, Any] | None = None, arrays: Sequence[Any] = (),
-             timeout: float | None = None) -> tuple[dict[str, Any], list[np.ndarray]]:
+             timeout: float | None = None) -> tuple[Answer, list[np.ndarray]]: ...
+
+    def call(self, name: str, meta: Mapping[str, Any] | None = None, arrays: Sequence[Any] = (),
+             timeout: float | None = None) -> tuple[Any, list[np.ndarray]]:
+        """Call ``name`` and wait for its answer: a built-in method's validated against its declaration."""
         try:
             call = self.start(name, meta, arrays, timeout)
         except grpc.RpcError as err:
             raise self.remote_error(err, name) from None
         return call.result()
 
-    def _collect(self, answer_id: str, timeout: float, call: "Call | None" = None) -> tuple[dict[str, Any],
-                                                                                           list[np.ndarray]]:
+    def _collect(self, answer_id: str, timeout: float, call: "Call[Any] | None" = None) -> tuple[dict[str, Any],
+                                                                                                list[np.ndarray]]:
         """Fetch, streamed in chunks, an answer the server parked because it was too big for one unary message.
 
         With ``call``, the stream is attached to it, so that ``call.cancel()`` (the failure detector giving up on a
@@ -221,18 +249,18 @@ class _Senders:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._idle: list[queue.SimpleQueue[Call | None]] = []
+        self._idle: list[queue.SimpleQueue[Call[Any] | None]] = []
         self._closed = False
 
-    def send(self, call: "Call") -> None:
+    def send(self, call: "Call[Any]") -> None:
         with self._lock:
             jobs = self._idle.pop() if self._idle else None
         if jobs is None:
-            jobs = queue.SimpleQueue[Call | None]()
+            jobs = queue.SimpleQueue[Call[Any] | None]()
             threading.Thread(target=self._serve, args=(jobs,), name="kubeps-rpc-sender", daemon=True).start()
         jobs.put(call)
 
-    def _serve(self, jobs: queue.SimpleQueue[Call | None]) -> None:
+    def _serve(self, jobs: queue.SimpleQueue[Call[Any] | None]) -> None:
         while True:
             call = jobs.get()
             if call is None:
@@ -252,7 +280,7 @@ class _Senders:
 
 
 def _read_stream(client: Client, stream: Any, method: str,
-                 call: "Call | None" = None) -> tuple[dict[str, Any], list[np.ndarray]]:
+                 call: "Call[Any] | None" = None) -> tuple[dict[str, Any], list[np.ndarray]]:
     try:
         decoder = wire.MessageDecoder()
         received = 0
@@ -270,8 +298,10 @@ def _read_stream(client: Client, stream: Any, method: str,
 _BUSY_BACKOFF_S = (0.005, 0.25)
 
 
-class Call:
-    """A started call (unary future or chunk stream): ``result()`` waits for and decodes the answer.
+class Call(Generic[AnswerT]):
+    """A started call (unary future or chunk stream): ``result()`` waits for and decodes the answer -- for a
+    built-in method, validated against its declaration (an :class:`~kubeps.runtime.rpc.validation.AnswerError`
+    naming the method, the peer and the field when it does not fit).
 
     A call the server refused before running it because this client had too many calls there (reason
     ``too-many-calls``) is sent again, with backoff, until its deadline."""
@@ -363,16 +393,21 @@ class Call:
         error.reason = None
         return error
 
-    def result(self) -> tuple[dict[str, Any], list[np.ndarray]]:
-        """The decoded answer. Every failure is a :class:`RemoteError` (a cancelled call: code ``CANCELLED``), never
-        a raw gRPC exception: callers' threads (the coordinator's dispatch threads) handle only that."""
+    def result(self) -> tuple[AnswerT, list[np.ndarray]]:
+        """The decoded answer. Every failure is a :class:`RemoteError` (a cancelled call: code ``CANCELLED``; an
+        answer its declaration refuses: code ``INTERNAL``), never a raw gRPC exception: callers' threads (the
+        coordinator's dispatch threads) handle only that."""
         pause = _BUSY_BACKOFF_S[0]
         while True:
             try:
-                answer = self._result()
+                decoded, arrays = self._result()
+                shape = self._client._answers.get(self._name)
+                # AnswerT is the declaration of the method's answer: the shape validates exactly that
+                meta: Any = decoded if shape is None else shape.validate(decoded, self._client.service, self._name,
+                                                                         self._client.address)
                 if _metrics.ENABLED:
                     self._observe(None)
-                return answer
+                return meta, arrays
             except RemoteError as error:
                 left = self._deadline - time.monotonic()
                 if error.reason != TOO_MANY_CALLS or self._cancelled or left <= pause or self._chunks is None:

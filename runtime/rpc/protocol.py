@@ -5,17 +5,22 @@ A call is ``(method, meta, arrays)``: ``meta`` is a JSON object, ``arrays`` the 
 here, servers serve them under the same names (:mod:`kubeps.runtime.server.methods`), so a rename is one edit and a
 typo is an ``AttributeError`` at import.
 
-Every built-in method has one request and one answer declaration here (:data:`PS_SPECS`, :data:`WORKER_SPECS`), as
-``TypedDict`` declarations, and that is the one dialect of the protocol. Why this one:
+Every built-in method has one request and one answer declaration here, as ``TypedDict`` declarations, and that is
+the one dialect of the protocol. A method's constant (``PS.PUSH``) is a :class:`Method`: its name, carrying both
+declarations (:data:`PS_SPECS`, :data:`WORKER_SPECS` list them per service). Why this dialect:
 
-- pure declarations cost nothing at run time and are the annotations of the handlers that serve a method and of
-  the clients that build its request, so mypy checks every key read and written, at every use, on both sides (and
-  a declaration nobody names would drift: ``tests/code_checks/test_protocol.py`` refuses one);
-- one runtime validator, from a well-kept library, at the edge: the server validates each request against its
-  method's declaration once, where it dispatches (:mod:`kubeps.runtime.rpc.validation`, pydantic's ``TypeAdapter``:
-  strict types, no coercion, unknown keys refused, errors that name the field's path), so a handler receives a
-  well-shaped value and checks only what the shape cannot say (tensor counts and shapes, names it holds, value
-  ranges). Nobody writes a key check by hand, and no second model of the same message exists to drift from it.
+- pure declarations cost nothing at run time and are the annotations of the handlers that serve a method, of the
+  clients that build its request and of the answers clients read (a client's call of a :class:`Method` returns its
+  answer declaration), so mypy checks every key read and written, at every use, on both sides (and a declaration
+  nobody names would drift: ``tests/code_checks/test_protocol.py`` refuses one, and refuses a pydantic model that
+  mirrors one);
+- one runtime validator, from a well-kept library, at each edge: the server validates each request against its
+  method's declaration once, where it dispatches, and the client each answer where it decodes it
+  (:mod:`kubeps.runtime.rpc.validation`, pydantic's ``TypeAdapter``: strict types, no coercion, unknown keys
+  refused, errors that name the field's path), so a handler receives a well-shaped value and checks only what the
+  shape cannot say (tensor counts and shapes, names it holds, value ranges), and a caller reads declared keys of a
+  well-shaped answer. Nobody writes a key check by hand, and no second model of the same message exists to drift
+  from it.
 
 Every declaration is closed: a key it does not list is refused. A method a user registers
 (``register_ps_method``) has no declaration and receives the request as the decoded JSON object.
@@ -27,7 +32,7 @@ pydantic reads on every Python this package supports).
 from __future__ import annotations
 
 import json
-from typing import Any, Literal, NamedTuple
+from typing import Any, Generic, Literal, NamedTuple, TypeVar
 
 from typing_extensions import NotRequired, TypedDict
 
@@ -38,6 +43,7 @@ __all__ = [
     "COLLECT_SPEC",
     "ERROR_REASON_KEY",
     "LIMIT",
+    "Method",
     "PING",
     "PS",
     "PS_SERVICE",
@@ -103,57 +109,8 @@ __all__ = [
 #: the gRPC service of a parameter server; of a worker
 PS_SERVICE = "kubeps.ParameterServer"
 WORKER_SERVICE = "kubeps.Worker"
-
-#: answered by both services: ``{}`` -> :class:`PingAnswer` (the failure detector's heartbeat)
-PING = "Ping"
-#: reserved stream-stream method of both services: the request is a parked answer's id, the answer its chunks
-COLLECT = "Collect"
 #: method-name prefix of the unary twin of every method: ``/kubeps.ParameterServer/Unary.Read``
 UNARY_PREFIX = "Unary."
-
-
-class PS:
-    """Methods of the parameter-server service."""
-
-    CREATE_VARIABLES = "CreateVariables"  #: :class:`NamesRequest` + one value per name -> :class:`CreateVariablesAnswer`
-    READ = "Read"  #: :class:`NamesRequest` -> one value per name
-    READ_ROWS = "ReadRows"  #: :class:`NamesRequest` + one index array per name -> one row block per name
-    READ_MANY = "ReadMany"  #: :class:`ReadManyRequest` + one index array per ``rows`` name -> values, then row blocks
-    ASSIGN = "Assign"  #: :class:`AssignRequest` + one value per name -> ``{}``
-    PUSH = "Push"  #: :class:`PushRequest` + the updates' tensors -> :class:`PushAnswer`
-    PUSH_READ = "PushRead"  #: :class:`PushReadRequest`: a ``Push`` and then a ``ReadMany`` in one call
-    #: ``{}`` -> ``{"variables": [{name, shape, dtype, updates, rows_read, bytes_read, rows_pushed, bytes_pushed}]}``
-    LIST_VARIABLES = "ListVariables"
-    SAVE_SHARDS = "SaveShards"  #: :class:`SaveShardsRequest` -> ``{"saved": [SavedShard]}``
-    #: dynamic embedding tables (:mod:`kubeps.runtime.ps.dynamic`): ``{"name", "config"}`` -> :class:`CreateVariablesAnswer`
-    CREATE_DYNAMIC = "CreateDynamic"
-    #: :class:`LookupDynamicRequest` + one index array per ``rows`` name + ``(keys, counts)`` per ``dynamic`` table ->
-    #: values, then row blocks, then one row block per table (a ``ReadMany`` with table lookups)
-    LOOKUP_DYNAMIC = "LookupDynamic"
-    #: :class:`PushLookupDynamicRequest`: a ``Push`` and then a ``LookupDynamic`` in one call
-    PUSH_LOOKUP_DYNAMIC = "PushLookupDynamic"
-    #: ``{"names"}`` -> ``{"tables": [DynamicTableInfo]}``
-    DYNAMIC_INFO = "DynamicInfo"
-    #: ``{"name"}`` -> ``{"slots": [[optimizer key, slot]]}`` + keys, values, freqs, steps, then one array per slot
-    EXPORT_DYNAMIC = "ExportDynamic"
-    RESTORE_SHARDS = "RestoreShards"  #: :class:`RestoreShardsRequest` -> ``{"restored": n}``
-    #: checkpoints of dynamic tables: ``{"directory", "items": [SaveTableItem]}`` -> ``{"saved": [DynamicShardEntry]}``
-    SAVE_DYNAMIC = "SaveDynamic"
-    #: ``{"directory", "items": [RestoreTableItem]}`` -> ``{"restored": [rows loaded per item]}``
-    RESTORE_DYNAMIC = "RestoreDynamic"
-
-    #: the methods that only read: a worker's closure context may batch them
-    READS = frozenset({READ, READ_ROWS, READ_MANY})
-
-
-class WORKER:
-    """Methods of the worker service."""
-
-    RUN_CLOSURE = "RunClosure"  #: one uint8 tensor (the pickled function) -> :class:`ClosureAnswer` + result tensors
-    CREATE_RESOURCE = "CreateResource"  #: :class:`CreateResourceRequest` + the pickled creator -> :class:`ClosureAnswer`
-    #: :class:`RunClosuresRequest` + one uint8 tensor per function -> :class:`RunClosuresAnswer` + the result tensors
-    #: of each function that ran, in order (the coordinator sends several queued functions in one call)
-    RUN_CLOSURES = "RunClosures"
 
 
 # -- errors ----------------------------------------------------------------------------------------------------------
@@ -406,7 +363,7 @@ class RestoreDynamicRequest(TypedDict):
 
 
 class SavedAnswer(TypedDict):
-    saved: list[dict[str, Any]]  #: per item: the manifest's ``SavedShard`` (variables) or ``DynamicShardEntry``
+    saved: list[dict[str, object]]  #: per item: the manifest's ``SavedShard`` (variables) or ``DynamicShardEntry``
 
 
 class RestoreShardsAnswer(TypedDict):
@@ -459,7 +416,7 @@ class RunClosuresAnswer(TypedDict):
     in_pass: int  #: as :class:`ClosureAnswer`'s, after the last function that ran
 
 
-# -- the method tables -----------------------------------------------------------------------------------------------
+# -- the methods -----------------------------------------------------------------------------------------------------
 class MethodSpec(NamedTuple):
     """What a method's request and answer metadata are, and whether its request carries tensors (one that does
     not is refused, by the frame decoder, when it brings any)."""
@@ -469,36 +426,97 @@ class MethodSpec(NamedTuple):
     tensors: bool
 
 
+AnswerT = TypeVar("AnswerT", covariant=True)
+
+
+class Method(str, Generic[AnswerT]):
+    """A built-in method: its name -- a ``str``, so servers, the wire, logs and metrics use it as the name it is --
+    carrying its declarations (:attr:`spec`). mypy reads the answer's type from it: the client of ``PS.PUSH``
+    (:meth:`kubeps.runtime.rpc.transport.PSTransport.call`) gets a :class:`PushAnswer`, checked at every key it
+    reads, and the client validates the answer against the same declaration at the edge
+    (:mod:`kubeps.runtime.rpc.validation`). (The type names the answer only: a type holding ``Any``, as a request
+    with an optimizer config does, would make mypy give up on the clients' overloads and type the answer ``Any``;
+    an answer declaration holds ``object`` where it holds any JSON value, for that reason.)"""
+
+    spec: MethodSpec
+
+    def __new__(cls, name: str, request: type, answer: type[AnswerT], *, tensors: bool) -> Method[AnswerT]:
+        method = super().__new__(cls, name)
+        method.spec = MethodSpec(request, answer, tensors)
+        return method
+
+    def __getnewargs_ex__(self) -> tuple[tuple[str, type, type], dict[str, bool]]:
+        # pickle and copy make a Method again with its declarations (str's own would pass the name alone)
+        return (str(self), self.spec.request, self.spec.answer), {"tensors": self.spec.tensors}
+
+
+#: answered by both services: the failure detector's heartbeat
+PING = Method("Ping", EmptyRequest, PingAnswer, tensors=False)
+#: reserved stream-stream method of both services: the request is a parked answer's id, the answer its chunks
+COLLECT = Method("Collect", CollectRequest, EmptyAnswer, tensors=False)
+
+
+class PS:
+    """Methods of the parameter-server service. A method's comment gives the tensors (``arrays``) of its request,
+    then, after ``->``, of its answer (no comment, no tensors); its metadata are its declarations."""
+
+    CREATE_VARIABLES = Method("CreateVariables", NamesRequest, CreateVariablesAnswer, tensors=True)  #: one value per name ->
+    READ = Method("Read", NamesRequest, EmptyAnswer, tensors=False)  #: -> one value per name
+    #: one index array per name -> one row block per name
+    READ_ROWS = Method("ReadRows", NamesRequest, EmptyAnswer, tensors=True)
+    #: one index array per ``rows`` name -> values, then row blocks
+    READ_MANY = Method("ReadMany", ReadManyRequest, EmptyAnswer, tensors=True)
+    ASSIGN = Method("Assign", AssignRequest, EmptyAnswer, tensors=True)  #: one value per name ->
+    PUSH = Method("Push", PushRequest, PushAnswer, tensors=True)  #: the updates' tensors ->
+    #: a ``Push`` and then a ``ReadMany`` in one call: the tensors of both -> the read's
+    PUSH_READ = Method("PushRead", PushReadRequest, PushAnswer, tensors=True)
+    LIST_VARIABLES = Method("ListVariables", EmptyRequest, ListVariablesAnswer, tensors=False)
+    #: answers the manifest's ``SavedShard`` per item
+    SAVE_SHARDS = Method("SaveShards", SaveShardsRequest, SavedAnswer, tensors=False)
+    RESTORE_SHARDS = Method("RestoreShards", RestoreShardsRequest, RestoreShardsAnswer, tensors=False)
+    #: dynamic embedding tables (:mod:`kubeps.runtime.ps.dynamic`)
+    CREATE_DYNAMIC = Method("CreateDynamic", CreateDynamicRequest, CreateVariablesAnswer, tensors=False)
+    #: one index array per ``rows`` name + ``(keys, counts)`` per ``dynamic`` table -> values, then row blocks, then
+    #: one row block per table (a ``ReadMany`` with table lookups)
+    LOOKUP_DYNAMIC = Method("LookupDynamic", LookupDynamicRequest, EmptyAnswer, tensors=True)
+    #: a ``Push`` and then a ``LookupDynamic`` in one call: the tensors of both -> the lookup's
+    PUSH_LOOKUP_DYNAMIC = Method("PushLookupDynamic", PushLookupDynamicRequest, PushAnswer, tensors=True)
+    DYNAMIC_INFO = Method("DynamicInfo", DynamicInfoRequest, DynamicInfoAnswer, tensors=False)
+    #: -> keys, values, freqs, steps, then one array per slot
+    EXPORT_DYNAMIC = Method("ExportDynamic", TableNameRequest, ExportDynamicAnswer, tensors=False)
+    #: checkpoints of dynamic tables: answers the manifest's ``DynamicShardEntry`` per item
+    SAVE_DYNAMIC = Method("SaveDynamic", SaveDynamicRequest, SavedAnswer, tensors=False)
+    RESTORE_DYNAMIC = Method("RestoreDynamic", RestoreDynamicRequest, RestoreDynamicAnswer, tensors=False)
+
+    #: the methods that only read: a worker's closure context may batch them
+    READS = frozenset({READ, READ_ROWS, READ_MANY})
+
+
+class WORKER:
+    """Methods of the worker service (comments as :class:`PS`'s)."""
+
+    #: one uint8 tensor (the pickled function) -> the result tensors
+    RUN_CLOSURE = Method("RunClosure", RunClosureRequest, ClosureAnswer, tensors=True)
+    #: one uint8 tensor (the pickled creator) ->
+    CREATE_RESOURCE = Method("CreateResource", CreateResourceRequest, ClosureAnswer, tensors=True)
+    #: one uint8 tensor per function -> the result tensors of each function that ran, in order (the coordinator
+    #: sends several queued functions in one call)
+    RUN_CLOSURES = Method("RunClosures", RunClosuresRequest, RunClosuresAnswer, tensors=True)
+
+
+def _table(*methods: Method[Any]) -> dict[str, MethodSpec]:
+    return {method: method.spec for method in methods}
+
+
 #: every method of the parameter-server service; the server serves exactly these (and the user's)
-PS_SPECS: dict[str, MethodSpec] = {
-    PING: MethodSpec(EmptyRequest, PingAnswer, tensors=False),
-    PS.CREATE_VARIABLES: MethodSpec(NamesRequest, CreateVariablesAnswer, tensors=True),
-    PS.READ: MethodSpec(NamesRequest, EmptyAnswer, tensors=False),
-    PS.READ_ROWS: MethodSpec(NamesRequest, EmptyAnswer, tensors=True),
-    PS.READ_MANY: MethodSpec(ReadManyRequest, EmptyAnswer, tensors=True),
-    PS.ASSIGN: MethodSpec(AssignRequest, EmptyAnswer, tensors=True),
-    PS.PUSH: MethodSpec(PushRequest, PushAnswer, tensors=True),
-    PS.PUSH_READ: MethodSpec(PushReadRequest, PushAnswer, tensors=True),
-    PS.LIST_VARIABLES: MethodSpec(EmptyRequest, ListVariablesAnswer, tensors=False),
-    PS.SAVE_SHARDS: MethodSpec(SaveShardsRequest, SavedAnswer, tensors=False),
-    PS.RESTORE_SHARDS: MethodSpec(RestoreShardsRequest, RestoreShardsAnswer, tensors=False),
-    PS.CREATE_DYNAMIC: MethodSpec(CreateDynamicRequest, CreateVariablesAnswer, tensors=False),
-    PS.LOOKUP_DYNAMIC: MethodSpec(LookupDynamicRequest, EmptyAnswer, tensors=True),
-    PS.PUSH_LOOKUP_DYNAMIC: MethodSpec(PushLookupDynamicRequest, PushAnswer, tensors=True),
-    PS.DYNAMIC_INFO: MethodSpec(DynamicInfoRequest, DynamicInfoAnswer, tensors=False),
-    PS.EXPORT_DYNAMIC: MethodSpec(TableNameRequest, ExportDynamicAnswer, tensors=False),
-    PS.SAVE_DYNAMIC: MethodSpec(SaveDynamicRequest, SavedAnswer, tensors=False),
-    PS.RESTORE_DYNAMIC: MethodSpec(RestoreDynamicRequest, RestoreDynamicAnswer, tensors=False),
-}
+PS_SPECS: dict[str, MethodSpec] = _table(
+    PING, PS.CREATE_VARIABLES, PS.READ, PS.READ_ROWS, PS.READ_MANY, PS.ASSIGN, PS.PUSH, PS.PUSH_READ,
+    PS.LIST_VARIABLES, PS.SAVE_SHARDS, PS.RESTORE_SHARDS, PS.CREATE_DYNAMIC, PS.LOOKUP_DYNAMIC,
+    PS.PUSH_LOOKUP_DYNAMIC, PS.DYNAMIC_INFO, PS.EXPORT_DYNAMIC, PS.SAVE_DYNAMIC, PS.RESTORE_DYNAMIC)
 #: every method of the worker service
-WORKER_SPECS: dict[str, MethodSpec] = {
-    PING: MethodSpec(EmptyRequest, PingAnswer, tensors=False),
-    WORKER.RUN_CLOSURE: MethodSpec(RunClosureRequest, ClosureAnswer, tensors=True),
-    WORKER.CREATE_RESOURCE: MethodSpec(CreateResourceRequest, ClosureAnswer, tensors=True),
-    WORKER.RUN_CLOSURES: MethodSpec(RunClosuresRequest, RunClosuresAnswer, tensors=True),
-}
+WORKER_SPECS: dict[str, MethodSpec] = _table(PING, WORKER.RUN_CLOSURE, WORKER.CREATE_RESOURCE, WORKER.RUN_CLOSURES)
 #: ``Collect``, the reserved method of both services (its answer is the parked answer's chunks)
-COLLECT_SPEC = MethodSpec(CollectRequest, EmptyAnswer, tensors=False)
+COLLECT_SPEC = COLLECT.spec
 
 
 def optimizer_key(config: dict[str, Any]) -> str:

@@ -9,20 +9,34 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import Any, Mapping, Sequence, TypeGuard
+from typing import Any, Mapping, Sequence, TypeGuard, TypeVar, overload
 
 import grpc
 import numpy as np
 
 from kubeps.runtime.errors import PSUnavailableError, RemoteError
-from kubeps.runtime.rpc.client import DEFAULT_TIMEOUT_S, Call, Client
-from kubeps.runtime.rpc.protocol import PS, PS_SERVICE, UNKNOWN_VARIABLE
+from kubeps.runtime.rpc.client import DEFAULT_TIMEOUT_S, Answer, Call, Client
+from kubeps.runtime.rpc.protocol import (PING, PS, PS_SERVICE, UNKNOWN_VARIABLE, CreateVariablesAnswer, Method,
+                                          PingAnswer)
 from kubeps.runtime.rpc.tls import TLSConfig
 
-__all__ = ["PS_UNREACHABLE_CODES", "PSTransport", "ps_restarted", "ps_restarted_error"]
+__all__ = ["PS_UNREACHABLE_CODES", "DeclaredRequest", "PSTransport", "Request", "ps_restarted", "ps_restarted_error"]
 
 #: gRPC status codes that mean "the parameter server is not there" rather than "the request was bad".
 PS_UNREACHABLE_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED", "UNKNOWN"})
+#: the methods whose answer says which incarnation of the ps answered
+_WITH_INCARNATION = frozenset({PING, PS.CREATE_VARIABLES, PS.CREATE_DYNAMIC})
+
+AnswerT = TypeVar("AnswerT")
+#: one call of :meth:`PSTransport.call_many`: ``(method, request metadata, tensors)``; of a built-in method, whose
+#: answer is its declaration ``AnswerT``
+Request = tuple[str, Mapping[str, Any], Sequence[Any]]
+DeclaredRequest = tuple[Method[AnswerT], Mapping[str, Any], Sequence[Any]]
+
+
+def _carries_incarnation(answer: object, method: str) -> TypeGuard[PingAnswer | CreateVariablesAnswer]:  # noqa: ARG001
+    """Whether ``answer`` (validated against ``method``'s declaration) is one that names the ps's incarnation."""
+    return method in _WITH_INCARNATION
 
 
 def ps_restarted_error(ps_index: int, address: str, how: str) -> PSUnavailableError:
@@ -101,7 +115,7 @@ class PSTransport:
         return err
 
     def _start(self, ps_index: int, method: str, meta: Mapping[str, Any] | None, arrays: Sequence[Any],
-               timeout: float | None) -> Call:
+               timeout: float | None) -> Call[Any]:
         with self._count_lock:
             self.calls[ps_index] += 1
         try:
@@ -109,28 +123,49 @@ class PSTransport:
         except grpc.RpcError as err:  # a call refused before it left (channel closed...)
             raise self._unavailable(ps_index, method, self._clients[ps_index].remote_error(err, method)) from None
 
-    def _finish(self, ps_index: int, method: str, call: Call) -> tuple[dict[str, Any], list[np.ndarray]]:
+    def _finish(self, ps_index: int, method: str, call: Call[AnswerT]) -> tuple[AnswerT, list[np.ndarray]]:
         try:
-            answer = call.result()
+            meta, arrays = call.result()
         except RemoteError as err:
             raise self._unavailable(ps_index, method, err) from None
-        incarnation = answer[0].get("incarnation") if isinstance(answer[0], dict) else None
-        if isinstance(incarnation, str) and incarnation:
-            self._observe(ps_index, incarnation, created=method == PS.CREATE_VARIABLES)
-        return answer
+        if _carries_incarnation(meta, method) and meta["incarnation"]:
+            self._observe(ps_index, meta["incarnation"], created=method == PS.CREATE_VARIABLES)
+        return meta, arrays
+
+    @overload
+    def call(  # type: ignore[overload-overlap]  # a Method is a str: this overload is the narrower one
+            self, ps_index: int, method: Method[AnswerT], meta: Mapping[str, Any] | None = None,
+            arrays: Sequence[Any] = (), timeout: float | None = None) -> tuple[AnswerT, list[np.ndarray]]: ...
+
+    @overload
+    def call(self, ps_index: int, method: str, meta: Mapping[str, Any] | None = None, arrays: Sequence[Any] = (),
+             timeout: float | None = None) -> tuple[Answer, list[np.ndarray]]: ...
 
     def call(self, ps_index: int, method: str, meta: Mapping[str, Any] | None = None, arrays: Sequence[Any] = (),
-             timeout: float | None = None) -> tuple[dict[str, Any], list[np.ndarray]]:
+             timeout: float | None = None) -> tuple[Any, list[np.ndarray]]:
+        """One call to ps ``ps_index``; a built-in method's answer is validated against, and typed as, its
+        declaration."""
         return self._finish(ps_index, method, self._start(ps_index, method, meta, arrays, timeout))
 
-    def call_many(self, requests: Mapping[int, tuple[str, Mapping[str, Any], Sequence[Any]]],
-                  timeout: float | None = None) -> dict[int, tuple[dict[str, Any], list[np.ndarray]]]:
-        """One call per parameter server, in parallel; the first failure is raised after all have finished.
+    @overload
+    def call_many(  # type: ignore[overload-overlap]  # a Method is a str: this overload is the narrower one
+            self, requests: Mapping[int, DeclaredRequest[AnswerT]],
+            timeout: float | None = None) -> dict[int, tuple[AnswerT, list[np.ndarray]]]: ...
+
+    @overload
+    def call_many(self, requests: Mapping[int, Request],
+                  timeout: float | None = None) -> dict[int, tuple[Answer, list[np.ndarray]]]: ...
+
+    def call_many(self, requests: Mapping[int, Request],
+                  timeout: float | None = None) -> dict[int, tuple[Any, list[np.ndarray]]]:
+        """One call per parameter server, in parallel; the first failure is raised after all have finished. The
+        answers are typed as :meth:`call`'s: when every call is of one :class:`Method` (or of methods sharing an
+        answer), as its answer declaration.
 
         Every call is started (a gRPC future, or a chunk stream for big requests) before any answer is read, so
         they overlap without a thread per call.
         """
-        started: dict[int, tuple[str, Call]] = {}
+        started: dict[int, tuple[str, Call[Any]]] = {}
         first_error: BaseException | None = None
         for ps, (method, meta, arrays) in requests.items():
             try:

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Iterator, Mapping, Protocol, Sequence
+from typing import Any, Iterator, Mapping, Protocol, Sequence, TypeVar
 
 import numpy as np
 
 from kubeps.runtime.data.options import InputContext
 from kubeps.runtime.errors import ResourceMissingError
 from kubeps.runtime.rpc.protocol import PS, NamesRequest, PushLookupDynamicRequest, PushReadRequest, PushRequest
-from kubeps.runtime.rpc.transport import PSTransport
+from kubeps.runtime.rpc.transport import DeclaredRequest, PSTransport
 
 __all__ = [
     "ClosureContext",
@@ -35,6 +35,8 @@ __all__ = [
     "get_current_worker_index",
     "resolve_resource",
 ]
+
+AnswerT = TypeVar("AnswerT")
 
 
 class RemoteHandle(Protocol):
@@ -155,11 +157,14 @@ class ClosureContext:
         self._deferred.update(requests)
         self.invalidate()
 
-    def call_many(self, requests: Mapping[int, tuple[str, Mapping[str, Any], Sequence[Any]]],
-                  timeout: float | None = None) -> dict[int, tuple[dict[str, Any], list[np.ndarray]]]:
+    def call_many(self, requests: Mapping[int, DeclaredRequest[AnswerT]],
+                  timeout: float | None = None) -> dict[int, tuple[AnswerT, list[np.ndarray]]]:
         """``PSTransport.call_many`` for calls made inside the closure: a read to a PS with a deferred push
         becomes one ``PushRead`` (same answer layout as the read); before any other method the push is sent."""
-        return self.transport.call_many(self.carry_pushes(requests), timeout)
+        # a read that carried a push is answered the push's PushAnswer, which holds every key of the read's own
+        # answer (EmptyAnswer): the answers are still AnswerT
+        answers: dict[int, tuple[Any, list[np.ndarray]]] = self.transport.call_many(self.carry_pushes(requests), timeout)
+        return answers
 
     def carry_pushes(self, requests: Mapping[int, tuple[str, Mapping[str, Any], Sequence[Any]]]
                      ) -> dict[int, tuple[str, Mapping[str, Any], Sequence[Any]]]:

@@ -24,7 +24,7 @@ import numpy as np
 
 from kubeps.runtime.errors import RuntimeConfigError
 from kubeps.runtime.rpc.protocol import (PS, CreateDynamicRequest, DynamicInfoRequest, DynamicLookup,
-                                          LookupDynamicRequest, TableNameRequest)
+                                          DynamicTableInfo, LookupDynamicRequest, TableNameRequest)
 from kubeps.runtime.util.keyhash import shard_of, to_keys
 from kubeps.runtime.variables import context as _context
 from kubeps.runtime.variables.dynamic_table import DynamicTable, TableConfig
@@ -249,12 +249,12 @@ class DynamicEmbedding:
             self._num_ps = 0
 
     # -- the whole table -----------------------------------------------------------------------------------------
-    def _info(self) -> list[dict[str, Any]]:
+    def _info(self) -> list[DynamicTableInfo]:
         if self._local is not None:
             t = self._local
             with t.lock:
-                return [{"name": t.name, "size": t.size, "updates": t.updates, "evicted": t.evicted,
-                         "nbytes": t.nbytes, "capacity": t.config.capacity}]
+                return [DynamicTableInfo(name=t.name, size=t.size, updates=t.updates, evicted=t.evicted,
+                                         nbytes=t.nbytes, capacity=t.config.capacity)]
         results = _calls(self.transport, {ps: (PS.DYNAMIC_INFO, DynamicInfoRequest(names=[self._key]), ())
                                           for ps in range(self._num_ps)})
         return [results[ps][0]["tables"][0] for ps in range(self._num_ps)]
@@ -263,7 +263,7 @@ class DynamicEmbedding:
         """The number of live rows, over every shard."""
         return sum(int(i["size"]) for i in self._info())
 
-    def shard_info(self) -> list[dict[str, Any]]:
+    def shard_info(self) -> list[DynamicTableInfo]:
         """Per shard: ``size``, ``updates``, ``evicted`` (rows evicted so far), ``nbytes`` (memory), ``capacity``."""
         return self._info()
 
@@ -288,7 +288,7 @@ class DynamicEmbedding:
             slots: dict[str, dict[str, np.ndarray]] = {}
             for (okey, sname), arr in zip(meta["slots"], arrays[4:]):
                 slots.setdefault(okey, {})[sname] = arr
-            out.append((arrays[0], arrays[1], arrays[2], arrays[3], slots, int(meta["updates"])))
+            out.append((arrays[0], arrays[1], arrays[2], arrays[3], slots, meta["updates"]))
         return out
 
     # -- pickling: remote tables travel as handles ---------------------------------------------------------------

@@ -12,7 +12,7 @@ dense variables a step reads come from each PS in one RPC (see :class:`kubeps.ru
 from __future__ import annotations
 
 import operator
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, TypeVar
 
 import numpy as np
 
@@ -20,10 +20,13 @@ from kubeps.runtime.variables import context as _context
 from kubeps.runtime.errors import RuntimeConfigError
 from kubeps.runtime.variables.partitioners import div_split, owner_of
 from kubeps.runtime.rpc.protocol import PS, AssignOp, AssignRequest, NamesRequest, ReadManyRequest, slot_key
+from kubeps.runtime.rpc.transport import DeclaredRequest, PSTransport
 from kubeps.runtime.variables.slots import slots_for
 
 __all__ = ["PendingLookup", "ShardedVariable", "Variable", "embedding_lookup", "gather_padded_rows", "gather_unique_rows",
            "start_lookup"]
+
+AnswerT = TypeVar("AnswerT")
 
 
 def _dtype(dtype: Any) -> np.dtype:
@@ -404,7 +407,8 @@ class ShardedVariable(_ArrayLike):
         return self._write("add", -value_for(delta, self._dtype, "delta", self._name))
 
 
-def _calls(transport: Any, requests: Mapping[int, tuple[str, Mapping[str, Any], Sequence[Any]]]) -> dict[int, Any]:
+def _calls(transport: PSTransport, requests: Mapping[int, DeclaredRequest[AnswerT]]
+           ) -> dict[int, tuple[AnswerT, list[np.ndarray]]]:
     """Calls to parameter servers: inside a scheduled function through its closure context, which lets a read
     carry the closure's deferred push and keeps every other call behind it; elsewhere straight to the transport."""
     ctx = _context.current_closure_context()

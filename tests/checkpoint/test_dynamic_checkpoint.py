@@ -23,6 +23,7 @@ from kubeps.runtime.checkpoint import (
 )
 from kubeps.runtime.checkpoint.evaluator import SidecarEvaluator
 from kubeps.runtime.errors import RemoteError
+from kubeps.runtime.rpc.protocol import PS, RestoreTableItem
 from kubeps.runtime.util.keyhash import shard_of
 from kubeps.runtime.variables.indexed_slices import IndexedSlices
 
@@ -177,12 +178,10 @@ def test_corrupt_and_mismatched_checkpoints_are_refused_naming_the_table(trained
     with pytest.raises(CheckpointCorruptError, match="dynamic table 'model/dyn' shard 1 values"):
         verify_checkpoint(path)
     # the ps checks what it reads too: asked directly, it refuses and keeps its rows
-    from kubeps.runtime.checkpoint.dynamic import RestoreTableItem  # noqa: PLC0415
-
-    entry = CheckpointReader(path).manifest.dynamic["model/dyn"]
+    entry = CheckpointReader(path).manifest.dynamic["model/dyn"].model_dump(mode="json")
     item = RestoreTableItem(key=table.key, name="model/dyn", shard=1, num_shards=2, table=entry)
     with pytest.raises(RemoteError, match=r"RestoreDynamic: .*dynamic table 'model/dyn' shard 1 values.*sha256"):
-        strategy.transport.call(1, "RestoreDynamic", {"directory": path, "items": [item.model_dump(mode="json")]})
+        strategy.transport.call(1, PS.RESTORE_DYNAMIC, {"directory": path, "items": [item]})
     assert _rows(table) == live
     open(victim, "wb").write(good)
 
@@ -291,8 +290,6 @@ def _narrow(shard: dict, dim: int) -> dict:
 
 def test_hostile_restore_requests_are_refused_and_change_nothing(trained):
     """RestoreDynamic asked directly with one thing off: refused with a message naming it; the table keeps its rows."""
-    from kubeps.runtime.checkpoint.dynamic import RestoreTableItem  # noqa: PLC0415
-
     strategy, table, _, path, _, _ = trained
     table.lookup(np.array([1_000_003], dtype=np.int64), train=True)
     live = _rows(table)
@@ -316,5 +313,9 @@ def test_hostile_restore_requests_are_refused_and_change_nothing(trained):
         assert _rows(table) == live, change
     item = RestoreTableItem(key=table.key, name="model/dyn", shard=0, num_shards=2, table=good)
     with pytest.raises(RemoteError, match="names a shard more than once"):
-        strategy.transport.call(0, "RestoreDynamic", {"directory": path, "items": [item.model_dump(mode="json")] * 2})
+        strategy.transport.call(0, PS.RESTORE_DYNAMIC, {"directory": path, "items": [item] * 2})
+    # the table the item carries is the manifest format's to check: the message names the item's field
+    with pytest.raises(RemoteError, match=r"field 'items\[0\]\.table' is not a valid DynamicTableEntry: num_shards"):
+        strategy.transport.call(0, PS.RESTORE_DYNAMIC, {"directory": path, "items": [{**item, "table": {
+            key: value for key, value in good.items() if key != "num_shards"}}]})
     assert _rows(table) == live

@@ -27,12 +27,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kubeps.runtime.checkpoint.format import CheckpointError
-from kubeps.runtime.checkpoint.shards import SaveItem, rpc_save_shards
+from kubeps.runtime.checkpoint.shards import rpc_save_shards
 from kubeps.runtime.errors import LimitExceededError
 from kubeps.runtime.ps.budget import AnswerBudget
 from kubeps.runtime.ps.dynamic import rpc_create_dynamic, tables_of
 from kubeps.runtime.ps.state import ParameterServerState
 from kubeps.runtime.rpc import wire
+from kubeps.runtime.rpc.protocol import SaveItem
 from kubeps.runtime.settings import TaskSettings
 
 pytestmark = pytest.mark.timeout(600)
@@ -145,7 +146,7 @@ def test_saves_below_a_root_with_links_to_outside_touch_nothing_outside(tmp_path
     os.symlink(outside / "target.npy", root / "filelink")
     state = ParameterServerState(settings=TaskSettings(checkpoint_root=(str(root),)))
     state.create("emb", np.zeros((2, 2), np.float32))
-    item = SaveItem(key="emb", name="emb", start=0, stop=2, shape=[2, 2]).wire()
+    item = SaveItem(key="emb", name="emb", start=0, stop=2, shape=[2, 2])
     for parts in paths:
         try:
             rpc_save_shards(state, {"directory": str(root.joinpath(*parts)), "items": [item]}, [])
@@ -186,7 +187,7 @@ def test_any_directory_name_is_saved_or_refused_with_a_storage_error(tmp_path_fa
     (root / "file").write_text("x")
     state = ParameterServerState(settings=TaskSettings(checkpoint_root=(str(root),)))
     state.create("emb", np.zeros((2, 2), np.float32))
-    item = SaveItem(key="emb", name="emb", start=0, stop=2, shape=[2, 2]).wire()
+    item = SaveItem(key="emb", name="emb", start=0, stop=2, shape=[2, 2])
     try:
         rpc_save_shards(state, {"directory": f"{root}/{name}", "items": [item]}, [])
     except (OSError, ValueError, CheckpointError):

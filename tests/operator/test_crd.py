@@ -65,3 +65,19 @@ def test_cli_prints_the_yaml(capsys):
     assert crd.main([]) == 0
     out = capsys.readouterr().out
     assert yaml.safe_load(out)["kind"] == "CustomResourceDefinition"
+
+
+def test_each_role_s_default_restart_policy_is_the_lifecycle_table_s():
+    """One default per role for the operator and ``kubeps local --restart``: the models (which the planner parses a
+    job with) and the CRD (which the API server defaults with) take it from :data:`kubeps.runtime.lifecycle.ROLES`."""
+    from kubeps.runtime import lifecycle
+
+    table = {role: spec.policy for role, spec in lifecycle.ROLES.items()}
+    specs = crd.generate_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"][
+        "properties"]["replicaSpecs"]["properties"]
+    assert {rt.task_type: specs[rt.value]["properties"]["restartPolicy"]["default"]
+            for rt in models.REPLICA_TYPES} == table
+    template = {"spec": {"containers": [{"name": "x", "image": "i"}]}}
+    parsed = models.parse_spec({"replicaSpecs": {rt.value: {"template": template} for rt in models.REPLICA_TYPES}})
+    assert {rt.task_type: parsed.replicaSpecs.get(rt).restartPolicy.value for rt in models.REPLICA_TYPES} == table
+    assert table == {"chief": "ExitCode", "ps": "Always", "worker": "OnFailure", "evaluator": "OnFailure"}

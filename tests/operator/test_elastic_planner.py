@@ -10,7 +10,7 @@ import pytest
 
 from kubeps.operator.core import actions as A, children
 from kubeps.operator.core import planner as P
-from kubeps.runtime.cluster import Membership
+from kubeps.runtime.cluster import Membership, MembershipAck
 
 from .test_planner import CONFIG, World, make_job, observe, running
 
@@ -118,7 +118,7 @@ def test_a_ps_count_change_restarts_the_chief_into_the_new_count_without_countin
     plan = world.plan()  # a chief whose metrics show no membership (a TensorFlow program) is asked, and waited for
     assert "ctr-chief-0" not in [a.name for a in plan.of(A.DeletePod)] and plan.requeue_after <= 5
     world.apply(plan)
-    world.now += timedelta(seconds=5)  # (NO_REPORT_WAIT_S) then restarted
+    world.now += timedelta(seconds=5)  # (the Checkpointing wait's deadline for a chief with no ack) then restarted
     plan = world.plan()
     assert "ctr-chief-0" in [a.name for a in plan.of(A.DeletePod)]
     # the workers' TF_CONFIG names the ps they use: they are made again with the new one
@@ -146,35 +146,50 @@ def _workers_deleted(plan: A.Plan) -> list[str]:
     return [a.name for a in plan.of(A.DeletePod) if "-worker-" in a.name]
 
 
-def _chief_reports(world: World, generation: int, draining: int) -> None:
-    """What the progress reader writes from the chief's metrics."""
-    world.job["status"]["progress"] = {"step": 100, "membershipGeneration": generation, "workersDraining": draining}
+def _chief_reports(world: World, generation: int, draining: tuple[int, ...] = (), checkpoint: int = 0) -> None:
+    """What the progress reader writes from the chief's membership ack."""
+    ack = MembershipAck(generation=generation, workers=[0], draining=list(draining), checkpoint=checkpoint)
+    world.job["status"]["membershipAck"] = ack.model_dump(mode="json")
 
 
 def test_scaled_away_workers_are_deleted_once_the_chief_reports_them_drained():
     world = running(workers=4)
-    _chief_reports(world, 1, 0)
+    _chief_reports(world, 1)
     world.job["spec"]["replicaSpecs"]["Worker"]["replicas"] = 1
     plan = world.plan()
     assert plan.of(A.ApplyMembership) and _workers_deleted(plan) == []  # the chief has not seen it yet
     assert plan.requeue_after is not None and plan.requeue_after <= 120
     world.apply(plan)
-    _chief_reports(world, 2, 3)  # applied; 1..3 finish the function they run
+    _chief_reports(world, 2, (1, 2, 3))  # applied; 1..3 finish the function they run
     assert _workers_deleted(world.plan()) == []
-    _chief_reports(world, 2, 0)
+    _chief_reports(world, 2, (2,))  # 1 and 3 drained: their pods go, 2's stays
+    assert _workers_deleted(world.plan()) == ["ctr-worker-3", "ctr-worker-1"]
+    _chief_reports(world, 2)
     assert _workers_deleted(world.plan()) == ["ctr-worker-3", "ctr-worker-2", "ctr-worker-1"]
 
 
-@pytest.mark.parametrize("progress, later, deleted", [
-    (None, 0, True),  # a chief that reports no membership (a TensorFlow program): at once
-    ({"step": 100}, 0, True),
-    ({"step": 100, "membershipGeneration": 1, "workersDraining": 0}, 119, False),  # still within the timeout
-    ({"step": 100, "membershipGeneration": 1, "workersDraining": 0}, 121, True),  # past it: deleted anyway
-])
-def test_the_drain_is_waited_for_only_from_a_chief_that_reports_it_and_for_a_bounded_time(progress, later, deleted):
+def test_metrics_decide_nothing_only_the_ack_does():
+    """status.progress (read from the chief's metrics for people) showing the membership applied and nothing
+    draining does not let the planner delete a worker the ack still names draining."""
     world = running(workers=3)
-    if progress is not None:
-        world.job["status"]["progress"] = progress
+    _chief_reports(world, 1)
+    world.job["spec"]["replicaSpecs"]["Worker"]["replicas"] = 2
+    world.apply(world.plan())
+    _chief_reports(world, 2, (2,))
+    world.job["status"]["progress"] = {"step": 100, "membershipGeneration": 2, "workersDraining": 0}
+    assert _workers_deleted(world.plan()) == []
+
+
+@pytest.mark.parametrize("ack, later, deleted", [
+    (None, 0, True),  # a chief that acknowledges no membership (a TensorFlow program): at once
+    (1, 119, False),  # still within the timeout
+    (1, 121, True),  # past it: deleted anyway
+])
+def test_the_drain_is_waited_for_only_from_a_chief_that_reports_it_and_for_a_bounded_time(ack, later, deleted):
+    world = running(workers=3)
+    world.job["status"]["progress"] = {"step": 100}
+    if ack is not None:
+        _chief_reports(world, ack)
     world.job["spec"]["replicaSpecs"]["Worker"]["replicas"] = 2
     plan = world.plan()
     first = _workers_deleted(plan)
@@ -183,15 +198,14 @@ def test_the_drain_is_waited_for_only_from_a_chief_that_reports_it_and_for_a_bou
     assert (first + _workers_deleted(world.plan()) == ["ctr-worker-2"]) is deleted
 
 
-def test_the_progress_reader_takes_the_membership_from_the_chief_s_metrics_even_before_a_step():
+def test_the_progress_shows_the_membership_from_the_chief_s_ack_even_before_a_step():
     from kubeps.operator.core.progress import progress, read_chief
 
-    text = ("# TYPE kubeps_membership_generation gauge\nkubeps_membership_generation 3.0\n"
-            "kubeps_workers_draining 2.0\nkubeps_workers 1.0\nkubeps_checkpoint_request 3.0\n")
-    reading = read_chief(text, 1.0)
-    assert (reading.membership_generation, reading.workers_draining, reading.step) == (3, 2, None)
-    assert progress(None, reading, "t") == {"lastUpdateTime": "t", "membershipGeneration": 3, "workersDraining": 2,
-                                            "checkpointRequest": 3}
+    ack = MembershipAck(generation=3, workers=[0], draining=[1, 2], checkpoint=3)
+    reading = read_chief("# TYPE kubeps_workers gauge\nkubeps_workers 1.0\n", 1.0)
+    assert reading.step is None
+    assert progress(None, reading, "t", ack) == {"lastUpdateTime": "t", "membershipGeneration": 3,
+                                                 "workersDraining": 2, "checkpointRequest": 3}
     assert progress(None, read_chief("kubeps_train_step 5\n", 1.0), "t") == {"lastUpdateTime": "t", "step": 5}
     assert progress(None, read_chief("", 1.0), "t") is None
 
@@ -203,7 +217,7 @@ def _ps_pods(world: World) -> list[str]:
 @pytest.mark.parametrize("before, after", [(2, 3), (3, 1)])
 def test_a_ps_count_change_asks_a_kubeps_chief_for_a_checkpoint_and_restarts_it_once_served(before, after):
     world = running(ps=before)
-    _chief_reports(world, 1, 0)
+    _chief_reports(world, 1)
     chief_uid = world.pods["ctr-chief-0"]["metadata"]["uid"]
     world.job["spec"]["replicaSpecs"]["PS"]["replicas"] = after
     plan = world.plan()
@@ -219,7 +233,7 @@ def test_a_ps_count_change_asks_a_kubeps_chief_for_a_checkpoint_and_restarts_it_
     # waiting: the ps that hold the variables being saved stay, a new one may start; the chief is not touched
     assert _ps_pods(world) == [f"ctr-ps-{i}" for i in range(max(before, after))]
     assert world.pods["ctr-chief-0"]["metadata"]["uid"] == chief_uid
-    world.job["status"]["progress"]["checkpointRequest"] = 2  # the chief saved and says so in its metrics
+    _chief_reports(world, 2, checkpoint=2)  # the chief saved and says so in its ack
     plan = world.plan()
     assert "ctr-chief-0" in [a.name for a in plan.of(A.DeletePod)]
     world.apply(plan)
@@ -239,7 +253,7 @@ def test_a_ps_count_change_asks_a_kubeps_chief_for_a_checkpoint_and_restarts_it_
 def test_a_chief_that_does_not_serve_the_checkpoint_request_is_restarted_after_a_while(reports, later, restarted):
     world = running(ps=2)
     if reports:
-        _chief_reports(world, 1, 0)
+        _chief_reports(world, 1)
     world.job["spec"]["replicaSpecs"]["PS"]["replicas"] = 3
     world.apply(world.plan())
     world.now += timedelta(seconds=later)

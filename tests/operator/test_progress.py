@@ -1,5 +1,6 @@
-"""status.progress from the chief's metrics: the reading (pure), and the reader's passes against a real HTTP server
-serving a chief's exposition: what it writes, when it does not write, how it spaces writes, the PSImbalance Event."""
+"""status.progress from the chief's metrics and status.membershipAck from its membership ack: the reading (pure), and
+the reader's passes against a real HTTP server serving a chief's exposition and its ack: what it writes, when it
+does not write, how it spaces writes, the PSImbalance Event, a malformed ack."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ import pytest
 from prometheus_client import REGISTRY
 
 from kubeps.operator.controller.cache import Cache
-from kubeps.operator.controller.progress import ProgressReader, chief_metrics_url
+from kubeps.runtime.cluster import MembershipAck
+from kubeps.runtime.contract import MEMBERSHIP_ACK_PATH
+
+from kubeps.operator.controller.progress import ProgressReader, chief_ack_url, chief_metrics_url
 from kubeps.operator.controller.recorder import Recorder
 from kubeps.operator.core.progress import ChiefReading, progress, read_chief
 
@@ -56,16 +60,27 @@ def test_chief_metrics_url_follows_the_template_port_and_the_domain():
         "http://127.0.0.1:8001/team/ctr:9400"
 
 
+def test_the_ack_is_served_on_the_metrics_host_and_port():
+    assert chief_ack_url("http://ctr-chief-0.team.svc:9090/metrics") == "http://ctr-chief-0.team.svc:9090" + \
+        MEMBERSHIP_ACK_PATH
+    assert chief_ack_url("http://127.0.0.1:8001/proxy/team/ctr/metrics?x=1") == \
+        "http://127.0.0.1:8001/proxy/team/ctr/kubeps/membership"
+    assert chief_ack_url("http://127.0.0.1:8001/team/ctr:9400") == "http://127.0.0.1:8001/team/ctr:9400/kubeps/membership"
+
+
 class _Chiefs:
-    """An HTTP server answering ``/<job>/metrics`` with the text set for that job."""
+    """An HTTP server answering ``/<job>/metrics`` with the text set for that job, and ``/<job>/kubeps/membership``
+    with the ack set for it (a :class:`MembershipAck`'s JSON, or any text)."""
 
     def __init__(self) -> None:
         self.texts: dict[str, str] = {}
-        texts = self.texts
+        self.acks: dict[str, str] = {}
+        texts, acks = self.texts, self.acks
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
-                text = texts.get(self.path.split("/")[1])
+                job, _, path = self.path[1:].partition("/")
+                text = (acks if "/" + path == MEMBERSHIP_ACK_PATH else texts).get(job)
                 if text is None:
                     self.send_error(404)
                     return
@@ -197,20 +212,24 @@ def test_a_chief_that_does_not_answer_is_skipped(chiefs):
     assert writes == []
 
 
+def _ack(checkpoint: int = 0, draining: tuple[int, ...] = ()) -> str:
+    return MembershipAck(generation=2, workers=[0], draining=list(draining), checkpoint=checkpoint).model_dump_json()
+
+
 def test_a_chief_asked_for_a_checkpoint_is_read_every_second_until_it_reports_it_served(chiefs):
     """A ps count change waits for the chief's checkpoint: its chief is read every WAITING_INTERVAL_S, not every
-    ``interval``, until its metrics say the request was served; the other jobs keep the interval."""
+    ``interval``, until its membership ack says the request was served; the other jobs keep the interval."""
     cache = Cache()
-    served = "kubeps_membership_generation 2.0\nkubeps_workers_draining 0.0\nkubeps_checkpoint_request {}\n"
     for name in ("asked", "other"):
         cache.jobs[("ns", name)] = _job(name)
-        chiefs.texts[name] = chief_text(10, 5120.0) + served.format(0)
+        chiefs.texts[name] = chief_text(10, 5120.0)
+        chiefs.acks[name] = _ack()
     cache.jobs[("ns", "asked")]["status"]["checkpointRequest"] = 2
     writes: list[tuple[str, dict]] = []
 
     async def patch(namespace, name, body):
-        writes.append((name, body["status"]["progress"]))
-        cache.jobs[("ns", name)]["status"]["progress"] = body["status"]["progress"]
+        writes.append((name, body["status"]))
+        cache.jobs[("ns", name)]["status"].update(body["status"])
 
     reader = ProgressReader(cache, Recorder(), patch, interval=60.0, url=chiefs.url)
 
@@ -218,11 +237,58 @@ def test_a_chief_asked_for_a_checkpoint_is_read_every_second_until_it_reports_it
         reader.start()
         await asyncio.sleep(0.5)  # the first full pass
         assert sorted(name for name, _ in writes) == ["asked", "other"]
-        chiefs.texts["asked"] = chief_text(10, 5120.0) + served.format(2)
-        chiefs.texts["other"] = chief_text(20, 10240.0) + served.format(0)
+        chiefs.acks["asked"] = _ack(checkpoint=2)
+        chiefs.texts["other"] = chief_text(20, 10240.0)
         await asyncio.sleep(1.5)
         await reader.close()
 
     asyncio.run(scenario())
-    assert [p.get("checkpointRequest") for name, p in writes if name == "asked"] == [0, 2]
-    assert [p["step"] for name, p in writes if name == "other"] == [10]  # not read again within the interval
+    asked = [status for name, status in writes if name == "asked"]
+    assert [s["membershipAck"]["checkpoint"] for s in asked] == [0, 2]  # what the planner decides from
+    assert [s["progress"]["checkpointRequest"] for s in asked] == [0, 2]  # what people are shown
+    assert [s["progress"]["step"] for name, s in writes if name == "other"] == [10]  # not read again meanwhile
+
+
+@pytest.mark.parametrize("answer", [None, "not json", '{"generation": "x", "workers": []}', '{"workers": [0]}'])
+def test_an_absent_or_malformed_ack_is_logged_and_changes_nothing(chiefs, caplog, answer):
+    cache = Cache()
+    cache.jobs[("ns", "j")] = _job("j", progress_now={"step": 10, "lastUpdateTime": "t"})
+    cache.jobs[("ns", "j")]["status"]["membershipAck"] = MembershipAck(generation=1, workers=[0]).model_dump(
+        mode="json")
+    chiefs.texts["j"] = chief_text(10, 5120.0)
+    if answer is not None:
+        chiefs.acks["j"] = answer
+    writes: list = []
+
+    async def patch(namespace, name, body):
+        writes.append(body)
+
+    async def scenario() -> None:
+        reader = ProgressReader(cache, Recorder(), patch, url=chiefs.url)
+        await reader.read_all()
+        await reader.close()
+
+    asyncio.run(scenario())
+    assert writes == []
+    if answer is not None:
+        assert "membership ack is malformed" in caplog.text
+
+
+def test_the_ack_is_read_even_from_a_chief_whose_metrics_do_not_answer(chiefs):
+    cache = Cache()
+    cache.jobs[("ns", "j")] = _job("j", progress_now={"step": 10, "lastUpdateTime": "t"})
+    chiefs.acks["j"] = _ack(draining=(1, 2))
+    writes: list = []
+
+    async def patch(namespace, name, body):
+        writes.append(body["status"])
+
+    async def scenario() -> None:
+        reader = ProgressReader(cache, Recorder(), patch, url=chiefs.url)
+        await reader.read_all()
+        await reader.close()
+
+    asyncio.run(scenario())
+    [status] = writes
+    assert MembershipAck.model_validate(status["membershipAck"]).draining == [1, 2]
+    assert status["progress"]["step"] == 10 and status["progress"]["workersDraining"] == 2

@@ -111,12 +111,15 @@ def test_invalid_manifest_is_rejected_naming_the_field(crd, kube, namespace, mut
 def test_the_valid_base_manifest_is_accepted_with_defaults(crd, kube, namespace):
     manifest = job_manifest("valid-name")
     manifest["spec"].pop("runPolicy")
-    del manifest["spec"]["replicaSpecs"]["PS"]["restartPolicy"]
+    for role in ("Chief", "PS", "Worker"):
+        del manifest["spec"]["replicaSpecs"][role]["restartPolicy"]
     created = kube.custom().create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest,
                                                             dry_run="All")
     assert created["spec"]["runPolicy"] == {"cleanPodPolicy": "Running", "evaluatorGraceSeconds": 60, "backoffLimit": 6,
                                             "suspend": False}
-    assert created["spec"]["replicaSpecs"]["PS"]["restartPolicy"] == "OnFailure"
+    # each role's default is the lifecycle table's (kubeps.runtime.lifecycle.ROLES), as kubeps local's
+    assert {role: created["spec"]["replicaSpecs"][role]["restartPolicy"] for role in ("Chief", "PS", "Worker")} == \
+        {"Chief": "ExitCode", "PS": "Always", "Worker": "OnFailure"}
 
 
 IMMUTABLE = [

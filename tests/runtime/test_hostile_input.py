@@ -13,13 +13,14 @@ import struct
 import numpy as np
 import pytest
 
-from kubeps.runtime.checkpoint.shards import RestoreItem, SaveItem, restore_items, save_items
+from kubeps.runtime.checkpoint.shards import restore_items, save_items
 from kubeps.runtime.errors import RemoteError
 from kubeps.runtime.ops.optimizers import SGD, Adam, ExponentialDecay
 from kubeps.runtime.ps.state import ParameterServerState
 from kubeps.runtime.rpc import wire
 from kubeps.runtime.rpc.client import Client
-from kubeps.runtime.rpc.protocol import PS, PS_SERVICE
+from kubeps.runtime.rpc.protocol import PS, PS_SERVICE, RestoreItem, SaveItem
+from kubeps.runtime.rpc.validation import RequestError, RequestShape
 from kubeps.runtime.server import Server
 
 from .conftest import TOKEN, free_ports
@@ -175,8 +176,7 @@ def test_restore_refuses_slots_of_the_wrong_trailing_shape(tmp_path):
         for sname, (entry, dtype, trailing) in group.items():
             slots.setdefault(okey, {})[sname] = {"shape": [4, 1], "dtype": dtype, "slices": [entry.model_dump()]}
     before = state.snapshot("emb")
-    item = RestoreItem.model_validate({"key": "emb", "name": "emb", "start": 0, "stop": 4, "value": value,
-                                       "slots": slots})
+    item = RestoreItem(key="emb", name="emb", start=0, stop=4, value=value, slots=slots)
     with pytest.raises(Exception, match="trailing shape"):
         restore_items(state, str(tmp_path), [item])
     after = state.snapshot("emb")
@@ -185,7 +185,23 @@ def test_restore_refuses_slots_of_the_wrong_trailing_shape(tmp_path):
 
 
 def test_strict_ints_in_checkpoint_items():
-    with pytest.raises(Exception, match="valid integer"):
-        SaveItem.model_validate({"key": "a", "name": "a", "start": "0", "stop": 2, "shape": [2]})
-    with pytest.raises(Exception, match="valid integer"):
-        SaveItem.model_validate({"key": "a", "name": "a", "start": 0, "stop": 2, "shape": [2.0]})
+    shape = RequestShape(SaveItem)
+    with pytest.raises(RequestError, match="field 'start' has value '0': input should be a valid integer"):
+        shape.validate({"key": "a", "name": "a", "start": "0", "stop": 2, "shape": [2]})
+    with pytest.raises(RequestError, match=r"field 'shape\[0\]' has value 2.0: input should be a valid integer"):
+        shape.validate({"key": "a", "name": "a", "start": 0, "stop": 2, "shape": [2.0]})
+
+
+def test_restore_items_refuse_a_malformed_entry_naming_its_field(tmp_path):
+    """The manifest entries a RestoreItem carries are the manifest format's to check, field by field."""
+    state = ParameterServerState()
+    state.create("emb", np.ones((4, 3), np.float32))
+    (saved,) = save_items(state, str(tmp_path), [SaveItem(key="emb", name="emb", start=0, stop=4, shape=[4, 3])])
+    value = {"shape": [4, 3], "dtype": "float32", "slices": [saved.value.model_dump()]}
+    with pytest.raises(ValueError, match=r"field 'items\[1\]\.value' is not a valid TensorEntry: shape: "):
+        restore_items(state, str(tmp_path), [RestoreItem(key="emb", name="emb", start=0, stop=4, value=value),
+                                             RestoreItem(key="emb", name="emb", start=0, stop=4,
+                                                         value={**value, "shape": "4x3"})])
+    with pytest.raises(ValueError, match=r"field 'items\[0\]\.slots\.Adam\.m' is not a valid TensorEntry: dtype"):
+        restore_items(state, str(tmp_path), [RestoreItem(key="emb", name="emb", start=0, stop=4, value=value,
+                                                         slots={"Adam": {"m": {**value, "dtype": "object"}}})])

@@ -391,10 +391,9 @@ def _confined_state(root):
 
 
 def _save_request(directory):
-    from kubeps.runtime.checkpoint.shards import SaveItem
+    from kubeps.runtime.rpc.protocol import SaveItem
 
-    return {"directory": str(directory), "items": [SaveItem(key="emb", name="emb", start=0, stop=4,
-                                                            shape=[4, 3]).wire()]}
+    return {"directory": str(directory), "items": [SaveItem(key="emb", name="emb", start=0, stop=4, shape=[4, 3])]}
 
 
 def test_restore_refuses_a_file_symlink_inside_the_root_to_a_file_outside(tmp_path):

@@ -18,9 +18,11 @@ import pytest
 from kubeps.runtime import cli
 from kubeps.runtime.contract import VERSION
 from kubeps.runtime.errors import RuntimeConfigError
-from kubeps.runtime.local import launcher
-from kubeps.runtime.local.launcher import (LauncherArgumentError, LauncherError, LocalCluster, exit_status, free_port_runs,
-                                           free_ports)
+from kubeps.runtime.local import ports as local_ports
+from kubeps.runtime.local.ports import PortAllocator
+from kubeps.runtime.local.launcher import (LauncherArgumentError, LauncherError, LocalCluster, LocalJobSpec, exit_status,
+                                           free_port_runs, free_ports)
+from kubeps.runtime.settings import TaskSettings
 
 # The task script: argv[1] is a directory for pid files, argv[2] a JSON behaviour per task type
 # ({"chief": {"exit": 3}, "worker": {"sleep": 60}, ...}); "default" applies to types not named. "wait_for": N
@@ -398,21 +400,42 @@ def test_free_ports_are_distinct_and_bindable():
 
 
 def test_free_ports_lie_below_the_ephemeral_range_where_connections_take_theirs():
-    low = launcher._ephemeral_low()
-    if low is None or low - launcher._LISTEN_FLOOR < 1001:
+    low = local_ports._ephemeral_low()
+    if low is None or low - local_ports._LISTEN_FLOOR < 1001:
         pytest.skip(f"no room below this kernel's ephemeral range (from {low})")
     ports = free_ports(16) + free_port_runs(4, 3)
-    assert all(launcher._LISTEN_FLOOR <= p < low for p in ports), (low, ports)
+    assert all(local_ports._LISTEN_FLOOR <= p < low for p in ports), (low, ports)
     assert all(p + 2 < low for p in ports[16:])  # a run ends below the range too
 
 
 def test_a_free_port_is_the_kernels_choice_without_room_below_the_range():
-    s = launcher._free_socket("127.0.0.1", launcher._LISTEN_FLOOR + 500)
+    s = local_ports._free_socket("127.0.0.1", local_ports._LISTEN_FLOOR + 500)
     try:
         assert s.getsockname()[1] > 0
     finally:
         s.close()
-    assert launcher._ephemeral_low("/nonexistent/ip_local_port_range") is None
+    assert local_ports._ephemeral_low("/nonexistent/ip_local_port_range") is None
+
+
+def test_consecutive_ports_give_each_ps_task_a_run_of_its_own():
+    """From a base, in the order chief, ps..., worker..., evaluator: a ps task of two server processes takes two."""
+    base = free_port_runs(1, 7)[0]
+    cluster = PortAllocator("127.0.0.1").cluster({"chief": 1, "ps": 2, "worker": 1, "evaluator": 1}, 2, base)
+    assert cluster == {"chief": [f"127.0.0.1:{base}"], "ps": [f"127.0.0.1:{base + 1}", f"127.0.0.1:{base + 3}"],
+                       "worker": [f"127.0.0.1:{base + 5}"], "evaluator": [f"127.0.0.1:{base + 6}"]}
+    assert PortAllocator("::1").address(2222) == "[::1]:2222"
+
+
+def test_scaling_refuses_a_bad_count_and_a_stopping_cluster(script):
+    cluster = LocalCluster(str(script), num_ps=1, num_workers=1, tls=False, metrics=False,
+                           output=open(os.devnull, "w"), log=open(os.devnull, "w"))
+    for count in (0, True, 1.5):
+        with pytest.raises(LauncherArgumentError, match="allowed is a number of workers >= 1"):
+            cluster.scale_workers(count)
+    cluster.stop()
+    with pytest.raises(LauncherError, match="the cluster is stopping; not scaling"):
+        cluster.scale_workers(2)
+    assert cluster.cluster["worker"] and not cluster.tasks
 
 
 # -- usage errors -------------------------------------------------------------------------------------------------
@@ -453,6 +476,50 @@ def test_local_cluster_errors_name_its_parameters_not_the_flags(script, kwargs, 
         LocalCluster(str(script), **kwargs)
     assert (info.value.field, str(info.value)) == (field, f"'{field}' has invalid value {value!r}: allowed is {allowed}")
     assert isinstance(info.value, LauncherError) and isinstance(info.value, RuntimeConfigError)
+
+
+@pytest.mark.parametrize("fields,error,words", [
+    ({"evaluator": 1}, LauncherArgumentError, "'evaluator' has invalid value 1: allowed is True or False"),
+    ({"ps_processes": 0}, LauncherArgumentError,
+     "'ps_processes' has invalid value 0: allowed is a number of server processes per ps task >= 1, or None"),
+    ({"grace_period": float("inf")}, LauncherArgumentError, "allowed is a number of seconds >= 0"),
+    ({"num_ps": "2"}, LauncherArgumentError, "allowed is a number of parameter servers >= 1"),
+    ({"workers": 2}, TypeError, "unexpected argument 'workers'"),
+])
+def test_the_job_spec_refuses_in_the_dialects_words(script, fields, error, words):
+    with pytest.raises(error, match=re.escape(words)):
+        LocalJobSpec(script=str(script), settings=TaskSettings(), **fields)
+    with pytest.raises(LauncherError, match="script file not found"):
+        LocalJobSpec(script=str(script) + ".missing", settings=TaskSettings())
+
+
+def test_a_cluster_built_from_a_spec_is_the_one_its_keyword_arguments_build(script, tmp_path):
+    """``LocalCluster(spec)``: what the command builds; the keyword arguments build the same spec, the settings read
+    from ``env``; a spec with options beside it is refused (they are its fields)."""
+    env = {"KUBEPS_LOG_LEVEL": "DEBUG", "KUBEPS_JOB_TOKEN": "a-token-0123456789abcdef", "KEPT": "yes"}
+    spec = LocalJobSpec(script=tmp_path / "task.py", script_args=[tmp_path, "x"], num_ps=1, num_workers=3,
+                        evaluator=True, tls=False, metrics=False, settings=TaskSettings.from_env(env))
+    assert spec.script == str(script) and spec.script_args == (str(tmp_path), "x")
+    with LocalCluster(spec, env=env) as built, \
+            LocalCluster(str(script), [str(tmp_path), "x"], num_ps=1, num_workers=3, evaluator=True, tls=False,
+                         metrics=False, env=env) as given:
+        assert given.spec == built.spec == spec
+        assert {t: len(a) for t, a in built.cluster.items()} == {"chief": 1, "ps": 1, "worker": 3, "evaluator": 1}
+        worker = built.task_env("worker", 2)
+        assert (worker["KUBEPS_LOG_LEVEL"], worker["KUBEPS_JOB_TOKEN"], worker["KEPT"]) == (
+            "DEBUG", "a-token-0123456789abcdef", "yes")
+    with pytest.raises(TypeError, match="the spec's fields"):
+        LocalCluster(spec, num_ps=2)
+
+
+def test_port_base_counts_the_ps_processes_however_they_are_asked_for(script, capsys, monkeypatch):
+    """Two server processes per ps task take two ports each: 7 ports for 2 ps and 2 workers, from the flag or from
+    the environment's KUBEPS_PS_PROCESSES."""
+    code, _, err = run_main(["local", str(script), "--ps-processes", "2", "--port-base", "65531"], capsys)
+    assert code == 2 and "--port-base must be in 1..65529 for 7 tasks, got 65531" in err
+    monkeypatch.setenv("KUBEPS_PS_PROCESSES", "2")
+    code, _, err = run_main(["local", str(script), "--port-base", "65531"], capsys)
+    assert code == 2 and "--port-base must be in 1..65529 for 7 tasks, got 65531" in err
 
 
 def test_missing_or_directory_script(tmp_path, capsys):

@@ -1,8 +1,12 @@
 """A built-in method's request is validated against its declaration where the server dispatches it: a malformed one
 (an unknown key, a value of another type, a missing key) is refused with INVALID_ARGUMENT naming the field and the
-value, before the method runs, so nothing changes on the parameter server; a user's method gets the raw object."""
+value, before the method runs, so nothing changes on the parameter server; a user's method gets the raw object.
+Its answer is validated against its declaration where the client decodes it: a malformed one is an error naming the
+method, the peer and the field (never a ``KeyError`` in the caller)."""
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pytest
@@ -110,3 +114,80 @@ def test_a_table_config_has_one_shape_both_ways():
         TableConfig.from_dict({"dim": "4"})
     with pytest.raises(ValueError, match="config.dim=0 is not allowed; allowed: an integer >= 1"):
         TableConfig.from_dict({"dim": 0})
+
+
+# -- answers: validated against their declaration where the client decodes them ----------------------------------
+@pytest.fixture()
+def peer():
+    """A peer that answers each method with the metadata the test sets (``answers[name]``): a parameter server of
+    another protocol, or a broken one."""
+    from concurrent import futures  # noqa: PLC0415
+
+    import grpc  # noqa: PLC0415
+
+    from kubeps.runtime.rpc import wire  # noqa: PLC0415
+    from kubeps.runtime.rpc.protocol import PS_SPECS, UNARY_PREFIX  # noqa: PLC0415
+
+    answers: dict[str, object] = {}
+
+    def handler(name):
+        return grpc.unary_unary_rpc_method_handler(
+            lambda request, context: wire.encode_chunks(answers[name], [])[0],
+            request_deserializer=lambda b: b, response_serializer=lambda b: b)
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+        PS_SERVICE, {f"{UNARY_PREFIX}{name}": handler(name) for name in [*PS_SPECS, "UserMethod"]})])
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield f"127.0.0.1:{port}", answers
+    server.stop(grace=None)
+
+
+MALFORMED_ANSWERS = [
+    ("Push", {"steps": ["1"]}, "field 'steps[0]' has value '1': input should be a valid integer"),
+    ("PushRead", {"steps": [1], "rows": 2}, "field 'rows' (value 2) is not allowed; allowed fields: "
+                                            "['dynamic_steps', 'steps']"),
+    ("ReadMany", {"steps": [1]}, "field 'steps' (value [1]) is not allowed; allowed fields: []"),
+    ("ListVariables", {}, "field 'variables' is missing; it is required (ListVariablesAnswer)"),
+    ("Ping", {"incarnation": "x", "job": "ps", "task": True}, "field 'task' has value True: input should be a "
+                                                              "valid integer"),
+]
+
+
+@pytest.mark.parametrize(("method", "meta", "message"), MALFORMED_ANSWERS,
+                         ids=[m for m, _, _ in MALFORMED_ANSWERS])
+def test_a_malformed_answer_is_an_error_naming_method_peer_and_field(peer, method, meta, message):
+    from kubeps.runtime.rpc.transport import PSTransport  # noqa: PLC0415
+    from kubeps.runtime.rpc.validation import AnswerError  # noqa: PLC0415
+
+    address, answers = peer
+    answers[method] = meta
+    client = Client(address, PS_SERVICE, TOKEN, timeout=10)
+    transport = PSTransport([address], TOKEN, timeout=10)
+    try:
+        with pytest.raises(AnswerError) as info:
+            client.call(method, {})
+        assert str(info.value).startswith(f"{PS_SERVICE}.{method} at {address} answered metadata its declaration")
+        assert message in str(info.value)
+        assert info.value.code == "INTERNAL" and info.value.address == address and info.value.method == method
+        # the transport raises it as it is: a malformed answer is not a parameter server that went away
+        with pytest.raises(AnswerError, match=re.escape(message)):
+            transport.call(0, method, {})
+    finally:
+        client.close()
+        transport.close()
+
+
+def test_a_well_formed_answer_comes_back_as_its_declaration_types_it_and_a_user_method_unchecked(peer):
+    from kubeps.runtime.rpc.protocol import PS  # noqa: PLC0415
+
+    address, answers = peer
+    answers.update({"Push": {"steps": [3, 4]}, "ReadMany": {}, "UserMethod": {"anything": ["goes", 1]}})
+    client = Client(address, PS_SERVICE, TOKEN, timeout=10)
+    try:
+        assert client.call(PS.PUSH, {})[0] == {"steps": [3, 4]}
+        assert client.call(PS.READ_MANY, {})[0] == {}
+        assert client.call("UserMethod", {})[0] == {"anything": ["goes", 1]}
+    finally:
+        client.close()
