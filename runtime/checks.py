@@ -29,6 +29,7 @@ __all__ = [
     "Allowed",
     "Flag",
     "Fraction",
+    "MetricsPort",
     "NonNegativeFloat",
     "NonNegativeInt",
     "NonNegativeSeconds",
@@ -40,6 +41,8 @@ __all__ = [
     "allowed_text",
     "check",
     "check_callable",
+    "from_text",
+    "index_in",
     "integer",
     "number",
 ]
@@ -120,8 +123,34 @@ Fraction = number(gt=0, le=1, allowed="a number in (0, 1]")
 Port = integer(ge=1, le=65535, allowed="a port number in 1..65535")
 #: a TCP port, or 0 (off, or any free port: the field's documentation says which)
 PortOrZero = integer(ge=0, le=65535, allowed="a port number in 1..65535, or 0")
+#: where a process serves its Prometheus metrics, in a task and in the operator alike: 0 is off, else a port
+MetricsPort = integer(ge=0, le=65535, allowed="a port number in 1..65535, or 0 (no metrics)")
 #: True or False (not 1, not "yes")
 Flag = Annotated[bool, BeforeValidator(_strict_bool), Allowed("True or False")]
+
+
+def index_in(count: int, count_name: str) -> Any:
+    """An integer in ``0..count-1``: the position of one of ``count`` things (``count_name`` says which)."""
+    return integer(ge=0, lt=count, allowed=f"an integer in 0..{count - 1} ({count_name}={count})")
+
+
+def _parse_text(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    for parse in (int, float):
+        try:
+            return parse(text)
+        except ValueError:
+            pass
+    return value
+
+
+@functools.lru_cache(maxsize=None)
+def from_text(type_: Any) -> Any:
+    """``type_`` that also takes its value as text, as an environment variable or a flag gives it (``" 3 "`` is 3,
+    ``"2.5"`` is 2.5); the text is then checked as the number it spells (``"1.5"`` is no integer)."""
+    return Annotated[type_, BeforeValidator(_parse_text)]
 
 
 def allowed_text(type_: Any) -> str:

@@ -25,7 +25,8 @@ from typing import Any, Iterable, Mapping, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
-from kubeps.runtime.errors import FieldError, short_repr
+from kubeps.runtime.checks import NonNegativeInt, check
+from kubeps.runtime.errors import FieldError, RuntimeConfigError, short_repr
 from kubeps.runtime.contract import PS_PROCESSES_ENV
 from kubeps.runtime.settings import TaskSettings
 
@@ -301,9 +302,10 @@ class Membership(BaseModel):
     @field_validator("generation", "checkpoint", mode="before")
     @classmethod
     def _generation(cls, value: Any, info: Any) -> Any:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise TFConfigError(f"membership.{info.field_name}", value, "must be a whole number >= 0")
-        return value
+        try:
+            return check(f"membership.{info.field_name}", value, NonNegativeInt)
+        except RuntimeConfigError as err:  # a document's error, in its words
+            raise TFConfigError(err.field, value, err.allowed) from None
 
     @field_validator("workers", mode="before")
     @classmethod

@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from kubeps.runtime.data.arguments import int_arg
+from kubeps.runtime.checks import check, integer
 from kubeps.runtime.data.filesystems import glob_url, is_url
 from kubeps.runtime.data.node import Node
 from kubeps.runtime.data.structure import BLOCK_ROWS, as_arrays, close, closing, map_leaves, slice_leaves
@@ -73,7 +73,7 @@ class RangeNode(Node):
         if not 1 <= len(args) <= 3:
             raise TypeError(f"Dataset.range takes 1 to 3 integers (stop | start, stop[, step]), got {len(args)}")
         for a in args:
-            int_arg("range argument", a, -(2**63), "an integer")
+            check("range argument", a, integer(ge=-(2**63), allowed="an integer"))
         self._range = range(*args)
 
     def iterate(self) -> Iterator[Any]:
@@ -165,7 +165,7 @@ class FileListNode(Node):
         super().__init__()
         self._files, self._patterns = _expand_patterns(file_pattern)
         if seed is not None:
-            seed = int_arg("seed", seed, 0, "None or an integer >= 0")
+            seed = check("seed", seed, integer(ge=0, allowed="None or an integer >= 0"))
         self._shuffle = shuffle
         self._seed = seed if seed is not None else secrets.randbits(63)
         self._passes = 0

@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
+from kubeps.runtime.checks import PositiveInt, check, integer
 from kubeps.runtime.ops import kernels
 from kubeps.runtime.ops.losses import Loss, SigmoidCrossEntropy, SoftmaxCrossEntropy  # noqa: F401 - nn's losses
 from kubeps.runtime.variables.indexed_slices import IndexedSlices
@@ -136,12 +137,6 @@ def _on_device(x: Any, *weights: Any) -> tuple[Any, ...]:
     return tuple(None if a is None else next(moved) for a in (x, *weights))
 
 
-def _check_int(owner: str, name: str, value: Any, lo: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < lo:
-        raise ValueError(f"{owner}: {name}={value!r} is not allowed; allowed: an integer >= {lo}")
-    return int(value)
-
-
 _ACTIVATIONS = {
     None: (None, None),
     "linear": (None, None),
@@ -208,7 +203,7 @@ class Dense(Layer):
                  input_dim: int | None = None, seed: int | None = None, dtype: Any = "float32",
                  name: str | None = None) -> None:
         super().__init__(name)
-        self.units = _check_int("Dense", "units", units)
+        self.units = check("units", units, PositiveInt, owner="Dense")
         if activation not in _ACTIVATIONS:
             raise ValueError(f"Dense: activation={activation!r} is not supported; allowed: "
                              f"{[a for a in _ACTIVATIONS if a is not None]} or None")
@@ -234,7 +229,7 @@ class Dense(Layer):
             return self.units
         if input_dim is None:
             raise ValueError(f"Dense {self.name!r}: input_dim is unknown; pass input_dim or call build(input_dim)")
-        d = _check_int("Dense", "input_dim", input_dim)
+        d = check("input_dim", input_dim, PositiveInt, owner="Dense")
         self.kernel = _new_variable(self._kernel_init((d, self.units), self.dtype), f"{self.name}/kernel")
         if self.use_bias:
             self.bias = _new_variable(self._bias_init((self.units,), self.dtype), f"{self.name}/bias")
@@ -291,8 +286,8 @@ class Embedding(Layer):
                  embeddings: Any = None, seed: int | None = None, dtype: Any = "float32",
                  name: str | None = None) -> None:
         super().__init__(name)
-        self.input_dim = _check_int("Embedding", "input_dim", input_dim)
-        self.output_dim = _check_int("Embedding", "output_dim", output_dim)
+        self.input_dim = check("input_dim", input_dim, PositiveInt, owner="Embedding")
+        self.output_dim = check("output_dim", output_dim, PositiveInt, owner="Embedding")
         self.dtype = np.dtype(dtype)
         if embeddings is None:
             init = get_initializer(embeddings_initializer, seed, "embeddings_initializer")
@@ -456,9 +451,7 @@ class Concatenate(_Merge):
 
     def __init__(self, axis: int = -1, name: str | None = None) -> None:
         super().__init__(name)
-        if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
-            raise ValueError(f"Concatenate: axis={axis!r} is not allowed; allowed: an integer")
-        self.axis = int(axis)
+        self.axis = check("axis", axis, integer(), owner="Concatenate")
         self._cache_sizes: list[int] | None = None
 
     def forward(self, inputs: Sequence[Any]) -> Any:

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from pydantic import BaseModel
 
-from kubeps.runtime.checks import (Flag, Fraction, NonNegativeSeconds, Port, PortOrZero, PositiveInt, Seconds,
-                                   check, check_callable, integer, number)
+from kubeps.runtime.checks import (Flag, Fraction, MetricsPort, NonNegativeSeconds, Port, PortOrZero, PositiveInt,
+                                   Seconds, allowed_text, check, check_callable, from_text, index_in, integer,
+                                   number)
 from kubeps.runtime.errors import RuntimeConfigError
 
 
@@ -58,3 +59,28 @@ def test_check_callable():
     assert check_callable("fn", len) is len
     with pytest.raises(RuntimeConfigError, match="'dataset_fn' has invalid value 3: a callable"):
         check_callable("dataset_fn", 3)
+
+
+@pytest.mark.parametrize("type_,text,expected", [
+    (PositiveInt, " 3 ", 3), (Seconds, "2.5", 2.5), (Seconds, "2", 2.0), (MetricsPort, "0", 0),
+    (PositiveInt | None, "4", 4),
+])
+def test_from_text_reads_a_variable_or_a_flag(type_, text, expected):
+    got = check("field", text, from_text(type_))
+    assert got == expected and type(got) is type(expected)
+
+
+@pytest.mark.parametrize("type_,text", [
+    (PositiveInt, "1.5"), (PositiveInt, "1e3"), (PositiveInt, "0"), (Seconds, "nan"), (Seconds, "inf"),
+    (Seconds, "soon"), (MetricsPort, "65536"),
+])
+def test_from_text_checks_the_number_the_text_spells(type_, text):
+    with pytest.raises(RuntimeConfigError) as info:
+        check("KUBEPS_X", text, from_text(type_))
+    assert (info.value.field, info.value.value, info.value.allowed) == ("KUBEPS_X", text, allowed_text(type_))
+
+
+def test_index_in_names_the_count():
+    assert check("index", 2, index_in(3, "num_shards")) == 2
+    with pytest.raises(RuntimeConfigError, match=r"'index' has invalid value 3: an integer in 0..2 \(num_shards=3\)"):
+        check("index", 3, index_in(3, "num_shards"))
