@@ -37,6 +37,7 @@ __all__ = [
     "PortOrZero",
     "PositiveFloat",
     "PositiveInt",
+    "RealNumber",
     "Seconds",
     "allowed_text",
     "check",
@@ -67,6 +68,12 @@ def _strict_number(value: Any) -> float:
     if not math.isfinite(number_):
         raise ValueError("not a finite number")
     return number_
+
+
+def _strict_real(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError("not a real number")
+    return float(value)
 
 
 def _strict_bool(value: Any) -> bool:
@@ -125,6 +132,8 @@ Port = integer(ge=1, le=65535, allowed="a port number in 1..65535")
 PortOrZero = integer(ge=0, le=65535, allowed="a port number in 1..65535, or 0")
 #: where a process serves its Prometheus metrics, in a task and in the operator alike: 0 is off, else a port
 MetricsPort = integer(ge=0, le=65535, allowed="a port number in 1..65535, or 0 (no metrics)")
+#: any real number, NaN and the infinities too (a diverging loss is still a value to record)
+RealNumber = Annotated[float, BeforeValidator(_strict_real), Allowed("a real number")]
 #: True or False (not 1, not "yes")
 Flag = Annotated[bool, BeforeValidator(_strict_bool), Allowed("True or False")]
 
@@ -186,8 +195,8 @@ def _allowed_of(type_: Any) -> str:
     return allowed_text(type_)
 
 
-def check_callable(field: str, value: T, *, owner: str | None = None) -> T:
-    """``value`` if it is callable, else :class:`RuntimeConfigError` naming the field."""
+def check_callable(field: str, value: T, *, owner: str | None = None, allowed: str = "a callable") -> T:
+    """``value`` if it is callable, else :class:`RuntimeConfigError` naming the field (``allowed`` says what)."""
     if not callable(value):
-        raise RuntimeConfigError(f"{owner}.{field}" if owner else field, value, "a callable")
+        raise RuntimeConfigError(f"{owner}.{field}" if owner else field, value, allowed)
     return value

@@ -197,7 +197,12 @@ class TFConfig(BaseModel):
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "TFConfig":
         """``TF_CONFIG`` of the environment (default ``os.environ``), as the task's settings read it: with its ps
         tasks' processes as ps of their own (:meth:`with_ps_processes`) when ``KUBEPS_PS_PROCESSES`` says so."""
-        settings = TaskSettings.from_env(environ)
+        return cls.of_settings(TaskSettings.from_env(environ))
+
+    @classmethod
+    def of_settings(cls, settings: TaskSettings) -> "TFConfig":
+        """``TF_CONFIG`` of the task's ``settings``, with its ps tasks' processes as ps of their own
+        (:meth:`with_ps_processes`) when ``KUBEPS_PS_PROCESSES`` says so."""
         return cls.parse(settings.tf_config).with_ps_processes(settings.ps_processes)
 
     def with_ps_processes(self, processes: int, process: int = 0) -> "TFConfig":
@@ -426,6 +431,11 @@ class TFConfigClusterResolver:
     """Resolves the cluster from the ``TF_CONFIG`` environment variable, as TensorFlow's class of the same name.
 
     ``task_type``, ``task_id`` and ``rpc_layer`` given here override what TF_CONFIG says.
+
+    Without ``tf_config`` it reads the task's settings (:meth:`TaskSettings.from_env()
+    <kubeps.runtime.settings.TaskSettings.from_env>`, once: one of the three entry points that do, with
+    ``ParameterServerStrategy`` and ``Server``) and keeps them as :attr:`settings`, for what the program builds next
+    (``ParameterServerStrategy`` takes them from its resolver; ``SidecarEvaluator(..., settings=resolver.settings)``).
     """
 
     def __init__(
@@ -436,9 +446,13 @@ class TFConfigClusterResolver:
         environment: str | None = None,
         tf_config: "TFConfig | str | Mapping[str, Any] | None" = None,
     ):
-        config = tf_config if isinstance(tf_config, TFConfig) else (
-            TFConfig.from_env() if tf_config is None else TFConfig.parse(tf_config)
-        )
+        #: the task's settings this resolver read TF_CONFIG from; None when ``tf_config`` was given
+        self.settings: TaskSettings | None = None
+        if tf_config is None:
+            self.settings = TaskSettings.from_env()
+            config = TFConfig.of_settings(self.settings)
+        else:
+            config = tf_config if isinstance(tf_config, TFConfig) else TFConfig.parse(tf_config)
         self._config = config
         self._task_type = task_type
         self._task_id = task_id

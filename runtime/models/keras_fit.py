@@ -50,6 +50,7 @@ from kubeps.runtime.models.keras_metrics import (MetricTotals, Validation, batch
                                                  metric_specs, resolve_metrics, unpack)
 from kubeps.runtime.ops.optimizers import (SGD, Adadelta, Adagrad, Adam, Adamax, AdamW, Ftrl, Lion, Momentum, Nadam,
                                            Optimizer, RMSprop)
+from kubeps.runtime.settings import TaskSettings
 from kubeps.runtime.ops.schedules import (CosineDecay, CosineDecayRestarts, ExponentialDecay, InverseTimeDecay,
                                           LearningRateSchedule, PiecewiseConstantDecay, PolynomialDecay)
 from kubeps.runtime.variables.context import resolve_resource
@@ -645,6 +646,12 @@ class KerasTrainer:
                 [tuple(v.shape) for v in keras_vars], len(tables))
         self.replica = coordinator.create_per_worker_resource(functools.partial(_Replica, *spec), "keras-model",
                                                               _ReplicaRef)
+
+    @property
+    def settings(self) -> TaskSettings:
+        """The chief's settings: those its strategy read (the callbacks' log dir and checkpoint roots)."""
+        settings: TaskSettings = self.coordinator.strategy.settings
+        return settings
 
     @property
     def model(self) -> Any:

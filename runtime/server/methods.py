@@ -78,11 +78,11 @@ _REGISTRY_LOCK = threading.Lock()
 _RESERVED = {PING, COLLECT}
 
 
-def load_extensions(settings: TaskSettings | None = None) -> list[str]:
-    """Import the user's modules named in ``KUBEPS_SERVER_EXTENSIONS`` (``settings.server_extensions``, default
-    :meth:`TaskSettings.from_env() <kubeps.runtime.settings.TaskSettings.from_env>`); returns the ones loaded."""
+def load_extensions(settings: TaskSettings) -> list[str]:
+    """Import the user's modules named in ``KUBEPS_SERVER_EXTENSIONS`` (``settings.server_extensions``, the task's
+    settings, passed down by its :class:`~kubeps.runtime.server.service.Server`); returns the ones loaded."""
     loaded = []
-    for name in (TaskSettings.from_env() if settings is None else settings).server_extensions:
+    for name in settings.server_extensions:
         try:
             importlib.import_module(name)
         except ModuleNotFoundError as err:

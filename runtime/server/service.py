@@ -764,7 +764,7 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
         die_with_task(settings.ps_task_pid)
     try:
         load_extensions(settings)
-        config = TFConfig.parse(settings.tf_config).with_ps_processes(settings.ps_processes)
+        config = TFConfig.of_settings(settings)
         if config.task is None or not config.cluster:
             raise TFConfigError("TF_CONFIG", settings.tf_config,
                                 "must name a cluster and a task, e.g. {\"cluster\": {...}, \"task\": {\"type\": \"ps\", \"index\": 0}}")
