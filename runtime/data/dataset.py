@@ -20,7 +20,7 @@ from __future__ import annotations
 import copy
 import os
 import threading
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Literal, Sequence
 
 from kubeps.runtime.data import passes
 from kubeps.runtime.checks import NonNegativeInt, PositiveInt, check, check_callable, index_in, integer
@@ -34,6 +34,7 @@ from kubeps.runtime.data.sources import FileListNode, GeneratorNode, IterableNod
 from kubeps.runtime.data.transforms import (
     BatchNode, FilterNode, InterleaveNode, MapNode, RepeatNode, ShardNode, SkipNode, TakeNode, batched,
 )
+from kubeps.runtime.errors import RuntimeConfigError
 
 #: As ``tf.data.AUTOTUNE``: let the runtime pick a buffer size (``prefetch`` uses :data:`AUTOTUNE_PREFETCH`).
 AUTOTUNE = -1
@@ -122,13 +123,10 @@ class Dataset:
         ``"npz"`` (:func:`read_npz`) or any ``fn(path) -> iterable of records``. Unlike ``list_files``, files are
         read in sorted order unless ``shuffle=True``.
         """
+        allowed = f"one of {sorted(READERS)} or a callable"
         if isinstance(reader, str):
-            if reader not in READERS:
-                raise ValueError(
-                    f"argument `reader` must be one of {sorted(READERS)} or a callable, got {reader!r}"
-                )
-            reader = READERS[reader]
-        check_callable("reader", reader)
+            reader = READERS[check("reader", reader, Literal[tuple(READERS)], allowed=allowed)]
+        check_callable("reader", reader, allowed=allowed)
         return Dataset.list_files(file_pattern, shuffle=shuffle, seed=seed).interleave(
             reader, cycle_length=cycle_length
         )
@@ -218,7 +216,7 @@ class Dataset:
     def with_options(self, options: Options) -> "Dataset":
         """This dataset with ``options`` (e.g. ``options.experimental_distribute.auto_shard_policy``)."""
         if not isinstance(options, Options):
-            raise TypeError(f"argument `options` must be a kubeps.runtime.data.Options, got {type(options).__name__}")
+            raise RuntimeConfigError("options", type(options).__name__, "a kubeps.runtime.data.Options")
         clone = copy.copy(self)
         clone._node = copy.copy(self._node)  # its own pass counters (a shuffle's epoch, a one-shot iterator's use)
         clone._options = copy.deepcopy(options)

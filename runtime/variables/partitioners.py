@@ -73,9 +73,7 @@ def _bytes_per_element(dtype: Any, bytes_per_string: int) -> int:
             return bytes_per_string
         return np.dtype(dtype).itemsize
     except TypeError:
-        raise ValueError(
-            f"argument `dtype` must be a numpy dtype (or 'string'), got {dtype!r}"
-        ) from None
+        raise RuntimeConfigError("dtype", dtype, "a numpy dtype (or 'string')") from None
 
 
 def _partition_list(shape: tuple[int, ...], num_shards: int) -> list[int]:
@@ -86,10 +84,8 @@ def _partition_list(shape: tuple[int, ...], num_shards: int) -> list[int]:
 
 def _check_axis(axis: Any) -> None:
     if axis != 0:
-        raise ValueError(
-            f"argument `axis` must be 0, got {axis!r}: like ParameterServerStrategy, kubeps only partitions "
-            f"the first (outermost) axis"
-        )
+        raise RuntimeConfigError("axis", axis, "0: like ParameterServerStrategy, kubeps only partitions the first "
+                                 "(outermost) axis")
 
 
 # -- partitioners -------------------------------------------------------------------------------------------------
@@ -197,10 +193,8 @@ def _check_split(num_rows: Any, num_shards: Any) -> tuple[int, int]:
     num_rows = check("num_rows", num_rows, NonNegativeInt)
     num_shards = check("num_shards", num_shards, PositiveInt)
     if num_shards > max(1, num_rows):
-        raise ValueError(
-            f"argument `num_shards` must be <= num_rows ({num_rows}), got {num_shards}: partitioners cap the "
-            f"shard count at shape[0] so that no shard is empty"
-        )
+        raise RuntimeConfigError("num_shards", num_shards, f"<= num_rows ({num_rows}): partitioners cap the shard "
+                                 "count at shape[0] so that no shard is empty")
     return num_rows, num_shards
 
 
@@ -238,12 +232,12 @@ def owner_of(ids: Any, num_rows: int, num_shards: int) -> tuple[np.ndarray, np.n
         if arr.dtype.kind == "f" and np.all(np.isfinite(arr)) and np.all(arr == np.floor(arr)):
             pass  # integral floats are accepted
         else:
-            raise ValueError(f"argument `ids` must hold integers, got dtype {arr.dtype}")
+            raise RuntimeConfigError("ids dtype", arr.dtype, "integers")
     arr = arr.astype(np.int64, copy=False)
     lo, hi = int(arr.min()), int(arr.max())
     if lo < 0 or hi >= num_rows:
         bad = lo if lo < 0 else hi
-        raise ValueError(f"argument `ids` must be in [0, {num_rows}), got id {bad}")
+        raise RuntimeConfigError("ids", bad, f"ids in [0, {num_rows})")
     base, extra = divmod(num_rows, num_shards)
     shard = np.maximum(arr // (base + 1), (arr - extra) // base)
     first_row = shard * base + np.minimum(shard, extra)
