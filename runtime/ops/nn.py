@@ -19,11 +19,12 @@ Loss objects (:class:`SigmoidCrossEntropy`, :class:`SoftmaxCrossEntropy`) return
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Literal, Sequence
 
 import numpy as np
 
-from kubeps.runtime.checks import PositiveInt, check, integer
+from kubeps.runtime.checks import PositiveInt, check, integer, number
+from kubeps.runtime.errors import RuntimeConfigError
 from kubeps.runtime.ops import kernels
 from kubeps.runtime.ops.losses import Loss, SigmoidCrossEntropy, SoftmaxCrossEntropy  # noqa: F401 - nn's losses
 from kubeps.runtime.variables.indexed_slices import IndexedSlices
@@ -72,9 +73,9 @@ class random_uniform:
     """``U(minval, maxval)`` (Keras' default for embeddings: -0.05, 0.05)."""
 
     def __init__(self, minval: float = -0.05, maxval: float = 0.05, seed: int | None = None) -> None:
-        if not minval < maxval:
-            raise ValueError(f"random_uniform: minval={minval!r}, maxval={maxval!r}; allowed: minval < maxval")
-        self.minval, self.maxval = float(minval), float(maxval)
+        self.minval = check("minval", minval, number(), owner="random_uniform")
+        self.maxval = check("maxval", maxval, number(gt=self.minval, allowed=f"a number > minval ({minval!r})"),
+                            owner="random_uniform")
         self.rng = np.random.default_rng(seed)
 
     def __call__(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
@@ -100,8 +101,7 @@ def get_initializer(spec: Any, seed: int | None, what: str) -> Callable[[tuple[i
         return spec
     if isinstance(spec, str) and spec in _INITIALIZERS:
         return _INITIALIZERS[spec](seed=seed)
-    raise ValueError(f"{what}={spec!r} is not an initializer; allowed: {sorted(_INITIALIZERS)} or a callable "
-                     f"(shape, dtype) -> array")
+    raise RuntimeConfigError(what, spec, f"one of {sorted(_INITIALIZERS)} or a callable (shape, dtype) -> array")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -204,10 +204,8 @@ class Dense(Layer):
                  name: str | None = None) -> None:
         super().__init__(name)
         self.units = check("units", units, PositiveInt, owner="Dense")
-        if activation not in _ACTIVATIONS:
-            raise ValueError(f"Dense: activation={activation!r} is not supported; allowed: "
-                             f"{[a for a in _ACTIVATIONS if a is not None]} or None")
-        self.activation = activation
+        self.activation = check("activation", activation, Literal[tuple(_ACTIVATIONS)], owner="Dense",
+                                allowed=f"one of {[a for a in _ACTIVATIONS if a is not None]} or None")
         self.use_bias = bool(use_bias)
         self._kernel_init = get_initializer(kernel_initializer, seed, "kernel_initializer")
         self._bias_init = get_initializer(bias_initializer, None if seed is None else seed + 1, "bias_initializer")
@@ -511,8 +509,8 @@ class Sequential(Layer):
         layers = list(layers)
         for i, layer in enumerate(layers):
             if not isinstance(layer, Layer):
-                raise ValueError(f"Sequential: layers[{i}] is a {type(layer).__name__}; allowed: kubeps.runtime.ops.nn "
-                                 f"Layer instances")
+                raise RuntimeConfigError(f"Sequential.layers[{i}]", type(layer).__name__,
+                                         "a kubeps.runtime.ops.nn Layer instance")
         names = [layer.name for layer in layers]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
@@ -564,9 +562,8 @@ class MLP(Sequential):
     def __init__(self, hidden_units: Sequence[int], output_units: int, activation: str = "relu",
                  output_activation: str | None = None, input_dim: int | None = None, seed: int | None = None,
                  dtype: Any = "float32", name: str = "mlp") -> None:
-        if isinstance(hidden_units, (int, np.integer)) or not all(
-                isinstance(h, (int, np.integer)) and not isinstance(h, bool) and h >= 1 for h in hidden_units):
-            raise ValueError(f"MLP: hidden_units={hidden_units!r} is not allowed; allowed: a list of integers >= 1")
+        check("hidden_units", hidden_units, list[PositiveInt] | tuple[PositiveInt, ...], owner="MLP",
+              allowed="a list of integers >= 1")
         sizes = list(hidden_units) + [output_units]
         acts = [activation] * len(hidden_units) + [output_activation]
         layers = [Dense(u, activation=a, seed=None if seed is None else seed + 2 * i, dtype=dtype,

@@ -37,6 +37,7 @@ import numpy as np
 
 from kubeps.runtime.ops import kernels
 from kubeps.runtime.checks import Flag, check, integer, number
+from kubeps.runtime.errors import RuntimeConfigError
 from kubeps.runtime.ops.hyperparams import build
 from kubeps.runtime.variables.indexed_slices import IndexedSlices
 from kubeps.runtime.ops.schedules import (  # noqa: F401 - re-exported: optimizers take schedules as their rate
@@ -122,8 +123,8 @@ class Optimizer:
         if isinstance(lr, Mapping):
             return schedule_from_config(lr)
         if callable(lr):
-            raise ValueError(f"{type(self).__name__}: learning_rate={lr!r} is not allowed; allowed: a positive number "
-                             f"or a LearningRateSchedule (plain callables cannot be sent to a parameter server)")
+            raise RuntimeConfigError(f"{type(self).__name__}.learning_rate", lr, "a positive number or a "
+                                     "LearningRateSchedule (plain callables cannot be sent to a parameter server)")
         return check("learning_rate", lr, number(gt=0), owner=type(self).__name__)
 
     def _moments(self, beta_1: Any, beta_2: Any, epsilon: Any) -> dict[str, Any]:
@@ -326,8 +327,8 @@ class Adagrad(Optimizer):
         self.initial_accumulator_value = check("initial_accumulator_value", initial_accumulator_value, number(ge=0), owner="Adagrad")
         self.epsilon = check("epsilon", epsilon, number(ge=0), owner="Adagrad")
         if self.initial_accumulator_value == 0 and self.epsilon == 0:
-            raise ValueError("Adagrad: initial_accumulator_value=0 with epsilon=0 divides by zero on a zero "
-                             "gradient; allowed: either of them > 0")
+            raise RuntimeConfigError("Adagrad.epsilon", 0, "> 0 when initial_accumulator_value=0 (both 0 divide by "
+                                     "zero on a zero gradient)")
         self._slot_init = {"accumulator": self.initial_accumulator_value}
 
     def _hyper(self) -> dict[str, Any]:
@@ -411,8 +412,8 @@ class Ftrl(Optimizer):
         if self.initial_accumulator_value == 0 and self.learning_rate_power < 0:
             # accum ** -p is fine at 0, but quadratic = 0 on a zero first gradient would divide by zero.
             if self.beta == 0 and self.l2_regularization_strength == 0:
-                raise ValueError(f"{o}: initial_accumulator_value=0 with beta=0 and l2_regularization_strength=0 "
-                                 f"divides by zero on a zero gradient; allowed: initial_accumulator_value > 0")
+                raise RuntimeConfigError(f"{o}.initial_accumulator_value", 0, "> 0 when beta=0 and "
+                                         "l2_regularization_strength=0 (all 0 divide by zero on a zero gradient)")
         self._slot_init = {"accumulator": self.initial_accumulator_value, "linear": 0.0}
 
     def _hyper(self) -> dict[str, Any]:
@@ -449,7 +450,7 @@ class AdamW(Adam):
                  weight_decay: float = 0.004, beta_1: float = 0.9, beta_2: float = 0.999, epsilon: float = 1e-7,
                  amsgrad: bool = False) -> None:
         if weight_decay is None:
-            raise ValueError("AdamW: weight_decay=None is not allowed; allowed: a number >= 0 (use Adam for none)")
+            raise RuntimeConfigError("AdamW.weight_decay", None, "a number >= 0 (use Adam for none)")
         super().__init__(learning_rate, beta_1, beta_2, epsilon, amsgrad, weight_decay)
 
 

@@ -13,6 +13,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from kubeps.runtime.checks import Flag, check, integer, number
+from kubeps.runtime.errors import RuntimeConfigError
 from kubeps.runtime.ops.hyperparams import build
 
 __all__ = [
@@ -79,10 +80,8 @@ class ExponentialDecay(LearningRateSchedule):
             steps = MAX_SCHEDULE_STEP / self.decay_steps
             top = math.log(self.initial_learning_rate) + steps * math.log(self.decay_rate)
             if top >= math.log(_FLOAT_MAX):
-                raise ValueError(
-                    f"{o}: decay_rate={decay_rate!r} with decay_steps={decay_steps!r} overflows before step "
-                    f"{MAX_SCHEDULE_STEP}; allowed: decay_rate <= 1, or a growth that stays finite up to that step"
-                )
+                raise RuntimeConfigError(f"{o}.decay_rate", decay_rate, f"<= 1, or a growth that stays finite up to step "
+                                         f"{MAX_SCHEDULE_STEP} (with decay_steps={decay_steps!r} it overflows)")
 
     def __call__(self, step: int) -> float:
         p = step / self.decay_steps
@@ -124,13 +123,13 @@ class PiecewiseConstantDecay(LearningRateSchedule):
     def __init__(self, boundaries: Sequence[int], values: Sequence[float]) -> None:
         o = "PiecewiseConstantDecay"
         if not isinstance(boundaries, (list, tuple)) or not boundaries:
-            raise ValueError(f"{o}: boundaries={boundaries!r} is not allowed; allowed: a non-empty list of integers")
+            raise RuntimeConfigError(f"{o}.boundaries", boundaries, "a non-empty list of integers")
         if not isinstance(values, (list, tuple)) or len(values) != len(boundaries) + 1:
-            raise ValueError(f"{o}: values={values!r} is not allowed; allowed: a list of "
-                             f"len(boundaries) + 1 = {len(boundaries) + 1} positive numbers")
+            raise RuntimeConfigError(f"{o}.values", values, f"a list of len(boundaries) + 1 = {len(boundaries) + 1} "
+                                     "positive numbers")
         self.boundaries = [check(f"boundaries[{i}]", b, integer(ge=0), owner=o) for i, b in enumerate(boundaries)]
         if any(b2 <= b1 for b1, b2 in zip(self.boundaries, self.boundaries[1:])):
-            raise ValueError(f"{o}: boundaries={boundaries!r} is not allowed; allowed: strictly increasing integers")
+            raise RuntimeConfigError(f"{o}.boundaries", boundaries, "strictly increasing integers")
         self.values = [check(f"values[{i}]", v, number(gt=0), owner=o) for i, v in enumerate(values)]
 
     def __call__(self, step: int) -> float:

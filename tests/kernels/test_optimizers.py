@@ -269,7 +269,7 @@ def test_optimizer_from_config_errors_name_the_problem():
     (lambda: Momentum(momentum=1.0), r"'Momentum.momentum' has invalid value 1.0: a finite number >= 0 and < 1"),
     (lambda: Momentum(nesterov="yes"), r"'Momentum.nesterov' has invalid value 'yes': True or False"),
     (lambda: Adagrad(initial_accumulator_value=-1), r"'Adagrad.initial_accumulator_value' has invalid value -1: a finite number >= 0"),
-    (lambda: Adagrad(initial_accumulator_value=0, epsilon=0), r"divides by zero"),
+    (lambda: Adagrad(initial_accumulator_value=0, epsilon=0), r"'Adagrad.epsilon' has invalid value 0: > 0 when initial_accumulator_value=0 .*divide by zero"),
     (lambda: Adam(epsilon=0), r"'Adam.epsilon' has invalid value 0: a finite number > 0"),
     (lambda: Ftrl(learning_rate_power=0.5), r"'Ftrl.learning_rate_power' has invalid value 0.5: a finite number <= 0"),
     (lambda: Ftrl(l1_regularization_strength=-0.1), r"'Ftrl.l1_regularization_strength' has invalid value -0.1: a finite number >= 0"),
