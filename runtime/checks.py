@@ -7,6 +7,9 @@ CRD model) names it as a field's annotation; a constructor or function checks an
     self.shards = check("num_shards", num_shards, PositiveInt)
     rate = check("learning_rate", learning_rate, number(gt=0), owner="SGD")
 
+The task's and the operator's settings read their variables' text with :func:`from_text` (``" 3 "`` is 3, ``"1.5"``
+is no integer), so a variable both read, such as ``KUBEPS_METRICS_PORT`` (:data:`MetricsPort`), means one thing.
+
 A refusal raises :class:`~kubeps.runtime.errors.RuntimeConfigError` (a ``ValueError``), whose message names the
 field, the value and what is allowed, in the same words for every caller. Numbers are strict: ``True`` is not 1,
 ``"3"`` is not 3, NaN and infinities are not numbers; numpy scalars are accepted as the Python number they hold.

@@ -25,7 +25,7 @@ from typing import Any, Iterable, Mapping, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
-from kubeps.runtime.checks import NonNegativeInt, check
+from kubeps.runtime.checks import NonNegativeInt, check, integer
 from kubeps.runtime.errors import FieldError, RuntimeConfigError, short_repr
 from kubeps.runtime.contract import PS_PROCESSES_ENV
 from kubeps.runtime.settings import TaskSettings
@@ -406,14 +406,14 @@ class ClusterSpec:
 
     def job_tasks(self, job_name: str) -> list[str]:
         if job_name not in self._cluster:
-            raise ValueError(f"no job named {job_name!r} in the cluster; jobs are {self.jobs}")
+            raise RuntimeConfigError("job_name", job_name, f"a job of the cluster: one of {self.jobs}")
         return list(self._cluster[job_name])
 
     def task_address(self, job_name: str, task_index: int) -> str:
         tasks = self.job_tasks(job_name)
-        if not 0 <= task_index < len(tasks):
-            raise ValueError(f"job {job_name!r} has {len(tasks)} task(s); index {task_index} is out of range")
-        return tasks[task_index]
+        allowed = f"an integer in 0..{len(tasks) - 1} (job {job_name!r} has {len(tasks)} task(s))"
+        index: int = check("task_index", task_index, integer(ge=0, lt=len(tasks), allowed=allowed))
+        return tasks[index]
 
     def __bool__(self) -> bool:
         return bool(self._cluster)

@@ -73,9 +73,9 @@ def _check_root_for(saveables: list[Saveable], tables: list[TableSaveable], dire
     """:func:`check_checkpoint_root` when parameter servers write part of the checkpoint, under the settings of the
     chief whose strategy made their transport (``PSTransport.settings``; a transport made without settings knows
     no roots: only a relative directory is refused before the parameter servers see it)."""
-    transports = [t.table.transport for t in tables] + [
-        shard.executor.transport for sv in saveables for shard in sv.shards if isinstance(shard.executor, PSExecutor)]
-    if transports:
+    executors = [shard.executor for sv in saveables for shard in sv.shards if isinstance(shard.executor, PSExecutor)]
+    if tables or executors:
+        transports = [t.table.transport for t in tables if t.table.is_remote] + [e.transport for e in executors]
         known = [s for s in (getattr(t, "settings", None) for t in transports) if s is not None]
         check_checkpoint_root(directory, field, known[0] if known else TaskSettings())
 
