@@ -27,6 +27,9 @@ ALLOWED = {
     "runtime/data/reader_processes.py": (
         5, "a reader child process is started with the whole environment and takes on its parent's (credentials for "
            "s3:// and gs://, malloc tuning): it passes the environment on, it reads no setting from it"),
+    "runtime/cli.py": (
+        1, "`kubeps local` is where a local job starts: it hands its environment to LocalJobSpec.from_arguments, "
+           "which parses the task settings in it once (TaskSettings.from_env) and passes them down"),
     "runtime/local/launcher.py": (
         1, "kubeps local passes its whole environment on to the tasks it starts; the task settings in it are parsed "
            "by TaskSettings.from_env and rendered back by to_env, never read here"),
