@@ -28,6 +28,7 @@ from kubeps.runtime import certs
 from kubeps.runtime.contract import TLS_CA_FILE_ENV, TLS_CERT_FILE_ENV, TLS_KEY_FILE_ENV
 from kubeps.runtime.rpc import wire
 from kubeps.runtime.rpc.tls import load_tls
+from kubeps.runtime.settings import TaskSettings
 from kubeps.runtime.cluster import TFConfig, TFConfigClusterResolver
 from kubeps.runtime.ops.optimizers import SGD
 from kubeps.runtime.variables.partitioners import FixedShardsPartitioner
@@ -91,7 +92,7 @@ def main() -> int:
         strategy = ParameterServerStrategy(
             TFConfigClusterResolver(tf_config=TFConfig.for_task(cluster, "chief", 0)),
             variable_partitioner=FixedShardsPartitioner(2), job_token=TOKEN, rpc_timeout=120.0,
-            tls=load_tls(tls_env))
+            tls=load_tls(TaskSettings.from_env(tls_env)))
         strategy.wait_for_parameter_servers(timeout=60)
 
         rows = args.mib * (1 << 20) // (1024 * 4)

@@ -7,6 +7,9 @@ CRD model) names it as a field's annotation; a constructor or function checks an
     self.shards = check("num_shards", num_shards, PositiveInt)
     rate = check("learning_rate", learning_rate, number(gt=0), owner="SGD")
 
+The task's and the operator's settings read their variables' text with :func:`from_text` (``" 3 "`` is 3, ``"1.5"``
+is no integer), so a variable both read, such as ``KUBEPS_METRICS_PORT`` (:data:`MetricsPort`), means one thing.
+
 A refusal raises :class:`~kubeps.runtime.errors.RuntimeConfigError` (a ``ValueError``), whose message names the
 field, the value and what is allowed, in the same words for every caller. Numbers are strict: ``True`` is not 1,
 ``"3"`` is not 3, NaN and infinities are not numbers; numpy scalars are accepted as the Python number they hold.
@@ -29,6 +32,7 @@ __all__ = [
     "Allowed",
     "Flag",
     "Fraction",
+    "MetricsPort",
     "NonNegativeFloat",
     "NonNegativeInt",
     "NonNegativeSeconds",
@@ -36,10 +40,13 @@ __all__ = [
     "PortOrZero",
     "PositiveFloat",
     "PositiveInt",
+    "RealNumber",
     "Seconds",
     "allowed_text",
     "check",
     "check_callable",
+    "from_text",
+    "index_in",
     "integer",
     "number",
 ]
@@ -64,6 +71,12 @@ def _strict_number(value: Any) -> float:
     if not math.isfinite(number_):
         raise ValueError("not a finite number")
     return number_
+
+
+def _strict_real(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError("not a real number")
+    return float(value)
 
 
 def _strict_bool(value: Any) -> bool:
@@ -120,8 +133,36 @@ Fraction = number(gt=0, le=1, allowed="a number in (0, 1]")
 Port = integer(ge=1, le=65535, allowed="a port number in 1..65535")
 #: a TCP port, or 0 (off, or any free port: the field's documentation says which)
 PortOrZero = integer(ge=0, le=65535, allowed="a port number in 1..65535, or 0")
+#: where a process serves its Prometheus metrics, in a task and in the operator alike: 0 is off, else a port
+MetricsPort = integer(ge=0, le=65535, allowed="a port number in 1..65535, or 0 (no metrics)")
+#: any real number, NaN and the infinities too (a diverging loss is still a value to record)
+RealNumber = Annotated[float, BeforeValidator(_strict_real), Allowed("a real number")]
 #: True or False (not 1, not "yes")
 Flag = Annotated[bool, BeforeValidator(_strict_bool), Allowed("True or False")]
+
+
+def index_in(count: int, count_name: str) -> Any:
+    """An integer in ``0..count-1``: the position of one of ``count`` things (``count_name`` says which)."""
+    return integer(ge=0, lt=count, allowed=f"an integer in 0..{count - 1} ({count_name}={count})")
+
+
+def _parse_text(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    for parse in (int, float):
+        try:
+            return parse(text)
+        except ValueError:
+            pass
+    return value
+
+
+@functools.lru_cache(maxsize=None)
+def from_text(type_: Any) -> Any:
+    """``type_`` that also takes its value as text, as an environment variable or a flag gives it (``" 3 "`` is 3,
+    ``"2.5"`` is 2.5); the text is then checked as the number it spells (``"1.5"`` is no integer)."""
+    return Annotated[type_, BeforeValidator(_parse_text)]
 
 
 def allowed_text(type_: Any) -> str:
@@ -157,8 +198,8 @@ def _allowed_of(type_: Any) -> str:
     return allowed_text(type_)
 
 
-def check_callable(field: str, value: T, *, owner: str | None = None) -> T:
-    """``value`` if it is callable, else :class:`RuntimeConfigError` naming the field."""
+def check_callable(field: str, value: T, *, owner: str | None = None, allowed: str = "a callable") -> T:
+    """``value`` if it is callable, else :class:`RuntimeConfigError` naming the field (``allowed`` says what)."""
     if not callable(value):
-        raise RuntimeConfigError(f"{owner}.{field}" if owner else field, value, "a callable")
+        raise RuntimeConfigError(f"{owner}.{field}" if owner else field, value, allowed)
     return value

@@ -270,7 +270,6 @@ def _run_local(args: argparse.Namespace, script_args: list[str]) -> int:
     from kubeps.runtime.local.launcher import LocalCluster, run_local  # noqa: PLC0415
     from kubeps.runtime.local.restarting import RestartingLocalCluster  # noqa: PLC0415
     from kubeps.runtime.local.spec import LocalJobSpec  # noqa: PLC0415
-    from kubeps.runtime.settings import TaskSettings  # noqa: PLC0415
 
     local_parser: argparse.ArgumentParser = args._local_parser
     if not os.path.exists(args.script):
@@ -278,11 +277,11 @@ def _run_local(args: argparse.Namespace, script_args: list[str]) -> int:
     if not os.path.isfile(args.script):
         local_parser.error(f"script must be a file, got a directory: {args.script}")
     try:
-        spec = LocalJobSpec(
-            script=args.script, script_args=tuple(script_args), num_ps=args.ps, num_workers=args.workers,
+        spec = LocalJobSpec.from_arguments(
+            args.script, script_args, os.environ, num_ps=args.ps, num_workers=args.workers,
             evaluator=args.evaluator, host=args.host, port_base=args.port_base, python=args.python,
             grace_period=args.grace_period, evaluator_grace=args.evaluator_grace, tls=not args.insecure_plaintext,
-            metrics=not args.no_metrics, ps_processes=args.ps_processes, settings=TaskSettings.from_env(),
+            metrics=not args.no_metrics, ps_processes=args.ps_processes,
         )
         return run_local(spec, cluster_factory=RestartingLocalCluster if args.restart else LocalCluster)
     except PortBaseError as err:

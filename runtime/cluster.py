@@ -25,7 +25,8 @@ from typing import Any, Iterable, Mapping, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
-from kubeps.runtime.errors import FieldError, short_repr
+from kubeps.runtime.checks import NonNegativeInt, check, integer
+from kubeps.runtime.errors import FieldError, RuntimeConfigError, short_repr
 from kubeps.runtime.contract import PS_PROCESSES_ENV
 from kubeps.runtime.settings import TaskSettings
 
@@ -196,7 +197,12 @@ class TFConfig(BaseModel):
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "TFConfig":
         """``TF_CONFIG`` of the environment (default ``os.environ``), as the task's settings read it: with its ps
         tasks' processes as ps of their own (:meth:`with_ps_processes`) when ``KUBEPS_PS_PROCESSES`` says so."""
-        settings = TaskSettings.from_env(environ)
+        return cls.of_settings(TaskSettings.from_env(environ))
+
+    @classmethod
+    def of_settings(cls, settings: TaskSettings) -> "TFConfig":
+        """``TF_CONFIG`` of the task's ``settings``, with its ps tasks' processes as ps of their own
+        (:meth:`with_ps_processes`) when ``KUBEPS_PS_PROCESSES`` says so."""
         return cls.parse(settings.tf_config).with_ps_processes(settings.ps_processes)
 
     def with_ps_processes(self, processes: int, process: int = 0) -> "TFConfig":
@@ -301,9 +307,10 @@ class Membership(BaseModel):
     @field_validator("generation", "checkpoint", mode="before")
     @classmethod
     def _generation(cls, value: Any, info: Any) -> Any:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise TFConfigError(f"membership.{info.field_name}", value, "must be a whole number >= 0")
-        return value
+        try:
+            return check(f"membership.{info.field_name}", value, NonNegativeInt)
+        except RuntimeConfigError as err:  # a document's error, in its words
+            raise TFConfigError(err.field, value, err.allowed) from None
 
     @field_validator("workers", mode="before")
     @classmethod
@@ -399,14 +406,14 @@ class ClusterSpec:
 
     def job_tasks(self, job_name: str) -> list[str]:
         if job_name not in self._cluster:
-            raise ValueError(f"no job named {job_name!r} in the cluster; jobs are {self.jobs}")
+            raise RuntimeConfigError("job_name", job_name, f"a job of the cluster: one of {self.jobs}")
         return list(self._cluster[job_name])
 
     def task_address(self, job_name: str, task_index: int) -> str:
         tasks = self.job_tasks(job_name)
-        if not 0 <= task_index < len(tasks):
-            raise ValueError(f"job {job_name!r} has {len(tasks)} task(s); index {task_index} is out of range")
-        return tasks[task_index]
+        allowed = f"an integer in 0..{len(tasks) - 1} (job {job_name!r} has {len(tasks)} task(s))"
+        index: int = check("task_index", task_index, integer(ge=0, lt=len(tasks), allowed=allowed))
+        return tasks[index]
 
     def __bool__(self) -> bool:
         return bool(self._cluster)
@@ -424,6 +431,11 @@ class TFConfigClusterResolver:
     """Resolves the cluster from the ``TF_CONFIG`` environment variable, as TensorFlow's class of the same name.
 
     ``task_type``, ``task_id`` and ``rpc_layer`` given here override what TF_CONFIG says.
+
+    Without ``tf_config`` it reads the task's settings (:meth:`TaskSettings.from_env()
+    <kubeps.runtime.settings.TaskSettings.from_env>`, once: one of the three entry points that do, with
+    ``ParameterServerStrategy`` and ``Server``) and keeps them as :attr:`settings`, for what the program builds next
+    (``ParameterServerStrategy`` takes them from its resolver; ``SidecarEvaluator(..., settings=resolver.settings)``).
     """
 
     def __init__(
@@ -434,9 +446,13 @@ class TFConfigClusterResolver:
         environment: str | None = None,
         tf_config: "TFConfig | str | Mapping[str, Any] | None" = None,
     ):
-        config = tf_config if isinstance(tf_config, TFConfig) else (
-            TFConfig.from_env() if tf_config is None else TFConfig.parse(tf_config)
-        )
+        #: the task's settings this resolver read TF_CONFIG from; None when ``tf_config`` was given
+        self.settings: TaskSettings | None = None
+        if tf_config is None:
+            self.settings = TaskSettings.from_env()
+            config = TFConfig.of_settings(self.settings)
+        else:
+            config = tf_config if isinstance(tf_config, TFConfig) else TFConfig.parse(tf_config)
         self._config = config
         self._task_type = task_type
         self._task_id = task_id

@@ -22,11 +22,12 @@ and the errors, nothing else of the runtime.
 from __future__ import annotations
 
 import os
-from typing import Any, Literal, Mapping
+from typing import TYPE_CHECKING, Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from kubeps.runtime import contract
+from kubeps.runtime.checks import Allowed, MetricsPort, PositiveInt, Seconds, allowed_text, from_text
 from kubeps.runtime.errors import RuntimeConfigError
 
 __all__ = [
@@ -85,13 +86,21 @@ DEFAULT_MIN_REQUEST_BYTES_PER_S = 64 << 10
 
 #: the level names ``logging.basicConfig(level=...)`` accepts
 _LOG_LEVELS = ("CRITICAL", "FATAL", "ERROR", "WARN", "WARNING", "INFO", "DEBUG", "NOTSET")
-_POSITIVE_INT = "a positive integer"
-_POSITIVE_SECONDS = "a positive, finite number of seconds"
+#: the numeric fields' types (:mod:`kubeps.runtime.checks`), taking the variable's text
+if TYPE_CHECKING:  # mypy sees the plain types, pydantic the checked ones
+    _Count = int
+    _Seconds = float
+    _MetricsPort = int
+else:
+    _Count = from_text(PositiveInt)
+    _Seconds = from_text(Seconds)
+    _MetricsPort = from_text(MetricsPort)
 
 
-def _var(name: str, default: Any, allowed: str, **bounds: Any) -> Any:
-    """A field read from variable ``name``; ``allowed`` is what an error says would be accepted."""
-    return Field(default, alias=name, json_schema_extra={"allowed": allowed}, **bounds)
+def _var(name: str, default: Any, allowed: str | None = None) -> Any:
+    """A field read from variable ``name``; ``allowed`` is what an error says would be accepted (default: what
+    the field's type says, :func:`~kubeps.runtime.checks.allowed_text`)."""
+    return Field(default, alias=name, json_schema_extra={"allowed": allowed} if allowed else None)
 
 
 def _split(value: Any) -> Any:
@@ -136,25 +145,24 @@ class TaskSettings(BaseModel):
 
     # -- the process ----------------------------------------------------------------------------------------------
     #: the CPUs the task may use; None: its cgroup quota and CPU affinity decide
-    cpus: int | None = _var(contract.CPUS_ENV, None,
-                            "a whole number of CPUs >= 1 (or unset: the cgroup quota and CPU affinity decide)", gt=0)
+    cpus: _Count | None = _var(contract.CPUS_ENV, None,
+                               "a whole number of CPUs >= 1 (or unset: the cgroup quota and CPU affinity decide)")
     #: server processes per ps task, the same in every task of the job (a ps uses that many cores)
-    ps_processes: int = _var(contract.PS_PROCESSES_ENV, 1, "a whole number of processes per ps task >= 1", gt=0)
+    ps_processes: _Count = _var(contract.PS_PROCESSES_ENV, 1, "a whole number of processes per ps task >= 1")
     #: the ps task's own process, for a server process it started (:mod:`kubeps.runtime.server.processes`)
-    ps_task_pid: int | None = _var(contract.PS_TASK_PID_ENV, None, "a process id >= 1 (set by a ps task)", gt=0)
+    ps_task_pid: _Count | None = _var(contract.PS_TASK_PID_ENV, None, "a process id >= 1 (set by a ps task)")
     #: where array kernels run; None: a GPU when CuPy sees one, else the CPU
     device: Literal["cpu", "gpu"] | None = _var(contract.DEVICE_ENV, None, "'cpu', 'gpu' or unset (auto)")
     #: how many GPU tasks share this task's GPU: each may use 0.9 / gpu_tasks of its memory (CuPy's pool, XLA)
-    gpu_tasks: int = _var(contract.GPU_TASKS_ENV, 1, _POSITIVE_INT + " (the GPU tasks sharing one GPU)", gt=0)
+    gpu_tasks: _Count = _var(contract.GPU_TASKS_ENV, 1)
     log_level: str = _var(contract.LOG_LEVEL_ENV, "INFO", f"a logging level name: {', '.join(_LOG_LEVELS)}")
     #: where TensorBoard event files go; None: nowhere unless a program names a log dir
     logdir: str | None = _var(contract.LOGDIR_ENV, None, "a directory or URL")
     #: the port the task serves Prometheus metrics on; None: no metrics are recorded or served
-    metrics_port: int | None = _var(contract.METRICS_PORT_ENV, None, "a TCP port in 1..65535 (or unset: no metrics)",
-                                    gt=0, le=65535)
+    #: (``0`` is off as well, as it is for the operator: :data:`~kubeps.runtime.checks.MetricsPort`)
+    metrics_port: _MetricsPort | None = _var(contract.METRICS_PORT_ENV, None)
     #: seconds between two looks of the chief's hot-ps detector
-    hotspot_interval_s: float = _var(contract.HOTSPOT_INTERVAL_ENV, 10.0, _POSITIVE_SECONDS, gt=0,
-                                     allow_inf_nan=False)
+    hotspot_interval_s: _Seconds = _var(contract.HOTSPOT_INTERVAL_ENV, 10.0)
     log_format: Literal["text", "json"] = _var(contract.LOG_FORMAT_ENV, "text", "'text' (the default) or 'json'")
     #: modules a server imports before it serves (the user's methods)
     server_extensions: tuple[str, ...] = _var(contract.SERVER_EXTENSIONS_ENV, (),
@@ -166,36 +174,26 @@ class TaskSettings(BaseModel):
 
     # -- a server's limits ------------------------------------------------------------------------------------------
     #: the size of the chunks a server streams large answers in; None: the wire's default
-    chunk_bytes: int | None = _var(contract.CHUNK_BYTES_ENV, None, _POSITIVE_INT + " (bytes)", gt=0)
-    stream_idle_timeout_s: float = _var(contract.STREAM_IDLE_TIMEOUT_ENV, DEFAULT_STREAM_IDLE_TIMEOUT_S,
-                                        _POSITIVE_SECONDS, gt=0, allow_inf_nan=False)
-    request_timeout_s: float = _var(contract.REQUEST_TIMEOUT_ENV, DEFAULT_REQUEST_TIMEOUT_S, _POSITIVE_SECONDS,
-                                    gt=0, allow_inf_nan=False)
-    min_request_bytes_per_s: int = _var(contract.MIN_REQUEST_RATE_ENV, DEFAULT_MIN_REQUEST_BYTES_PER_S,
-                                        _POSITIVE_INT + " (bytes per second)", gt=0)
+    chunk_bytes: _Count | None = _var(contract.CHUNK_BYTES_ENV, None, "an integer >= 1 (bytes), or unset")
+    stream_idle_timeout_s: _Seconds = _var(contract.STREAM_IDLE_TIMEOUT_ENV, DEFAULT_STREAM_IDLE_TIMEOUT_S)
+    request_timeout_s: _Seconds = _var(contract.REQUEST_TIMEOUT_ENV, DEFAULT_REQUEST_TIMEOUT_S)
+    min_request_bytes_per_s: _Count = _var(contract.MIN_REQUEST_RATE_ENV, DEFAULT_MIN_REQUEST_BYTES_PER_S)
     #: calls per client (job identity: token and certificate; the peer address on an insecure server); None:
     #: three quarters of the server's handler threads (at least 2)
-    max_calls_per_client: int | None = _var(contract.MAX_CALLS_PER_CLIENT_ENV, None, _POSITIVE_INT, gt=0)
-    max_request_bytes: int = _var(contract.MAX_REQUEST_BYTES_ENV, DEFAULT_MAX_REQUEST_BYTES,
-                                  _POSITIVE_INT + " (bytes)", gt=0)
-    max_answer_bytes: int = _var(contract.MAX_ANSWER_BYTES_ENV, DEFAULT_MAX_ANSWER_BYTES, _POSITIVE_INT + " (bytes)",
-                                 gt=0)
-    parked_answer_ttl_s: float = _var(contract.PARKED_ANSWER_TTL_ENV, DEFAULT_PARKED_ANSWER_TTL_S, _POSITIVE_SECONDS,
-                                      gt=0, allow_inf_nan=False)
-    max_parked_bytes: int = _var(contract.MAX_PARKED_BYTES_ENV, DEFAULT_MAX_PARKED_BYTES, _POSITIVE_INT + " (bytes)",
-                                 gt=0)
-    max_slot_sets: int = _var(contract.MAX_SLOT_SETS_ENV, DEFAULT_MAX_SLOT_SETS, _POSITIVE_INT, gt=0)
-    max_header_bytes: int = _var(contract.MAX_HEADER_BYTES_ENV, DEFAULT_MAX_HEADER_BYTES, _POSITIVE_INT + " (bytes)",
-                                 gt=0)
-    max_tensors: int = _var(contract.MAX_TENSORS_ENV, DEFAULT_MAX_TENSORS, _POSITIVE_INT, gt=0)
-    max_variables: int = _var(contract.MAX_VARIABLES_ENV, DEFAULT_MAX_VARIABLES, _POSITIVE_INT, gt=0)
-    max_tables: int = _var(contract.MAX_TABLES_ENV, DEFAULT_MAX_TABLES, _POSITIVE_INT, gt=0)
-    max_table_dim: int = _var(contract.MAX_TABLE_DIM_ENV, DEFAULT_MAX_TABLE_DIM, _POSITIVE_INT, gt=0)
-    max_bloom_counters: int = _var(contract.MAX_BLOOM_COUNTERS_ENV, DEFAULT_MAX_BLOOM_COUNTERS,
-                                   _POSITIVE_INT, gt=0)
-    max_read_ids: int = _var(contract.MAX_READ_IDS_ENV, DEFAULT_MAX_READ_IDS, _POSITIVE_INT, gt=0)
-    max_client_answer_bytes: int = _var(contract.MAX_CLIENT_ANSWER_BYTES_ENV, DEFAULT_MAX_CLIENT_ANSWER_BYTES,
-                                        _POSITIVE_INT + " (bytes)", gt=0)
+    max_calls_per_client: _Count | None = _var(contract.MAX_CALLS_PER_CLIENT_ENV, None, "an integer >= 1, or unset")
+    max_request_bytes: _Count = _var(contract.MAX_REQUEST_BYTES_ENV, DEFAULT_MAX_REQUEST_BYTES)
+    max_answer_bytes: _Count = _var(contract.MAX_ANSWER_BYTES_ENV, DEFAULT_MAX_ANSWER_BYTES)
+    parked_answer_ttl_s: _Seconds = _var(contract.PARKED_ANSWER_TTL_ENV, DEFAULT_PARKED_ANSWER_TTL_S)
+    max_parked_bytes: _Count = _var(contract.MAX_PARKED_BYTES_ENV, DEFAULT_MAX_PARKED_BYTES)
+    max_slot_sets: _Count = _var(contract.MAX_SLOT_SETS_ENV, DEFAULT_MAX_SLOT_SETS)
+    max_header_bytes: _Count = _var(contract.MAX_HEADER_BYTES_ENV, DEFAULT_MAX_HEADER_BYTES)
+    max_tensors: _Count = _var(contract.MAX_TENSORS_ENV, DEFAULT_MAX_TENSORS)
+    max_variables: _Count = _var(contract.MAX_VARIABLES_ENV, DEFAULT_MAX_VARIABLES)
+    max_tables: _Count = _var(contract.MAX_TABLES_ENV, DEFAULT_MAX_TABLES)
+    max_table_dim: _Count = _var(contract.MAX_TABLE_DIM_ENV, DEFAULT_MAX_TABLE_DIM)
+    max_bloom_counters: _Count = _var(contract.MAX_BLOOM_COUNTERS_ENV, DEFAULT_MAX_BLOOM_COUNTERS)
+    max_read_ids: _Count = _var(contract.MAX_READ_IDS_ENV, DEFAULT_MAX_READ_IDS)
+    max_client_answer_bytes: _Count = _var(contract.MAX_CLIENT_ANSWER_BYTES_ENV, DEFAULT_MAX_CLIENT_ANSWER_BYTES)
     nonfinite_gradients: Literal["refuse", "allow"] = _var(contract.NONFINITE_GRADIENTS_ENV, "refuse",
                                                            "'refuse' (the default) or 'allow'")
 
@@ -210,6 +208,11 @@ class TaskSettings(BaseModel):
         if value not in _LOG_LEVELS:
             raise ValueError("not a logging level name")
         return value
+
+    @field_validator("metrics_port")
+    @classmethod
+    def _zero_is_off(cls, value: int | None) -> int | None:
+        return value or None
 
     @field_validator("checkpoint_root", "server_extensions", mode="before")
     @classmethod
@@ -234,10 +237,21 @@ class TaskSettings(BaseModel):
             first = err.errors()[0]
             name = str(first["loc"][0])
             field = next(f for f, alias in cls.variables().items() if alias == name)
-            extra = cls.model_fields[field].json_schema_extra
-            allowed = extra.get("allowed") if isinstance(extra, dict) else None
             shown = "<hidden>" if field == "job_token" else given.get(name)
-            raise RuntimeConfigError(name, shown, f"allowed is {allowed}") from None
+            raise RuntimeConfigError(name, shown, cls.allowed(field)) from None
+
+    @classmethod
+    def allowed(cls, field: str) -> str:
+        """What variable ``field`` allows, in a refusal's words: the field's own words, else its type's (a field
+        that may be unset says so)."""
+        info = cls.model_fields[field]
+        extra = info.json_schema_extra
+        if isinstance(extra, dict) and extra.get("allowed"):
+            return str(extra["allowed"])
+        types = [t for t in getattr(info.annotation, "__args__", ()) if t is not type(None)]
+        if types:  # T | None
+            return f"{allowed_text(types[0])}, or unset"
+        return next((str(m) for m in reversed(info.metadata) if isinstance(m, Allowed)), allowed_text(info.annotation))
 
     def to_env(self) -> dict[str, str]:
         """The variables that say these settings: every field not at its default, in declaration order.

@@ -66,8 +66,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 #: Test directories whose tests talk to the API server (every ``kube`` user is in one), and the lighter
-#: server-level directories (checkpoints, fuzzing, the watchdog) that balance the two workers: one group.
-_API_SERVER_DIRS = frozenset({"operator", "controlplane", "packaging", "checkpoint", "fuzz", "fault_tolerance"})
+#: server-level directories (checkpoints, fuzzing, the watchdog, the benchmarks' smoke runs) that balance the two
+#: workers: one group.
+_API_SERVER_DIRS = frozenset({"operator", "controlplane", "packaging", "checkpoint", "fuzz", "fault_tolerance",
+                              "bench"})
 #: Test directories whose tests start training jobs: one group, so two training jobs never share the 2 cores
 #: (their timing assertions: heartbeats, deadlines, at load ~3, not ~10).
 _TRAINING_DIRS = frozenset({"runtime", "models", "chaos", "cluster", "observe", "readme", "docs"})

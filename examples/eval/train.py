@@ -91,7 +91,8 @@ def evaluator(args) -> None:
                                            for ids, y in batches]))}
 
     records = kp.SidecarEvaluator(eval_fn, held_out, args.checkpoint_dir, metrics_path=args.metrics,
-                               poll_interval=0.5, timeout=args.evaluator_timeout).start()
+                                  poll_interval=0.5, timeout=args.evaluator_timeout,
+                                  settings=kp.TFConfigClusterResolver().settings).start()  # its $KUBEPS_LOGDIR
     for r in records:
         print(f"checkpoint {r['checkpoint_number']} (step {r['step']}): {json.dumps(r['metrics'])}", flush=True)
 

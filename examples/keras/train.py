@@ -140,7 +140,7 @@ def run_chief(args: argparse.Namespace, resolver: kp.TFConfigClusterResolver) ->
         strategy.close()
 
 
-def run_evaluator(args: argparse.Namespace) -> int:
+def run_evaluator(args: argparse.Namespace, resolver: kp.TFConfigClusterResolver) -> int:
     """The sidecar evaluator: the Keras model rebuilt here (its table local), each checkpoint's weights loaded
     into it with ``restore_weights`` and evaluated; one JSON line per checkpoint; stops after the final one."""
     if not args.checkpoint_dir:
@@ -157,7 +157,7 @@ def run_evaluator(args: argparse.Namespace) -> int:
         return {"logloss": result["logloss"], "auc": result["auc"]}
 
     evaluator = kp.SidecarEvaluator(eval_fn, [ctr.held_out_set(args)], args.checkpoint_dir, poll_interval=0.5,
-                                    timeout=args.evaluator_timeout)
+                                    timeout=args.evaluator_timeout, settings=resolver.settings)  # $KUBEPS_LOGDIR
     records = evaluator.start()
     print(f"evaluated {len(records)} checkpoint(s); metrics in {evaluator.metrics_path}")
     return 0
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         kp.Server(resolver.cluster_spec(), job_name=task_type, task_index=resolver.task_id).join()
         return 0
     if task_type == "evaluator":
-        return run_evaluator(args)
+        return run_evaluator(args, resolver)
     if task_type != "chief":
         print("TF_CONFIG is not set: run this with  kubeps local --ps 2 --workers 2 examples/keras/train.py",
               file=sys.stderr)

@@ -28,6 +28,7 @@ import kubeps.runtime as kp
 from kubeps.runtime.server import main as serve  # a ps or worker task: `python -m kubeps.runtime.server`'s main
 from kubeps.runtime.ops import kernels
 from kubeps.runtime.ops import nn
+from kubeps.runtime.settings import TaskSettings
 
 
 def make_teacher(features: int, classes: int, seed: int):
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     if os.environ.get("TF_CONFIG"):
         return run_distributed(args)
-    kernels.backend()  # fail early and clearly if KUBEPS_DEVICE=gpu is set on a machine without one
+    kernels.backend(TaskSettings.from_env())  # fail early and clearly if KUBEPS_DEVICE=gpu is set without a GPU
     teacher = make_teacher(args.features, args.classes, seed=1234)
     rng = np.random.default_rng(99)
     x_eval = rng.normal(size=(4096, args.features)).astype(np.float32)

@@ -16,7 +16,8 @@ KUBEPS_GANG_SCHEDULER_NAME     --gang-scheduler-name        schedulerName of the
                                                             scheduler-plugins-scheduler)
 KUBEPS_API_QPS / _BURST        --api-qps / --api-burst      client-side API rate limit (100 / 200)
 KUBEPS_WORKERS                 --workers                    concurrent reconciles and API calls (16)
-KUBEPS_METRICS_PORT            --metrics-port               Prometheus /metrics port, 0 = off (8080)
+KUBEPS_METRICS_PORT            --metrics-port               Prometheus /metrics port 1..65535, 0 = off
+                                                            (8080); a task reads its own the same way
 KUBEPS_LIVENESS_PORT           --liveness-port              /healthz port, 0 = off (8081)
 KUBEPS_BIND_ADDRESS            --bind-address               address of both endpoints (0.0.0.0)
 KUBEPS_LOG_LEVEL               --log-level                  DEBUG, INFO, WARNING, ERROR (INFO)
@@ -51,10 +52,12 @@ import os
 import random
 import time
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Literal, Mapping
 
 from kubeps.operator.api.models import GangScheduler, NetworkPolicyMode
 from kubeps.operator.core.children import DEFAULT_IMAGE
+from kubeps.runtime.checks import (MetricsPort, PortOrZero, PositiveFloat, PositiveInt, Seconds, check, from_text,
+                                   integer, number)
 
 if TYPE_CHECKING:  # kopf itself is imported late (see kopf_settings)
     import kopf  # written once, where the pod bodies use it
@@ -64,46 +67,17 @@ def _bool(text: str | None) -> bool:
     return (text or "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def _float(env: Mapping[str, str], name: str, default: float) -> float:
+def _read(env: Mapping[str, str], name: str, type_: Any, default: Any) -> Any:
+    """Variable ``name`` checked as ``type_`` (:mod:`kubeps.runtime.checks`: the refusal names the variable, the
+    value and what is allowed), or ``default`` when it is unset or blank."""
     raw = env.get(name)
-    if raw is None or raw == "":
+    if raw is None or not raw.strip():
         return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r}: expected a number") from None
-    if value <= 0:
-        raise ValueError(f"{name}={raw!r}: must be > 0")
-    return value
+    return check(name, raw, from_text(type_))
 
 
-def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
-    """A number of seconds that may also be 0 or negative (each with its own meaning)."""
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r}: expected a number of seconds") from None
-
-
-def _int(env: Mapping[str, str], name: str, default: int, minimum: int | None = 0) -> int:
-    value = _optional_int(env, name, minimum)
-    return default if value is None else value
-
-
-def _optional_int(env: Mapping[str, str], name: str, minimum: int | None = 0) -> int | None:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r}: expected an integer") from None
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name}={raw!r}: must be >= {minimum}")
-    return value
+#: a number of seconds that may also be 0 or negative (each with its own meaning)
+_ANY_SECONDS = number(allowed="a number of seconds")
 
 
 KUEUE_MODES = ("auto", "on", "off")
@@ -113,13 +87,11 @@ LOG_FORMATS = ("text", "json")
 
 def _choice(name: str, raw: str | None, choices: Iterable[Any], default: str) -> str:
     """``raw`` if it is one of ``choices`` (strings, or an Enum's members), else ``default`` when unset; else a
-    ValueError naming the variable, the value and what is allowed."""
+    :class:`~kubeps.runtime.errors.RuntimeConfigError` naming the variable, the value and what is allowed."""
     allowed = [getattr(m, "value", m) for m in choices]
     if not raw:
         return default
-    if raw not in allowed:
-        raise ValueError(f"{name}={raw!r}: expected one of {', '.join(allowed)}")
-    return raw
+    return str(check(name, raw, Literal[tuple(allowed)], allowed=f"one of {', '.join(allowed)}"))
 
 
 @dataclass(frozen=True)
@@ -180,25 +152,25 @@ class Settings:
             gang_scheduler=_choice("KUBEPS_GANG_SCHEDULER", env.get("KUBEPS_GANG_SCHEDULER"), GangScheduler,
                                    GangScheduler.NONE.value),
             gang_scheduler_name=env.get("KUBEPS_GANG_SCHEDULER_NAME") or "",
-            api_qps=_float(env, "KUBEPS_API_QPS", 100.0),
-            api_burst=_int(env, "KUBEPS_API_BURST", 200, 1),
-            workers=_int(env, "KUBEPS_WORKERS", 16, 1),
-            metrics_port=_int(env, "KUBEPS_METRICS_PORT", 8080),
-            liveness_port=_int(env, "KUBEPS_LIVENESS_PORT", 8081),
+            api_qps=_read(env, "KUBEPS_API_QPS", PositiveFloat, 100.0),
+            api_burst=_read(env, "KUBEPS_API_BURST", PositiveInt, 200),
+            workers=_read(env, "KUBEPS_WORKERS", PositiveInt, 16),
+            metrics_port=_read(env, "KUBEPS_METRICS_PORT", MetricsPort, 8080),
+            liveness_port=_read(env, "KUBEPS_LIVENESS_PORT", PortOrZero, 8081),
             bind_address=env.get("KUBEPS_BIND_ADDRESS") or "0.0.0.0",
             log_level=(env.get("KUBEPS_LOG_LEVEL") or "INFO").upper(),
             log_format=_choice("KUBEPS_LOG_FORMAT", env.get("KUBEPS_LOG_FORMAT"), LOG_FORMATS, "text"),
             kueue=_choice("KUBEPS_KUEUE", env.get("KUBEPS_KUEUE"), KUEUE_MODES, "auto"),
             peering=env.get("KOPF_RUN_PEERING") or None,
-            peering_priority=_optional_int(env, "KOPF_RUN_PRIORITY", minimum=None),
-            peering_lifetime=_int(env, "KUBEPS_PEERING_LIFETIME", 10, 2),
-            watch_server_timeout=_float(env, "KUBEPS_WATCH_SERVER_TIMEOUT", 120.0),
-            watch_client_timeout=_float(env, "KUBEPS_WATCH_CLIENT_TIMEOUT", 150.0),
-            watch_connect_timeout=_float(env, "KUBEPS_WATCH_CONNECT_TIMEOUT", 10.0),
-            watch_inactivity_timeout=_float(env, "KUBEPS_WATCH_INACTIVITY", 180.0),
-            node_lost_after=_seconds(env, "KUBEPS_NODE_LOST_AFTER", 20.0),
-            progress_interval=_seconds(env, "KUBEPS_PROGRESS_INTERVAL", 10.0),
-            progress_writes_per_second=_float(env, "KUBEPS_PROGRESS_WRITES_PER_SECOND", 20.0),
+            peering_priority=_read(env, "KOPF_RUN_PRIORITY", integer(), None),
+            peering_lifetime=_read(env, "KUBEPS_PEERING_LIFETIME", integer(ge=2), 10),
+            watch_server_timeout=_read(env, "KUBEPS_WATCH_SERVER_TIMEOUT", Seconds, 120.0),
+            watch_client_timeout=_read(env, "KUBEPS_WATCH_CLIENT_TIMEOUT", Seconds, 150.0),
+            watch_connect_timeout=_read(env, "KUBEPS_WATCH_CONNECT_TIMEOUT", Seconds, 10.0),
+            watch_inactivity_timeout=_read(env, "KUBEPS_WATCH_INACTIVITY", Seconds, 180.0),
+            node_lost_after=_read(env, "KUBEPS_NODE_LOST_AFTER", _ANY_SECONDS, 20.0),
+            progress_interval=_read(env, "KUBEPS_PROGRESS_INTERVAL", _ANY_SECONDS, 10.0),
+            progress_writes_per_second=_read(env, "KUBEPS_PROGRESS_WRITES_PER_SECOND", PositiveFloat, 20.0),
             chief_metrics_url=env.get("KUBEPS_CHIEF_METRICS_URL") or "",
         )
 

@@ -53,11 +53,10 @@ def _observe_checkpoint(operation: str, started: float, manifest: Manifest) -> N
     _metrics.CHECKPOINT_BYTES.labels(operation).inc(_manifest_bytes(manifest))
 
 
-def check_checkpoint_root(directory: str, field: str, settings: TaskSettings | None = None) -> None:
+def check_checkpoint_root(directory: str, field: str, settings: TaskSettings) -> None:
     """Refuse, before anything is written, a checkpoint directory the parameter servers would refuse at the first
     save: outside the job's checkpoint roots (``KUBEPS_CHECKPOINT_ROOT``, the task's settings; ``kubeps local`` and
     the operator give the chief the ps's), or relative."""
-    settings = TaskSettings.from_env() if settings is None else settings
     roots = checkpoint_roots(settings.checkpoint_root)
     try:
         confine(normalize_path(directory), roots, field)
@@ -71,8 +70,14 @@ def _is_stateful(obj: Any) -> bool:
 
 
 def _check_root_for(saveables: list[Saveable], tables: list[TableSaveable], directory: str, field: str) -> None:
-    if tables or any(isinstance(shard.executor, PSExecutor) for sv in saveables for shard in sv.shards):
-        check_checkpoint_root(directory, field)
+    """:func:`check_checkpoint_root` when parameter servers write part of the checkpoint, under the settings of the
+    chief whose strategy made their transport (``PSTransport.settings``; a transport made without settings knows
+    no roots: only a relative directory is refused before the parameter servers see it)."""
+    executors = [shard.executor for sv in saveables for shard in sv.shards if isinstance(shard.executor, PSExecutor)]
+    if tables or executors:
+        transports = [t.table.transport for t in tables if t.table.is_remote] + [e.transport for e in executors]
+        known = [s for s in (getattr(t, "settings", None) for t in transports) if s is not None]
+        check_checkpoint_root(directory, field, known[0] if known else TaskSettings())
 
 
 def _rows(tensor: TensorEntry, start: int, stop: int) -> dict[str, Any]:

@@ -8,7 +8,7 @@ appends one JSON line per checkpoint to the metrics file::
     {"checkpoint": ".../ckpt-7", "checkpoint_number": 7, "step": 700, "metrics": {"log_loss": 0.43},
      "time": 1718000000.0, "eval_seconds": 0.8}
 
-With a log dir (the ``logdir`` argument, else ``$KUBEPS_LOGDIR``) every numeric metric is also written as a
+With a log dir (the ``logdir`` argument, else ``$KUBEPS_LOGDIR`` of the evaluator's ``settings``) every numeric metric is also written as a
 TensorBoard scalar to ``<logdir>/eval`` -- beside the chief's ``<logdir>/train`` -- at the checkpoint's step (its
 number when it was saved without a step), so ``tensorboard --logdir <logdir>`` shows the eval curve with the train
 curve. Needs the ``tensorboard`` extra (tensorboardX); without a log dir nothing of it is loaded.
@@ -40,6 +40,9 @@ from kubeps.runtime.checkpoint import (
     list_checkpoints,
 )
 from kubeps.runtime.checkpoint.reader import CheckpointTable
+from kubeps.runtime.checks import PositiveInt, Seconds, check, check_callable
+from kubeps.runtime.errors import RuntimeConfigError
+from kubeps.runtime.settings import TaskSettings
 from kubeps.runtime.variables.context import frozen_lookups
 from kubeps.runtime.observe.summary import SummaryWriter, resolve_logdir
 from kubeps.runtime.util.storage import normalize_path, storage_for
@@ -119,6 +122,10 @@ def _json_metric(name: str, value: Any) -> float | int | str | bool | None:
     raise TypeError(f"metric {name!r} has value {value!r} of type {type(value).__name__}; metrics must be numbers")
 
 
+_REITERABLE = ("re-iterable (a list, a kubeps Dataset) or a function returning an iterable: every checkpoint is "
+               "evaluated on a fresh pass")
+
+
 class SidecarEvaluator:
     """Evaluate checkpoints as they appear.
 
@@ -126,7 +133,8 @@ class SidecarEvaluator:
     ``.step``) and an iterable of ``steps`` batches of ``data`` (all of it when ``steps`` is None). ``eval_fn`` may
     also be an object with an ``evaluate(values, batches)`` method. ``data`` is re-iterable (a list, a kubeps
     ``Dataset``) or a function returning a fresh iterable. ``logdir``: the job's TensorBoard log dir (default
-    ``$KUBEPS_LOGDIR``; unset: no event files); the metrics go to its ``eval`` subdirectory.
+    ``$KUBEPS_LOGDIR`` of ``settings``, the evaluator task's, e.g. ``TFConfigClusterResolver().settings``; unset:
+    no event files); the metrics go to its ``eval`` subdirectory.
     """
 
     def __init__(
@@ -141,35 +149,28 @@ class SidecarEvaluator:
         poll_interval: float = 1.0,
         timeout: float | None = None,
         logdir: str | None = None,
+        settings: TaskSettings | None = None,
     ):
         evaluate = getattr(eval_fn, "evaluate", None)
         if callable(evaluate):
             eval_fn = evaluate
-        if not callable(eval_fn):
-            raise TypeError(f"eval_fn must be callable (or have an evaluate method), got {type(eval_fn).__name__}")
+        self.eval_fn = check_callable("eval_fn", eval_fn, owner="SidecarEvaluator",
+                                      allowed="a callable eval_fn(values, batches), or an object with an evaluate method")
         if not callable(data) and (not isinstance(data, Iterable) or iter(data) is data):
-            raise TypeError(
-                f"data of type {type(data).__name__} must be re-iterable (a list, a kubeps Dataset) or a function "
-                "returning an iterable: every checkpoint is evaluated on a fresh pass"
-            )
-        for field, value in (("steps", steps), ("max_evaluations", max_evaluations)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"SidecarEvaluator: {field}={value!r} is invalid; allowed are None or an int >= 1")
-        for field, seconds in (("poll_interval", poll_interval), ("timeout", timeout)):
-            if seconds is not None and (not isinstance(seconds, (int, float)) or seconds <= 0):
-                raise ValueError(f"SidecarEvaluator: {field}={seconds!r} is invalid; allowed is a number > 0")
-        self.eval_fn = eval_fn
+            raise RuntimeConfigError("SidecarEvaluator.data", type(data).__name__, _REITERABLE)
+        self.steps = check("steps", steps, PositiveInt | None, owner="SidecarEvaluator")
+        self.max_evaluations = check("max_evaluations", max_evaluations, PositiveInt | None, owner="SidecarEvaluator")
+        poll_interval = check("poll_interval", poll_interval, Seconds, owner="SidecarEvaluator")
+        timeout = check("timeout", timeout, Seconds | None, owner="SidecarEvaluator")
         self.data = data
         self.checkpoint_dir = normalize_path(checkpoint_dir)
-        self.steps = steps
-        self.max_evaluations = max_evaluations
         storage = storage_for(self.checkpoint_dir)
         self.metrics_path = metrics_path or storage.join(self.checkpoint_dir, "eval", "metrics.jsonl")
         self.poll_interval = float(poll_interval)
         self.timeout = timeout
         self.records: list[dict[str, Any]] = []
         #: where the eval scalars go (``<logdir>/eval``), None when no log dir is set
-        self.event_dir = resolve_logdir(logdir, "eval")
+        self.event_dir = resolve_logdir(logdir, "eval", settings)
         self._events = SummaryWriter(self.event_dir) if self.event_dir else None
 
     def _batches(self) -> Iterable[Any]:

@@ -10,8 +10,7 @@ from __future__ import annotations
 import threading
 import weakref
 
-import numpy as np
-
+from kubeps.runtime.checks import NonNegativeInt, PositiveInt, check
 from kubeps.runtime.util.storage import is_temporary, normalize_path, storage_for
 from kubeps.runtime.checkpoint.api import Checkpoint
 from kubeps.runtime.checkpoint.format import (
@@ -38,9 +37,8 @@ class CheckpointManager:
     def __init__(self, checkpoint: Checkpoint, directory: str, max_to_keep: int | None = 5):
         if not isinstance(checkpoint, Checkpoint):
             raise CheckpointError(f"checkpoint must be a kubeps Checkpoint, got {type(checkpoint).__name__}")
-        if max_to_keep is not None and (isinstance(max_to_keep, bool) or not isinstance(max_to_keep, int)
-                                        or max_to_keep < 1):
-            raise CheckpointError(f"max_to_keep={max_to_keep!r} is invalid: allowed are None (keep all) or an int >= 1")
+        check("max_to_keep", max_to_keep, PositiveInt | None, owner="CheckpointManager",
+              allowed="None (keep all) or an int >= 1")
         checkpoint.check_root(directory, "CheckpointManager directory")  # before the folder is made
         self.checkpoint = checkpoint
         self.directory = normalize_path(directory)
@@ -70,10 +68,7 @@ class CheckpointManager:
         committed = list_checkpoints(self.directory)
         if checkpoint_number is None:
             checkpoint_number = (committed[-1][0] + 1) if committed else 0
-        if isinstance(checkpoint_number, bool) or not isinstance(checkpoint_number, (int, np.integer)) \
-                or checkpoint_number < 0:
-            raise CheckpointError(f"checkpoint_number={checkpoint_number!r} is invalid: allowed is an int >= 0")
-        checkpoint_number = int(checkpoint_number)
+        checkpoint_number = check("checkpoint_number", checkpoint_number, NonNegativeInt, owner="CheckpointManager")
         if committed and checkpoint_number < committed[-1][0]:
             # checkpoints are ordered by number (latest_checkpoint, max_to_keep, the evaluator): a lower one would
             # never be the latest, and once max_to_keep is reached the sweep would delete it right away

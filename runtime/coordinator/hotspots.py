@@ -21,7 +21,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from kubeps.runtime.errors import RuntimeConfigError
+from kubeps.runtime.checks import Seconds, check, number
 from kubeps.runtime.observe import metrics as _metrics
 from kubeps.runtime.settings import TaskSettings
 
@@ -92,15 +92,11 @@ class HotSpotDetector:
     def __init__(self, num_ps: int, read: Callable[[int], Sequence[Mapping[str, Any]]], *,
                  interval: float = DEFAULT_HOTSPOT_INTERVAL_S, threshold: float = DEFAULT_HOTSPOT_THRESHOLD,
                  min_bytes: int = DEFAULT_MIN_BYTES, on_verdict: Callable[[Imbalance], None] | None = None):
-        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not interval > 0:
-            raise RuntimeConfigError("hotspot_interval", interval, "a number of seconds > 0")
-        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not threshold > 1:
-            raise RuntimeConfigError("hotspot_threshold", threshold,
-                                     "a number > 1 (the busiest ps's traffic over the others' mean)")
+        self.interval = check("hotspot_interval", interval, Seconds)
+        self.threshold = check("hotspot_threshold", threshold,
+                               number(gt=1, allowed="a number > 1 (the busiest ps's traffic over the others' mean)"))
         self.num_ps = num_ps
         self.read = read
-        self.interval = float(interval)
-        self.threshold = float(threshold)
         self.min_bytes = min_bytes
         self.on_verdict = on_verdict
         self.latest: Imbalance | None = None

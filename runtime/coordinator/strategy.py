@@ -43,8 +43,10 @@ class ParameterServerStrategy:
     """``ParameterServerStrategy(cluster_resolver, variable_partitioner=None)``.
 
     kubeps extras (keyword-only): ``job_token`` and ``tls`` (mutual TLS files, :class:`~kubeps.runtime.rpc.tls.TLSConfig`;
-    both default to those of ``settings``, the task's settings, default :meth:`TaskSettings.from_env()
-    <kubeps.runtime.settings.TaskSettings.from_env>` read once here), ``rpc_timeout`` (seconds,
+    both default to those of ``settings``, the task's settings: default the resolver's
+    (:attr:`TFConfigClusterResolver.settings <kubeps.runtime.cluster.TFConfigClusterResolver.settings>`), else
+    :meth:`TaskSettings.from_env() <kubeps.runtime.settings.TaskSettings.from_env>` read once here; the strategy
+    passes them down to what it builds), ``rpc_timeout`` (seconds,
     the deadline of variable reads and writes from the coordinator) and ``ps_startup_timeout`` (seconds the
     first variable creation waits for every parameter server to answer: tasks of a job start together, and a
     coordinator that dials a ps before it listens must wait, not crash).
@@ -81,7 +83,10 @@ class ParameterServerStrategy:
                 "TF_CONFIG.cluster", summary,
                 f"ParameterServerStrategy needs at least one 'ps' and one 'worker' task; missing {missing}",
             )
-        settings = TaskSettings.from_env() if settings is None else settings
+        if settings is None:
+            settings = getattr(cluster_resolver, "settings", None)
+        if settings is None:  # an entry point: the chief's program builds the strategy
+            settings = TaskSettings.from_env()
         limit_math_threads(settings=settings)  # the chief's own numpy work (evaluation, checkpoints) sized to its CPUs
         place_jax(settings, "chief")  # the chief's jax (where the program loads it) stays on the CPU
         size_cpu_backend_if_loaded(settings)  # and its jax work, where the program imported jax
@@ -92,7 +97,8 @@ class ParameterServerStrategy:
         self._variable_partitioner = variable_partitioner
         self._token = job_token if job_token is not None else load_job_token(settings)
         self._tls = tls if tls is not None else load_tls(settings)
-        self._transport = PSTransport(spec.job_tasks("ps"), self._token, rpc_timeout, tls=self._tls)
+        self._transport = PSTransport(spec.job_tasks("ps"), self._token, rpc_timeout, tls=self._tls,
+                                      settings=settings)
         self._lock = threading.Lock()
         self._next_ps = 0
         self._names: dict[str, int] = {}

@@ -18,6 +18,8 @@ import time
 import traceback
 from typing import Any, Callable, TextIO
 
+from kubeps.runtime.checks import Seconds, check, check_callable
+
 __all__ = ["Watchdog", "format_all_stacks"]
 
 
@@ -40,12 +42,8 @@ class Watchdog:
     def __init__(self, timeout: float = 300.0, *, progress: Callable[[], Any] | None = None,
                  on_triggered: Callable[[str], None] | None = None, output: TextIO | None = None,
                  poll_interval: float | None = None):
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-            raise ValueError(f"Watchdog: timeout={timeout!r} is invalid; allowed is a number of seconds > 0")
-        if progress is not None and not callable(progress):
-            raise TypeError(f"Watchdog: progress must be a function, got {type(progress).__name__}")
-        self.timeout = float(timeout)
-        self.progress = progress
+        self.timeout = check("timeout", timeout, Seconds, owner="Watchdog")
+        self.progress = progress if progress is None else check_callable("progress", progress, owner="Watchdog")
         self.on_triggered = on_triggered
         self.output = output
         self.poll_interval = poll_interval if poll_interval is not None else min(1.0, self.timeout / 4)

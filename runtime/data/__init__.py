@@ -2,11 +2,11 @@
 auto-sharding across workers with TensorFlow's ``AutoShardPolicy``.
 
 Rule: runs wherever a dataset function runs (a worker, or the chief for a local dataset); imports only
-:mod:`kubeps.runtime.util` and :mod:`kubeps.runtime.errors`.
+:mod:`kubeps.runtime.util`, :mod:`kubeps.runtime.checks` (its arguments are checked there) and
+:mod:`kubeps.runtime.errors`.
 
 Modules, bottom to top (none imports one above it):
 
-- ``arguments`` -- argument checks whose errors name the argument;
 - ``options`` -- ``InputContext``, ``Options``, ``DistributeOptions``, ``AutoShardPolicy``;
 - ``structure`` -- elements and blocks: stacking, slicing, calling a user function on an element;
 - ``node`` -- ``Node``, one step of a pipeline (a source or a transformation of its parent's elements);

@@ -32,6 +32,7 @@ import numpy as np
 
 from kubeps.runtime.data.columns import ColumnValueError, as_dtype, cast
 from kubeps.runtime.data.filesystems import is_url, local_path, open_binary
+from kubeps.runtime.errors import RuntimeConfigError
 
 
 class _Refused(Exception):
@@ -101,20 +102,17 @@ class CsvReader:
         use_threads: bool = True,
     ):
         if isinstance(record_defaults, (str, bytes)) or not len(record_defaults):
-            raise ValueError(f"argument `record_defaults` must be a non-empty list (one entry per column), got "
-                             f"{record_defaults!r}")
+            raise RuntimeConfigError("record_defaults", record_defaults, "a non-empty list (one entry per column)")
         self._columns = [_Column(entry, i) for i, entry in enumerate(record_defaults)]
         if select_cols is not None:
             select_cols = [int(c) for c in select_cols]
             if len(select_cols) != len(self._columns) or sorted(set(select_cols)) != select_cols or select_cols[0] < 0:
-                raise ValueError(
-                    f"argument `select_cols` must be increasing column indices >= 0, one per record_defaults entry "
-                    f"({len(self._columns)}), got {select_cols!r}"
-                )
+                raise RuntimeConfigError("select_cols", select_cols, f"increasing column indices >= 0, one per "
+                                         f"record_defaults entry ({len(self._columns)})")
         if names is not None and len(names) != len(self._columns):
-            raise ValueError(f"argument `names` must name every column read ({len(self._columns)}), got {names!r}")
+            raise RuntimeConfigError("names", names, f"a name for every column read ({len(self._columns)})")
         if len(field_delim) != 1:
-            raise ValueError(f"argument `field_delim` must be one character, got {field_delim!r}")
+            raise RuntimeConfigError("field_delim", field_delim, "one character")
         self._select = select_cols
         self._names = None if names is None else [str(n) for n in names]
         self._header = bool(header)

@@ -20,10 +20,10 @@ from __future__ import annotations
 import copy
 import os
 import threading
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Literal, Sequence
 
 from kubeps.runtime.data import passes
-from kubeps.runtime.data.arguments import callable_arg, index_arg, int_arg
+from kubeps.runtime.checks import NonNegativeInt, PositiveInt, check, check_callable, index_in, integer
 from kubeps.runtime.data.node import Node
 from kubeps.runtime.data.structure import close
 from kubeps.runtime.data.options import Options
@@ -34,6 +34,7 @@ from kubeps.runtime.data.sources import FileListNode, GeneratorNode, IterableNod
 from kubeps.runtime.data.transforms import (
     BatchNode, FilterNode, InterleaveNode, MapNode, RepeatNode, ShardNode, SkipNode, TakeNode, batched,
 )
+from kubeps.runtime.errors import RuntimeConfigError
 
 #: As ``tf.data.AUTOTUNE``: let the runtime pick a buffer size (``prefetch`` uses :data:`AUTOTUNE_PREFETCH`).
 AUTOTUNE = -1
@@ -122,13 +123,10 @@ class Dataset:
         ``"npz"`` (:func:`read_npz`) or any ``fn(path) -> iterable of records``. Unlike ``list_files``, files are
         read in sorted order unless ``shuffle=True``.
         """
+        allowed = f"one of {sorted(READERS)} or a callable"
         if isinstance(reader, str):
-            if reader not in READERS:
-                raise ValueError(
-                    f"argument `reader` must be one of {sorted(READERS)} or a callable, got {reader!r}"
-                )
-            reader = READERS[reader]
-        callable_arg("reader", reader)
+            reader = READERS[check("reader", reader, Literal[tuple(READERS)], allowed=allowed)]
+        check_callable("reader", reader, allowed=allowed)
         return Dataset.list_files(file_pattern, shuffle=shuffle, seed=seed).interleave(
             reader, cycle_length=cycle_length
         )
@@ -136,11 +134,11 @@ class Dataset:
     # -- transformations ------------------------------------------------------------------------------------------
     def map(self, map_func: Callable[..., Any]) -> "Dataset":
         """Apply ``map_func`` to every element (a tuple element is passed as positional arguments)."""
-        return self._derive(MapNode(self._node, callable_arg("map_func", map_func)))
+        return self._derive(MapNode(self._node, check_callable("map_func", map_func)))
 
     def filter(self, predicate: Callable[..., Any]) -> "Dataset":
         """Keep the elements for which ``predicate`` is true."""
-        return self._derive(FilterNode(self._node, callable_arg("predicate", predicate)))
+        return self._derive(FilterNode(self._node, check_callable("predicate", predicate)))
 
     def interleave(
         self, map_func: Callable[..., Iterable[Any]], cycle_length: int = 1, block_length: int = 1
@@ -151,9 +149,9 @@ class Dataset:
         return self._derive(
             InterleaveNode(
                 self._node,
-                callable_arg("map_func", map_func),
-                int_arg("cycle_length", cycle_length, 1),
-                int_arg("block_length", block_length, 1),
+                check_callable("map_func", map_func),
+                check("cycle_length", cycle_length, PositiveInt),
+                check("block_length", block_length, PositiveInt),
                 _open_pass,
             )
         )
@@ -166,15 +164,15 @@ class Dataset:
         """Randomly shuffle with a buffer of ``buffer_size`` elements, as ``tf.data``: the buffer is filled, then
         each output is a random pick from it, replaced by the next input. With ``seed`` the sequence of orders is
         reproducible; ``reshuffle_each_iteration=False`` repeats the same order on every pass."""
-        buffer_size = int_arg("buffer_size", buffer_size, 1)
+        buffer_size = check("buffer_size", buffer_size, PositiveInt)
         if seed is not None:
-            seed = int_arg("seed", seed, 0, "None or an integer >= 0")
+            seed = check("seed", seed, integer(ge=0, allowed="None or an integer >= 0"))
         return self._derive(ShuffleNode(self._node, buffer_size, seed, bool(reshuffle_each_iteration)))
 
     def repeat(self, count: int | None = None) -> "Dataset":
         """Repeat ``count`` times (``None`` or ``-1``: forever). Repeating an empty dataset stays empty."""
         if count is not None:
-            count = int_arg("count", count, -1, "None, -1 (forever) or an integer >= 0")
+            count = check("count", count, integer(ge=-1, allowed="None, -1 (forever) or an integer >= 0"))
             if count == -1:
                 count = None
         return self._derive(RepeatNode(self._node, count))
@@ -182,27 +180,29 @@ class Dataset:
     def batch(self, batch_size: int, drop_remainder: bool = False) -> "Dataset":
         """Stack ``batch_size`` consecutive elements (leaf by leaf, keeping tuples and dicts) into arrays with a
         leading batch axis. The last, smaller batch is kept unless ``drop_remainder``."""
-        return self._derive(BatchNode(self._node, int_arg("batch_size", batch_size, 1), bool(drop_remainder)))
+        batch_size = check("batch_size", batch_size, PositiveInt)
+        return self._derive(BatchNode(self._node, batch_size, bool(drop_remainder)))
 
     def shard(self, num_shards: int, index: int) -> "Dataset":
         """Keep elements ``index, index + num_shards, index + 2*num_shards, ...``."""
-        num_shards = int_arg("num_shards", num_shards, 1)
-        return self._derive(ShardNode(self._node, num_shards, index_arg("index", index, num_shards, "num_shards")))
+        num_shards = check("num_shards", num_shards, PositiveInt)
+        index = check("index", index, index_in(num_shards, "num_shards"))
+        return self._derive(ShardNode(self._node, num_shards, index))
 
     def take(self, count: int) -> "Dataset":
         """The first ``count`` elements (``-1``: all)."""
-        count = int_arg("count", count, -1, "-1 (all) or an integer >= 0")
+        count = check("count", count, integer(ge=-1, allowed="-1 (all) or an integer >= 0"))
         return self._derive(TakeNode(self._node, None if count == -1 else count))
 
     def skip(self, count: int) -> "Dataset":
         """All but the first ``count`` elements."""
-        return self._derive(SkipNode(self._node, int_arg("count", count, 0)))
+        return self._derive(SkipNode(self._node, check("count", count, NonNegativeInt)))
 
     def prefetch(self, buffer_size: int) -> "Dataset":
         """Produce up to ``buffer_size`` elements ahead in a background thread (``AUTOTUNE``: a small default;
         ``0``: no prefetching). Errors reach the consumer at the element where they happened; closing or
         dropping the iterator stops and joins the thread."""
-        buffer_size = int_arg("buffer_size", buffer_size, -1, "AUTOTUNE (-1) or an integer >= 0")
+        buffer_size = check("buffer_size", buffer_size, integer(ge=-1, allowed="AUTOTUNE (-1) or an integer >= 0"))
         if buffer_size == AUTOTUNE:
             buffer_size = AUTOTUNE_PREFETCH
         return self._derive(PrefetchNode(self._node, buffer_size))
@@ -216,7 +216,7 @@ class Dataset:
     def with_options(self, options: Options) -> "Dataset":
         """This dataset with ``options`` (e.g. ``options.experimental_distribute.auto_shard_policy``)."""
         if not isinstance(options, Options):
-            raise TypeError(f"argument `options` must be a kubeps.runtime.data.Options, got {type(options).__name__}")
+            raise RuntimeConfigError("options", type(options).__name__, "a kubeps.runtime.data.Options")
         clone = copy.copy(self)
         clone._node = copy.copy(self._node)  # its own pass counters (a shuffle's epoch, a one-shot iterator's use)
         clone._options = copy.deepcopy(options)

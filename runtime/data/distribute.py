@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from kubeps.runtime.data.arguments import index_arg, int_arg
+from kubeps.runtime.checks import PositiveInt, check, index_in
 from kubeps.runtime.data.dataset import Dataset
 from kubeps.runtime.data.options import AutoShardPolicy, InputContext, as_policy
 from kubeps.runtime.data.sources import FileListNode
@@ -47,8 +47,8 @@ def auto_shard(
     The result's policy is OFF, so it is not sharded twice. Any iterable is accepted as the dataset.
     """
     dataset = as_dataset(dataset)
-    num_workers = int_arg("num_workers", num_workers, 1)
-    worker_index = index_arg("worker_index", worker_index, num_workers, "num_workers")
+    num_workers = check("num_workers", num_workers, PositiveInt)
+    worker_index = check("worker_index", worker_index, index_in(num_workers, "num_workers"))
     policy = dataset._options.experimental_distribute.auto_shard_policy if policy is None else as_policy(policy)
     if policy == AutoShardPolicy.AUTO:
         policy = AutoShardPolicy.FILE if dataset.is_file_based else AutoShardPolicy.DATA

@@ -34,6 +34,7 @@ import numpy as np
 
 from kubeps.runtime.data.columns import ColumnValueError, cast, varlen_column
 from kubeps.runtime.data.tfrecord import RecordRun
+from kubeps.runtime.errors import RuntimeConfigError
 
 
 class FixedLenFeature(NamedTuple):
@@ -142,8 +143,7 @@ _WIRE = {"int64_list": "int64", "float_list": "float32", "bytes_list": "bytes"}
 
 def feature_spec(features: Mapping[str, Any]) -> dict[str, FixedLenFeature | VarLenFeature]:
     if not isinstance(features, Mapping) or not features:
-        raise TypeError(f"argument `features` must be a non-empty {{name: FixedLenFeature | VarLenFeature}} dict, "
-                        f"got {features!r}")
+        raise RuntimeConfigError("features", features, "a non-empty {name: FixedLenFeature | VarLenFeature} dict")
     out: dict[str, FixedLenFeature | VarLenFeature] = {}
     for name, spec in features.items():
         if isinstance(spec, FixedLenFeature):

@@ -17,9 +17,11 @@ reading the files in blocks, so:
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping, Sequence
+from typing import Annotated, Any, Mapping, Sequence
 
-from kubeps.runtime.data.arguments import int_arg
+from pydantic import AfterValidator
+
+from kubeps.runtime.checks import PositiveInt, check, integer
 from kubeps.runtime.data.csvfiles import CsvReader
 from kubeps.runtime.data.dataset import AUTOTUNE, Dataset
 from kubeps.runtime.data.example import FixedLenFeature, VarLenFeature, feature_spec, parse_run
@@ -31,12 +33,21 @@ from kubeps.runtime.data.tfrecord import compression_arg, read_records, read_run
 Filenames = str | os.PathLike | Sequence[str | os.PathLike]
 
 
+def _refuse_zero(n: int) -> int:
+    if n == 0:
+        raise ValueError("zero readers")
+    return n
+
+
+#: ``num_parallel_reads``: AUTOTUNE (-1) or a count of readers (None, the default, is one)
+_PARALLEL_READS: Any = Annotated[integer(ge=-1, allowed="None, AUTOTUNE (-1) or an integer >= 1"),
+                                 AfterValidator(_refuse_zero)]
+
+
 def _readers(num_parallel_reads: int | None) -> int:
     if num_parallel_reads is None:
         return 1
-    n = int_arg("num_parallel_reads", num_parallel_reads, -1, "None, AUTOTUNE (-1) or an integer >= 1")
-    if n == 0:
-        raise ValueError("argument `num_parallel_reads` must be None, AUTOTUNE (-1) or an integer >= 1, got 0")
+    n = check("num_parallel_reads", num_parallel_reads, _PARALLEL_READS)
     return AUTOTUNE_READERS if n == AUTOTUNE else n
 
 
@@ -106,7 +117,7 @@ def TFRecordDataset(
     same deterministic order as with one."""
     reader = _TFRecordReader(
         compression_arg(compression_type), bool(skip_corrupt), None if features is None else feature_spec(features),
-        int_arg("block_records", block_records, 1),
+        check("block_records", block_records, PositiveInt),
     )
     return _files_dataset(filenames, reader, num_parallel_reads, "read_tfrecord")
 
@@ -126,5 +137,5 @@ def CsvDataset(
     (:mod:`~kubeps.runtime.data.csvfiles`): ``record_defaults`` gives each column read its dtype and, optionally,
     the default for an empty field; ``select_cols`` picks the columns read (increasing indices)."""
     reader = CsvReader(record_defaults, header, field_delim, na_value, select_cols, names,
-                       int_arg("block_rows", block_rows, 1), use_threads=_readers(num_parallel_reads) == 1)
+                       check("block_rows", block_rows, PositiveInt), use_threads=_readers(num_parallel_reads) == 1)
     return _files_dataset(filenames, reader, num_parallel_reads, "read_csv")

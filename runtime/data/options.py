@@ -7,7 +7,7 @@ import enum
 import numbers
 from typing import Any
 
-from kubeps.runtime.data.arguments import index_arg, int_arg
+from kubeps.runtime.checks import NonNegativeInt, PositiveInt, check, index_in
 
 
 class InputContext:
@@ -21,12 +21,11 @@ class InputContext:
 
     def __init__(self, num_input_pipelines: int = 1, input_pipeline_id: int = 0, num_replicas_in_sync: int = 1,
                  initial_step: int = 0):
-        self._num_input_pipelines = int_arg("num_input_pipelines", num_input_pipelines, 1)
-        self._input_pipeline_id = index_arg(
-            "input_pipeline_id", input_pipeline_id, self._num_input_pipelines, "num_input_pipelines"
-        )
-        self._num_replicas_in_sync = int_arg("num_replicas_in_sync", num_replicas_in_sync, 1)
-        self._initial_step = int_arg("initial_step", initial_step, 0)
+        self._num_input_pipelines = check("num_input_pipelines", num_input_pipelines, PositiveInt)
+        self._input_pipeline_id = check("input_pipeline_id", input_pipeline_id,
+                                        index_in(self._num_input_pipelines, "num_input_pipelines"))
+        self._num_replicas_in_sync = check("num_replicas_in_sync", num_replicas_in_sync, PositiveInt)
+        self._initial_step = check("initial_step", initial_step, NonNegativeInt)
 
     @property
     def initial_step(self) -> int:
@@ -46,7 +45,7 @@ class InputContext:
 
     def get_per_replica_batch_size(self, global_batch_size: int) -> int:
         """``global_batch_size // num_replicas_in_sync``; a ``ValueError`` when it does not divide evenly."""
-        global_batch_size = int_arg("global_batch_size", global_batch_size, 1)
+        global_batch_size = check("global_batch_size", global_batch_size, PositiveInt)
         if global_batch_size % self._num_replicas_in_sync != 0:
             raise ValueError(
                 f"The `global_batch_size` {global_batch_size!r} is not divisible by `num_replicas_in_sync` "

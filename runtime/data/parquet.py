@@ -18,6 +18,7 @@ import numpy as np
 
 from kubeps.runtime.data.columns import ColumnValueError, as_dtype, cast, varlen_column
 from kubeps.runtime.data.filesystems import is_url, local_path, open_binary
+from kubeps.runtime.errors import RuntimeConfigError
 
 
 def _pyarrow() -> tuple[Any, Any]:
@@ -34,7 +35,7 @@ def column_spec(columns: Sequence[str] | Mapping[str, Any] | None) -> dict[str, 
     if columns is None:
         return None
     if isinstance(columns, str):
-        raise TypeError(f"argument `columns` must be a list of column names or a {{name: dtype}} dict, got {columns!r}")
+        raise RuntimeConfigError("columns", columns, "a list of column names or a {name: dtype} dict")
     if isinstance(columns, Mapping):
         return {str(k): None if v is None else as_dtype(v, f"column {k!r}") for k, v in columns.items()}
     return {str(k): None for k in columns}

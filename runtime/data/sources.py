@@ -12,10 +12,11 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from kubeps.runtime.data.arguments import int_arg
+from kubeps.runtime.checks import check, integer
 from kubeps.runtime.data.filesystems import glob_url, is_url
 from kubeps.runtime.data.node import Node
 from kubeps.runtime.data.structure import BLOCK_ROWS, as_arrays, close, closing, map_leaves, slice_leaves
+from kubeps.runtime.errors import RuntimeConfigError
 from kubeps.runtime.util import nest
 
 
@@ -73,7 +74,7 @@ class RangeNode(Node):
         if not 1 <= len(args) <= 3:
             raise TypeError(f"Dataset.range takes 1 to 3 integers (stop | start, stop[, step]), got {len(args)}")
         for a in args:
-            int_arg("range argument", a, -(2**63), "an integer")
+            check("range argument", a, integer(ge=-(2**63), allowed="an integer"))
         self._range = range(*args)
 
     def iterate(self) -> Iterator[Any]:
@@ -95,7 +96,7 @@ class GeneratorNode(Node):
         super().__init__()
         if not callable(generator):
             hint = " (pass the generator function, not a generator object)" if hasattr(generator, "__next__") else ""
-            raise TypeError(f"argument `generator` must be callable{hint}, got {type(generator).__name__}")
+            raise RuntimeConfigError("generator", type(generator).__name__, f"a callable{hint}")
         self._generator = generator
         self._args = args
 
@@ -138,11 +139,9 @@ def _expand_patterns(file_pattern: Any) -> tuple[list[str], list[str]]:
         try:
             patterns = [os.fspath(p) for p in file_pattern]
         except TypeError:
-            raise TypeError(
-                f"argument `file_pattern` must be a path/glob pattern or a list of them, got {file_pattern!r}"
-            ) from None
+            raise RuntimeConfigError("file_pattern", file_pattern, "a path/glob pattern or a list of them") from None
     if not patterns:
-        raise ValueError("argument `file_pattern` is an empty list; give at least one path or glob pattern")
+        raise RuntimeConfigError("file_pattern", file_pattern, "at least one path or glob pattern")
     files: list[str] = []
     seen: set[str] = set()
     for pattern in patterns:
@@ -165,7 +164,7 @@ class FileListNode(Node):
         super().__init__()
         self._files, self._patterns = _expand_patterns(file_pattern)
         if seed is not None:
-            seed = int_arg("seed", seed, 0, "None or an integer >= 0")
+            seed = check("seed", seed, integer(ge=0, allowed="None or an integer >= 0"))
         self._shuffle = shuffle
         self._seed = seed if seed is not None else secrets.randbits(63)
         self._passes = 0

@@ -29,6 +29,7 @@ from typing import IO, Any, Iterable, Iterator, NamedTuple
 import numpy as np
 
 from kubeps.runtime.data.filesystems import open_binary
+from kubeps.runtime.errors import RuntimeConfigError
 
 log = logging.getLogger("kubeps.data")
 
@@ -60,9 +61,7 @@ def masked_crc32c(data: bytes | memoryview) -> int:
 def compression_arg(compression_type: str | None) -> str:
     value = "" if compression_type is None else str(compression_type).upper()
     if value not in COMPRESSION_TYPES:
-        raise ValueError(
-            f"argument `compression_type` must be None, '' , 'GZIP' or 'ZLIB' (as TensorFlow's), got {compression_type!r}"
-        )
+        raise RuntimeConfigError("compression_type", compression_type, "None, '', 'GZIP' or 'ZLIB' (as TensorFlow's)")
     return value
 
 

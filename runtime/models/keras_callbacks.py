@@ -17,10 +17,11 @@ Rule: no keras or jax import (callbacks see the trainer through its attributes: 
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
+from typing import Annotated, Any, Iterator, Literal, Sequence
 
 from kubeps.runtime.checkpoint.api import Checkpoint, check_checkpoint_root
 from kubeps.runtime.checkpoint.manager import CheckpointManager
+from kubeps.runtime.checks import Allowed, PositiveInt, check
 from kubeps.runtime.errors import RuntimeConfigError
 from kubeps.runtime.observe.summary import SummaryWriter, create_file_writer, resolve_logdir
 from kubeps.runtime.observe.train_metrics import TrainMetricsLogger
@@ -124,6 +125,10 @@ class CallbackList:
             cb.on_train_batch_end(step, logs)
 
 
+#: how often a callback acts: at every epoch's end, or every N steps
+_FREQ = Annotated[Literal["epoch"] | PositiveInt, Allowed("'epoch' or a number of steps >= 1")]
+
+
 class ModelCheckpoint(Callback):
     """``ModelCheckpoint(directory, save_freq="epoch", max_to_keep=5)``: a kubeps checkpoint of every weight (on
     the parameter servers, with the optimizer's slots) and the step, at the end of every epoch or every
@@ -137,9 +142,7 @@ class ModelCheckpoint(Callback):
     def __init__(self, directory: str, save_freq: str | int = "epoch", max_to_keep: int | None = 5,
                  verbose: int = 1):
         super().__init__()
-        if save_freq != "epoch" and (isinstance(save_freq, bool) or not isinstance(save_freq, int) or save_freq < 1):
-            raise RuntimeConfigError(f"{type(self).__name__} save_freq", save_freq,
-                                     "allowed: 'epoch' or a number of steps >= 1")
+        check("save_freq", save_freq, _FREQ, owner=type(self).__name__)
         if not isinstance(directory, str) or not directory:
             raise RuntimeConfigError(f"{type(self).__name__} directory", directory,
                                      "must be a path (or an fsspec URL) every task sees")
@@ -154,7 +157,7 @@ class ModelCheckpoint(Callback):
         self.saved: list[str] = []
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
-        check_checkpoint_root(self.directory, f"{type(self).__name__} directory")
+        check_checkpoint_root(self.directory, f"{type(self).__name__} directory", self.trainer.settings)
         checkpoint = Checkpoint(model=self.trainer.variables, step=self.trainer.step)
         self.manager = CheckpointManager(checkpoint, self.directory, max_to_keep=self.max_to_keep)
         if self.restore:
@@ -208,8 +211,8 @@ class BackupAndRestore(ModelCheckpoint):
 
 class TensorBoard(Callback):
     """``TensorBoard(log_dir=None, update_freq="epoch")``, as Keras's: writes ``loss``, ``examples/sec`` and
-    ``global_step/sec`` to ``<log_dir>/train`` (``log_dir`` defaults to ``$KUBEPS_LOGDIR``; unset: nothing is
-    written) at every epoch's end, or every ``update_freq`` steps (a multiple of ``steps_per_execution``), plus
+    ``global_step/sec`` to ``<log_dir>/train`` (``log_dir`` defaults to ``$KUBEPS_LOGDIR`` of the chief's settings,
+    those of the trainer's strategy, when training begins; unset: nothing is written) at every epoch's end, or every ``update_freq`` steps (a multiple of ``steps_per_execution``), plus
     ``epoch_<key>`` of every metric in the epoch's logs (``epoch_loss``, ``epoch_accuracy``, ``epoch_val_loss``,
     ...) at each epoch's end. A chief resumed from a checkpoint at step S purges the events the lost run
     wrote after S, so the curves do not overlap (TensorBoard's ``purge_step``)."""
@@ -218,9 +221,8 @@ class TensorBoard(Callback):
 
     def __init__(self, log_dir: str | None = None, update_freq: str | int = "epoch"):
         super().__init__()
-        if update_freq != "epoch" and (isinstance(update_freq, bool) or not isinstance(update_freq, int)
-                                       or update_freq < 1):
-            raise RuntimeConfigError("update_freq", update_freq, "'epoch' or a number of steps >= 1")
+        check("update_freq", update_freq, _FREQ, owner="TensorBoard")
+        #: ``<log_dir>/train``; without ``log_dir``, None until training begins (then from the chief's settings)
         self.logdir = resolve_logdir(log_dir, "train")
         self.update_freq = update_freq
         self.sync_every = update_freq if isinstance(update_freq, int) else None
@@ -228,6 +230,8 @@ class TensorBoard(Callback):
         self.logger: TrainMetricsLogger | None = None
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        if self.logdir is None:
+            self.logdir = resolve_logdir(None, "train", self.trainer.settings)
         if self.logdir is None:
             return
         start = int(self.trainer.step.value)

@@ -40,6 +40,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from kubeps.runtime.checks import NonNegativeInt, PositiveInt, check, number
 from kubeps.runtime.checkpoint.saveables import StepCounter
 from kubeps.runtime.data.options import InputContext
 from kubeps.runtime.errors import RuntimeConfigError
@@ -49,6 +50,7 @@ from kubeps.runtime.models.keras_metrics import (MetricTotals, Validation, batch
                                                  metric_specs, resolve_metrics, unpack)
 from kubeps.runtime.ops.optimizers import (SGD, Adadelta, Adagrad, Adam, Adamax, AdamW, Ftrl, Lion, Momentum, Nadam,
                                            Optimizer, RMSprop)
+from kubeps.runtime.settings import TaskSettings
 from kubeps.runtime.ops.schedules import (CosineDecay, CosineDecayRestarts, ExponentialDecay, InverseTimeDecay,
                                           LearningRateSchedule, PiecewiseConstantDecay, PolynomialDecay)
 from kubeps.runtime.variables.context import resolve_resource
@@ -197,16 +199,17 @@ def kubeps_schedule(schedule: Any) -> LearningRateSchedule:
 def _float32(field: str, value: Any) -> float:
     """A Keras hyper-parameter as Keras keeps it, float32, written back as the shortest float (0.1, not
     0.10000000149011612)."""
-    if not isinstance(value, (int, float, np.floating, np.integer)) or isinstance(value, bool):
-        raise RuntimeConfigError(field, value, "allowed: a number")
-    return float(str(np.float32(value)))
+    return float(str(np.float32(check(field, value, number()))))
+
+
+_WHOLE_STEPS = "a whole number of steps (kubeps's schedules take no fractions)"
 
 
 def _whole(field: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or \
-            float(value) != math.floor(float(value)):
-        raise RuntimeConfigError(field, value, "kubeps's schedules take a whole number of steps")
-    return int(value)
+    steps = check(field, value, number(), allowed=_WHOLE_STEPS)
+    if steps != math.floor(steps):
+        raise RuntimeConfigError(field, value, _WHOLE_STEPS)
+    return int(steps)
 
 
 # -- the model's parts ----------------------------------------------------------------------------------------------
@@ -557,6 +560,51 @@ class _TableWeight:
         self.shape, self.dtype = tuple(table.shape), table.dtype
 
 
+def _check_model(model: Any, coordinator: Any) -> None:
+    """Refuse what ``KerasTrainer`` cannot train: not a built Keras model with weights, or no kubeps coordinator."""
+    if not isinstance(model, keras.Model):
+        raise RuntimeConfigError("model", type(model).__name__, "must be a keras.Model (Keras 3, JAX backend)")
+    if not model.built or not model.trainable_variables:
+        raise RuntimeConfigError("model", model.name,
+                                 "build the model before fit, inside strategy.scope(): call it on a batch or "
+                                 "model.build(input_shape); it must have trainable weights")
+    for attr in ("schedule", "join", "create_per_worker_dataset", "create_per_worker_resource", "strategy"):
+        if not hasattr(coordinator, attr):
+            raise RuntimeConfigError("coordinator", type(coordinator).__name__,
+                                     "must be a kubeps ClusterCoordinator")
+
+
+def _compiled_arguments(model: Any, optimizer: Any, loss: Any, metrics: Any) -> tuple[Any, Any, Any]:
+    """``optimizer``, ``loss`` and ``metrics``, each defaulting to the model's ``compile`` argument; refused when
+    there is no optimizer or loss (or the loss's name is unknown to Keras)."""
+    compiled = getattr(model, "_compile_config", None)
+    compiled = compiled.config if compiled is not None and getattr(model, "compiled", False) else {}
+    optimizer = compiled.get("optimizer") if optimizer is None else optimizer
+    loss = compiled.get("loss") if loss is None else loss
+    metrics = compiled.get("metrics") if metrics is None else metrics
+    if optimizer is None:
+        raise RuntimeConfigError("optimizer", None, "fit needs an optimizer: pass optimizer= or compile the "
+                                 "model with one (a kubeps or Keras optimizer)")
+    if loss is None:
+        raise RuntimeConfigError("loss", None, "fit needs a loss: a Keras loss object, its name, or a function "
+                                 "loss(y_true, y_pred) (fit(loss=...) or model.compile(loss=...))")
+    if isinstance(loss, str):
+        keras.losses.get(loss)  # an unknown name fails here, on the chief
+    return optimizer, loss, metrics
+
+
+def _remote_tables(layers: list[KubepsEmbedding]) -> list[Any]:
+    """The tables of the model's ``KubepsEmbedding`` layers, refused when one was built outside the strategy's
+    scope (it would live in this process, not on the parameter servers)."""
+    tables = [layer.table for layer in layers]
+    for layer, table in zip(layers, tables):
+        shards = table.variables if isinstance(table, ShardedVariable) else [table]
+        if not all(s.is_remote for s in shards):
+            raise RuntimeConfigError(f"KubepsEmbedding {layer.name!r} table", table.name,
+                                     "is local to this process: build the model inside strategy.scope()")
+    return tables
+
+
 class KerasTrainer:
     """A built Keras model's weights on the parameter servers, the kubeps optimizer that updates them there, and
     the training step the workers run; :meth:`fit` trains it. Created by :func:`fit`, or directly to keep the
@@ -565,32 +613,9 @@ class KerasTrainer:
 
     def __init__(self, model: Any, coordinator: Any, *, optimizer: Any = None, loss: Any = None,
                  metrics: Any = None, steps_per_execution: int = 1):
-        if not isinstance(model, keras.Model):
-            raise RuntimeConfigError("model", type(model).__name__, "must be a keras.Model (Keras 3, JAX backend)")
-        if not model.built or not model.trainable_variables:
-            raise RuntimeConfigError("model", model.name,
-                                     "build the model before fit, inside strategy.scope(): call it on a batch or "
-                                     "model.build(input_shape); it must have trainable weights")
-        for attr in ("schedule", "join", "create_per_worker_dataset", "create_per_worker_resource", "strategy"):
-            if not hasattr(coordinator, attr):
-                raise RuntimeConfigError("coordinator", type(coordinator).__name__,
-                                         "must be a kubeps ClusterCoordinator")
-        if isinstance(steps_per_execution, bool) or not isinstance(steps_per_execution, int) \
-                or steps_per_execution < 1:
-            raise RuntimeConfigError("steps_per_execution", steps_per_execution, "must be an integer >= 1")
-        compiled = getattr(model, "_compile_config", None)
-        compiled = compiled.config if compiled is not None and getattr(model, "compiled", False) else {}
-        optimizer = compiled.get("optimizer") if optimizer is None else optimizer
-        loss = compiled.get("loss") if loss is None else loss
-        metrics = compiled.get("metrics") if metrics is None else metrics
-        if optimizer is None:
-            raise RuntimeConfigError("optimizer", None, "fit needs an optimizer: pass optimizer= or compile the "
-                                     "model with one (a kubeps or Keras optimizer)")
-        if loss is None:
-            raise RuntimeConfigError("loss", None, "fit needs a loss: a Keras loss object, its name, or a function "
-                                     "loss(y_true, y_pred) (fit(loss=...) or model.compile(loss=...))")
-        if isinstance(loss, str):
-            keras.losses.get(loss)  # an unknown name fails here, on the chief
+        _check_model(model, coordinator)
+        self.steps_per_execution = check("steps_per_execution", steps_per_execution, PositiveInt)
+        optimizer, loss, metrics = _compiled_arguments(model, optimizer, loss, metrics)
         _check_non_trainable(model)
         self._model = model
         self._stale = False
@@ -599,23 +624,15 @@ class KerasTrainer:
         self.loss = loss
         self.loss_fn = keras.losses.get(loss) if isinstance(loss, (str, dict)) else loss
         self.metrics = metric_specs(metrics)
-        self.steps_per_execution = steps_per_execution
         self.step = StepCounter()  # training steps done (a checkpoint saves and restores it)
         self.steps_per_epoch: int | None = None
         self.total_steps: int | None = None
         self.stop_training = False
         self.layers = table_layers(model)
-        tables = [layer.table for layer in self.layers]
-        for layer, table in zip(self.layers, tables):
-            shards = table.variables if isinstance(table, ShardedVariable) else [table]
-            if not all(s.is_remote for s in shards):
-                raise RuntimeConfigError(f"KubepsEmbedding {layer.name!r} table", table.name,
-                                         "is local to this process: build the model inside strategy.scope()")
+        self.tables = tables = _remote_tables(self.layers)
         keras_vars = list(model.trainable_variables)
         with coordinator.strategy.scope():
-            weights = [Variable(np.asarray(v.value), name=v.path) for v in keras_vars]
-        self.tables = tables
-        self.weights = weights
+            self.weights = weights = [Variable(np.asarray(v.value), name=v.path) for v in keras_vars]
         #: every weight by its Keras path (the tables by their variable names): what a checkpoint holds
         self.variables: dict[str, Variable | ShardedVariable] = {
             **{v.path: w for v, w in zip(keras_vars, weights)},
@@ -629,6 +646,12 @@ class KerasTrainer:
                 [tuple(v.shape) for v in keras_vars], len(tables))
         self.replica = coordinator.create_per_worker_resource(functools.partial(_Replica, *spec), "keras-model",
                                                               _ReplicaRef)
+
+    @property
+    def settings(self) -> TaskSettings:
+        """The chief's settings: those its strategy read (the callbacks' log dir and checkpoint roots)."""
+        settings: TaskSettings = self.coordinator.strategy.settings
+        return settings
 
     @property
     def model(self) -> Any:
@@ -651,10 +674,9 @@ class KerasTrainer:
             class_weight: Mapping[int, float] | None = None) -> History:
         """Train for ``epochs`` epochs of ``steps_per_epoch`` steps (from ``initial_epoch``, or from the step a
         callback restored), as ``model.fit`` with ``ParameterServerStrategy``; returns the :class:`History`."""
-        for field, value, low in (("epochs", epochs, 1), ("steps_per_epoch", steps_per_epoch, 1),
-                                  ("initial_epoch", initial_epoch, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise RuntimeConfigError(field, value, f"must be an integer >= {low}")
+        check("epochs", epochs, PositiveInt)
+        check("steps_per_epoch", steps_per_epoch, PositiveInt)
+        check("initial_epoch", initial_epoch, NonNegativeInt)
         spx = self.steps_per_execution
         if steps_per_epoch % spx:
             raise RuntimeConfigError("steps_per_epoch", steps_per_epoch,

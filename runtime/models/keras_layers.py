@@ -26,6 +26,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from kubeps.runtime.checks import PositiveInt, check
 from kubeps.runtime.errors import RuntimeConfigError
 from kubeps.runtime.variables.variable import ShardedVariable, Variable, embedding_lookup
 
@@ -131,11 +132,8 @@ class KubepsEmbedding(_Layer):
 
     def __init__(self, input_dim: int, output_dim: int, embeddings_initializer: Any = "uniform", **kwargs: Any):
         super().__init__(**kwargs)
-        for field, value in (("input_dim", input_dim), ("output_dim", output_dim)):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise RuntimeConfigError(f"KubepsEmbedding {field}", value, "must be an integer >= 1")
-        self.input_dim = int(input_dim)
-        self.output_dim = int(output_dim)
+        self.input_dim = check("input_dim", input_dim, PositiveInt, owner="KubepsEmbedding")
+        self.output_dim = check("output_dim", output_dim, PositiveInt, owner="KubepsEmbedding")
         self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
         self._table: Variable | ShardedVariable | None = None
 

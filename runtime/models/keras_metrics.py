@@ -24,6 +24,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from kubeps.runtime.checks import PositiveInt, check, integer, number
 from kubeps.runtime.errors import RuntimeConfigError
 from kubeps.runtime.models.keras_layers import keras
 
@@ -79,11 +80,9 @@ def check_class_weight(class_weight: Any) -> dict[int, float] | None:
                                  "must be a dict {class index: weight}, as Keras's fit")
     checked = {}
     for key, value in class_weight.items():
-        if isinstance(key, bool) or not isinstance(key, (int, np.integer)) or isinstance(value, bool) \
-                or not isinstance(value, (int, float, np.floating, np.integer)) or value < 0:
-            raise RuntimeConfigError(f"class_weight[{key!r}]", value,
-                                     "keys must be class indices (int) and values weights >= 0")
-        checked[int(key)] = float(value)
+        allowed = "keys must be class indices (int) and values weights >= 0"
+        check(f"class_weight[{key!r}]", key, integer(), allowed=allowed)
+        checked[int(key)] = check(f"class_weight[{key!r}]", value, number(ge=0), allowed=allowed)
     return checked
 
 
@@ -164,11 +163,9 @@ class Validation:
 
     def __init__(self, model: Any, loss_fn: Any, specs: Sequence[Any], data: Any, steps: int | None = None,
                  freq: int = 1, batch_size: int | None = None):
-        for field, value in (("validation_steps", steps), ("validation_freq", freq),
-                             ("validation_batch_size", batch_size)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise RuntimeConfigError(field, value, "must be an integer >= 1 (or None)" if field != \
-                                         "validation_freq" else "must be an integer >= 1 (every N epochs)")
+        check("validation_steps", steps, PositiveInt | None)
+        check("validation_freq", freq, integer(ge=1, allowed="an integer >= 1 (every N epochs)"))
+        check("validation_batch_size", batch_size, PositiveInt | None)
         if isinstance(data, tuple):
             data = _array_batches(data, batch_size or 32)
         elif not hasattr(data, "__iter__") or isinstance(data, (str, bytes, Mapping)):

@@ -72,15 +72,20 @@ def import_jax() -> Any:
 
 def size_cpu_backend(cpus: int | None = None, settings: TaskSettings | None = None) -> int:
     """Create jax's backends (once per process) with XLA's CPU pool at ``cpus`` threads (default: the task's
-    :func:`~kubeps.runtime.util.threads.cpu_budget` under ``settings``); returns the budget it used (the first
-    call's, later)."""
+    :func:`~kubeps.runtime.util.threads.cpu_budget` under ``settings``, else under the settings the task's ``Server``
+    or ``ParameterServerStrategy`` gave :func:`place_jax`; a process with neither: the CPUs it may run on, by its
+    affinity and cgroup quota); returns the budget it used (the first call's, later)."""
     global _sized
     with _lock:
         if _sized is not None:
             return _sized
         import jax  # noqa: PLC0415 - jax is optional: only a process that computes with it loads it
 
-        budget = int(cpus) if cpus is not None else int(cpu_budget(settings))
+        if cpus is not None:
+            budget = int(cpus)
+        else:
+            placed = _placement[1] if _placement is not None else TaskSettings()
+            budget = int(cpu_budget(placed if settings is None else settings))
         created = _backend_created()
         if not created:
             _choose_platforms(jax)

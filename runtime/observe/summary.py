@@ -2,7 +2,7 @@
 
 As in TensorFlow::
 
-    writer = kp.summary.create_file_writer("/logs/run-1/train")   # or None: $KUBEPS_LOGDIR
+    writer = kp.summary.create_file_writer("/logs/run-1/train")   # or settings=strategy.settings: $KUBEPS_LOGDIR
     writer.scalar("loss", 0.41, step=100)                          # TF: tf.summary.scalar("loss", 0.41, step=100)
     with writer.as_default():
         kp.summary.scalar("loss", 0.40, step=120)                  # the default writer, as tf.summary does
@@ -10,7 +10,8 @@ As in TensorFlow::
 
 ``tensorboard --logdir /logs/run-1`` then shows the run; the convention (TensorFlow's and Keras's) is one log dir per
 job with a ``train`` subdirectory the chief writes and an ``eval`` subdirectory the sidecar evaluator writes, so both
-curves share one chart. :func:`resolve_logdir` builds those paths from an argument or ``$KUBEPS_LOGDIR``.
+curves share one chart. :func:`resolve_logdir` builds those paths from an argument or ``$KUBEPS_LOGDIR`` of the task's settings
+(``strategy.settings`` on the chief, ``resolver.settings`` in the evaluator).
 
 Where event files can go (what tensorboardX writes to): a local path (a mounted volume in a pod) or a ``file://``
 URL; ``s3://bucket/dir`` (tensorboardX's own writer, needs ``boto3``; ``S3_ENDPOINT`` selects a non-AWS endpoint)
@@ -25,13 +26,13 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import numbers
 import os
 import re
 import threading
 from typing import Any, Iterator, Mapping
 
 from kubeps.runtime.contract import LOGDIR_ENV
+from kubeps.runtime.checks import NonNegativeInt, PositiveInt, RealNumber, Seconds, check
 from kubeps.runtime.errors import RuntimeConfigError
 from kubeps.runtime.settings import TaskSettings
 
@@ -42,7 +43,7 @@ _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.\-]*)://")
 WRITER_SCHEMES = ("s3", "gs")
 _ALLOWED_LOGDIR = (
     f"a local directory, a file:// URL, or an s3:// or gs:// URL (tensorboardX's writers), given as the argument "
-    f"or in ${LOGDIR_ENV}"
+    f"or in ${LOGDIR_ENV} of the task's settings (settings=strategy.settings)"
 )
 
 _default_writer: contextvars.ContextVar[SummaryWriter | None] = contextvars.ContextVar(
@@ -54,18 +55,15 @@ def as_scalar(name: str, value: Any) -> float:
     """``value`` as a float: an int, a float, a numpy scalar or a one-element array; else a RuntimeConfigError."""
     if hasattr(value, "item") and getattr(value, "size", None) == 1:
         value = value.item()
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise RuntimeConfigError(
-            f"summary scalar {name!r}", value, "a real number (int, float, numpy scalar or one-element array)"
-        )
-    return float(value)
+    real: float = check(f"summary scalar {name!r}", value, RealNumber,
+                        allowed="a real number (int, float, numpy scalar or one-element array)")
+    return real
 
 
 def as_step(step: Any, field: str = "step") -> int:
     """``step`` as an int >= 0 (numpy integers too); else a RuntimeConfigError naming ``field``."""
-    if isinstance(step, numbers.Integral) and not isinstance(step, bool) and int(step) >= 0:
-        return int(step)
-    raise RuntimeConfigError(field, step, "an int >= 0 (the training step the value belongs to)")
+    step_: int = check(field, step, NonNegativeInt, allowed="an int >= 0 (the training step the value belongs to)")
+    return step_
 
 
 def _check_logdir(logdir: Any) -> str:
@@ -90,10 +88,10 @@ def _join(base: str, sub: str) -> str:
 
 def resolve_logdir(logdir: str | os.PathLike[str] | None = None, subdir: str | None = None,
                    settings: TaskSettings | None = None) -> str | None:
-    """The log dir: ``logdir``, else ``$KUBEPS_LOGDIR`` (``settings.logdir``, default :meth:`TaskSettings.from_env()
-    <kubeps.runtime.settings.TaskSettings.from_env>`), with ``subdir`` (``"train"``, ``"eval"``) appended; None
-    when neither is set (then nothing is written). Checked: a local path, ``file://``, ``s3://`` or ``gs://``."""
-    chosen: Any = logdir if logdir is not None else (TaskSettings.from_env() if settings is None else settings).logdir
+    """The log dir: ``logdir``, else ``$KUBEPS_LOGDIR`` of the task's ``settings`` (``settings.logdir``: those its
+    strategy, server or resolver read), with ``subdir`` (``"train"``, ``"eval"``) appended; None when neither is
+    set (then nothing is written). Checked: a local path, ``file://``, ``s3://`` or ``gs://``."""
+    chosen: Any = logdir if logdir is not None else (None if settings is None else settings.logdir)
     if chosen is None:
         return None
     path = _check_logdir(chosen)
@@ -130,10 +128,8 @@ class SummaryWriter:
         self.logdir = _check_logdir(logdir)
         if purge_step is not None:
             purge_step = as_step(purge_step, field="purge_step")
-        if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 1:
-            raise RuntimeConfigError("max_queue", max_queue, "an int >= 1 (events buffered before a write)")
-        if isinstance(flush_secs, bool) or not isinstance(flush_secs, (int, float)) or not flush_secs > 0:
-            raise RuntimeConfigError("flush_secs", flush_secs, "a number of seconds > 0")
+        max_queue = check("max_queue", max_queue, PositiveInt, allowed="an int >= 1 (events buffered before a write)")
+        flush_secs = check("flush_secs", flush_secs, Seconds)
         tensorboardx = _import_tensorboardx()
         self._lock = threading.Lock()
         self._closed = False
@@ -198,8 +194,8 @@ def create_file_writer(
     flush_secs: float = 30.0,
     settings: TaskSettings | None = None,
 ) -> SummaryWriter:
-    """A :class:`SummaryWriter` for ``logdir``, else ``$KUBEPS_LOGDIR`` of ``settings`` (default: the environment's)
-    (``tf.summary.create_file_writer``)."""
+    """A :class:`SummaryWriter` for ``logdir``, else ``$KUBEPS_LOGDIR`` of ``settings``, the task's (e.g.
+    ``strategy.settings``) (``tf.summary.create_file_writer``)."""
     resolved = resolve_logdir(logdir, settings=settings)
     if resolved is None:
         raise RuntimeConfigError("logdir", logdir, _ALLOWED_LOGDIR + "; neither is set")

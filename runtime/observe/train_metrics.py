@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from typing import Callable, Protocol
 
+from kubeps.runtime.checks import PositiveInt, check
 from kubeps.runtime.errors import RuntimeConfigError
 from kubeps.runtime.observe import logs as _logs
 from kubeps.runtime.observe import metrics as _metrics
@@ -57,10 +58,9 @@ class TrainMetricsLogger:
                 "writer", writer, "an object with a scalar(name, value, step) method, e.g. kp.summary.create_file_writer(),"
                 " or None (the Prometheus metrics only)"
             )
-        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
-            raise RuntimeConfigError("batch_size", batch_size, "None or an int >= 1 (examples per training step)")
         self.writer = writer
-        self.batch_size = batch_size
+        self.batch_size = check("batch_size", batch_size, PositiveInt | None,
+                                allowed="None or an int >= 1 (examples per training step)")
         self.clock = clock
         self.last_step = as_step(start_step, field="start_step")
         self.last_time = clock()

@@ -100,11 +100,10 @@ def cupy_available() -> tuple[bool, str]:
     return True, ""
 
 
-def backend_name(settings: TaskSettings | None = None) -> str:
-    """The backend the task's settings ask for (default :meth:`TaskSettings.from_env()
-    <kubeps.runtime.settings.TaskSettings.from_env>`): ``"numpy"`` or ``"cupy"``. Raises if gpu is forced but
-    absent."""
-    wanted = (TaskSettings.from_env() if settings is None else settings).device
+def backend_name(settings: TaskSettings) -> str:
+    """The backend the task's settings ask for (``settings.device``): ``"numpy"`` or ``"cupy"``. Raises if gpu is
+    forced but absent."""
+    wanted = settings.device
     if wanted == "cpu":
         return "numpy"
     ok, reason = cupy_available()
@@ -115,7 +114,7 @@ def backend_name(settings: TaskSettings | None = None) -> str:
     return "cupy" if ok else "numpy"
 
 
-def backend(settings: TaskSettings | None = None) -> ModuleType:
+def backend(settings: TaskSettings) -> ModuleType:
     """The array module to create new arrays with: numpy or cupy (see module docstring)."""
     if backend_name(settings) == "cupy":
         cupy = _import_cupy()

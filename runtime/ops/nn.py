@@ -19,10 +19,12 @@ Loss objects (:class:`SigmoidCrossEntropy`, :class:`SoftmaxCrossEntropy`) return
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Literal, Sequence
 
 import numpy as np
 
+from kubeps.runtime.checks import PositiveInt, check, integer, number
+from kubeps.runtime.errors import RuntimeConfigError
 from kubeps.runtime.ops import kernels
 from kubeps.runtime.ops.losses import Loss, SigmoidCrossEntropy, SoftmaxCrossEntropy  # noqa: F401 - nn's losses
 from kubeps.runtime.variables.indexed_slices import IndexedSlices
@@ -71,9 +73,9 @@ class random_uniform:
     """``U(minval, maxval)`` (Keras' default for embeddings: -0.05, 0.05)."""
 
     def __init__(self, minval: float = -0.05, maxval: float = 0.05, seed: int | None = None) -> None:
-        if not minval < maxval:
-            raise ValueError(f"random_uniform: minval={minval!r}, maxval={maxval!r}; allowed: minval < maxval")
-        self.minval, self.maxval = float(minval), float(maxval)
+        self.minval = check("minval", minval, number(), owner="random_uniform")
+        self.maxval = check("maxval", maxval, number(gt=self.minval, allowed=f"a number > minval ({minval!r})"),
+                            owner="random_uniform")
         self.rng = np.random.default_rng(seed)
 
     def __call__(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
@@ -99,8 +101,7 @@ def get_initializer(spec: Any, seed: int | None, what: str) -> Callable[[tuple[i
         return spec
     if isinstance(spec, str) and spec in _INITIALIZERS:
         return _INITIALIZERS[spec](seed=seed)
-    raise ValueError(f"{what}={spec!r} is not an initializer; allowed: {sorted(_INITIALIZERS)} or a callable "
-                     f"(shape, dtype) -> array")
+    raise RuntimeConfigError(what, spec, f"one of {sorted(_INITIALIZERS)} or a callable (shape, dtype) -> array")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -134,12 +135,6 @@ def _on_device(x: Any, *weights: Any) -> tuple[Any, ...]:
     present = [a for a in (x, *weights) if a is not None]
     moved = iter(kernels.to_device(*present))
     return tuple(None if a is None else next(moved) for a in (x, *weights))
-
-
-def _check_int(owner: str, name: str, value: Any, lo: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < lo:
-        raise ValueError(f"{owner}: {name}={value!r} is not allowed; allowed: an integer >= {lo}")
-    return int(value)
 
 
 _ACTIVATIONS = {
@@ -208,11 +203,9 @@ class Dense(Layer):
                  input_dim: int | None = None, seed: int | None = None, dtype: Any = "float32",
                  name: str | None = None) -> None:
         super().__init__(name)
-        self.units = _check_int("Dense", "units", units)
-        if activation not in _ACTIVATIONS:
-            raise ValueError(f"Dense: activation={activation!r} is not supported; allowed: "
-                             f"{[a for a in _ACTIVATIONS if a is not None]} or None")
-        self.activation = activation
+        self.units = check("units", units, PositiveInt, owner="Dense")
+        self.activation = check("activation", activation, Literal[tuple(_ACTIVATIONS)], owner="Dense",
+                                allowed=f"one of {[a for a in _ACTIVATIONS if a is not None]} or None")
         self.use_bias = bool(use_bias)
         self._kernel_init = get_initializer(kernel_initializer, seed, "kernel_initializer")
         self._bias_init = get_initializer(bias_initializer, None if seed is None else seed + 1, "bias_initializer")
@@ -234,7 +227,7 @@ class Dense(Layer):
             return self.units
         if input_dim is None:
             raise ValueError(f"Dense {self.name!r}: input_dim is unknown; pass input_dim or call build(input_dim)")
-        d = _check_int("Dense", "input_dim", input_dim)
+        d = check("input_dim", input_dim, PositiveInt, owner="Dense")
         self.kernel = _new_variable(self._kernel_init((d, self.units), self.dtype), f"{self.name}/kernel")
         if self.use_bias:
             self.bias = _new_variable(self._bias_init((self.units,), self.dtype), f"{self.name}/bias")
@@ -291,8 +284,8 @@ class Embedding(Layer):
                  embeddings: Any = None, seed: int | None = None, dtype: Any = "float32",
                  name: str | None = None) -> None:
         super().__init__(name)
-        self.input_dim = _check_int("Embedding", "input_dim", input_dim)
-        self.output_dim = _check_int("Embedding", "output_dim", output_dim)
+        self.input_dim = check("input_dim", input_dim, PositiveInt, owner="Embedding")
+        self.output_dim = check("output_dim", output_dim, PositiveInt, owner="Embedding")
         self.dtype = np.dtype(dtype)
         if embeddings is None:
             init = get_initializer(embeddings_initializer, seed, "embeddings_initializer")
@@ -456,9 +449,7 @@ class Concatenate(_Merge):
 
     def __init__(self, axis: int = -1, name: str | None = None) -> None:
         super().__init__(name)
-        if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
-            raise ValueError(f"Concatenate: axis={axis!r} is not allowed; allowed: an integer")
-        self.axis = int(axis)
+        self.axis = check("axis", axis, integer(), owner="Concatenate")
         self._cache_sizes: list[int] | None = None
 
     def forward(self, inputs: Sequence[Any]) -> Any:
@@ -518,8 +509,8 @@ class Sequential(Layer):
         layers = list(layers)
         for i, layer in enumerate(layers):
             if not isinstance(layer, Layer):
-                raise ValueError(f"Sequential: layers[{i}] is a {type(layer).__name__}; allowed: kubeps.runtime.ops.nn "
-                                 f"Layer instances")
+                raise RuntimeConfigError(f"Sequential.layers[{i}]", type(layer).__name__,
+                                         "a kubeps.runtime.ops.nn Layer instance")
         names = [layer.name for layer in layers]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
@@ -571,9 +562,8 @@ class MLP(Sequential):
     def __init__(self, hidden_units: Sequence[int], output_units: int, activation: str = "relu",
                  output_activation: str | None = None, input_dim: int | None = None, seed: int | None = None,
                  dtype: Any = "float32", name: str = "mlp") -> None:
-        if isinstance(hidden_units, (int, np.integer)) or not all(
-                isinstance(h, (int, np.integer)) and not isinstance(h, bool) and h >= 1 for h in hidden_units):
-            raise ValueError(f"MLP: hidden_units={hidden_units!r} is not allowed; allowed: a list of integers >= 1")
+        check("hidden_units", hidden_units, list[PositiveInt] | tuple[PositiveInt, ...], owner="MLP",
+              allowed="a list of integers >= 1")
         sizes = list(hidden_units) + [output_units]
         acts = [activation] * len(hidden_units) + [output_activation]
         layers = [Dense(u, activation=a, seed=None if seed is None else seed + 2 * i, dtype=dtype,

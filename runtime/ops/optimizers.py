@@ -36,7 +36,9 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from kubeps.runtime.ops import kernels
-from kubeps.runtime.ops.hyperparams import boolean, build, number
+from kubeps.runtime.checks import Flag, check, integer, number
+from kubeps.runtime.errors import RuntimeConfigError
+from kubeps.runtime.ops.hyperparams import build
 from kubeps.runtime.variables.indexed_slices import IndexedSlices
 from kubeps.runtime.ops.schedules import (  # noqa: F401 - re-exported: optimizers take schedules as their rate
     MAX_SCHEDULE_STEP,
@@ -90,6 +92,10 @@ def optimizer_from_config(config: Mapping[str, Any]) -> "Optimizer":
     return build("optimizer", _OPTIMIZERS, config)
 
 
+#: a variable's update count on its ps, 1 for its first update
+_UPDATE_COUNT = integer(ge=1, allowed="an integer >= 1 (the variable's update count, 1 for its first update)")
+
+
 class Optimizer:
     """Base class. Subclasses define ``_hyper()`` (their config), ``slot_names()``, ``_slot_init`` and ``_update``.
 
@@ -107,8 +113,7 @@ class Optimizer:
                  weight_decay: float | None = None) -> None:
         self.learning_rate = self._check_learning_rate(learning_rate)
         #: Keras's decoupled weight decay: ``var -= var * weight_decay * lr`` before each update (None: off)
-        self.weight_decay = None if weight_decay is None else number(type(self).__name__, "weight_decay",
-                                                                      weight_decay, lo=0)
+        self.weight_decay = None if weight_decay is None else check("weight_decay", weight_decay, number(ge=0), owner=type(self).__name__)
 
     # -- configuration ---------------------------------------------------------------------------------------
 
@@ -118,17 +123,17 @@ class Optimizer:
         if isinstance(lr, Mapping):
             return schedule_from_config(lr)
         if callable(lr):
-            raise ValueError(f"{type(self).__name__}: learning_rate={lr!r} is not allowed; allowed: a positive number "
-                             f"or a LearningRateSchedule (plain callables cannot be sent to a parameter server)")
-        return number(type(self).__name__, "learning_rate", lr, lo=0, lo_open=True)
+            raise RuntimeConfigError(f"{type(self).__name__}.learning_rate", lr, "a positive number or a "
+                                     "LearningRateSchedule (plain callables cannot be sent to a parameter server)")
+        return check("learning_rate", lr, number(gt=0), owner=type(self).__name__)
 
     def _moments(self, beta_1: Any, beta_2: Any, epsilon: Any) -> dict[str, Any]:
         """Check and keep the hyper-parameters of the Adam family (``beta_1``, ``beta_2`` in [0, 1), ``epsilon``
         > 0); returns them as config."""
         o = type(self).__name__
-        self.beta_1 = number(o, "beta_1", beta_1, lo=0, hi=1, hi_open=True)
-        self.beta_2 = number(o, "beta_2", beta_2, lo=0, hi=1, hi_open=True)
-        self.epsilon = number(o, "epsilon", epsilon, lo=0, lo_open=True)
+        self.beta_1 = check("beta_1", beta_1, number(ge=0, lt=1), owner=o)
+        self.beta_2 = check("beta_2", beta_2, number(ge=0, lt=1), owner=o)
+        self.epsilon = check("epsilon", epsilon, number(gt=0), owner=o)
         return {"beta_1": self.beta_1, "beta_2": self.beta_2, "epsilon": self.epsilon}
 
     def _hyper(self) -> dict[str, Any]:
@@ -178,10 +183,7 @@ class Optimizer:
         raise NotImplementedError(f"{type(self).__name__} must implement _update")
 
     def _check_step(self, step: Any) -> int:
-        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 1:
-            raise ValueError(f"{type(self).__name__}: step={step!r} is not allowed; allowed: an integer >= 1 "
-                             f"(the variable's update count, 1 for its first update)")
-        return int(step)
+        return int(check("step", step, _UPDATE_COUNT, owner=type(self).__name__))
 
     def _check_slots(self, var: Any, slots: Mapping[str, Any]) -> None:
         names = self.slot_names()
@@ -294,8 +296,8 @@ class Momentum(Optimizer):
     def __init__(self, learning_rate: float | LearningRateSchedule | Mapping[str, Any] = 0.01,
                  momentum: float = 0.9, nesterov: bool = False, weight_decay: float | None = None) -> None:
         super().__init__(learning_rate, weight_decay)
-        self.momentum = number("Momentum", "momentum", momentum, lo=0, hi=1, hi_open=True)
-        self.nesterov = boolean("Momentum", "nesterov", nesterov)
+        self.momentum = check("momentum", momentum, number(ge=0, lt=1), owner="Momentum")
+        self.nesterov = check("nesterov", nesterov, Flag, owner="Momentum")
         self._slot_init = {"momentum": 0.0}
 
     def _hyper(self) -> dict[str, Any]:
@@ -322,12 +324,11 @@ class Adagrad(Optimizer):
                  initial_accumulator_value: float = 0.1, epsilon: float = 1e-7,
                  weight_decay: float | None = None) -> None:
         super().__init__(learning_rate, weight_decay)
-        self.initial_accumulator_value = number("Adagrad", "initial_accumulator_value", initial_accumulator_value,
-                                                 lo=0)
-        self.epsilon = number("Adagrad", "epsilon", epsilon, lo=0)
+        self.initial_accumulator_value = check("initial_accumulator_value", initial_accumulator_value, number(ge=0), owner="Adagrad")
+        self.epsilon = check("epsilon", epsilon, number(ge=0), owner="Adagrad")
         if self.initial_accumulator_value == 0 and self.epsilon == 0:
-            raise ValueError("Adagrad: initial_accumulator_value=0 with epsilon=0 divides by zero on a zero "
-                             "gradient; allowed: either of them > 0")
+            raise RuntimeConfigError("Adagrad.epsilon", 0, "> 0 when initial_accumulator_value=0 (both 0 divide by "
+                                     "zero on a zero gradient)")
         self._slot_init = {"accumulator": self.initial_accumulator_value}
 
     def _hyper(self) -> dict[str, Any]:
@@ -356,7 +357,7 @@ class Adam(Optimizer):
                  weight_decay: float | None = None) -> None:
         super().__init__(learning_rate, weight_decay)
         self._moment_config = self._moments(beta_1, beta_2, epsilon)
-        self.amsgrad = boolean(type(self).__name__, "amsgrad", amsgrad)
+        self.amsgrad = check("amsgrad", amsgrad, Flag, owner=type(self).__name__)
         self._slot_init = {"m": 0.0, "v": 0.0, **({"vhat": 0.0} if self.amsgrad else {})}
 
     def _hyper(self) -> dict[str, Any]:
@@ -402,18 +403,17 @@ class Ftrl(Optimizer):
                  weight_decay: float | None = None) -> None:
         super().__init__(learning_rate, weight_decay)
         o = "Ftrl"
-        self.learning_rate_power = number(o, "learning_rate_power", learning_rate_power, hi=0)
-        self.initial_accumulator_value = number(o, "initial_accumulator_value", initial_accumulator_value, lo=0)
-        self.l1_regularization_strength = number(o, "l1_regularization_strength", l1_regularization_strength, lo=0)
-        self.l2_regularization_strength = number(o, "l2_regularization_strength", l2_regularization_strength, lo=0)
-        self.l2_shrinkage_regularization_strength = number(
-            o, "l2_shrinkage_regularization_strength", l2_shrinkage_regularization_strength, lo=0)
-        self.beta = number(o, "beta", beta, lo=0)
+        self.learning_rate_power = check("learning_rate_power", learning_rate_power, number(le=0), owner=o)
+        self.initial_accumulator_value = check("initial_accumulator_value", initial_accumulator_value, number(ge=0), owner=o)
+        self.l1_regularization_strength = check("l1_regularization_strength", l1_regularization_strength, number(ge=0), owner=o)
+        self.l2_regularization_strength = check("l2_regularization_strength", l2_regularization_strength, number(ge=0), owner=o)
+        self.l2_shrinkage_regularization_strength = check("l2_shrinkage_regularization_strength", l2_shrinkage_regularization_strength, number(ge=0), owner=o)
+        self.beta = check("beta", beta, number(ge=0), owner=o)
         if self.initial_accumulator_value == 0 and self.learning_rate_power < 0:
             # accum ** -p is fine at 0, but quadratic = 0 on a zero first gradient would divide by zero.
             if self.beta == 0 and self.l2_regularization_strength == 0:
-                raise ValueError(f"{o}: initial_accumulator_value=0 with beta=0 and l2_regularization_strength=0 "
-                                 f"divides by zero on a zero gradient; allowed: initial_accumulator_value > 0")
+                raise RuntimeConfigError(f"{o}.initial_accumulator_value", 0, "> 0 when beta=0 and "
+                                         "l2_regularization_strength=0 (all 0 divide by zero on a zero gradient)")
         self._slot_init = {"accumulator": self.initial_accumulator_value, "linear": 0.0}
 
     def _hyper(self) -> dict[str, Any]:
@@ -450,7 +450,7 @@ class AdamW(Adam):
                  weight_decay: float = 0.004, beta_1: float = 0.9, beta_2: float = 0.999, epsilon: float = 1e-7,
                  amsgrad: bool = False) -> None:
         if weight_decay is None:
-            raise ValueError("AdamW: weight_decay=None is not allowed; allowed: a number >= 0 (use Adam for none)")
+            raise RuntimeConfigError("AdamW.weight_decay", None, "a number >= 0 (use Adam for none)")
         super().__init__(learning_rate, beta_1, beta_2, epsilon, amsgrad, weight_decay)
 
 
@@ -469,10 +469,10 @@ class RMSprop(Optimizer):
                  momentum: float = 0.0, epsilon: float = 1e-7, centered: bool = False,
                  weight_decay: float | None = None) -> None:
         super().__init__(learning_rate, weight_decay)
-        self.rho = number("RMSprop", "rho", rho, lo=0, hi=1, hi_open=True)
-        self.momentum = number("RMSprop", "momentum", momentum, lo=0, hi=1, hi_open=True)
-        self.epsilon = number("RMSprop", "epsilon", epsilon, lo=0, lo_open=True)
-        self.centered = boolean("RMSprop", "centered", centered)
+        self.rho = check("rho", rho, number(ge=0, lt=1), owner="RMSprop")
+        self.momentum = check("momentum", momentum, number(ge=0, lt=1), owner="RMSprop")
+        self.epsilon = check("epsilon", epsilon, number(gt=0), owner="RMSprop")
+        self.centered = check("centered", centered, Flag, owner="RMSprop")
         self._slot_init = {"velocity": 0.0, **({"momentum": 0.0} if self.momentum > 0 else {}),
                            **({"average_gradient": 0.0} if self.centered else {})}
 
@@ -516,8 +516,8 @@ class Adadelta(Optimizer):
     def __init__(self, learning_rate: float | LearningRateSchedule | Mapping[str, Any] = 0.001, rho: float = 0.95,
                  epsilon: float = 1e-7, weight_decay: float | None = None) -> None:
         super().__init__(learning_rate, weight_decay)
-        self.rho = number("Adadelta", "rho", rho, lo=0, hi=1, hi_open=True)
-        self.epsilon = number("Adadelta", "epsilon", epsilon, lo=0, lo_open=True)
+        self.rho = check("rho", rho, number(ge=0, lt=1), owner="Adadelta")
+        self.epsilon = check("epsilon", epsilon, number(gt=0), owner="Adadelta")
         self._slot_init = {"accumulated_grad": 0.0, "accumulated_delta_var": 0.0}
 
     def _hyper(self) -> dict[str, Any]:
@@ -625,8 +625,8 @@ class Lion(Optimizer):
     def __init__(self, learning_rate: float | LearningRateSchedule | Mapping[str, Any] = 0.001,
                  beta_1: float = 0.9, beta_2: float = 0.99, weight_decay: float | None = None) -> None:
         super().__init__(learning_rate, weight_decay)
-        self.beta_1 = number("Lion", "beta_1", beta_1, lo=0, hi=1)
-        self.beta_2 = number("Lion", "beta_2", beta_2, lo=0, hi=1)
+        self.beta_1 = check("beta_1", beta_1, number(ge=0, le=1), owner="Lion")
+        self.beta_2 = check("beta_2", beta_2, number(ge=0, le=1), owner="Lion")
         self._slot_init = {"momentum": 0.0}
 
     def _hyper(self) -> dict[str, Any]:

@@ -12,7 +12,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from kubeps.runtime.ops.hyperparams import boolean, build, integer, number
+from kubeps.runtime.checks import Flag, check, integer, number
+from kubeps.runtime.errors import RuntimeConfigError
+from kubeps.runtime.ops.hyperparams import build
 
 __all__ = [
     "MAX_SCHEDULE_STEP",
@@ -70,18 +72,16 @@ class ExponentialDecay(LearningRateSchedule):
     def __init__(self, initial_learning_rate: float, decay_steps: int, decay_rate: float,
                  staircase: bool = False) -> None:
         o = "ExponentialDecay"
-        self.initial_learning_rate = number(o, "initial_learning_rate", initial_learning_rate, lo=0, lo_open=True)
-        self.decay_steps = integer(o, "decay_steps", decay_steps, lo=1)
-        self.decay_rate = number(o, "decay_rate", decay_rate, lo=0, lo_open=True)
-        self.staircase = boolean(o, "staircase", staircase)
+        self.initial_learning_rate = check("initial_learning_rate", initial_learning_rate, number(gt=0), owner=o)
+        self.decay_steps = check("decay_steps", decay_steps, integer(ge=1), owner=o)
+        self.decay_rate = check("decay_rate", decay_rate, number(gt=0), owner=o)
+        self.staircase = check("staircase", staircase, Flag, owner=o)
         if self.decay_rate > 1:  # a growing rate must stay finite over every step a ps can reach
             steps = MAX_SCHEDULE_STEP / self.decay_steps
             top = math.log(self.initial_learning_rate) + steps * math.log(self.decay_rate)
             if top >= math.log(_FLOAT_MAX):
-                raise ValueError(
-                    f"{o}: decay_rate={decay_rate!r} with decay_steps={decay_steps!r} overflows before step "
-                    f"{MAX_SCHEDULE_STEP}; allowed: decay_rate <= 1, or a growth that stays finite up to that step"
-                )
+                raise RuntimeConfigError(f"{o}.decay_rate", decay_rate, f"<= 1, or a growth that stays finite up to step "
+                                         f"{MAX_SCHEDULE_STEP} (with decay_steps={decay_steps!r} it overflows)")
 
     def __call__(self, step: int) -> float:
         p = step / self.decay_steps
@@ -100,10 +100,10 @@ class InverseTimeDecay(LearningRateSchedule):
     def __init__(self, initial_learning_rate: float, decay_steps: int, decay_rate: float,
                  staircase: bool = False) -> None:
         o = "InverseTimeDecay"
-        self.initial_learning_rate = number(o, "initial_learning_rate", initial_learning_rate, lo=0, lo_open=True)
-        self.decay_steps = integer(o, "decay_steps", decay_steps, lo=1)
-        self.decay_rate = number(o, "decay_rate", decay_rate, lo=0)
-        self.staircase = boolean(o, "staircase", staircase)
+        self.initial_learning_rate = check("initial_learning_rate", initial_learning_rate, number(gt=0), owner=o)
+        self.decay_steps = check("decay_steps", decay_steps, integer(ge=1), owner=o)
+        self.decay_rate = check("decay_rate", decay_rate, number(ge=0), owner=o)
+        self.staircase = check("staircase", staircase, Flag, owner=o)
 
     def __call__(self, step: int) -> float:
         p = step / self.decay_steps
@@ -123,14 +123,14 @@ class PiecewiseConstantDecay(LearningRateSchedule):
     def __init__(self, boundaries: Sequence[int], values: Sequence[float]) -> None:
         o = "PiecewiseConstantDecay"
         if not isinstance(boundaries, (list, tuple)) or not boundaries:
-            raise ValueError(f"{o}: boundaries={boundaries!r} is not allowed; allowed: a non-empty list of integers")
+            raise RuntimeConfigError(f"{o}.boundaries", boundaries, "a non-empty list of integers")
         if not isinstance(values, (list, tuple)) or len(values) != len(boundaries) + 1:
-            raise ValueError(f"{o}: values={values!r} is not allowed; allowed: a list of "
-                             f"len(boundaries) + 1 = {len(boundaries) + 1} positive numbers")
-        self.boundaries = [integer(o, f"boundaries[{i}]", b, lo=0) for i, b in enumerate(boundaries)]
+            raise RuntimeConfigError(f"{o}.values", values, f"a list of len(boundaries) + 1 = {len(boundaries) + 1} "
+                                     "positive numbers")
+        self.boundaries = [check(f"boundaries[{i}]", b, integer(ge=0), owner=o) for i, b in enumerate(boundaries)]
         if any(b2 <= b1 for b1, b2 in zip(self.boundaries, self.boundaries[1:])):
-            raise ValueError(f"{o}: boundaries={boundaries!r} is not allowed; allowed: strictly increasing integers")
-        self.values = [number(o, f"values[{i}]", v, lo=0, lo_open=True) for i, v in enumerate(values)]
+            raise RuntimeConfigError(f"{o}.boundaries", boundaries, "strictly increasing integers")
+        self.values = [check(f"values[{i}]", v, number(gt=0), owner=o) for i, v in enumerate(values)]
 
     def __call__(self, step: int) -> float:
         for b, v in zip(self.boundaries, self.values):
@@ -149,11 +149,11 @@ class PolynomialDecay(LearningRateSchedule):
     def __init__(self, initial_learning_rate: float, decay_steps: int, end_learning_rate: float = 0.0001,
                  power: float = 1.0, cycle: bool = False) -> None:
         o = "PolynomialDecay"
-        self.initial_learning_rate = number(o, "initial_learning_rate", initial_learning_rate, lo=0, lo_open=True)
-        self.decay_steps = integer(o, "decay_steps", decay_steps, lo=1)
-        self.end_learning_rate = number(o, "end_learning_rate", end_learning_rate, lo=0)
-        self.power = number(o, "power", power, lo=0, lo_open=True)
-        self.cycle = boolean(o, "cycle", cycle)
+        self.initial_learning_rate = check("initial_learning_rate", initial_learning_rate, number(gt=0), owner=o)
+        self.decay_steps = check("decay_steps", decay_steps, integer(ge=1), owner=o)
+        self.end_learning_rate = check("end_learning_rate", end_learning_rate, number(ge=0), owner=o)
+        self.power = check("power", power, number(gt=0), owner=o)
+        self.cycle = check("cycle", cycle, Flag, owner=o)
 
     def __call__(self, step: int) -> float:
         if self.cycle:
@@ -178,12 +178,11 @@ class CosineDecay(LearningRateSchedule):
     def __init__(self, initial_learning_rate: float, decay_steps: int, alpha: float = 0.0,
                  warmup_target: float | None = None, warmup_steps: int = 0) -> None:
         o = "CosineDecay"
-        self.initial_learning_rate = number(o, "initial_learning_rate", initial_learning_rate, lo=0)
-        self.decay_steps = integer(o, "decay_steps", decay_steps, lo=1)
-        self.alpha = number(o, "alpha", alpha, lo=0, hi=1)
-        self.warmup_target = None if warmup_target is None else number(o, "warmup_target", warmup_target,
-                                                                         lo=0, lo_open=True)
-        self.warmup_steps = integer(o, "warmup_steps", warmup_steps, lo=0)
+        self.initial_learning_rate = check("initial_learning_rate", initial_learning_rate, number(ge=0), owner=o)
+        self.decay_steps = check("decay_steps", decay_steps, integer(ge=1), owner=o)
+        self.alpha = check("alpha", alpha, number(ge=0, le=1), owner=o)
+        self.warmup_target = None if warmup_target is None else check("warmup_target", warmup_target, number(gt=0), owner=o)
+        self.warmup_steps = check("warmup_steps", warmup_steps, integer(ge=0), owner=o)
         if self.warmup_target is None and self.initial_learning_rate == 0:
             raise ValueError(f"{o}: initial_learning_rate=0 is only allowed with a warmup_target")
 
@@ -212,11 +211,11 @@ class CosineDecayRestarts(LearningRateSchedule):
     def __init__(self, initial_learning_rate: float, first_decay_steps: int, t_mul: float = 2.0,
                  m_mul: float = 1.0, alpha: float = 0.0) -> None:
         o = "CosineDecayRestarts"
-        self.initial_learning_rate = number(o, "initial_learning_rate", initial_learning_rate, lo=0, lo_open=True)
-        self.first_decay_steps = integer(o, "first_decay_steps", first_decay_steps, lo=1)
-        self.t_mul = number(o, "t_mul", t_mul, lo=1)
-        self.m_mul = number(o, "m_mul", m_mul, lo=0, hi=1)
-        self.alpha = number(o, "alpha", alpha, lo=0, hi=1)
+        self.initial_learning_rate = check("initial_learning_rate", initial_learning_rate, number(gt=0), owner=o)
+        self.first_decay_steps = check("first_decay_steps", first_decay_steps, integer(ge=1), owner=o)
+        self.t_mul = check("t_mul", t_mul, number(ge=1), owner=o)
+        self.m_mul = check("m_mul", m_mul, number(ge=0, le=1), owner=o)
+        self.alpha = check("alpha", alpha, number(ge=0, le=1), owner=o)
 
     def __call__(self, step: int) -> float:
         done = step / self.first_decay_steps

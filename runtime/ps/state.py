@@ -114,10 +114,9 @@ class ParameterServerState:
     """Everything one parameter server holds."""
 
     def __init__(self, optimizer_factory: Callable[[dict[str, Any]], Any] | None = None,
-                 max_slot_sets: int | None = None, allow_nonfinite: bool | None = None,
-                 settings: TaskSettings | None = None):
-        # the task's settings (default: the environment's), read once: limits, gradients policy, checkpoint roots
-        settings = TaskSettings.from_env() if settings is None else settings
+                 max_slot_sets: int | None = None, allow_nonfinite: bool | None = None, *,
+                 settings: TaskSettings):
+        # the task's settings, from the Server that holds this state: limits, gradients policy, checkpoint roots
         #: the task's settings: the size bounds of every method (docs/runtime.md, "Limits") are read from here
         self.settings = settings
         self.variables: dict[str, PSVariable] = {}

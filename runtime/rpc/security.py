@@ -32,10 +32,9 @@ TOKEN_METADATA_KEY = "x-kubeps-job-token"
 _MIN_TOKEN_CHARS = 16
 
 
-def load_job_token(settings: TaskSettings | None = None) -> str | None:
+def load_job_token(settings: TaskSettings) -> str | None:
     """The job token from ``KUBEPS_JOB_TOKEN``, else from the file named by ``KUBEPS_JOB_TOKEN_FILE``, else None
-    (``settings`` default to :meth:`TaskSettings.from_env() <kubeps.runtime.settings.TaskSettings.from_env>`)."""
-    settings = TaskSettings.from_env() if settings is None else settings
+    (``settings``: the task's, passed down by the ``Server`` or ``ParameterServerStrategy`` that read them)."""
     if settings.job_token is not None:
         return _check_token(JOB_TOKEN_ENV, settings.job_token)
     path = settings.job_token_file

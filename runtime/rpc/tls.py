@@ -64,10 +64,9 @@ def _read(field: str, path: str) -> bytes:
     return data
 
 
-def load_tls(settings: TaskSettings | None = None) -> TLSConfig | None:
-    """The task's TLS files named by its settings (default :meth:`TaskSettings.from_env()
-    <kubeps.runtime.settings.TaskSettings.from_env>`), or None (plaintext) when none of the three is set."""
-    settings = TaskSettings.from_env() if settings is None else settings
+def load_tls(settings: TaskSettings) -> TLSConfig | None:
+    """The task's TLS files named by its settings (passed down by the ``Server`` or ``ParameterServerStrategy``
+    that read them), or None (plaintext) when none of the three is set."""
     paths = dict(zip(TLS_ENV_VARS, (settings.tls_ca_file or "", settings.tls_cert_file or "",
                                     settings.tls_key_file or "")))
     given = [name for name, path in paths.items() if path]

@@ -19,6 +19,7 @@ from kubeps.runtime.rpc.client import DEFAULT_TIMEOUT_S, Answer, Call, Client
 from kubeps.runtime.rpc.protocol import (PING, PS, PS_SERVICE, UNKNOWN_VARIABLE, CreateVariablesAnswer, Method,
                                           PingAnswer)
 from kubeps.runtime.rpc.tls import TLSConfig
+from kubeps.runtime.settings import TaskSettings
 
 __all__ = ["PS_UNREACHABLE_CODES", "DeclaredRequest", "PSTransport", "Request", "ps_restarted", "ps_restarted_error"]
 
@@ -68,8 +69,11 @@ class PSTransport:
     """
 
     def __init__(self, ps_addresses: Sequence[str], token: str | None, timeout: float = DEFAULT_TIMEOUT_S,
-                 tls: TLSConfig | None = None):
+                 tls: TLSConfig | None = None, settings: TaskSettings | None = None):
         self.ps_addresses = list(ps_addresses)
+        #: the settings of the task that made this transport (the chief's strategy passes its own): what the
+        #: variables and tables reached through it may read of them (a checkpoint, the job's checkpoint roots)
+        self.settings = settings
         self._clients = [Client(a, PS_SERVICE, token, timeout, tls=tls, sender_threads=True) for a in self.ps_addresses]
         #: calls started per ps (tests and benchmarks count RPCs per step with it)
         self.calls: collections.Counter[int] = collections.Counter()

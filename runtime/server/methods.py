@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping
 
 from kubeps.runtime.checkpoint.shards import PS_METHODS as _CHECKPOINT_PS_METHODS
 from kubeps.runtime.contract import SERVER_EXTENSIONS_ENV
+from kubeps.runtime.checks import check_callable
 from kubeps.runtime.errors import RuntimeConfigError
 from kubeps.runtime.ps.dynamic import DYNAMIC_METHODS as _DYNAMIC_PS_METHODS
 from kubeps.runtime.ps.methods import BUILTIN_METHODS as _PS_BUILTINS
@@ -78,11 +79,11 @@ _REGISTRY_LOCK = threading.Lock()
 _RESERVED = {PING, COLLECT}
 
 
-def load_extensions(settings: TaskSettings | None = None) -> list[str]:
-    """Import the user's modules named in ``KUBEPS_SERVER_EXTENSIONS`` (``settings.server_extensions``, default
-    :meth:`TaskSettings.from_env() <kubeps.runtime.settings.TaskSettings.from_env>`); returns the ones loaded."""
+def load_extensions(settings: TaskSettings) -> list[str]:
+    """Import the user's modules named in ``KUBEPS_SERVER_EXTENSIONS`` (``settings.server_extensions``, the task's
+    settings, passed down by its :class:`~kubeps.runtime.server.service.Server`); returns the ones loaded."""
     loaded = []
-    for name in (TaskSettings.from_env() if settings is None else settings).server_extensions:
+    for name in settings.server_extensions:
         try:
             importlib.import_module(name)
         except ModuleNotFoundError as err:
@@ -94,8 +95,7 @@ def load_extensions(settings: TaskSettings | None = None) -> list[str]:
 def _register(table: dict[str, Method], kind: str, name: str, fn: Method, replace: bool) -> None:
     if not isinstance(name, str) or not name.isidentifier() or name in _RESERVED:
         raise RuntimeConfigError("name", name, f"a {kind} method name must be an identifier other than {sorted(_RESERVED)}")
-    if not callable(fn):
-        raise RuntimeConfigError("fn", fn, "must be callable as fn(state, meta, arrays) -> (meta, arrays)")
+    check_callable("fn", fn, allowed="must be callable as fn(state, meta, arrays) -> (meta, arrays)")
     with _REGISTRY_LOCK:
         if name in table and table[name] is not fn and not replace:
             raise RuntimeConfigError("name", name, f"a {kind} method of that name is already registered "

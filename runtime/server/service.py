@@ -31,13 +31,14 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Iterator, Mapping, NoReturn, Protocol
+from typing import Any, Iterator, Literal, Mapping, NoReturn, Protocol
 
 import grpc
 
 from kubeps.runtime.observe import logs
 from kubeps.runtime.observe import metrics as _metrics
 from kubeps.runtime.rpc import wire
+from kubeps.runtime.checks import check, integer
 from kubeps.runtime.cluster import ClusterSpec, TFConfig, TFConfigError, parse_address
 from kubeps.runtime.checkpoint.format import CheckpointCorruptError, CheckpointError, CheckpointMismatchError
 from kubeps.runtime.errors import LimitExceededError, RuntimeConfigError, short_repr
@@ -626,16 +627,13 @@ class Server:
             self.cluster_spec = ClusterSpec(cluster_spec)
         except TFConfigError as err:
             raise RuntimeConfigError("cluster_spec", cluster_spec, str(err)) from None
-        if job_name not in ("ps", "worker"):
-            raise RuntimeConfigError("job_name", job_name, "a kubeps Server runs a 'ps' or a 'worker' task "
-                                     "(the chief runs the coordinator, the evaluator runs user code)")
+        self.job_name = check("job_name", job_name, Literal["ps", "worker"],
+                              allowed="a kubeps Server runs a 'ps' or a 'worker' task (the chief runs the "
+                                      "coordinator, the evaluator runs user code)")
         count = self.cluster_spec.num_tasks(job_name)
-        if not isinstance(task_index, int) or isinstance(task_index, bool) or not 0 <= task_index < count:
-            raise RuntimeConfigError("task_index", task_index,
-                                     f"the cluster has {count} '{job_name}' task(s), so the index must be in 0..{count - 1}"
-                                     if count else f"the cluster spec has no '{job_name}' job")
-        self.job_name = job_name
-        self.task_index = task_index
+        self.task_index = check("task_index", task_index, integer(ge=0, lt=count), allowed=(
+            f"the cluster has {count} '{job_name}' task(s), so the index must be in 0..{count - 1}" if count
+            else f"the cluster spec has no '{job_name}' job"))
         self.address = self.cluster_spec.task_address(job_name, task_index)
         self.port = parse_address(self.address)[1]
         self.settings = TaskSettings.from_env() if settings is None else settings
@@ -764,7 +762,7 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
         die_with_task(settings.ps_task_pid)
     try:
         load_extensions(settings)
-        config = TFConfig.parse(settings.tf_config).with_ps_processes(settings.ps_processes)
+        config = TFConfig.of_settings(settings)
         if config.task is None or not config.cluster:
             raise TFConfigError("TF_CONFIG", settings.tf_config,
                                 "must name a cluster and a task, e.g. {\"cluster\": {...}, \"task\": {\"type\": \"ps\", \"index\": 0}}")

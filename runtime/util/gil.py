@@ -21,6 +21,8 @@ import sys
 import threading
 from typing import Callable
 
+from kubeps.runtime.checks import Seconds, check
+
 __all__ = ["hold_switch_interval"]
 
 _lock = threading.Lock()
@@ -35,8 +37,7 @@ def hold_switch_interval(seconds: float) -> Callable[[], None]:
     enough; calling it again does nothing). With several holders the longest asked for holds; the interpreter's
     interval comes back when the last is released, if it is still the one set here."""
     global _holders, _saved, _set
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
-        raise ValueError(f"a switch interval is a number of seconds > 0, got {seconds!r}")
+    seconds = check("seconds", seconds, Seconds, owner="hold_switch_interval")
     with _lock:
         if _holders == 0:
             _saved, _set = sys.getswitchinterval(), None

@@ -32,6 +32,7 @@ from typing import Any, Callable, Iterator
 from threadpoolctl import threadpool_limits
 
 from kubeps.runtime.contract import CPUS_ENV
+from kubeps.runtime.errors import RuntimeConfigError
 from kubeps.runtime.settings import TaskSettings
 
 __all__ = ["CPUS_ENV", "CpuBudget", "MathThreadTuner", "cpu_budget", "limit_math_threads"]
@@ -95,10 +96,8 @@ def _affinity() -> int:
         return os.cpu_count() or 1
 
 
-def cpu_budget(settings: TaskSettings | None = None, cgroup_root: str = _CGROUP_ROOT) -> CpuBudget:
-    """The number of CPUs this task may use (see the module docstring); at least 1. ``settings`` default to
-    :meth:`TaskSettings.from_env() <kubeps.runtime.settings.TaskSettings.from_env>`."""
-    settings = TaskSettings.from_env() if settings is None else settings
+def cpu_budget(settings: TaskSettings, cgroup_root: str = _CGROUP_ROOT) -> CpuBudget:
+    """The number of CPUs this task may use (see the module docstring) under the task's ``settings``; at least 1."""
     candidates = [(_affinity(), "affinity")]
     limit = cgroup_cpu_limit(cgroup_root)
     if limit is not None:
@@ -110,7 +109,8 @@ def cpu_budget(settings: TaskSettings | None = None, cgroup_root: str = _CGROUP_
 
 
 def limit_math_threads(cpus: int | None = None, settings: TaskSettings | None = None) -> CpuBudget:
-    """Cap the BLAS/OpenMP thread pools of this process to ``cpus`` (default: :func:`cpu_budget` of ``settings``).
+    """Cap the BLAS/OpenMP thread pools of this process to ``cpus`` (default: :func:`cpu_budget` of ``settings``,
+    the task's; one of the two is needed).
 
     Idempotent: a second call with no argument returns the first result. Pools of libraries loaded later are
     capped by the next explicit call."""
@@ -118,7 +118,12 @@ def limit_math_threads(cpus: int | None = None, settings: TaskSettings | None = 
     with _applied_lock:
         if cpus is None and _applied is not None:
             return _applied
-        budget = cpu_budget(settings) if cpus is None else CpuBudget(int(cpus), "argument")
+        if cpus is not None:
+            budget = CpuBudget(int(cpus), "argument")
+        elif settings is not None:
+            budget = cpu_budget(settings)
+        else:
+            raise RuntimeConfigError("settings", None, "the task's settings (or cpus=N): they say its CPU budget")
         threadpool_limits(limits=int(budget))
         _applied = budget
         _log.info("math thread pools capped at %d thread(s) (%s)", int(budget), budget.source)

@@ -24,6 +24,9 @@ from typing import Any
 
 import numpy as np
 
+from kubeps.runtime.checks import NonNegativeInt, PositiveInt, check
+from kubeps.runtime.errors import RuntimeConfigError
+
 __all__ = [
     "FixedShardsPartitioner",
     "MaxSizePartitioner",
@@ -36,23 +39,6 @@ __all__ = [
 
 
 # -- argument checks ----------------------------------------------------------------------------------------------
-def _positive_int(name: str, value: Any) -> int:
-    """``value`` as an int >= 1, else ``ValueError`` naming the argument and the value."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"argument `{name}` must be an integer >= 1, got {value!r} ({type(value).__name__})")
-    if value < 1:
-        raise ValueError(f"argument `{name}` must be an integer >= 1, got {value!r}")
-    return int(value)
-
-
-def _non_negative_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"argument `{name}` must be an integer >= 0, got {value!r} ({type(value).__name__})")
-    if value < 0:
-        raise ValueError(f"argument `{name}` must be an integer >= 0, got {value!r}")
-    return int(value)
-
-
 def _as_shape(shape: Any) -> tuple[int, ...]:
     """A fully defined shape of rank >= 1 as a tuple of ints (accepts sequences and ``TensorShape``-likes)."""
     if hasattr(shape, "as_list"):  # a tf.TensorShape, should someone pass one
@@ -62,19 +48,13 @@ def _as_shape(shape: Any) -> tuple[int, ...]:
     try:
         dims = list(shape)
     except TypeError:
-        raise ValueError(f"argument `shape` must be a sequence of non-negative integers, got {shape!r}") from None
+        raise RuntimeConfigError("shape", shape, "a sequence of non-negative integers") from None
     if not dims:
-        raise ValueError(
-            f"argument `shape` must have rank >= 1 to be partitioned, got {tuple(dims)!r} (a scalar)"
-        )
+        raise RuntimeConfigError("shape", tuple(dims), "a shape of rank >= 1 to be partitioned (not a scalar's)")
     out = []
     for i, dim in enumerate(dims):
-        if dim is None or isinstance(dim, bool) or not isinstance(dim, numbers.Integral) or dim < 0:
-            raise ValueError(
-                f"argument `shape` must be fully defined with non-negative integer dimensions, "
-                f"got {tuple(dims)!r} (dimension {i} is {dim!r})"
-            )
-        out.append(int(dim))
+        out.append(check(f"shape[{i}]", dim, NonNegativeInt,
+                         allowed=f"an integer >= 0: the shape {tuple(dims)!r} must be fully defined"))
     return tuple(out)
 
 
@@ -93,9 +73,7 @@ def _bytes_per_element(dtype: Any, bytes_per_string: int) -> int:
             return bytes_per_string
         return np.dtype(dtype).itemsize
     except TypeError:
-        raise ValueError(
-            f"argument `dtype` must be a numpy dtype (or 'string'), got {dtype!r}"
-        ) from None
+        raise RuntimeConfigError("dtype", dtype, "a numpy dtype (or 'string')") from None
 
 
 def _partition_list(shape: tuple[int, ...], num_shards: int) -> list[int]:
@@ -106,10 +84,8 @@ def _partition_list(shape: tuple[int, ...], num_shards: int) -> list[int]:
 
 def _check_axis(axis: Any) -> None:
     if axis != 0:
-        raise ValueError(
-            f"argument `axis` must be 0, got {axis!r}: like ParameterServerStrategy, kubeps only partitions "
-            f"the first (outermost) axis"
-        )
+        raise RuntimeConfigError("axis", axis, "0: like ParameterServerStrategy, kubeps only partitions the first "
+                                 "(outermost) axis")
 
 
 # -- partitioners -------------------------------------------------------------------------------------------------
@@ -138,7 +114,7 @@ class FixedShardsPartitioner(Partitioner):
     """
 
     def __init__(self, num_shards: int):
-        self._num_shards_arg = _positive_int("num_shards", num_shards)
+        self._num_shards_arg = check("num_shards", num_shards, PositiveInt)
 
     def _num_shards(self, shape: tuple[int, ...], dtype: Any) -> int:
         return min(self._num_shards_arg, shape[0])
@@ -159,9 +135,9 @@ class MinSizePartitioner(Partitioner):
     """
 
     def __init__(self, min_shard_bytes: int = 256 << 10, max_shards: int = 1, bytes_per_string: int = 16):
-        self.min_shard_bytes = _positive_int("min_shard_bytes", min_shard_bytes)
-        self.max_shards = _positive_int("max_shards", max_shards)
-        self.bytes_per_string = _positive_int("bytes_per_string", bytes_per_string)
+        self.min_shard_bytes = check("min_shard_bytes", min_shard_bytes, PositiveInt)
+        self.max_shards = check("max_shards", max_shards, PositiveInt)
+        self.bytes_per_string = check("bytes_per_string", bytes_per_string, PositiveInt)
 
     def _num_shards(self, shape: tuple[int, ...], dtype: Any) -> int:
         total_bytes = math.prod(shape) * _bytes_per_element(dtype, self.bytes_per_string)
@@ -190,9 +166,9 @@ class MaxSizePartitioner(Partitioner):
     """
 
     def __init__(self, max_shard_bytes: int, max_shards: int | None = None, bytes_per_string: int = 16):
-        self.max_shard_bytes = _positive_int("max_shard_bytes", max_shard_bytes)
-        self.max_shards = None if max_shards is None else _positive_int("max_shards", max_shards)
-        self.bytes_per_string = _positive_int("bytes_per_string", bytes_per_string)
+        self.max_shard_bytes = check("max_shard_bytes", max_shard_bytes, PositiveInt)
+        self.max_shards = None if max_shards is None else check("max_shards", max_shards, PositiveInt)
+        self.bytes_per_string = check("bytes_per_string", bytes_per_string, PositiveInt)
 
     def _num_shards(self, shape: tuple[int, ...], dtype: Any) -> int:
         rows = shape[0]
@@ -214,13 +190,11 @@ class MaxSizePartitioner(Partitioner):
 
 # -- the "div" split ----------------------------------------------------------------------------------------------
 def _check_split(num_rows: Any, num_shards: Any) -> tuple[int, int]:
-    num_rows = _non_negative_int("num_rows", num_rows)
-    num_shards = _positive_int("num_shards", num_shards)
+    num_rows = check("num_rows", num_rows, NonNegativeInt)
+    num_shards = check("num_shards", num_shards, PositiveInt)
     if num_shards > max(1, num_rows):
-        raise ValueError(
-            f"argument `num_shards` must be <= num_rows ({num_rows}), got {num_shards}: partitioners cap the "
-            f"shard count at shape[0] so that no shard is empty"
-        )
+        raise RuntimeConfigError("num_shards", num_shards, f"<= num_rows ({num_rows}): partitioners cap the shard "
+                                 "count at shape[0] so that no shard is empty")
     return num_rows, num_shards
 
 
@@ -258,12 +232,12 @@ def owner_of(ids: Any, num_rows: int, num_shards: int) -> tuple[np.ndarray, np.n
         if arr.dtype.kind == "f" and np.all(np.isfinite(arr)) and np.all(arr == np.floor(arr)):
             pass  # integral floats are accepted
         else:
-            raise ValueError(f"argument `ids` must hold integers, got dtype {arr.dtype}")
+            raise RuntimeConfigError("ids dtype", arr.dtype, "integers")
     arr = arr.astype(np.int64, copy=False)
     lo, hi = int(arr.min()), int(arr.max())
     if lo < 0 or hi >= num_rows:
         bad = lo if lo < 0 else hi
-        raise ValueError(f"argument `ids` must be in [0, {num_rows}), got id {bad}")
+        raise RuntimeConfigError("ids", bad, f"ids in [0, {num_rows})")
     base, extra = divmod(num_rows, num_shards)
     shard = np.maximum(arr // (base + 1), (arr - extra) // base)
     first_row = shard * base + np.minimum(shard, extra)

@@ -20,6 +20,7 @@ from kubeps.runtime.checkpoint import (
     StepCounter,
     verify_checkpoint,
 )
+from kubeps.runtime.errors import RuntimeConfigError
 
 
 def _div_ranges(rows: int, n: int) -> list[tuple[int, int]]:
@@ -224,9 +225,10 @@ def test_incompatible_shape_dtype_missing(tmp_path):
 
 
 def test_bad_arguments_name_the_value(tmp_path):
-    with pytest.raises(CheckpointError, match="max_to_keep=0 is invalid"):
+    with pytest.raises(RuntimeConfigError, match=r"'CheckpointManager.max_to_keep' has invalid value 0: None \(keep all\) "
+                                                 r"or an int >= 1"):
         CheckpointManager(Checkpoint(x=np.zeros(1)), tmp_path, max_to_keep=0)
-    with pytest.raises(CheckpointError, match="checkpoint_number=-1 is invalid"):
+    with pytest.raises(RuntimeConfigError, match="'CheckpointManager.checkpoint_number' has invalid value -1: an integer >= 0"):
         CheckpointManager(Checkpoint(x=np.zeros(1)), tmp_path).save(-1)
     with pytest.raises(CheckpointError, match="dtype object cannot be checkpointed"):
         CheckpointManager(Checkpoint(x=np.array([object()])), tmp_path).save()

@@ -10,6 +10,7 @@ import pytest
 
 from kubeps.runtime.checkpoint import Checkpoint, CheckpointManager, StepCounter
 from kubeps.runtime.checkpoint.evaluator import SidecarEvaluator, read_metrics
+from kubeps.runtime.errors import RuntimeConfigError
 
 
 def _mse(values, batches):
@@ -73,11 +74,13 @@ def test_max_evaluations_resume_and_timeout(tmp_path):
 
 
 def test_bad_arguments(tmp_path):
-    with pytest.raises(TypeError, match="re-iterable"):
+    with pytest.raises(RuntimeConfigError, match=r"'SidecarEvaluator.data' has invalid value '\w+': re-iterable"):
         SidecarEvaluator(_mse, iter(_data()), str(tmp_path))
-    with pytest.raises(ValueError, match="steps=0 is invalid"):
+    with pytest.raises(RuntimeConfigError, match=r"'SidecarEvaluator.steps' has invalid value 0: an integer >= 1, or None"):
         SidecarEvaluator(_mse, _data(), str(tmp_path), steps=0)
-    with pytest.raises(TypeError, match="eval_fn must be callable"):
+    with pytest.raises(RuntimeConfigError, match=r"'SidecarEvaluator.timeout' has invalid value 0: a number of seconds"):
+        SidecarEvaluator(_mse, _data(), str(tmp_path), timeout=0)
+    with pytest.raises(RuntimeConfigError, match=r"'SidecarEvaluator.eval_fn' has invalid value 3: a callable"):
         SidecarEvaluator(3, _data(), str(tmp_path))
 
 

@@ -16,6 +16,7 @@ from kubeps.runtime.ops.optimizers import Adagrad, Ftrl
 from kubeps.runtime.ps.state import MAX_OPTIMIZERS, ParameterServerState
 from kubeps.runtime.rpc.protocol import slot_key
 from kubeps.runtime.variables.variable import Variable
+from kubeps.runtime.settings import TaskSettings
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -23,7 +24,7 @@ G = np.full(4, 2.0, np.float32)  # each Adagrad update adds g^2 = 4 to the accum
 
 
 def test_ps_slots_survive_a_learning_rate_change():
-    state = ParameterServerState()
+    state = ParameterServerState(settings=TaskSettings())
     state.create("v", np.zeros(4, np.float32))
     state.apply_dense("v", Adagrad(learning_rate=0.1).get_config(), G)
     state.apply_dense("v", Adagrad(learning_rate=0.05).get_config(), G)
@@ -33,7 +34,7 @@ def test_ps_slots_survive_a_learning_rate_change():
 
 
 def test_ps_keeps_its_optimizers_and_slot_sets_bounded():
-    state = ParameterServerState()
+    state = ParameterServerState(settings=TaskSettings())
     state.create("v", np.zeros(4, np.float32))
     for step in range(3 * MAX_OPTIMIZERS):  # e.g. a learning rate computed on the worker, new every step
         state.apply_dense("v", Adagrad(learning_rate=0.1 / (step + 1)).get_config(), G)
@@ -42,7 +43,7 @@ def test_ps_keeps_its_optimizers_and_slot_sets_bounded():
 
 
 def test_another_optimizer_class_gets_its_own_slots_and_a_warning(caplog):
-    state = ParameterServerState()
+    state = ParameterServerState(settings=TaskSettings())
     state.create("emb", np.zeros(4, np.float32))
     state.load("emb", np.zeros(4, np.float32), {"Adagrad": {"accumulator": np.full(4, 9.0, np.float32)}}, 7)
     with caplog.at_level(logging.WARNING, logger="kubeps.runtime.variables.slots"):
@@ -56,7 +57,7 @@ def test_another_optimizer_class_gets_its_own_slots_and_a_warning(caplog):
 def test_a_slot_the_group_lacks_starts_from_its_initial_value():
     from kubeps.runtime.ops.optimizers import Adam
 
-    state = ParameterServerState()
+    state = ParameterServerState(settings=TaskSettings())
     state.create("w", np.zeros(4, np.float32))
     state.apply_dense("w", Adam(learning_rate=0.1).get_config(), G)
     state.apply_dense("w", Adam(learning_rate=0.1, amsgrad=True).get_config(), G)  # needs "vhat" too

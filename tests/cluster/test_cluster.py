@@ -117,9 +117,9 @@ def test_cluster_spec_accepts_indexed_dicts_and_rejects_gaps():
     assert ClusterSpec(spec) == spec
     with pytest.raises(TFConfigError, match="without gaps"):
         ClusterSpec({"ps": {0: "a:1", 2: "b:1"}})
-    with pytest.raises(ValueError, match="no job named 'worker'"):
+    with pytest.raises(ValueError, match=r"'job_name' has invalid value 'worker': a job of the cluster: one of \["):
         spec.job_tasks("worker")
-    with pytest.raises(ValueError, match="index 5 is out of range"):
+    with pytest.raises(ValueError, match=r"'task_index' has invalid value 5: an integer in 0..1 \(job 'ps' has 2 task\(s\)\)"):
         spec.task_address("ps", 5)
 
 

@@ -2,7 +2,12 @@
 the settings to what it builds. This scan of runtime/'s syntax trees fails on any other read: ``os.environ`` or
 ``os.getenv`` anywhere, and ``.get(X)``/``[X]`` of any mapping where ``X`` is a pod-contract variable (a ``*_ENV``
 constant, ``"KUBEPS_..."`` or ``"TF_CONFIG"``). The few reads that are not task settings are listed below, each with
-the number of reads its file makes and why it is not a setting."""
+the number of reads its file makes and why it is not a setting.
+
+And it is read once, where a user's program starts: ``TaskSettings.from_env()`` or ``TFConfig.from_env()`` with
+no argument (the process's environment) is called only by the entry points in ``ENTRY_POINTS``, at most
+``MAX_FALLBACKS`` of them, each when it was given no settings; everything below them receives the settings object
+from its caller."""
 
 from __future__ import annotations
 
@@ -22,6 +27,9 @@ ALLOWED = {
     "runtime/data/reader_processes.py": (
         5, "a reader child process is started with the whole environment and takes on its parent's (credentials for "
            "s3:// and gs://, malloc tuning): it passes the environment on, it reads no setting from it"),
+    "runtime/cli.py": (
+        1, "`kubeps local` is where a local job starts: it hands its environment to LocalJobSpec.from_arguments, "
+           "which parses the task settings in it once (TaskSettings.from_env) and passes them down"),
     "runtime/local/launcher.py": (
         1, "kubeps local passes its whole environment on to the tasks it starts; the task settings in it are parsed "
            "by TaskSettings.from_env and rendered back by to_env, never read here"),
@@ -37,6 +45,60 @@ ALLOWED = {
     "runtime/models/keras_layers.py": (
         1, "KERAS_BACKEND is Keras's own variable, which Keras reads when imported: kubeps sets its default (jax)"),
 }
+
+
+#: the most places of runtime/ and operator/ that may read the task's settings from the environment themselves
+MAX_FALLBACKS = 3
+#: file -> the entry point a user's program calls that reads them when given none
+ENTRY_POINTS = {
+    "runtime/cluster.py": "TFConfigClusterResolver(): the first thing a task's program builds; it keeps the settings "
+                          "it read (resolver.settings) for what the program builds next",
+    "runtime/coordinator/strategy.py": "ParameterServerStrategy (the chief), when neither it nor its resolver was "
+                                       "given settings",
+    "runtime/server/service.py": "Server (a ps or a worker) built by a program without settings",
+}
+#: the classes whose ``from_env()`` reads the task's settings from the process's environment
+_SETTINGS_READERS = ("TaskSettings", "TFConfig")
+
+
+def settings_fallbacks(source: str) -> list[int]:
+    """The lines of ``source`` that read the task's settings from the process's environment: a call of
+    ``TaskSettings.from_env()`` or ``TFConfig.from_env()`` without arguments."""
+    return sorted(node.lineno for node in ast.walk(ast.parse(source))
+                  if isinstance(node, ast.Call) and not node.args and not node.keywords
+                  and isinstance(node.func, ast.Attribute) and node.func.attr == "from_env"
+                  and isinstance(node.func.value, ast.Name) and node.func.value.id in _SETTINGS_READERS)
+
+
+def _fallbacks() -> dict[str, list[int]]:
+    found = {}
+    for path in sorted([*RUNTIME.rglob("*.py"), *(REPO / "operator").rglob("*.py")]):
+        lines = settings_fallbacks(path.read_text())
+        if lines:
+            found[path.relative_to(REPO).as_posix()] = lines
+    return found
+
+
+def test_only_the_entry_points_read_the_task_settings_from_the_environment():
+    found = _fallbacks()
+    assert len(ENTRY_POINTS) <= MAX_FALLBACKS
+    assert set(found) <= set(ENTRY_POINTS), (
+        f"TaskSettings.from_env() / TFConfig.from_env() outside the entry points (path: lines): "
+        f"{ {p: lines for p, lines in found.items() if p not in ENTRY_POINTS} }; take `settings` from the caller")
+    assert sum(len(lines) for lines in found.values()) <= MAX_FALLBACKS, found
+    assert set(found) == set(ENTRY_POINTS), "an entry point listed here no longer reads them: drop it from the list"
+
+
+@pytest.mark.parametrize("source,count", [
+    ("s = TaskSettings.from_env() if settings is None else settings", 1),
+    ("config = TFConfig.from_env()", 1),
+    ("s = TaskSettings.from_env(environ)", 0),  # a given mapping: the caller chose the environment
+    ("s = TaskSettings.from_env(environ=env)", 0),
+    ("s = Settings.from_env()", 0),  # the operator's own settings, read by its entry point
+    ("s = settings or strategy.settings", 0),
+])
+def test_the_fallback_scan(source, count):
+    assert len(settings_fallbacks(source)) == count
 
 
 def _contract_key(node: ast.AST) -> bool:

@@ -53,5 +53,5 @@ def test_progress_keeps_it_quiet():
 
 
 def test_bad_timeout():
-    with pytest.raises(ValueError, match="timeout=0 is invalid"):
+    with pytest.raises(ValueError, match=r"'Watchdog.timeout' has invalid value 0: a number of seconds > 0"):
         Watchdog(0)

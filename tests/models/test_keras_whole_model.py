@@ -119,7 +119,7 @@ def test_keras_callbacks_set_the_kubeps_rate_and_those_needing_kerass_trainer_ar
 def test_a_callback_stopping_early_leaves_a_final_checkpoint(tmp_path):
     step = StepCounter(0)
     trainer = SimpleNamespace(variables={"w": Variable(np.zeros(3, np.float32), name="w")}, step=step,
-                              total_steps=100, stop_training=False)
+                              total_steps=100, stop_training=False, settings=TaskSettings())
     callback = ModelCheckpoint(str(tmp_path / "ckpt"), verbose=0)
     callback.set_trainer(trainer)
     callback.on_train_begin()

@@ -14,7 +14,8 @@ pytest.importorskip("jax")
 CODE = """
 import json, os
 from kubeps.runtime.models import xla
-budget = xla.size_cpu_backend()
+from kubeps.runtime.settings import TaskSettings
+budget = xla.size_cpu_backend(settings=TaskSettings.from_env())
 import jax, jax.numpy as jnp
 jax.jit(lambda a: (a @ a).sum())(jnp.ones((256, 256))).block_until_ready()
 masks = {len(os.sched_getaffinity(int(t))) for t in os.listdir("/proc/self/task")}

@@ -13,7 +13,8 @@ pytest.importorskip("tensorboardX")
 
 
 def test_sidecar_evaluator_writes_eval_scalars_at_the_checkpoints_step(tmp_path, monkeypatch, read_scalars):
-    monkeypatch.setenv(LOGDIR_ENV, str(tmp_path / "logs"))  # the default, as a job manifest sets it
+    monkeypatch.setenv(LOGDIR_ENV, str(tmp_path / "logs"))  # as a job manifest sets it
+    settings = kp.TFConfigClusterResolver().settings  # the evaluator's settings, read once where it starts
     w = np.zeros(2)
     step = StepCounter()
     mgr = CheckpointManager(Checkpoint(w=w, step=step), tmp_path / "ckpt")
@@ -25,7 +26,8 @@ def test_sidecar_evaluator_writes_eval_scalars_at_the_checkpoints_step(tmp_path,
     def eval_fn(values, batches):
         return {"mean_w": float(values["w"].mean()), "note": "text stays in metrics.jsonl", "flag": True}
 
-    ev = kp.SidecarEvaluator(eval_fn, [None], str(tmp_path / "ckpt"), poll_interval=0.05, timeout=5)
+    ev = kp.SidecarEvaluator(eval_fn, [None], str(tmp_path / "ckpt"), poll_interval=0.05, timeout=5,
+                             settings=settings)
     assert ev.event_dir == str(tmp_path / "logs" / "eval")
     records = ev.start()
     assert [r["step"] for r in records] == [300]  # it fell behind: the newest checkpoint only, the final one
@@ -33,7 +35,7 @@ def test_sidecar_evaluator_writes_eval_scalars_at_the_checkpoints_step(tmp_path,
 
 
 def test_sidecar_evaluator_without_a_log_dir_writes_no_event_files(tmp_path, monkeypatch, read_scalars):
-    monkeypatch.delenv(LOGDIR_ENV, raising=False)
+    monkeypatch.setenv(LOGDIR_ENV, str(tmp_path / "unread"))  # the evaluator reads only the settings it is given
     mgr = CheckpointManager(Checkpoint(w=np.ones(2)), tmp_path)
     mgr.save(final=True)  # no step saved: the checkpoint number stands in when a log dir is set
     ev = kp.SidecarEvaluator(lambda values, batches: {"s": 1.0}, [None], str(tmp_path), timeout=5)

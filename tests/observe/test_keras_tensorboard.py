@@ -44,4 +44,4 @@ def test_update_freq_is_checked():
 
     with pytest.raises(RuntimeConfigError, match="update_freq"):
         TensorBoard("/tmp/x", update_freq=0)
-    assert TensorBoard(None).logdir is None or os.environ.get("KUBEPS_LOGDIR")
+    assert TensorBoard(None).logdir is None  # until training begins: then the chief's settings say it

@@ -41,19 +41,21 @@ def test_the_default_writer_as_in_tf_summary(tmp_path, read_scalars):
         writer.scalar("loss", 1.0, step=3)
 
 
-def test_log_dir_from_the_argument_else_the_environment(tmp_path, monkeypatch):
-    monkeypatch.delenv(LOGDIR_ENV, raising=False)
+def test_log_dir_from_the_argument_else_the_settings(tmp_path, monkeypatch):
+    monkeypatch.setenv(LOGDIR_ENV, str(tmp_path / "unread"))  # read where the task starts, never here
     assert kp.summary.resolve_logdir(None, "train") is None
-    with pytest.raises(RuntimeConfigError, match=r"'logdir' has invalid value None: .*KUBEPS_LOGDIR; neither is set"):
+    with pytest.raises(RuntimeConfigError, match=r"'logdir' has invalid value None: .*KUBEPS_LOGDIR of the task's "
+                                                 r"settings .*; neither is set"):
         kp.summary.create_file_writer()
     monkeypatch.setenv(LOGDIR_ENV, str(tmp_path / "job"))
-    assert kp.summary.resolve_logdir(None, "eval") == str(tmp_path / "job" / "eval")
+    settings = kp.TFConfigClusterResolver().settings
+    assert kp.summary.resolve_logdir(None, "eval", settings) == str(tmp_path / "job" / "eval")
     assert kp.summary.resolve_logdir(str(tmp_path / "arg"), "train") == str(tmp_path / "arg" / "train")
     assert kp.summary.resolve_logdir(f"file://{tmp_path}/u") == f"{tmp_path}/u"
     assert kp.summary.resolve_logdir("s3://bucket/job/", "train") == "s3://bucket/job/train"
     assert kp.summary.resolve_logdir("gs://bucket/job", "eval") == "gs://bucket/job/eval"
-    kp.summary.create_file_writer().close()
-    assert (tmp_path / "job").is_dir()
+    kp.summary.create_file_writer(settings=settings).close()
+    assert (tmp_path / "job").is_dir() and not (tmp_path / "unread").exists()
 
 
 @pytest.mark.parametrize("logdir", ["memory://x", "", 7])

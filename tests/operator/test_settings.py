@@ -29,14 +29,25 @@ def test_environment_is_read():
     assert settings.watch_inactivity_timeout == 30.0 and settings.log_level == "DEBUG"
 
 
-@pytest.mark.parametrize("env,text", [
-    ({"KUBEPS_API_QPS": "fast"}, "KUBEPS_API_QPS='fast': expected a number"),
-    ({"KUBEPS_API_QPS": "0"}, "must be > 0"),
-    ({"KUBEPS_WORKERS": "0"}, "KUBEPS_WORKERS='0': must be >= 1"),
+@pytest.mark.parametrize("env,allowed", [
+    ({"KUBEPS_API_QPS": "fast"}, "a finite number > 0"),
+    ({"KUBEPS_API_QPS": "0"}, "a finite number > 0"),
+    ({"KUBEPS_WORKERS": "0"}, "an integer >= 1"),
+    ({"KUBEPS_WORKERS": "2.5"}, "an integer >= 1"),
+    ({"KUBEPS_LIVENESS_PORT": "65536"}, "a port number in 1..65535, or 0"),
+    ({"KUBEPS_PEERING_LIFETIME": "1"}, "an integer >= 2"),
+    ({"KUBEPS_WATCH_INACTIVITY": "inf"}, "a number of seconds > 0"),
+    ({"KUBEPS_NODE_LOST_AFTER": "soon"}, "a number of seconds"),
+    ({"KUBEPS_KUEUE": "maybe"}, "one of auto, on, off"),
 ])
-def test_bad_environment_names_the_variable(env, text):
-    with pytest.raises(ValueError, match=text.replace("(", r"\(")):
+def test_bad_environment_names_the_variable_the_value_and_what_is_allowed(env, allowed):
+    from kubeps.runtime.errors import RuntimeConfigError
+
+    ((name, raw),) = env.items()
+    with pytest.raises(RuntimeConfigError) as info:
         Settings.from_env(env)
+    assert (info.value.field, info.value.value, info.value.allowed) == (name, raw, allowed)
+    assert str(info.value) == f"'{name}' has invalid value {raw!r}: {allowed}"
 
 
 def test_flags_override_the_environment():
@@ -61,8 +72,8 @@ def test_gang_scheduler_from_env_or_flag():
     assert (Settings.from_env(env).gang_scheduler, Settings.from_env(env).gang_scheduler_name) == ("volcano", "vc")
     flags = settings_from_args(["--gang-scheduler", "native"], env=env)
     assert (flags.gang_scheduler, flags.gang_scheduler_name) == ("native", "vc")
-    with pytest.raises(ValueError, match="KUBEPS_GANG_SCHEDULER='kube-batch': expected one of none, native, volcano, "
-                                         "scheduler-plugins"):
+    with pytest.raises(ValueError, match="'KUBEPS_GANG_SCHEDULER' has invalid value 'kube-batch': one of none, native, "
+                                         "volcano, scheduler-plugins"):
         Settings.from_env({"KUBEPS_GANG_SCHEDULER": "kube-batch"})
     with pytest.raises(SystemExit):
         settings_from_args(["--gang-scheduler", "kube-batch"], env={})
@@ -138,3 +149,29 @@ def test_the_operator_logs_its_version_and_the_runtime_image_first(caplog):
     assert record.getMessage().startswith(f"kubeps operator {VERSION} starting; pods that name no image run "
                                           "registry.example.com/rt:1.2.3; Python 3.")
     assert record.getMessage().endswith("kopf 1.45.2")
+
+
+@pytest.mark.parametrize("raw,port", [("0", None), (" 9090 ", 9090), ("1", 1), ("65535", 65535)])
+def test_a_task_and_the_operator_read_the_metrics_port_alike(raw, port):
+    """One rule for KUBEPS_METRICS_PORT: 0 is off, else a port in 1..65535; only the unset default differs (a task
+    serves no metrics, the operator serves them on 8080)."""
+    from kubeps.runtime.settings import TaskSettings
+
+    assert TaskSettings.from_env({"KUBEPS_METRICS_PORT": raw}).metrics_port == port
+    assert Settings.from_env({"KUBEPS_METRICS_PORT": raw}).metrics_port == (port or 0)
+    assert (TaskSettings.from_env({}).metrics_port, Settings.from_env({}).metrics_port) == (None, 8080)
+
+
+@pytest.mark.parametrize("raw", ["70000", "-1", "x", "1.5", "nan"])
+def test_a_task_and_the_operator_refuse_the_same_metrics_ports_in_the_same_words(raw):
+    from kubeps.runtime.errors import RuntimeConfigError
+    from kubeps.runtime.settings import TaskSettings
+
+    refusals = []
+    for read in (TaskSettings.from_env, Settings.from_env):
+        with pytest.raises(RuntimeConfigError) as info:
+            read({"KUBEPS_METRICS_PORT": raw})
+        refusals.append(info.value)
+    for err in refusals:
+        assert (err.field, err.value) == ("KUBEPS_METRICS_PORT", raw)
+        assert err.allowed.startswith("a port number in 1..65535, or 0 (no metrics)")

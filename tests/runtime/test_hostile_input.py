@@ -22,6 +22,7 @@ from kubeps.runtime.rpc.client import Client
 from kubeps.runtime.rpc.protocol import PS, PS_SERVICE, RestoreItem, SaveItem
 from kubeps.runtime.rpc.validation import RequestError, RequestShape
 from kubeps.runtime.server import Server
+from kubeps.runtime.settings import TaskSettings
 
 from .conftest import TOKEN, free_ports
 
@@ -126,7 +127,7 @@ def test_nonfinite_complex_and_out_of_range_values_are_refused(ps):
 
 
 def test_nonfinite_gradients_are_applied_when_the_ps_allows_them():
-    state = ParameterServerState(allow_nonfinite=True)
+    state = ParameterServerState(allow_nonfinite=True, settings=TaskSettings())
     state.create("x", np.zeros(2, np.float32))
     state.push(SGD_CONFIG, [("dense", "x", np.array([np.nan, 1], np.float32))])
     assert np.isnan(state.read("x")[0])
@@ -166,7 +167,7 @@ def test_reads_refuse_repeated_names(ps):
 
 
 def test_restore_refuses_slots_of_the_wrong_trailing_shape(tmp_path):
-    state = ParameterServerState()
+    state = ParameterServerState(settings=TaskSettings())
     state.create("emb", np.ones((4, 3), np.float32))
     state.push(Adam(0.1).get_config(), [("dense", "emb", np.ones((4, 3), np.float32))])
     (saved,) = save_items(state, str(tmp_path), [SaveItem(key="emb", name="emb", start=0, stop=4, shape=[4, 3])])

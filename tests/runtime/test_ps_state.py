@@ -12,6 +12,7 @@ from kubeps.runtime.ops.optimizers import SGD
 from kubeps.runtime.ps.push import rpc_push
 from kubeps.runtime.rpc.validation import PS_REQUESTS
 from kubeps.runtime.ps.state import DISTINCT_ROWS_FROM_BYTES, ParameterServerState, UnknownVariableError, all_distinct
+from kubeps.runtime.settings import TaskSettings
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -38,7 +39,7 @@ def _hammer(n_threads, fn):
 
 
 def test_many_threads_pushing_one_shard_lose_no_update():
-    state = ParameterServerState()
+    state = ParameterServerState(settings=TaskSettings())
     state.create("v", np.zeros(1000, np.float64))
     per_thread = 50
 
@@ -52,7 +53,7 @@ def test_many_threads_pushing_one_shard_lose_no_update():
 
 
 def test_sparse_pushes_with_duplicates_are_atomic():
-    state = ParameterServerState()
+    state = ParameterServerState(settings=TaskSettings())
     state.create("e", np.zeros((10, 2), np.float32))
 
     def push(i):
@@ -91,7 +92,7 @@ class _SlowOptimizer:
 
 
 def test_unrelated_shards_are_not_serialised():
-    state = ParameterServerState(optimizer_factory=lambda config: _SlowOptimizer())
+    state = ParameterServerState(optimizer_factory=lambda config: _SlowOptimizer(), settings=TaskSettings())
     state.create("a", np.zeros(3))
     state.create("b", np.zeros(3))
     _SlowOptimizer.meet = threading.Barrier(2)  # deterministic: a serialising PS never lets both in
@@ -107,7 +108,7 @@ def test_unrelated_shards_are_not_serialised():
 
 
 def test_slots_are_lazy_per_optimizer_and_steps_count():
-    state = ParameterServerState()
+    state = ParameterServerState(settings=TaskSettings())
     state.create("v", np.ones(4, np.float32))
     from kubeps.runtime.ops.optimizers import Adagrad
 
@@ -120,7 +121,7 @@ def test_slots_are_lazy_per_optimizer_and_steps_count():
 
 
 def test_checks_name_the_problem():
-    state = ParameterServerState()
+    state = ParameterServerState(settings=TaskSettings())
     state.create("v", np.zeros((3, 2), np.float32))
     with pytest.raises(UnknownVariableError, match="no variable named 'w'.*holds \\['v'\\]"):
         state.read("w")
@@ -137,7 +138,7 @@ def test_checks_name_the_problem():
 
 
 def test_read_rows_and_assign():
-    state = ParameterServerState()
+    state = ParameterServerState(settings=TaskSettings())
     state.create("v", np.arange(6, dtype=np.float32).reshape(3, 2))
     np.testing.assert_array_equal(state.read_rows("v", np.array([2, 0, 2])), [[4, 5], [0, 1], [4, 5]])
     state.assign_add("v", np.ones((3, 2), np.float32))
@@ -146,7 +147,7 @@ def test_read_rows_and_assign():
 
 
 def test_the_ps_refuses_a_gradient_of_another_dtype():
-    state = ParameterServerState()
+    state = ParameterServerState(settings=TaskSettings())
     state.create("v", np.zeros((3, 2), np.float32))
     with pytest.raises(ValueError, match="grad for variable 'v' has dtype float64; the variable is float32"):
         state.apply_dense("v", SGD_CONFIG, np.zeros((3, 2), np.float64))
@@ -167,7 +168,7 @@ def test_all_distinct_takes_ascending_ids_in_one_pass_and_sorts_the_rest():
 def test_a_big_read_of_rows_names_each_row_once_in_any_order():
     """Past DISTINCT_ROWS_FROM_BYTES a read must name each row once; ascending ids (what kubeps sends) and any other
     order of distinct ids are read, a repeated id is refused."""
-    state = ParameterServerState()
+    state = ParameterServerState(settings=TaskSettings())
     rows = DISTINCT_ROWS_FROM_BYTES // 256 + 100
     state.create("t", np.arange(2 * rows * 64, dtype=np.float32).reshape(2 * rows, 64))
     ascending = np.arange(0, 2 * rows, 2)

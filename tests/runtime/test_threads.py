@@ -59,8 +59,9 @@ def test_malformed_env_names_variable_value_and_allowed(value):
 def test_limit_math_threads_caps_blas_in_a_fresh_process():
     code = (
         "import numpy, threadpoolctl, json\n"
+        "from kubeps.runtime.settings import TaskSettings\n"
         "from kubeps.runtime.util.threads import limit_math_threads\n"
-        "b = limit_math_threads()\n"
+        "b = limit_math_threads(settings=TaskSettings.from_env())\n"
         "print(json.dumps([int(b), b.source, [p['num_threads'] for p in threadpoolctl.threadpool_info()]]))\n"
     )
     env = dict(os.environ, **{threads.CPUS_ENV: "1"})
