@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kubeps.runtime import lifecycle
+from kubeps.runtime.checks import NonNegativeInt, NonNegativeSeconds, check
 
 __all__ = ["Action", "RestartPolicy", "SupervisorEvent"]
 
@@ -35,12 +36,9 @@ class RestartPolicy:
     backoff_max: float = 10.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) or self.max_restarts < 0:
-            raise ValueError(f"RestartPolicy: max_restarts={self.max_restarts!r} is invalid; allowed is an int >= 0")
+        check("max_restarts", self.max_restarts, NonNegativeInt, owner="RestartPolicy")
         for name in ("backoff_initial", "backoff_max"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"RestartPolicy: {name}={value!r} is invalid; allowed is a number of seconds >= 0")
+            check(name, getattr(self, name), NonNegativeSeconds, owner="RestartPolicy")
 
     def backoff(self, restarts: int) -> float:
         """Delay before restart number ``restarts + 1`` of a task."""

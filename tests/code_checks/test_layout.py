@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -69,3 +71,42 @@ def test_no_class_of_the_operator_core_is_longer_than_the_limit():
                 for name, length in _classes_over(path.read_text(), CORE_CLASS_LIMIT)}
     assert not too_long, (f"classes of operator/core longer than {CORE_CLASS_LIMIT} lines: {too_long}; split them "
                           f"by concern (see operator/core/planner.py's docstring)")
+
+
+#: Rooms stay small everywhere (docs/architecture.md, "Rooms"): a class past this many lines has taken in a second
+#: concept, a constructor past INIT_LIMIT lines does work that belongs to its collaborators.
+CLASS_LIMIT = 350
+INIT_LIMIT = 60
+
+
+def _inits_over(source: str, limit: int) -> list[tuple[str, int]]:
+    """``Class.__init__`` of ``source`` longer than ``limit`` lines, with their lengths."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if (isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == "__init__"
+                        and item.end_lineno is not None and item.end_lineno - item.lineno + 1 > limit):
+                    found.append((node.name, item.end_lineno - item.lineno + 1))
+    return found
+
+
+def test_the_init_length_check_finds_a_long_constructor():
+    body = "\n".join(f"        self.x{i} = {i}" for i in range(INIT_LIMIT))
+    source = f"class Big:\n    def __init__(self):\n{body}\n\nclass Small:\n    def __init__(self):\n        pass\n"
+    assert _inits_over(source, INIT_LIMIT) == [("Big", INIT_LIMIT + 1)]
+
+
+@pytest.mark.parametrize("root", ["runtime", "operator"])
+def test_no_class_or_constructor_is_a_room_for_two(root):
+    too_long: dict[str, int] = {}
+    for path in sorted((REPO / root).rglob("*.py")):
+        source = path.read_text()
+        where = path.relative_to(REPO)
+        too_long.update({f"{where}:{name}": n for name, n in _classes_over(source, CLASS_LIMIT)})
+        too_long.update({f"{where}:{name}.__init__": n for name, n in _inits_over(source, INIT_LIMIT)})
+    assert not too_long, (f"classes over {CLASS_LIMIT} lines or constructors over {INIT_LIMIT} lines in {root}/: "
+                          f"{too_long}; split them by concept (the coordinator's worker set, membership and metrics "
+                          f"are the model: docs/architecture.md)")

@@ -50,8 +50,10 @@ def test_backoff_and_exit_codes():
     assert [P.backoff(n) for n in range(5)] == [0.0, 1.0, 1.5, 1.5, 1.5]
     assert is_retryable_exit(EXIT_PS_UNAVAILABLE) and is_retryable_exit(137)
     assert not is_retryable_exit(1) and not is_retryable_exit(0) and not is_retryable_exit(127)
-    with pytest.raises(ValueError, match="max_restarts=-1 is invalid"):
+    with pytest.raises(ValueError, match=r"'RestartPolicy.max_restarts' has invalid value -1: an integer >= 0"):
         RestartPolicy(max_restarts=-1)
+    with pytest.raises(ValueError, match=r"'RestartPolicy.backoff_max' has invalid value nan: a number of seconds >= 0"):
+        RestartPolicy(backoff_max=float("nan"))
 
 
 def test_ps_unavailable_found_in_exception_chain():
