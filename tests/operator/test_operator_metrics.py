@@ -86,7 +86,7 @@ def test_the_phase_gauge_counts_the_watched_jobs_at_each_scrape():
 def test_json_logs_are_an_option(capsys):
     assert settings_from_args(["--log-format", "json"]).log_format == "json"
     assert Settings.from_env({"KUBEPS_LOG_FORMAT": "json"}).log_format == "json"
-    with pytest.raises(ValueError, match="KUBEPS_LOG_FORMAT='xml': expected one of text, json"):
+    with pytest.raises(ValueError, match="'KUBEPS_LOG_FORMAT' has invalid value 'xml': one of text, json"):
         Settings.from_env({"KUBEPS_LOG_FORMAT": "xml"})
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
