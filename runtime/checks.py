@@ -59,12 +59,16 @@ class Allowed(str):
 
 
 def _strict_int(value: Any) -> int:
+    if type(value) is int:  # the common case, without the ABC check
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ValueError("not an integer")
     return int(value)
 
 
 def _strict_number(value: Any) -> float:
+    if type(value) is float and math.isfinite(value):
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError("not a number")
     number_ = float(value)
@@ -178,14 +182,67 @@ def _adapter(type_: Any) -> TypeAdapter[Any]:
     return TypeAdapter(type_)
 
 
+def _plain(type_: Any) -> Callable[[Any], Any] | None:
+    """The validators of one of this module's ``Annotated`` types as one plain function (what pydantic would run:
+    the before validators, then the after ones), so a check on a hot path (an optimizer's update count) costs a
+    function call, not a pydantic validation; None for any other type."""
+    metadata = getattr(type_, "__metadata__", None)
+    if metadata is None or type_.__origin__ not in (int, float, bool):
+        return None
+    before: list[Callable[[Any], Any]] = []
+    after: list[Callable[[Any], Any]] = []
+    for item in metadata:
+        if isinstance(item, BeforeValidator):
+            before.append(item.func)  # type: ignore[arg-type]  # ours take the value alone
+        elif isinstance(item, AfterValidator):
+            after.append(item.func)  # type: ignore[arg-type]  # ours take the value alone
+        elif not isinstance(item, Allowed):
+            return None
+    steps = [*reversed(before), *after]
+
+    def run(value: Any) -> Any:
+        for step in steps:
+            value = step(value)
+        return value
+    return run
+
+
+#: id(type) -> (the type, kept alive so its id is not reused; its validator): hashing an ``Annotated`` type hashes
+#: its validators, which cost more than the check itself
+_VALIDATORS: dict[int, tuple[Any, Callable[[Any], Any]]] = {}
+
+
+def _validator(type_: Any) -> Callable[[Any], Any]:
+    known = _VALIDATORS.get(id(type_))
+    if known is not None and known[0] is type_:
+        return known[1]
+    validator = _make_validator(type_)
+    _VALIDATORS[id(type_)] = (type_, validator)
+    return validator
+
+
+def _make_validator(type_: Any) -> Callable[[Any], Any]:
+    """One function that returns the checked value or raises: plain for this module's types and ``T | None`` of
+    them, else pydantic's ``TypeAdapter``."""
+    plain = _plain(type_)
+    if plain is not None:
+        return plain
+    args = getattr(type_, "__args__", None)
+    if args and len(args) == 2 and type(None) in args and getattr(type_, "__metadata__", None) is None:
+        inner = _plain(next(a for a in args if a is not type(None)))
+        if inner is not None:
+            return lambda value: None if value is None else inner(value)
+    return _adapter(type_).validate_python
+
+
 def check(field: str, value: Any, type_: Any, *, owner: str | None = None, allowed: str | None = None) -> Any:
     """``value`` as ``type_`` accepts it, or :class:`RuntimeConfigError` naming ``field`` (as ``owner.field`` when
     an owner is given, e.g. the class whose constructor checks it), the value and what is allowed.
 
     ``type_`` is one of this module's types, ``T | None`` of one (None passes), or any type pydantic validates."""
     try:
-        return _adapter(type_).validate_python(value)
-    except ValidationError:
+        return _validator(type_)(value)
+    except (ValidationError, ValueError, TypeError):
         name = f"{owner}.{field}" if owner else field
         raise RuntimeConfigError(name, value, allowed or _allowed_of(type_)) from None
 
