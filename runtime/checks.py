@@ -221,17 +221,24 @@ def _validator(type_: Any) -> Callable[[Any], Any]:
     return validator
 
 
+def _optional_of(type_: Any) -> list[Any] | None:
+    """The types ``T | None`` allows besides None; None when ``type_`` is not such a union."""
+    args = getattr(type_, "__args__", None)
+    if args and type(None) in args and getattr(type_, "__metadata__", None) is None:
+        return [a for a in args if a is not type(None)]
+    return None
+
+
 def _make_validator(type_: Any) -> Callable[[Any], Any]:
     """One function that returns the checked value or raises: plain for this module's types and ``T | None`` of
-    them, else pydantic's ``TypeAdapter``."""
+    one, else pydantic's ``TypeAdapter``."""
     plain = _plain(type_)
     if plain is not None:
         return plain
-    args = getattr(type_, "__args__", None)
-    if args and len(args) == 2 and type(None) in args and getattr(type_, "__metadata__", None) is None:
-        inner = _plain(next(a for a in args if a is not type(None)))
-        if inner is not None:
-            return lambda value: None if value is None else inner(value)
+    inner = _optional_of(type_)
+    plain_inner = _plain(inner[0]) if inner is not None and len(inner) == 1 else None
+    if plain_inner is not None:
+        return lambda value: None if value is None else plain_inner(value)
     return _adapter(type_).validate_python
 
 
@@ -248,11 +255,8 @@ def check(field: str, value: Any, type_: Any, *, owner: str | None = None, allow
 
 
 def _allowed_of(type_: Any) -> str:
-    args = getattr(type_, "__args__", None)
-    if args and type(None) in args and getattr(type_, "__metadata__", None) is None:  # Optional[X]
-        inner = [a for a in args if a is not type(None)]
-        return " or ".join(allowed_text(a) for a in inner) + ", or None"
-    return allowed_text(type_)
+    inner = _optional_of(type_)
+    return allowed_text(type_) if inner is None else " or ".join(allowed_text(a) for a in inner) + ", or None"
 
 
 def check_callable(field: str, value: T, *, owner: str | None = None, allowed: str = "a callable") -> T:
