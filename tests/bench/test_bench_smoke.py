@@ -56,6 +56,8 @@ CASES = [
           r"^TensorFlow skipped: no baseline, no ratio$"), ctr_data=True),
     Case("dispatch.py", ("--workers", "2,4", "--hosts", "1", "--closures", "100", "--idle-s", "0.2"),
          (r"^ +4 +\d+\.\d\d +\d+\.\d\d +\d+ ", r"^ratios 4 / 2 workers: chief CPU per closure \d+\.\d\dx")),
+    Case("dispatch.py", ("--local", "--workers", "1,2", "--rounds", "1", "--closures", "200", "--goal-ratio", "0"),
+         (r"^round \d+: +2 workers +\d+ functions/s", r"^round \d+: 2 / 1 workers \d+\.\d\dx")),
     Case("dynamic_embedding.py", ("--skip-quality", "--rows", "5000", "--steps", "10"),
          (r"dynamic \d+ steps/s, fixed \d+ steps/s: ratio \d+\.\d\dx",
           r"^ps memory per live row: dynamic \d+\.\d B .*ratio \d+\.\d\dx")),
@@ -102,7 +104,7 @@ def ctr_data(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.mark.timeout(TIMEOUT_S + 30)
-@pytest.mark.parametrize("case", CASES, ids=[c.script for c in CASES])
+@pytest.mark.parametrize("case", CASES, ids=[c.script + ("-local" if "--local" in c.args else "") for c in CASES])
 def test_the_benchmark_runs(case: Case, tmp_path: Path, ctr_data: str) -> None:
     if (os.cpu_count() or 1) < case.cores:
         pytest.skip(f"{case.script} pins its processes to {case.cores} cores; this machine has {os.cpu_count()}")

@@ -88,6 +88,9 @@ NOT_RUN = {
     ("docs/benchmarks.md", ".venv/bin/python bench/dispatch.py --workers 8,64,256 --hosts 12 --closures 6000 --idle-s 1 [--gil-switch-interval 0]"):
         "a benchmark of minutes that starts 256 workers; tests/runtime/test_batched_dispatch.py checks the "
         "coordinator holds the switch interval and tests/runtime/test_gil.py how it is held",
+    ("docs/benchmarks.md", ".venv/bin/python bench/dispatch.py --local --workers 2,64 --rounds 3 --closures 4000"):
+        "a benchmark of minutes that starts 64 worker processes; tests/bench/test_bench_smoke.py runs the same "
+        "--local mode with 1 and 2 workers",
     ("docs/benchmarks.md", ".venv/bin/python -m pytest tests/chaos/test_scale_chaos.py -s     # prints CHAOS {...}"):
         "runs a test file that make test runs itself",
     ("docs/benchmarks.md", ".venv/bin/python bench/request_cost.py --repeat 20"):
