@@ -76,7 +76,7 @@ TASK_LINE = re.compile(r"\[kubeps\] (?P<name>(?P<type>[a-z]+)-\d+) pid (?P<pid>\
 RESULT_LINE = re.compile(r"^(?:\[chief-0\] )?RESULT (?P<json>\{.*\})\s*$")
 POLL_S = 0.3
 #: the examples/s ratio to TF each shape aims at
-GOALS = {"standard": 2, "wide": 1.5}
+GOALS = {"standard": 2, "wide": 1.5, "wdl": 1.5}
 
 
 def data_folder(args: argparse.Namespace) -> Path:
@@ -85,13 +85,13 @@ def data_folder(args: argparse.Namespace) -> Path:
         folder = Path(args.data)
     else:
         digest = hashlib.sha256((CTR / "workload.py").read_bytes()).hexdigest()[:10]
-        width = "" if wl.DIM == wl.SHAPES["standard"][0] else f"-d{wl.DIM}"
+        shape = "" if args.shape == "standard" else f"-{args.shape}"
         folder = (Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kubeps" / "bench-ctr"
-                  / f"n{args.train_examples}-e{args.eval_examples}-s{args.seed}{width}-{digest}")
+                  / f"n{args.train_examples}-e{args.eval_examples}-s{args.seed}{shape}-{digest}")
     if (folder / "meta.json").exists():
         meta = json.loads((folder / "meta.json").read_text())
         if (meta.get("train_examples") == args.train_examples and meta.get("seed") == args.seed
-                and meta.get("dim", wl.SHAPES["standard"][0]) == wl.DIM):
+                and meta.get("shape") == args.shape):
             return folder
     print(f"writing the data set ({args.train_examples} training examples) to {folder} ...", flush=True)
     partial = folder.with_name(folder.name + f".partial-{os.getpid()}")
@@ -318,8 +318,8 @@ def main(argv=None) -> int:
     p.add_argument("--ps", type=int, default=2)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--shape", choices=sorted(wl.SHAPES), default="standard",
-                   help="standard: table width 16, batch 512; wide: width 64, batch 2048 (--batch-size overrides the "
-                        "batch)")
+                   help="standard: 8 fields, table width 16, MLP 64-32, batch 512; wide: width 64, batch 2048; wdl: "
+                        "Wide & Deep's 26 fields x 16, MLP 1024-512-256, batch 512 (--batch-size overrides the batch)")
     p.add_argument("--batch-size", type=int, help="examples per step (default: the shape's)")
     p.add_argument("--steps-per-execution", type=int, default=wl.STEPS_PER_EXECUTION)
     p.add_argument("--warmup-executions", type=int, default=4)
@@ -344,18 +344,18 @@ def main(argv=None) -> int:
     p.add_argument("--gpu", action="store_true",
                    help="also run the kubeps side with its workers on the GPU (KUBEPS_DEVICE=gpu; the other sides get "
                         "KUBEPS_DEVICE=cpu), with its ratio to the CPU workers of the same run")
-    p.add_argument("--head", type=wl.hidden_units, default=wl.HIDDEN,
-                   help="the MLP head's hidden units (e.g. 1024,1024,512,256: the dense-heavy variant); kubeps's "
-                        "numpy and JAX sides only")
+    p.add_argument("--head", type=wl.hidden_units,
+                   help="the MLP head's hidden units (e.g. 1024,1024,512,256: the dense-heavy variant; default: the "
+                        "shape's); kubeps's numpy and JAX sides only")
     args = p.parse_args(argv)
     # SIGTERM (a time limit around this driver) stops the run under way and its tasks, as an error does
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    shape = wl.use_shape(args.shape)
+    args.head = args.head or wl.HIDDEN
     if args.head != wl.HIDDEN and (args.keras or args.tf_python):
         p.error(f"--head {','.join(map(str, args.head))}: only the kubeps numpy and JAX sides take another head; "
                 "leave out --keras and --tf-python")
-    dim, batch = wl.SHAPES[args.shape]
-    wl.use_dim(dim)
-    args.batch_size = args.batch_size or batch
+    args.batch_size = args.batch_size or shape.batch
 
     tf_version, why = tensorflow_version(args.tf_python)
     variants = [v for v in VARIANTS if getattr(args, v)]

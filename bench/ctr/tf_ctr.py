@@ -57,7 +57,7 @@ class Model(tf.Module):
     def __init__(self, init: dict[str, np.ndarray]):
         super().__init__(name="ctr")
         self.embedding = tf.Variable(np.asarray(init["embedding"]), name="embedding")
-        self.dense = [tf.Variable(np.asarray(init[n]), name=n) for n in wl.WEIGHTS[1:]]
+        self.dense = [tf.Variable(np.asarray(init[n]), name=n) for n in wl.weight_names()[1:]]
 
     def logits(self, ids, dense):
         rows = tf.nn.embedding_lookup(self.embedding, ids)  # parallel lookups on the table's shards
@@ -69,7 +69,7 @@ class Model(tf.Module):
         return x[:, 0]
 
     def weights(self) -> dict[str, np.ndarray]:
-        return {name: to_numpy(v) for name, v in zip(wl.WEIGHTS, [self.embedding, *self.dense])}
+        return {name: to_numpy(v) for name, v in zip(wl.weight_names(), [self.embedding, *self.dense])}
 
 
 class Adagrad:

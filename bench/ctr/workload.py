@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import time
+from typing import NamedTuple
 
 import numpy as np
 
@@ -34,12 +35,28 @@ BATCH = 512
 STEPS_PER_EXECUTION = 10
 SHUFFLE_BUFFER = 10_000
 CARDINALITIES = (10, 300, 1_000, 5_000, 20_000, 50_000, 200_000, 500_000)
+#: Criteo Kaggle's 26 per-field cardinalities (docs/../shared/reference/recsys-workloads.md), capped at 500k so the
+#: teacher's per-value weights stay small; all 26 fields hashed into the one shared table
+CRITEO_CARDINALITIES = tuple(min(c, 500_000) for c in (
+    1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194, 27, 14992, 5461306, 10, 5652,
+    2173, 4, 7046547, 18, 15, 286181, 105, 142572))
 TEACHER_SEED = 20261123
-#: ``bench/ctr_vs_tf.py --shape``: (embedding width, batch size). "wide" moves 16x the bytes per step of "standard"
-SHAPES = {"standard": (16, 512), "wide": (64, 2048)}
 
-#: names of the weight arrays in the data folder, in model order (the table, then the head's kernels and biases)
-WEIGHTS = ("embedding", "w0", "b0", "w1", "b1", "w2", "b2")
+
+class Shape(NamedTuple):
+    """One ``bench/ctr_vs_tf.py --shape``: the categorical fields' cardinalities, the table's width, the batch and
+    the MLP head's hidden units."""
+    cardinalities: tuple[int, ...]
+    dim: int
+    batch: int
+    hidden: tuple[int, ...]
+
+
+#: "wide" moves 16x the bytes per step of "standard"; "wdl" is DeepRec's Wide & Deep shape (26 fields x 16,
+#: 13 dense, MLP 1024-512-256, batch 512), where the dense part dominates
+SHAPES = {"standard": Shape(CARDINALITIES, 16, 512, HIDDEN), "wide": Shape(CARDINALITIES, 64, 2048, HIDDEN),
+          "wdl": Shape(CRITEO_CARDINALITIES, 16, 512, (1024, 512, 256))}
+
 
 
 def hash_ids(values: np.ndarray) -> np.ndarray:
@@ -53,7 +70,8 @@ def hash_ids(values: np.ndarray) -> np.ndarray:
 class Teacher:
     def __init__(self, seed: int = TEACHER_SEED):
         rng = np.random.default_rng(seed)
-        self.value_weights = [rng.normal(0.0, 0.6, size=c) for c in CARDINALITIES]
+        scale = 0.6 * np.sqrt(8 / len(CARDINALITIES))  # the logit's variance of 8 fields, whatever their number
+        self.value_weights = [rng.normal(0.0, scale, size=c) for c in CARDINALITIES]
         self.dense_weights = rng.normal(0.0, 0.4, size=DENSE)
         self.bias = -1.2
 
@@ -91,12 +109,16 @@ def init_weights(folder: str, hidden: tuple[int, ...]) -> dict[str, np.ndarray]:
     return init
 
 
-def use_dim(dim: int) -> None:
-    """Make ``dim`` this process's embedding width (:data:`DIM`, which the models read when they are built)."""
-    global DIM
-    if dim not in {d for d, _ in SHAPES.values()}:
-        raise ValueError(f"embedding width {dim!r}: expected one of the shapes' widths {sorted(SHAPES.values())}")
-    DIM = dim
+def use_shape(name: str) -> Shape:
+    """Make shape ``name`` this process's (:data:`FIELDS`, :data:`CARDINALITIES`, :data:`DIM`, :data:`HIDDEN`,
+    which the teacher and the models read when they are built)."""
+    global FIELDS, CARDINALITIES, DIM, HIDDEN
+    if name not in SHAPES:
+        raise ValueError(f"shape {name!r}: expected one of {sorted(SHAPES)}")
+    shape = SHAPES[name]
+    CARDINALITIES, DIM, HIDDEN = shape.cardinalities, shape.dim, shape.hidden
+    FIELDS = len(CARDINALITIES)
+    return shape
 
 
 def initial_weights(seed: int = 0) -> dict[str, np.ndarray]:
@@ -123,7 +145,7 @@ def write(folder: str, train_examples: int = 1 << 20, eval_examples: int = 100_0
         np.save(os.path.join(folder, f"eval_{name}.npy"), held_out[name])
     for name, array in initial_weights(seed).items():
         np.save(os.path.join(folder, f"init_{name}.npy"), array)
-    meta = {"train_examples": train_examples, "eval_examples": eval_examples, "seed": seed, "dim": DIM,
+    meta = {"train_examples": train_examples, "eval_examples": eval_examples, "seed": seed, "shape": shape_name(),
             "teacher_logloss": log_loss(held_out["labels"], held_out["p"]),
             "base_logloss": log_loss(held_out["labels"], np.full(eval_examples, held_out["labels"].mean()))}
     with open(os.path.join(folder, "meta.json"), "w") as f:
@@ -131,9 +153,22 @@ def write(folder: str, train_examples: int = 1 << 20, eval_examples: int = 100_0
     return meta
 
 
+def weight_names(hidden: tuple[int, ...] | None = None) -> tuple[str, ...]:
+    """The weight arrays of a model with ``hidden`` (default :data:`HIDDEN`) in model order: the table, then the
+    head's kernels and biases (``w0``, ``b0``, ...)."""
+    layers = len(HIDDEN if hidden is None else hidden) + 1
+    return ("embedding", *(f"{k}{i}" for i in range(layers) for k in ("w", "b")))
+
+
+def shape_name() -> str:
+    """The name of this process's shape (set by :func:`use_shape`)."""
+    return next(name for name, shape in SHAPES.items()
+                if (shape.cardinalities, shape.dim, shape.hidden) == (CARDINALITIES, DIM, HIDDEN))
+
+
 def load(folder: str, prefix: str) -> dict[str, np.ndarray]:
     """The arrays of one split (``train`` or ``eval``) or the initial weights (``init``), memory-mapped."""
-    names = WEIGHTS if prefix == "init" else ("ids", "dense", "labels") + (("p",) if prefix == "eval" else ())
+    names = weight_names() if prefix == "init" else ("ids", "dense", "labels") + (("p",) if prefix == "eval" else ())
     return {n: np.load(os.path.join(folder, f"{prefix}_{n}.npy"), mmap_mode="r") for n in names}
 
 
@@ -203,14 +238,15 @@ def parse_args(description: str, argv=None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=BATCH)
     p.add_argument("--steps-per-execution", type=int, default=STEPS_PER_EXECUTION)
     p.add_argument("--warmup-executions", type=int, default=4)
-    p.add_argument("--head", type=hidden_units, default=HIDDEN,
-                   help="the MLP head's hidden units, e.g. 1024,1024,512,256 (the dense-heavy variant; default "
-                        f"{','.join(map(str, HIDDEN))})")
+    p.add_argument("--head", type=hidden_units,
+                   help="the MLP head's hidden units, e.g. 1024,1024,512,256 (the dense-heavy variant; default: the "
+                        "data folder's shape's)")
     p.add_argument("--overlap", action="store_true",
                    help="pull the next batch's embedding rows while the current step computes (one step stale)")
     args = p.parse_args(argv)
     with open(os.path.join(args.data, "meta.json")) as f:
-        use_dim(json.load(f).get("dim", DIM))  # the table's width is the data folder's
+        use_shape(json.load(f).get("shape", "standard"))  # the fields, the table's width and the head: the folder's
+    args.head = args.head or HIDDEN
     return args
 
 
