@@ -24,6 +24,11 @@ A call, inside a function scheduled on a worker:
    (``ShardedVariable`` too: the push splits it by shard) and an ``IndexedSlices`` over the batch's unique ids for a
    table (the gradient with respect to the gathered rows; duplicates summed by XLA's scatter-add).
 
+A multi-hot feature is a table entry ``(table, lookup(ids_fn, combiner="mean", weights=weights_fn))``: its ids
+have shape ``(batch, L)`` padded with -1 and ``params[name]`` is their pooled rows, ``(batch, dim)``
+(:mod:`kubeps.runtime.ops.combiners`); padding is never pulled and gets no gradient. Two entries may name one table
+(a table two features read): their gradients are pushed as one update of it.
+
 The rows are passed padded to the batch's id count, so the compiled function does not change with the number of
 unique ids. On the first call of a process, a parameter ``loss_fn`` does not read is an error (TF would hand it a
 ``None`` gradient). Outside a scheduled function (on the chief, or with local variables) the same call reads and
@@ -41,10 +46,11 @@ import numpy as np
 
 from kubeps.runtime.errors import RuntimeConfigError
 from kubeps.runtime.models.xla import import_jax
+from kubeps.runtime.ops import combiners
 from kubeps.runtime.variables.indexed_slices import IndexedSlices
 from kubeps.runtime.variables.variable import ShardedVariable, Variable, gather_padded_rows
 
-__all__ = ["ValueAndGrad", "value_and_grad"]
+__all__ = ["Lookup", "ValueAndGrad", "lookup", "value_and_grad"]
 
 LossFn = Callable[[dict[str, Any], Any], Any]
 IdsFn = Callable[[Any], Any]
@@ -54,6 +60,28 @@ IdsFn = Callable[[Any], Any]
 _COMPILED: "OrderedDict[str, Any]" = OrderedDict()
 _COMPILED_MAX = 32
 _compiled_lock = threading.Lock()
+
+
+class Lookup:
+    """A table's ids in a batch, pooled: ``ids(batch)`` of shape ``(batch, L)`` padded with -1, ``combiner`` (sum,
+    mean, sqrtn) and optional ``weights(batch)`` of the ids' shape. Made by :func:`lookup`."""
+
+    def __init__(self, ids: IdsFn, combiner: str, weights: IdsFn | None = None) -> None:
+        if not callable(ids) or (weights is not None and not callable(weights)):
+            raise RuntimeConfigError("lookup", (ids, weights), "ids and weights must be functions batch -> array")
+        self.ids, self.weights = ids, weights
+        self.combiner = combiners.check_combiner(combiner, owner="lookup")
+        if self.combiner is None:
+            raise RuntimeConfigError("lookup.combiner", None, f"one of {list(combiners.COMBINERS)}")
+
+    def __call__(self, batch: Any) -> Any:
+        return self.ids(batch)
+
+
+def lookup(ids: IdsFn, combiner: str, weights: IdsFn | None = None) -> Lookup:
+    """A pooled table entry for :func:`value_and_grad`: ``tables={"hist": (table, lookup(lambda b: b["hist"],
+    "mean"))}`` gives ``params["hist"]`` of shape ``(batch, dim)``."""
+    return Lookup(ids, combiner, weights)
 
 
 def _check_variable(field: str, var: Any, rank: int) -> Variable | ShardedVariable:
@@ -118,23 +146,33 @@ class ValueAndGrad:
         ids = np.asarray(ids_fn(batch))
         if ids.dtype.kind not in "iu":
             raise RuntimeConfigError(f"tables[{name!r}] ids", f"array of dtype {ids.dtype}", "must be integers")
-        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= table.shape[0]):
-            bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+        low = combiners.PADDING if isinstance(ids_fn, Lookup) else 0
+        if ids.size and (int(ids.min()) < low or int(ids.max()) >= table.shape[0]):
+            bad = int(ids.min()) if int(ids.min()) < low else int(ids.max())
             raise RuntimeConfigError(f"tables[{name!r}] ids", bad,
-                                     f"must be in [0, {table.shape[0]}) (the rows of {table.name!r})")
+                                     f"must be in [0, {table.shape[0]}) (the rows of {table.name!r})"
+                                     + (", or -1 (padding)" if low else ""))
         return ids
+
+    def _coefficients(self, name: str, ids: np.ndarray, lookup: Lookup, dtype: Any, batch: Any) -> np.ndarray:
+        weights = None if lookup.weights is None else np.asarray(lookup.weights(batch))
+        combiners.check_multi_hot(ids.shape, ids.dtype, weights, owner=f"tables[{name!r}]")
+        return combiners.coefficients(np, ids, weights, str(lookup.combiner), dtype)
 
     def __call__(self, batch: Any) -> tuple[float, dict[str, Any]]:
         """Pull, compute ``jax.value_and_grad(loss_fn)`` at the variables' values, return ``(loss, grads)``."""
         rows: dict[str, np.ndarray] = {}
         inverses: dict[str, np.ndarray] = {}
         uniques: dict[str, np.ndarray] = {}
+        coefs: dict[str, np.ndarray] = {}
         for name, (table, ids_fn) in self.tables.items():  # first: the dense pull rides on the first lookup
             ids = self._ids(name, table, ids_fn, batch)
-            uniques[name], inverses[name], rows[name] = gather_padded_rows(table, ids)
+            if isinstance(ids_fn, Lookup):
+                coefs[name] = self._coefficients(name, ids, ids_fn, table.dtype, batch)
+            uniques[name], inverses[name], rows[name] = gather_padded_rows(table, ids, padding=name in coefs)
         values = {name: np.asarray(var.read_value()) for name, var in self.dense.items()}
-        compiled = self._compiled(values, rows, inverses, batch)
-        loss, (d_dense, d_rows) = compiled(values, rows, inverses, batch)
+        compiled = self._compiled(values, rows, inverses, coefs, batch)
+        loss, (d_dense, d_rows) = compiled(values, rows, inverses, coefs, batch)
         grads: dict[str, Any] = {name: np.asarray(d_dense[name]) for name in self.dense}
         for name, (table, _) in self.tables.items():
             n = len(uniques[name])
@@ -145,10 +183,13 @@ class ValueAndGrad:
     def _objective(self, jax: Any) -> Callable[..., Any]:
         loss_fn, table_names = self.loss_fn, list(self.tables)
 
-        def objective(dense: dict[str, Any], rows: dict[str, Any], inverses: dict[str, Any], batch: Any) -> Any:
+        def objective(dense: dict[str, Any], rows: dict[str, Any], inverses: dict[str, Any], coefs: dict[str, Any],
+                      batch: Any) -> Any:
             params = dict(dense)
             for name in table_names:
                 params[name] = rows[name][inverses[name]]
+                if name in coefs:
+                    params[name] = combiners.pool(params[name], coefs[name])
             loss = jax.numpy.asarray(loss_fn(params, batch))
             if loss.shape != () or not jax.numpy.issubdtype(loss.dtype, jax.numpy.floating):
                 raise RuntimeConfigError("loss_fn", f"a result of shape {list(loss.shape)} and dtype {loss.dtype}",
@@ -157,7 +198,8 @@ class ValueAndGrad:
 
         return objective
 
-    def _compiled(self, dense: dict[str, Any], rows: dict[str, Any], inverses: dict[str, Any], batch: Any) -> Any:
+    def _compiled(self, dense: dict[str, Any], rows: dict[str, Any], inverses: dict[str, Any], coefs: dict[str, Any],
+                  batch: Any) -> Any:
         with _compiled_lock:
             compiled = _COMPILED.get(self._token)
             if compiled is not None:
@@ -165,7 +207,7 @@ class ValueAndGrad:
                 return compiled
         jax = import_jax()
         objective = self._objective(jax)
-        self._check_every_param_is_read(jax, objective, dense, rows, inverses, batch)
+        self._check_every_param_is_read(jax, objective, dense, rows, inverses, coefs, batch)
         compiled = jax.jit(jax.value_and_grad(objective, argnums=(0, 1)))
         with _compiled_lock:
             _COMPILED[self._token] = compiled
@@ -174,9 +216,10 @@ class ValueAndGrad:
         return compiled
 
     def _check_every_param_is_read(self, jax: Any, objective: Callable[..., Any], dense: dict[str, Any],
-                                   rows: dict[str, Any], inverses: dict[str, Any], batch: Any) -> None:
+                                   rows: dict[str, Any], inverses: dict[str, Any], coefs: dict[str, Any],
+                                   batch: Any) -> None:
         """A parameter the loss never reads would get a zero gradient forever: name it instead."""
-        jaxpr = jax.make_jaxpr(objective)(dense, rows, inverses, batch).jaxpr
+        jaxpr = jax.make_jaxpr(objective)(dense, rows, inverses, coefs, batch).jaxpr
         read = {id(v) for eqn in jaxpr.eqns for v in eqn.invars} | {id(v) for v in jaxpr.outvars}
         # jax flattens a dict in the order of its sorted keys: dense parameters, then the tables' rows
         names = [f"dense[{n!r}]" for n in sorted(dense)] + [f"tables[{n!r}]" for n in sorted(rows)]

@@ -314,21 +314,23 @@ class _Replica:
             positions.append(found[0])
         flat = _flat_inputs(x, inputs) or []
         traced = self.ids_pass(self.initial, self.non_trainable, x)
-        for p, ids in zip(positions, traced):
+        for p, calls in zip(positions, traced):
             mine = np.asarray(flat[p])
-            if mine.dtype.kind not in "iu" or mine.shape != tuple(ids.shape) or not np.array_equal(mine, ids):
+            if (len(calls) != 1 or mine.dtype.kind not in "iu" or mine.shape != tuple(calls[0].shape)
+                    or not np.array_equal(mine, calls[0])):
                 return None
         return positions
 
-    def _ids(self, x: Any) -> list[np.ndarray]:
-        """Each table's ids in batch ``x``: from the batch itself (:meth:`_direct_ids`) or from the ids pass."""
+    def _ids(self, x: Any) -> list[list[np.ndarray]]:
+        """The ids of each call of each table's layer in batch ``x``: from the batch itself (:meth:`_direct_ids`)
+        or from the ids pass."""
         if self.direct is not None:
             flat = _flat_inputs(x, self.model.inputs)
             if flat is not None:
                 ids = [np.asarray(flat[p]) for p in self.direct]
                 if all(i.dtype.kind in "iu" for i in ids):
-                    return ids
-        return [np.asarray(ids) for ids in self.ids_pass(self.initial, self.non_trainable, x)]
+                    return [[i] for i in ids]
+        return [[np.asarray(ids) for ids in calls] for calls in self.ids_pass(self.initial, self.non_trainable, x)]
 
     def run(self, iterator: Any, variables: Sequence[Variable | ShardedVariable],
             tables: Sequence[Variable | ShardedVariable], optimizer: Optimizer, steps: int,
@@ -346,8 +348,8 @@ class _Replica:
                 self._build(x)
             rows, inverse, unique_ids = [], [], []
             if tables:
-                for table, ids in zip(tables, self._ids(x)):
-                    unique, inv, padded = gather_padded_rows(table, ids)  # carries the last step's push
+                for table, layer, calls in zip(tables, self.layers, self._ids(x)):
+                    unique, inv, padded = _gather_calls(table, calls, layer.combiner is not None)
                     rows.append(padded)
                     inverse.append(inv)
                     unique_ids.append(unique)
@@ -370,6 +372,19 @@ class _Replica:
             return total, examples, [], []
         configs = [keras.metrics.serialize(m) for m in self.metrics or []]
         return total, examples, configs, [[np.asarray(v) for v in state] for state in states]
+
+
+def _gather_calls(table: Variable | ShardedVariable, calls: Sequence[np.ndarray],
+                  padding: bool) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
+    """One pull for every call of a table's layer in a step (one call per parameter server, carrying the last
+    step's push): ``(unique, [inverse of each call], rows)``, each distinct id pulled once; -1 is padding (a zero
+    row, never pulled) for a layer with a combiner."""
+    flat = np.concatenate([c.reshape(-1) for c in calls]) if len(calls) > 1 else calls[0]
+    unique, inverse, rows = gather_padded_rows(table, flat, padding=padding)
+    if len(calls) == 1:
+        return unique, [inverse], rows
+    bounds = np.cumsum([c.size for c in calls])[:-1]
+    return unique, [part.reshape(c.shape) for part, c in zip(np.split(inverse, bounds), calls)], rows
 
 
 def _flat_inputs(x: Any, inputs: Sequence[Any]) -> list[Any] | None:

@@ -28,7 +28,8 @@ import numpy as np
 
 from kubeps.runtime.checks import PositiveInt, check
 from kubeps.runtime.errors import RuntimeConfigError
-from kubeps.runtime.variables.variable import ShardedVariable, Variable, embedding_lookup
+from kubeps.runtime.ops import combiners
+from kubeps.runtime.variables.variable import ShardedVariable, Variable, gather_padded_rows
 
 __all__ = ["KubepsEmbedding", "LookupFeed", "import_keras", "lookup_feed"]
 
@@ -58,32 +59,33 @@ _state = threading.local()
 
 
 class LookupFeed:
-    """What the ``KubepsEmbedding`` layers of one model call see: mode ``"ids"`` records each layer's ids (and the
-    layer returns zeros); mode ``"rows"`` gives each layer ``(rows, inverse)`` to gather from; mode ``"build"``
-    returns zeros (a replica is built by calling it once). Keyed by layer."""
+    """What the ``KubepsEmbedding`` layers of one model call see: mode ``"ids"`` records the ids of each call of each
+    layer (and the layer returns zeros); mode ``"rows"`` gives each layer ``(rows, inverses)``, the unique rows of
+    all its calls and one ``inverse`` per call to gather them with; mode ``"build"`` returns zeros (a replica is
+    built by calling it once). Keyed by layer; a layer called twice in a step (a table two features read) has two
+    calls, in call order."""
 
     def __init__(self, mode: str, rows: dict[int, tuple[Any, Any]] | None = None):
         if mode not in ("ids", "rows", "build"):
             raise RuntimeConfigError("mode", mode, "allowed: 'ids', 'rows' or 'build'")
         self.mode = mode
         self.rows = rows or {}
-        self.ids: dict[int, Any] = {}
+        self.ids: dict[int, list[Any]] = {}
+        self._calls: dict[int, int] = {}
 
-    def lookup(self, layer: "KubepsEmbedding", ids: Any) -> Any:
+    def lookup(self, layer: "KubepsEmbedding", ids: Any, weights: Any = None) -> Any:
         key = id(layer)
-        if self.mode == "build":
-            return keras.ops.zeros(tuple(ids.shape) + (layer.output_dim,), dtype=layer.compute_dtype)
-        if self.mode == "ids":
-            if key in self.ids:
-                raise RuntimeConfigError(f"KubepsEmbedding {layer.name!r}", "called twice in one step",
-                                         "a KubepsEmbedding layer is called once per step (concatenate its ids)")
-            self.ids[key] = ids
-            return keras.ops.zeros(tuple(ids.shape) + (layer.output_dim,), dtype=layer.compute_dtype)
+        if self.mode != "rows":
+            if self.mode == "ids":
+                self.ids.setdefault(key, []).append(ids)
+            return keras.ops.zeros(layer.compute_output_shape(tuple(ids.shape)), dtype=layer.compute_dtype)
         if key not in self.rows:
             raise RuntimeConfigError(f"KubepsEmbedding {layer.name!r}", "no rows were fetched for it",
                                      "the layer must be called in the ids pass of the same step")
-        rows, inverse = self.rows[key]
-        return keras.ops.take(rows, inverse, axis=0)
+        rows, inverses = self.rows[key]
+        call = self._calls.get(key, 0)
+        self._calls[key] = call + 1
+        return layer.pooled(keras.ops.take(rows, inverses[call], axis=0), ids, weights, jax.numpy)
 
 
 @contextlib.contextmanager
@@ -109,17 +111,19 @@ def replica_build() -> Iterator[None]:
         _state.replica = previous
 
 
+def _padded_lookup(layer: "KubepsEmbedding", ids: Any) -> np.ndarray:
+    """``table[ids]`` on the host, with zero rows at padding for a layer with a combiner (padding is never pulled)."""
+    _, inverse, rows = gather_padded_rows(layer.table, np.asarray(ids).astype(np.int64, copy=False),
+                                          padding=layer.combiner is not None)
+    return np.asarray(np.take(rows, inverse, axis=0), dtype=layer.compute_dtype)
+
+
 def _host_lookup(layer: "KubepsEmbedding", ids: Any) -> Any:
     """The rows of traced ``ids`` (Keras's ``predict``/``evaluate`` run the model under ``jax.jit``), looked up on
     the host by a ``jax.pure_callback``: the live rows of the parameter servers, or of the local table. Forward
     only: the rows are constants to a gradient, so :meth:`KubepsEmbedding.call` refuses ``training=True`` here."""
     out = jax.ShapeDtypeStruct(tuple(ids.shape) + (layer.output_dim,), layer.compute_dtype)
-
-    def lookup(concrete: Any) -> Any:
-        rows = embedding_lookup(layer.table, np.asarray(concrete).astype(np.int64, copy=False))
-        return np.asarray(rows, dtype=layer.compute_dtype)
-
-    return jax.pure_callback(lookup, out, ids, vmap_method="sequential")
+    return jax.pure_callback(lambda concrete: _padded_lookup(layer, concrete), out, ids, vmap_method="sequential")
 
 
 _Layer: Any = keras.layers.Layer  # a module attribute mypy cannot see through `keras = import_keras()`
@@ -127,13 +131,21 @@ _Layer: Any = keras.layers.Layer  # a module attribute mypy cannot see through `
 
 @keras.saving.register_keras_serializable(package="kubeps")
 class KubepsEmbedding(_Layer):
-    """``KubepsEmbedding(input_dim, output_dim, embeddings_initializer="uniform")``: ``keras.layers.Embedding``
-    with its table on the parameter servers; ``table`` is the kubeps ``Variable`` or ``ShardedVariable``."""
+    """``KubepsEmbedding(input_dim, output_dim, embeddings_initializer="uniform", combiner=None)``:
+    ``keras.layers.Embedding`` with its table on the parameter servers; ``table`` is the kubeps ``Variable`` or
+    ``ShardedVariable``.
 
-    def __init__(self, input_dim: int, output_dim: int, embeddings_initializer: Any = "uniform", **kwargs: Any):
+    With ``combiner`` (``"sum"``, ``"mean"``, ``"sqrtn"``: :mod:`kubeps.runtime.ops.combiners`) the layer takes ids of
+    shape ``(batch, L)`` padded with -1 and, optionally, ``weights`` of that shape (``layer(ids, weights=w)``), and
+    returns ``(batch, output_dim)``. Called on two inputs (``emb(item)`` and ``emb(history)``), the layer is one
+    table two features read: one pull of the rows of both, one gradient of the table."""
+
+    def __init__(self, input_dim: int, output_dim: int, embeddings_initializer: Any = "uniform",
+                 combiner: str | None = None, **kwargs: Any):
         super().__init__(**kwargs)
         self.input_dim = check("input_dim", input_dim, PositiveInt, owner="KubepsEmbedding")
         self.output_dim = check("output_dim", output_dim, PositiveInt, owner="KubepsEmbedding")
+        self.combiner = combiners.check_combiner(combiner, owner="KubepsEmbedding")
         self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
         self._table: Variable | ShardedVariable | None = None
 
@@ -157,23 +169,42 @@ class KubepsEmbedding(_Layer):
                                      "replica has none: its rows come from the parameter servers")
         return self._table
 
-    def compute_output_shape(self, input_shape: Any) -> tuple[Any, ...]:
-        return tuple(input_shape) + (self.output_dim,)
+    def compute_output_shape(self, ids_shape: Any, weights_shape: Any = None) -> tuple[Any, ...]:
+        if self.combiner is not None:
+            return (tuple(ids_shape)[0], self.output_dim)
+        return tuple(ids_shape) + (self.output_dim,)
 
-    def call(self, ids: Any, training: Any = None) -> Any:
+    def pooled(self, rows: Any, ids: Any, weights: Any, xp: Any) -> Any:
+        """``rows`` (``ids.shape + (output_dim,)``, zeros at padding) pooled by the combiner; as they are without."""
+        if self.combiner is None:
+            return rows
+        return combiners.pool(rows, combiners.coefficients(xp, ids, weights, self.combiner, self.compute_dtype))
+
+    def _check_inputs(self, ids: Any, weights: Any) -> None:
+        owner = f"KubepsEmbedding {self.name!r}"
+        if self.combiner is not None:
+            combiners.check_multi_hot(tuple(ids.shape), ids.dtype, weights, owner=owner)
+        elif weights is not None:
+            raise RuntimeConfigError(f"{owner} weights", "given",
+                                     "weights only with a combiner (KubepsEmbedding(..., combiner='sum'))")
+
+    def call(self, ids: Any, weights: Any = None, training: Any = None) -> Any:
+        ids = ids if hasattr(ids, "shape") else np.asarray(ids)
+        self._check_inputs(ids, weights)
         feed = getattr(_state, "feed", None)
         if feed is not None:
-            return feed.lookup(self, ids)
+            return feed.lookup(self, ids, weights)
         if in_symbolic_scope():  # Keras traces a model's call for shapes only (to build it): no lookup
-            return keras.ops.zeros(tuple(ids.shape) + (self.output_dim,), dtype=self.compute_dtype)
+            return keras.ops.zeros(self.compute_output_shape(tuple(ids.shape)), dtype=self.compute_dtype)
         if isinstance(ids, jax.core.Tracer):  # model.predict / model.evaluate jit the call: look up from the host
             if training:  # Keras's own model.fit: the table would silently stay as it is
                 raise RuntimeConfigError(f"KubepsEmbedding {self.name!r}", "trained by Keras's model.fit",
                                          "Keras's own fit cannot update a table on the parameter servers: train with "
                                          "kubeps.runtime.models.keras_fit.fit(model, coordinator, dataset_fn, ...); "
                                          "model.predict and model.evaluate work")
-            return _host_lookup(self, ids)
-        rows = embedding_lookup(self.table, np.asarray(ids).astype(np.int64, copy=False))
+            return self.pooled(_host_lookup(self, ids), ids, weights, jax.numpy)
+        rows = self.pooled(_padded_lookup(self, ids), np.asarray(ids), None if weights is None else np.asarray(weights),
+                           np)
         return keras.ops.convert_to_tensor(rows, dtype=self.compute_dtype)
 
     def count_params(self) -> int:
@@ -201,6 +232,6 @@ class KubepsEmbedding(_Layer):
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
-        config.update(input_dim=self.input_dim, output_dim=self.output_dim,
+        config.update(input_dim=self.input_dim, output_dim=self.output_dim, combiner=self.combiner,
                       embeddings_initializer=keras.initializers.serialize(self.embeddings_initializer))
         return config

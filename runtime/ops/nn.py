@@ -25,7 +25,7 @@ import numpy as np
 
 from kubeps.runtime.checks import PositiveInt, check, integer, number
 from kubeps.runtime.errors import RuntimeConfigError
-from kubeps.runtime.ops import kernels
+from kubeps.runtime.ops import combiners, kernels
 from kubeps.runtime.ops.losses import Loss, SigmoidCrossEntropy, SoftmaxCrossEntropy  # noqa: F401 - nn's losses
 from kubeps.runtime.variables.indexed_slices import IndexedSlices
 
@@ -271,21 +271,67 @@ class Dense(Layer):
         return dx
 
 
+class _StepCalls:
+    """The calls of a layer reused within a step (one table, two features): ``forward`` records each call, the
+    backward passes take them back last-in first-out (reverse mode's order) and their gradients add up.
+
+    A forward after a backward starts a new step; forwards never followed by a backward (evaluation) keep only the
+    last :data:`MAX_CALLS` calls."""
+
+    MAX_CALLS = 16
+
+    def __init__(self) -> None:
+        self.calls: list[Any] = []
+        self.backward_done = False
+
+    def record(self, call: Any) -> None:
+        if self.backward_done:
+            self.calls, self.backward_done = [], False
+        self.calls.append(call)
+        del self.calls[: -self.MAX_CALLS]
+
+    def take(self, layer: str) -> tuple[Any, bool]:
+        """The last call not yet taken, and whether it is the first taken in this step (its gradient replaces the
+        previous step's) or a later one (its gradient adds to this step's)."""
+        if not self.calls:
+            more = " (one more backward than forwards in this step)" if self.backward_done else ""
+            raise RuntimeError(f"{layer}: backward called before forward{more}")
+        first = not self.backward_done
+        self.backward_done = True
+        return self.calls.pop(), first
+
+
+def _add_slices(previous: IndexedSlices, new: IndexedSlices) -> IndexedSlices:
+    """One table's gradient from two calls in a step: rows of ids both used summed, ids ascending."""
+    xp = kernels.array_module(previous.values, new.values)
+    uniq, summed = kernels.reduce_sparse(xp.concatenate([xp.asarray(previous.indices), xp.asarray(new.indices)]),
+                                         xp.concatenate([previous.values, new.values]))
+    return IndexedSlices(summed, uniq, previous.dense_shape)
+
+
 class Embedding(Layer):
-    """Rows of a ``(input_dim, output_dim)`` table for integer ids of any shape.
+    """Rows of a ``(input_dim, output_dim)`` table for integer ids of any shape, or with ``combiner`` one pooled row
+    per example for ids of shape ``(batch, L)`` padded with -1.
 
     ``embeddings`` may be given: a plain array (gathered locally), or a ``Variable``/``ShardedVariable`` (only the
     rows the batch needs are pulled, with ``kubeps.runtime.variables.variable.embedding_lookup``). Otherwise a table is
     created as a kubeps ``Variable`` (on the PS inside ``strategy.scope()``, sharded by the scope's partitioner).
     The gradient is an ``IndexedSlices`` over the unique ids of the batch.
+
+    ``combiner`` (``"sum"``, ``"mean"`` or ``"sqrtn"``: :mod:`kubeps.runtime.ops.combiners`) pools the rows of each
+    example's ids, optionally weighted (``forward(ids, weights)``, weights of the ids' shape), to ``(batch,
+    output_dim)``; padding is never pulled and gets no gradient. A table two features read is one layer called on
+    both in a step (its backward passes, in reverse order, add up into one gradient), or :meth:`share`, a second
+    layer over the same table with its own combiner; either way one push carries the table's rows.
     """
 
     def __init__(self, input_dim: int, output_dim: int, embeddings_initializer: Any = "uniform",
                  embeddings: Any = None, seed: int | None = None, dtype: Any = "float32",
-                 name: str | None = None) -> None:
+                 name: str | None = None, combiner: str | None = None) -> None:
         super().__init__(name)
         self.input_dim = check("input_dim", input_dim, PositiveInt, owner="Embedding")
         self.output_dim = check("output_dim", output_dim, PositiveInt, owner="Embedding")
+        self.combiner = combiners.check_combiner(combiner, owner="Embedding")
         self.dtype = np.dtype(dtype)
         if embeddings is None:
             init = get_initializer(embeddings_initializer, seed, "embeddings_initializer")
@@ -295,15 +341,21 @@ class Embedding(Layer):
             raise ValueError(f"Embedding {self.name!r}: embeddings has shape {shape}; expected "
                              f"(input_dim, output_dim) = {(self.input_dim, self.output_dim)}")
         self.embeddings = embeddings
-        self._cache_ids = None
+        self._cache_calls: _StepCalls | None = None
         self._cache_prefetch: tuple[np.ndarray, Any] | None = None  # (ids, their PendingLookup)
+
+    def share(self, combiner: str | None = None, name: str | None = None) -> "Embedding":
+        """A second layer reading this layer's table (a shared table: item id and clicked-item history), with its
+        own ``combiner``. Its gradient and this layer's are pushed as one update of the table."""
+        return Embedding(self.input_dim, self.output_dim, embeddings=self.embeddings, dtype=self.dtype,
+                         name=name or f"{self.name}_shared", combiner=combiner)
 
     @property
     def trainable_variables(self) -> list[Any]:
         return [self.embeddings]
 
     def build(self, input_dim: int | None) -> int | None:
-        return None  # output is (..., output_dim); its flattened width depends on the id shape
+        return self.output_dim if self.combiner else None  # else (..., output_dim): its width depends on the ids
 
     def _lookup(self, ids: Any) -> Any:
         table = self.embeddings
@@ -313,22 +365,61 @@ class Embedding(Layer):
 
         return variables.embedding_lookup(table, kernels.to_numpy(ids))
 
-    def forward(self, ids: Any) -> Any:
-        xp = kernels.array_module(ids)
-        ids = xp.asarray(ids)
+    def _check_ids(self, ids: Any) -> Any:
+        ids = kernels.array_module(ids).asarray(ids)
         if ids.dtype.kind not in "iu":
             raise TypeError(f"Embedding {self.name!r}: ids must be integers, got dtype {ids.dtype}")
-        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self.input_dim):
-            bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
-            raise IndexError(f"Embedding {self.name!r}: id {bad} is out of range; allowed: 0 <= id < {self.input_dim}")
+        low = combiners.PADDING if self.combiner else 0
+        if ids.size and (int(ids.min()) < low or int(ids.max()) >= self.input_dim):
+            bad = int(ids.min()) if int(ids.min()) < low else int(ids.max())
+            padding = " or -1 (padding)" if self.combiner else ""
+            raise IndexError(f"Embedding {self.name!r}: id {bad} is out of range; allowed: 0 <= id < "
+                             f"{self.input_dim}{padding}")
+        return ids
+
+    def _pulled(self, ids: Any) -> Any:
+        """The rows of ``ids`` (prefetched, or looked up now), where the layer computes: on the compute device, else
+        in the ids' array module."""
         rows = self._take_prefetched(ids)
         if rows is None:
             rows = self._lookup(ids)
-        self._cache_ids = ids
         if kernels.compute_module() is not np and kernels.array_module(rows) is np:
             (rows,) = kernels.to_device(rows)  # the looked-up rows: one transfer
             return rows
-        return xp.asarray(rows)
+        return kernels.array_module(ids).asarray(rows)
+
+    def forward(self, ids: Any, weights: Any = None) -> Any:
+        """Rows ``ids.shape + (output_dim,)``; with a combiner, ``(batch, output_dim)`` pooled with ``weights``."""
+        ids = self._check_ids(ids)
+        if self.combiner is None:
+            if weights is not None:
+                raise RuntimeConfigError(f"Embedding {self.name!r} weights", "given",
+                                         "weights only with a combiner (Embedding(..., combiner='sum'))")
+            rows = self._pulled(ids)
+            self._calls().record((ids, None))
+            return rows
+        combiners.check_multi_hot(tuple(ids.shape), ids.dtype, weights, owner=f"Embedding {self.name!r}")
+        xp = kernels.array_module(ids)
+        real = ids != combiners.PADDING
+        unique, inverse = xp.unique(ids[real], return_inverse=True)
+        rows = self._pulled(unique)
+        xp = kernels.array_module(rows)  # where the layer computes (a GPU worker's device)
+        ids, real, inverse = xp.asarray(ids), xp.asarray(real), xp.asarray(inverse)
+        rows = xp.concatenate([rows, xp.zeros((1, self.output_dim), dtype=rows.dtype)])  # padding reads the last
+        positions = xp.full(ids.shape, unique.size, dtype=xp.int64)
+        positions[real] = inverse.reshape(-1)
+        coef = combiners.coefficients(xp, ids, None if weights is None else xp.asarray(weights), self.combiner,
+                                      rows.dtype)
+        self._calls().record((ids, coef))
+        return combiners.pool(xp.take(rows, positions, axis=0), coef)
+
+    def __call__(self, ids: Any, weights: Any = None) -> Any:
+        return self.forward(ids, weights)
+
+    def _calls(self) -> _StepCalls:
+        if self._cache_calls is None:
+            self._cache_calls = _StepCalls()
+        return self._cache_calls
 
     def prefetch(self, ids: Any) -> None:
         """Start pulling the rows of ``ids`` -- the next batch's -- in the background, right after this step's
@@ -342,6 +433,8 @@ class Embedding(Layer):
         from kubeps.runtime.variables import variable as variables  # noqa: PLC0415 - nn on local arrays loads no grpc
 
         host = np.asarray(kernels.to_numpy(ids))
+        if self.combiner is not None:  # what a pooled forward pulls: the distinct real ids
+            host = np.unique(host[host != combiners.PADDING])
         self._cache_prefetch = (host, variables.start_lookup(table, host))
 
     def _take_prefetched(self, ids: Any) -> Any:
@@ -355,14 +448,19 @@ class Embedding(Layer):
         return None
 
     def backward(self, dy: Any) -> None:
-        if self._cache_ids is None:
-            raise RuntimeError(f"Embedding {self.name!r}: backward called before forward")
-        ids = self._cache_ids
-        want = tuple(ids.shape) + (self.output_dim,)
+        (ids, coef), first = self._calls().take(f"Embedding {self.name!r}")
+        want = (ids.shape[0], self.output_dim) if self.combiner else tuple(ids.shape) + (self.output_dim,)
         if tuple(dy.shape) != want:
             raise ValueError(f"Embedding {self.name!r}: dy has shape {tuple(dy.shape)}; expected {want}")
-        uniq, summed = kernels.reduce_sparse(ids.reshape(-1).astype("int64"), dy.reshape(-1, self.output_dim))
-        self._grads = [(_indexed_slices(summed, uniq, (self.input_dim, self.output_dim)), self.embeddings)]
+        if coef is None:
+            uniq, summed = kernels.reduce_sparse(ids.reshape(-1).astype("int64"), dy.reshape(-1, self.output_dim))
+        else:  # row i gets sum of c[b, j] * dy[b] over its positions: padding has none
+            real = ids != combiners.PADDING
+            uniq, summed = kernels.reduce_sparse(ids[real].astype("int64"), (coef[..., None] * dy[:, None, :])[real])
+        grad = _indexed_slices(summed, uniq, (self.input_dim, self.output_dim))
+        if not first:
+            grad = _add_slices(self._grads[0][0], grad)
+        self._grads = [(grad, self.embeddings)]
         return None  # integer inputs have no gradient
 
 

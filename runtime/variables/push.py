@@ -7,6 +7,10 @@ once, in parallel. Inside a scheduled function they are handed to the closure co
 call to each PS carries them (``PushRead``; see :class:`kubeps.runtime.variables.context.ClosureContext`). A sharded
 variable's gradient is split by shard: dense rows by the div split, sparse rows by the owner of each id.
 Local variables (created outside ``strategy.scope()``) are updated in place in this process.
+
+Several gradients of one variable in one call (a table two features read: a shared embedding) become one update, as
+TensorFlow's optimizers do: row-sparse ones are concatenated (the optimizer sums duplicate rows before it applies
+them), dense ones added; a table's rows travel in one update, never as two updates of the same rows.
 """
 
 from __future__ import annotations
@@ -48,12 +52,67 @@ def _check_sparse(grad: IndexedSlices, var: Variable | ShardedVariable) -> tuple
                           var.name)
 
 
+def _identity(var: Any) -> Any:
+    """What makes two handles one variable: a remote one's key (copies unpickled apart share it), else the object."""
+    if isinstance(var, ShardedVariable):
+        return tuple(_identity(v) for v in var.variables)
+    if isinstance(var, (Variable, DynamicEmbedding)) and var.is_remote:
+        return var.key
+    return id(var)
+
+
+def _sum_gradients(first: Any, second: Any) -> Any:
+    """Two gradients of one variable as one: row-sparse ones concatenated (duplicate rows are summed by the
+    optimizer's sparse update), dense ones added, a row-sparse one added into a dense one; None when their shapes
+    disagree (each is then checked, and refused, on its own)."""
+    if isinstance(first, IndexedSlices) and isinstance(second, IndexedSlices):
+        return IndexedSlices(np.concatenate([np.asarray(first.values), np.asarray(second.values)]),
+                             np.concatenate([np.asarray(first.indices), np.asarray(second.indices)]),
+                             first.dense_shape or second.dense_shape)
+    if isinstance(first, IndexedSlices):
+        first, second = second, first
+    total = np.array(first, copy=True)
+    if not isinstance(second, IndexedSlices):
+        part = np.asarray(second)
+        if part.shape != total.shape:
+            return None
+        total += part.astype(total.dtype, copy=False)
+        return total
+    idx, values = np.asarray(second.indices), np.asarray(second.values)
+    if total.ndim == 0 or values.shape[1:] != total.shape[1:] or (idx.size and not 0 <= idx.min() <= idx.max() < len(total)):
+        return None
+    np.add.at(total, idx, values.astype(total.dtype, copy=False))
+    return total
+
+
+def _one_gradient_per_variable(pairs: list[Any]) -> list[Any]:
+    """``pairs`` with the gradients of a variable that occurs more than once summed into its first pair."""
+    seen: dict[Any, int] = {}
+    merged: list[Any] = []
+    for pair in pairs:
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2 or pair[0] is None:
+            merged.append(pair)  # refused or skipped below, as it is
+            continue
+        key = _identity(pair[1])
+        if key not in seen:
+            seen[key] = len(merged)
+            merged.append(pair)
+            continue
+        at = seen[key]
+        total = _sum_gradients(merged[at][0], pair[0])
+        if total is None:
+            merged.append(pair)
+        else:
+            merged[at] = (total, pair[1])
+    return merged
+
+
 def apply_gradients(optimizer: Any, grads_and_vars: Iterable[tuple[Any, Any]]) -> None:
     """Apply ``(gradient, variable)`` pairs: one ``Push`` RPC per parameter server for all of them.
 
     ``gradient`` is array-like (dense) or an :class:`IndexedSlices`; ``None`` gradients are skipped (as in TF).
     """
-    pairs = list(grads_and_vars)
+    pairs = _one_gradient_per_variable(list(grads_and_vars))
     config = None
     # (transport id) -> (transport, {ps: (updates, arrays)})
     batches: dict[int, tuple[Any, dict[int, tuple[list, list]]]] = {}

@@ -496,16 +496,26 @@ def gather_unique_rows(params: Variable | ShardedVariable,
     return lookup.finish(lookup.send())
 
 
-def gather_padded_rows(params: Variable | ShardedVariable, ids: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def gather_padded_rows(params: Variable | ShardedVariable, ids: Any,
+                       padding: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """What a jitted step on a worker takes for a table: ``(unique, inverse, rows)`` with ``rows`` the unique ids'
     rows (:func:`gather_unique_rows`) padded with zeros to one row per id (at least one), so the compiled function
     sees one shape whatever the number of distinct ids, and ``inverse`` (int32, shaped as ``ids``) indexing them.
-    The gradient of ``rows[: unique.size]`` is the table's row-sparse gradient over ``unique``."""
-    ids_arr, unique, inverse, gathered = gather_unique_rows(params, ids)
-    rows = np.empty((max(ids_arr.size, 1),) + tuple(params.shape[1:]), dtype=params.dtype)
+    The gradient of ``rows[: unique.size]`` is the table's row-sparse gradient over ``unique``.
+
+    With ``padding``, an id of -1 marks an empty position of a multi-hot feature: it is not pulled, not in
+    ``unique``, and its ``inverse`` points to a zero row (``rows[unique.size]``)."""
+    arr = np.asarray(ids)
+    real = arr != -1 if padding and arr.dtype.kind == "i" else None
+    ids_arr, unique, inverse, gathered = gather_unique_rows(params, arr if real is None else arr[real])
+    rows = np.empty((max(arr.size, 1),) + tuple(params.shape[1:]), dtype=params.dtype)
     rows[: unique.size] = gathered
     rows[unique.size:] = 0
-    return unique, inverse.reshape(ids_arr.shape).astype(np.int32), rows
+    if real is None:
+        return unique, inverse.reshape(ids_arr.shape).astype(np.int32), rows
+    full = np.full(arr.shape, unique.size, dtype=np.int32)
+    full[real] = inverse.reshape(-1)
+    return unique, full, rows
 
 
 class PendingLookup:
