@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/ctr_vs_tf.py --tf-python /path/tfenv/bin/python [--shape standard|wide] [--rounds 3]
                                         [--steps 3000] [--train-examples 1048576] [--data DIR] [--json OUT]
-                                        [--plaintext] [--metrics-off] [--jax] [--keras]
+                                        [--plaintext] [--metrics-off] [--jax] [--keras] [--hot-cache]
 
 The workload (``bench/ctr/workload.py``): a synthetic Criteo-like CTR task with a known answer -- 8 categorical fields
 of skewed popularity (10 to 500k values) hashed into ONE shared 2^20 x 16 embedding table, 13 dense features, an MLP
@@ -65,11 +65,12 @@ import workload as wl  # noqa: E402 - only numpy
 
 SIDES = {"kubeps": CTR / "kubeps_ctr.py", "plaintext": CTR / "kubeps_ctr.py", "nometrics": CTR / "kubeps_ctr.py",
          "jax": CTR / "jax_ctr.py", "keras": CTR / "keras_ctr.py", "tf": CTR / "tf_ctr.py",
-         "overlap": CTR / "kubeps_ctr.py", "gpu": CTR / "kubeps_ctr.py", "gpu-overlap": CTR / "kubeps_ctr.py"}
+         "overlap": CTR / "kubeps_ctr.py", "gpu": CTR / "kubeps_ctr.py", "gpu-overlap": CTR / "kubeps_ctr.py",
+         "hot": CTR / "kubeps_ctr.py"}
 #: the kubeps numpy layers run another way (``--overlap``, ``--gpu``), each compared with the side named here, of the
 #: same run: (what it is, its baseline)
 PLACEMENTS = {"overlap": ("overlap (rows pulled during the step)", "kubeps"), "gpu": ("GPU workers", "kubeps"),
-              "gpu-overlap": ("GPU workers + overlap", "overlap")}
+              "gpu-overlap": ("GPU workers + overlap", "overlap"), "hot": ("hot-row cache", "kubeps")}
 #: the same model written another way, each compared with the numpy layers (and TF) of the same run
 VARIANTS = {"jax": "JAX", "keras": "Keras fit"}
 TASK_LINE = re.compile(r"\[kubeps\] (?P<name>(?P<type>[a-z]+)-\d+) pid (?P<pid>\d+)")
@@ -85,13 +86,13 @@ def data_folder(args: argparse.Namespace) -> Path:
         folder = Path(args.data)
     else:
         digest = hashlib.sha256((CTR / "workload.py").read_bytes()).hexdigest()[:10]
-        shape = "" if args.shape == "standard" else f"-{args.shape}"
+        shape = "" if wl.shape_name() == "standard" else f"-{wl.shape_name()}"
         folder = (Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kubeps" / "bench-ctr"
                   / f"n{args.train_examples}-e{args.eval_examples}-s{args.seed}{shape}-{digest}")
     if (folder / "meta.json").exists():
         meta = json.loads((folder / "meta.json").read_text())
         if (meta.get("train_examples") == args.train_examples and meta.get("seed") == args.seed
-                and meta.get("shape") == args.shape):
+                and meta.get("shape") == wl.shape_name()):
             return folder
     print(f"writing the data set ({args.train_examples} training examples) to {folder} ...", flush=True)
     partial = folder.with_name(folder.name + f".partial-{os.getpid()}")
@@ -228,6 +229,8 @@ def run_side(side: str, args: argparse.Namespace, data: Path, tf_python: str | N
             "--batch-size", str(args.batch_size), "--steps-per-execution", str(args.steps_per_execution),
             "--warmup-executions", str(args.warmup_executions)]
     cmd += ["--overlap"] if side.endswith("overlap") else []
+    if side == "hot":
+        cmd += ["--hot-rows", str(args.hot_rows), "--hot-refresh-steps", str(args.hot_refresh_steps)]
     head = getattr(args, "head", wl.HIDDEN)  # callers of their own (bench/scaling.py) name only what they vary
     cmd += ["--head", ",".join(map(str, head))] if head != wl.HIDDEN else []
     env = dict(os.environ)
@@ -291,7 +294,9 @@ def peak_by_type(runs: list[dict]) -> dict[str, int]:
 
 
 def summarize(runs: list[dict]) -> dict:
+    pulls = [r["pull_bytes_per_example"] for r in runs if "pull_bytes_per_example" in r]
     return {"examples_per_s": statistics.median(r["examples_per_s"] for r in runs),
+            "pull_bytes_per_example": statistics.median(pulls) if pulls else None,
             "eval_logloss": statistics.median(r["eval_logloss"] for r in runs),
             "eval_auc": statistics.median(r["eval_auc"] for r in runs),
             "teacher_logloss": runs[0]["teacher_logloss"],
@@ -301,8 +306,10 @@ def summarize(runs: list[dict]) -> dict:
 
 
 def describe(run: dict) -> str:
+    pulled = (f", rows pulled {run['pull_bytes_per_example']:.0f} B/example" if "pull_bytes_per_example" in run
+              else "")
     return (f"{run['examples_per_s']:8.0f} ex/s in {run['train_seconds']:5.1f} s, log-loss {run['eval_logloss']:.4f}"
-            f", AUC {run['eval_auc']:.4f}, CPU {run['cpu_ms_per_step']['total']:.1f} ms/step")
+            f", AUC {run['eval_auc']:.4f}, CPU {run['cpu_ms_per_step']['total']:.1f} ms/step{pulled}")
 
 
 def main(argv=None) -> int:
@@ -344,6 +351,13 @@ def main(argv=None) -> int:
     p.add_argument("--gpu", action="store_true",
                    help="also run the kubeps side with its workers on the GPU (KUBEPS_DEVICE=gpu; the other sides get "
                         "KUBEPS_DEVICE=cpu), with its ratio to the CPU workers of the same run")
+    p.add_argument("--hot-cache", action="store_true",
+                   help="also run the kubeps side with each worker caching the table's hottest rows "
+                        "(nn.Embedding(hot_rows=...)), with its ratios of embedding bytes pulled per example and eval "
+                        "log-loss to the kubeps side of the same run")
+    p.add_argument("--hot-rows", type=int, default=50_000, help="rows each worker caches (--hot-cache)")
+    p.add_argument("--hot-refresh-steps", type=int, default=30,
+                   help="lookups between two pulls of the cached rows, the bound on their staleness (--hot-cache)")
     p.add_argument("--head", type=wl.hidden_units,
                    help="the MLP head's hidden units (e.g. 1024,1024,512,256: the dense-heavy variant; default: the "
                         "shape's); kubeps's numpy and JAX sides only")
@@ -362,7 +376,7 @@ def main(argv=None) -> int:
     sides = (["kubeps"] + (["plaintext"] if args.plaintext else []) + (["nometrics"] if args.metrics_off else [])
              + variants + (["tf"] if tf_version else []))
     sides += [side for side in PLACEMENTS if (not side.endswith("overlap") or args.overlap)
-              and (not side.startswith("gpu") or args.gpu)]
+              and (not side.startswith("gpu") or args.gpu) and (side != "hot" or args.hot_cache)]
     if not tf_version:
         print(f"TensorFlow skipped: {why} (see this file's docstring to install it)", flush=True)
     data = data_folder(args)
@@ -399,7 +413,8 @@ def main(argv=None) -> int:
     mb = 1 << 20
     names = {"kubeps": "kubeps (mutual TLS)", "plaintext": "kubeps (plaintext)", "nometrics": "kubeps (no metrics)",
              "jax": "kubeps + JAX", "keras": "kubeps Keras fit", "tf": f"TensorFlow {tf_version}",
-             "overlap": "kubeps overlap", "gpu": "kubeps GPU workers", "gpu-overlap": "kubeps GPU + overlap"}
+             "overlap": "kubeps overlap", "gpu": "kubeps GPU workers", "gpu-overlap": "kubeps GPU + overlap",
+             "hot": "kubeps hot-row cache"}
     print(f"\nmedian of {args.rounds} round(s), {args.steps} steps, batch {args.batch_size}, "
           f"{args.ps} ps + {args.workers} workers:")
     print(f"{'':22}{'examples/s':>12}{'eval log-loss':>15}{'eval AUC':>10}"
@@ -437,6 +452,12 @@ def main(argv=None) -> int:
             summary[f"{side}_logloss_ratio"] = j["eval_logloss"] / k["eval_logloss"]
             print(f"ratio {what} / {names[base]}: {summary[f'{side}_ratio']:.2f}x examples/s; eval log-loss "
                   f"{summary[f'{side}_logloss_ratio']:.4f} of it")
+            if j["pull_bytes_per_example"] and k["pull_bytes_per_example"]:
+                summary[f"{side}_pull_ratio"] = j["pull_bytes_per_example"] / k["pull_bytes_per_example"]
+                print(f"embedding rows pulled per example, {what} / {names[base]}: {j['pull_bytes_per_example']:.0f}"
+                      f" / {k['pull_bytes_per_example']:.0f} bytes = {summary[f'{side}_pull_ratio']:.3f} "
+                      f"(goal <= 0.6 for the cache); CPU ms per step, ps: {j['cpu_ms_per_step']['ps']:.2f} / "
+                      f"{k['cpu_ms_per_step']['ps']:.2f}")
     if tf_version:
         k, t = summary["kubeps"], summary["tf"]
         ratio = k["examples_per_s"] / t["examples_per_s"]

@@ -40,9 +40,10 @@ class FromArray:
 class Model:
     side = "kubeps"
 
-    def __init__(self, init: dict[str, np.ndarray]):
+    def __init__(self, init: dict[str, np.ndarray], hot_rows: int = 0, hot_refresh_steps: int = 20):
         self.embedding = nn.Embedding(wl.VOCAB, wl.DIM, embeddings=kp.Variable(np.asarray(init["embedding"]),
-                                                                                name="embedding"))
+                                                                                name="embedding"),
+                                      hot_rows=hot_rows, hot_refresh_steps=hot_refresh_steps)
         kernels = [np.asarray(init[f"w{i}"]) for i in range(sum(1 for n in init if n.startswith("w")))]
         layers = []
         for i, kernel in enumerate(kernels):
@@ -104,7 +105,8 @@ def run_chief(args: argparse.Namespace, build=Model) -> int:
     with chief_cluster() as (strategy, coordinator):
         init = wl.init_weights(args.data, args.head)
         with strategy.scope():
-            model = build(init)
+            hot = {"hot_rows": args.hot_rows, "hot_refresh_steps": args.hot_refresh_steps} if args.hot_rows else {}
+            model = build(init, **hot)
         optimizer = kp.Adagrad(learning_rate=wl.LEARNING_RATE, initial_accumulator_value=wl.INITIAL_ACCUMULATOR,
                                epsilon=wl.EPSILON)
         folder, batch = args.data, args.batch_size
@@ -118,14 +120,17 @@ def run_chief(args: argparse.Namespace, build=Model) -> int:
         overlap = args.overlap
 
         def train_fn(it):
+            """The mean loss of ``spe`` steps, with the embedding rows they pulled when the model counts them."""
             total = 0.0
+            layer = getattr(model, "embedding", None)
+            pulled = getattr(layer, "rows_pulled", None)
             batch = next(it)
             for step in range(spe):
                 following = next(it) if step + 1 < spe else None
                 next_ids = following[0] if overlap and following is not None else None
                 total += model.train_step(*batch, optimizer, next_ids=next_ids)
                 batch = following
-            return total / spe
+            return total / spe if pulled is None else (total / spe, layer.rows_pulled - pulled)
 
         wl.timed_training(coordinator, train_fn, iterator, args, model.weights, model.side)
         return 0

@@ -220,8 +220,13 @@ def timed_training(coordinator, train_fn, iterator, args, weights, runtime: str)
     elapsed = time.perf_counter() - started
     print(f"TIMED END {time.time():.6f}", flush=True)
     timed_steps = (executions - warmup) * spe
+    # a function's result: its mean loss, or (mean loss, embedding rows it pulled) where the model counts them
+    fetched = [r.fetch() for r in losses]
     result = {"examples_per_s": timed_steps * batch / elapsed, "train_seconds": elapsed, "steps": executions * spe,
-              "train_logloss": float(np.mean([r.fetch() for r in losses[-20:]])) if losses else float("nan")}
+              "train_logloss": float(np.mean([f[0] if isinstance(f, tuple) else f for f in fetched[-20:]]))
+              if fetched else float("nan")}
+    if fetched and all(isinstance(f, tuple) for f in fetched):
+        result["pull_bytes_per_example"] = sum(f[1] for f in fetched) * DIM * 4 / (timed_steps * batch)
     result.update(evaluate(weights(), args.data))
     print(f"{runtime}: {timed_steps} timed steps of {batch} in {elapsed:.1f} s: {result['examples_per_s']:.0f} "
           f"examples/s; eval log-loss {result['eval_logloss']:.4f} (teacher {result['teacher_logloss']:.4f})",
@@ -243,6 +248,10 @@ def parse_args(description: str, argv=None) -> argparse.Namespace:
                         "data folder's shape's)")
     p.add_argument("--overlap", action="store_true",
                    help="pull the next batch's embedding rows while the current step computes (one step stale)")
+    p.add_argument("--hot-rows", type=int, default=0,
+                   help="rows of the table each worker caches (its most looked-up ids; 0: no cache); kubeps numpy side")
+    p.add_argument("--hot-refresh-steps", type=int, default=20,
+                   help="lookups between two pulls of the cached rows (how stale a cached row may be)")
     args = p.parse_args(argv)
     with open(os.path.join(args.data, "meta.json")) as f:
         use_shape(json.load(f).get("shape", "standard"))  # the fields, the table's width and the head: the folder's

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable, Literal, Sequence
 
 import numpy as np
 
-from kubeps.runtime.checks import PositiveInt, check, integer, number
+from kubeps.runtime.checks import NonNegativeInt, PositiveInt, check, integer, number
 from kubeps.runtime.errors import RuntimeConfigError
 from kubeps.runtime.ops import combiners, kernels
 from kubeps.runtime.ops.losses import Loss, SigmoidCrossEntropy, SoftmaxCrossEntropy  # noqa: F401 - nn's losses
@@ -323,15 +323,25 @@ class Embedding(Layer):
     output_dim)``; padding is never pulled and gets no gradient. A table two features read is one layer called on
     both in a step (its backward passes, in reverse order, add up into one gradient), or :meth:`share`, a second
     layer over the same table with its own combiner; either way one push carries the table's rows.
+
+    ``hot_rows=N`` (default 0: off) keeps the ``N`` rows of a remote table this worker looks up most often in the
+    worker and pulls only the batch's other rows; the hot rows are pulled again, with a lookup's own, every
+    ``hot_refresh_steps`` lookups, so a cached row is at most that many lookups stale
+    (:mod:`kubeps.runtime.variables.hot_rows`; gradients are pushed for every row). ``rows_pulled`` counts the rows
+    this layer's lookups asked the parameter servers for.
     """
 
     def __init__(self, input_dim: int, output_dim: int, embeddings_initializer: Any = "uniform",
                  embeddings: Any = None, seed: int | None = None, dtype: Any = "float32",
-                 name: str | None = None, combiner: str | None = None) -> None:
+                 name: str | None = None, combiner: str | None = None, hot_rows: int = 0,
+                 hot_refresh_steps: int = 20) -> None:
         super().__init__(name)
         self.input_dim = check("input_dim", input_dim, PositiveInt, owner="Embedding")
         self.output_dim = check("output_dim", output_dim, PositiveInt, owner="Embedding")
         self.combiner = combiners.check_combiner(combiner, owner="Embedding")
+        self.hot_rows = check("hot_rows", hot_rows, NonNegativeInt, owner="Embedding")
+        self.hot_refresh_steps = check("hot_refresh_steps", hot_refresh_steps, PositiveInt, owner="Embedding")
+        self.rows_pulled = 0
         self.dtype = np.dtype(dtype)
         if embeddings is None:
             init = get_initializer(embeddings_initializer, seed, "embeddings_initializer")
@@ -361,9 +371,17 @@ class Embedding(Layer):
         table = self.embeddings
         if isinstance(table, np.ndarray) or kernels.array_module(table) is not np:
             return kernels.embedding_gather(table, ids)
-        from kubeps.runtime.variables import variable as variables  # noqa: PLC0415 - nn on local arrays loads no grpc
+        from kubeps.runtime.variables import hot_rows, variable as variables  # noqa: PLC0415 - nn on local arrays loads no grpc
 
-        return variables.embedding_lookup(table, kernels.to_numpy(ids))
+        ids = kernels.to_numpy(ids)
+        cache = hot_rows.cache_for(table, self.hot_rows, self.hot_refresh_steps) if self.hot_rows else None
+        if cache is not None:
+            rows, pulled = cache.lookup(table, ids)
+            self.rows_pulled += pulled
+            return rows
+        ids, unique, inverse, rows = variables.gather_unique_rows(table, ids)
+        self.rows_pulled += unique.size
+        return np.take(rows, inverse, axis=0).reshape(ids.shape + tuple(table.shape[1:]))
 
     def _check_ids(self, ids: Any) -> Any:
         ids = kernels.array_module(ids).asarray(ids)

@@ -51,8 +51,10 @@ CTR_SMALL = ("--steps", "40", "--train-examples", "16384", "--eval-examples", "2
 CASES = [
     Case("ctr_keras.py", ("--rounds", "1", "--smoke"),
          (r"^\| numpy \(examples/ctr\) \| \d+ \| 1 \|", r"^\| Keras fit \(examples/keras\) \| \d+ \| \d+\.\d\d \|")),
-    Case("ctr_vs_tf.py", ("--rounds", "1", "--plaintext", *CTR_SMALL),
+    Case("ctr_vs_tf.py", ("--rounds", "1", "--plaintext", "--hot-cache", "--hot-rows", "500", "--hot-refresh-steps", "5",
+                          *CTR_SMALL),
          (r"^kubeps \(mutual TLS\) +\d+ +0\.\d{4}", r"^mutual TLS costs -?\d+\.\d% of plaintext's examples/s",
+          r"^embedding rows pulled per example, hot-row cache / kubeps \(mutual TLS\): \d+ / \d+ bytes = \d\.\d{3}",
           r"^TensorFlow skipped: no baseline, no ratio$"), ctr_data=True),
     Case("dispatch.py", ("--workers", "2,4", "--hosts", "1", "--closures", "100", "--idle-s", "0.2"),
          (r"^ +4 +\d+\.\d\d +\d+\.\d\d +\d+ ", r"^ratios 4 / 2 workers: chief CPU per closure \d+\.\d\dx")),

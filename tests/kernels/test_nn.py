@@ -150,12 +150,12 @@ def test_embedding_on_sharded_variable_pulls_only_needed_rows(monkeypatch):
               enumerate([(0, 3), (3, 6), (6, 9), (9, 11), (11, 13)])]
     sharded = variables.ShardedVariable(shards, name="t")
     seen = []
-    real = variables.embedding_lookup
-    monkeypatch.setattr(variables, "embedding_lookup", lambda var, ids: seen.append(ids.copy()) or real(var, ids))
+    real = variables.gather_unique_rows
+    monkeypatch.setattr(variables, "gather_unique_rows", lambda var, ids: seen.append(ids.copy()) or real(var, ids))
     layer = nn.Embedding(13, 2, embeddings=sharded)
     ids = np.array([[12, 0], [5, 12]])
     np.testing.assert_array_equal(layer.forward(ids), table[ids])
-    assert len(seen) == 1 and seen[0].tolist() == ids.tolist()
+    assert len(seen) == 1 and seen[0].tolist() == ids.tolist() and layer.rows_pulled == 3
     layer.backward(np.ones((2, 2, 2)))
     (g, v), = layer.grads_and_vars()
     assert v is sharded and g.indices.tolist() == [0, 5, 12] and g.values[2].tolist() == [2.0, 2.0]

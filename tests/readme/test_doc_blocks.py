@@ -74,6 +74,8 @@ NOT_RUN = {
         "a benchmark of minutes (make bench); tests/models runs the Keras example",
     ("docs/benchmarks.md", ".venv/bin/python bench/ctr_vs_tf.py --jax --rounds 3 --steps 1000"):
         "a benchmark of minutes (make bench)",
+    ("docs/benchmarks.md", ".venv/bin/python bench/ctr_vs_tf.py --hot-cache --rounds 1 --steps 3000    # --hot-rows 50000 --hot-refresh-steps 30"):
+        "a benchmark of minutes (make bench); tests/bench runs it small with --hot-cache",
     ("docs/benchmarks.md", ".venv/bin/python bench/ctr_vs_tf.py --tf-python /tmp/tfenv/bin/python --plaintext --rounds 3 --steps 2000"):
         "a benchmark of minutes (make bench) with TensorFlow beside it",
     ("docs/benchmarks.md", ".venv/bin/python bench/input_formats.py --rounds 5 [--tf-python /path/tfenv/bin/python]"):
