@@ -66,11 +66,12 @@ import workload as wl  # noqa: E402 - only numpy
 SIDES = {"kubeps": CTR / "kubeps_ctr.py", "plaintext": CTR / "kubeps_ctr.py", "nometrics": CTR / "kubeps_ctr.py",
          "jax": CTR / "jax_ctr.py", "keras": CTR / "keras_ctr.py", "tf": CTR / "tf_ctr.py",
          "overlap": CTR / "kubeps_ctr.py", "gpu": CTR / "kubeps_ctr.py", "gpu-overlap": CTR / "kubeps_ctr.py",
-         "hot": CTR / "kubeps_ctr.py"}
+         "hot": CTR / "kubeps_ctr.py", "stale": CTR / "kubeps_ctr.py"}
 #: the kubeps numpy layers run another way (``--overlap``, ``--gpu``), each compared with the side named here, of the
 #: same run: (what it is, its baseline)
 PLACEMENTS = {"overlap": ("overlap (rows pulled during the step)", "kubeps"), "gpu": ("GPU workers", "kubeps"),
-              "gpu-overlap": ("GPU workers + overlap", "overlap"), "hot": ("hot-row cache", "kubeps")}
+              "gpu-overlap": ("GPU workers + overlap", "overlap"), "hot": ("hot-row cache", "kubeps"),
+              "stale": ("dense staleness (dense weights pulled every 1 + --dense-staleness steps)", "kubeps")}
 #: the same model written another way, each compared with the numpy layers (and TF) of the same run
 VARIANTS = {"jax": "JAX", "keras": "Keras fit"}
 TASK_LINE = re.compile(r"\[kubeps\] (?P<name>(?P<type>[a-z]+)-\d+) pid (?P<pid>\d+)")
@@ -231,6 +232,8 @@ def run_side(side: str, args: argparse.Namespace, data: Path, tf_python: str | N
     cmd += ["--overlap"] if side.endswith("overlap") else []
     if side == "hot":
         cmd += ["--hot-rows", str(args.hot_rows), "--hot-refresh-steps", str(args.hot_refresh_steps)]
+    if side == "stale" or (side in VARIANTS and getattr(args, "dense_staleness", 0)):
+        cmd += ["--dense-staleness", str(args.dense_staleness)]
     head = getattr(args, "head", wl.HIDDEN)  # callers of their own (bench/scaling.py) name only what they vary
     cmd += ["--head", ",".join(map(str, head))] if head != wl.HIDDEN else []
     env = dict(os.environ)
@@ -358,6 +361,10 @@ def main(argv=None) -> int:
     p.add_argument("--hot-rows", type=int, default=50_000, help="rows each worker caches (--hot-cache)")
     p.add_argument("--hot-refresh-steps", type=int, default=30,
                    help="lookups between two pulls of the cached rows, the bound on their staleness (--hot-cache)")
+    p.add_argument("--dense-staleness", type=int, default=0,
+                   help="also run the kubeps side with ParameterServerStrategy(dense_staleness=N) (each worker pulls "
+                        "the dense weights every N+1 of its steps), with its ratios to the kubeps side of the same run; "
+                        "the --jax and --keras sides run with it too")
     p.add_argument("--head", type=wl.hidden_units,
                    help="the MLP head's hidden units (e.g. 1024,1024,512,256: the dense-heavy variant; default: the "
                         "shape's); kubeps's numpy and JAX sides only")
@@ -376,7 +383,8 @@ def main(argv=None) -> int:
     sides = (["kubeps"] + (["plaintext"] if args.plaintext else []) + (["nometrics"] if args.metrics_off else [])
              + variants + (["tf"] if tf_version else []))
     sides += [side for side in PLACEMENTS if (not side.endswith("overlap") or args.overlap)
-              and (not side.startswith("gpu") or args.gpu) and (side != "hot" or args.hot_cache)]
+              and (not side.startswith("gpu") or args.gpu) and (side != "hot" or args.hot_cache)
+              and (side != "stale" or args.dense_staleness)]
     if not tf_version:
         print(f"TensorFlow skipped: {why} (see this file's docstring to install it)", flush=True)
     data = data_folder(args)
@@ -414,7 +422,7 @@ def main(argv=None) -> int:
     names = {"kubeps": "kubeps (mutual TLS)", "plaintext": "kubeps (plaintext)", "nometrics": "kubeps (no metrics)",
              "jax": "kubeps + JAX", "keras": "kubeps Keras fit", "tf": f"TensorFlow {tf_version}",
              "overlap": "kubeps overlap", "gpu": "kubeps GPU workers", "gpu-overlap": "kubeps GPU + overlap",
-             "hot": "kubeps hot-row cache"}
+             "hot": "kubeps hot-row cache", "stale": f"kubeps staleness {args.dense_staleness}"}
     print(f"\nmedian of {args.rounds} round(s), {args.steps} steps, batch {args.batch_size}, "
           f"{args.ps} ps + {args.workers} workers:")
     print(f"{'':22}{'examples/s':>12}{'eval log-loss':>15}{'eval AUC':>10}"

@@ -53,7 +53,7 @@ def keras_batches(ids, dense, labels):
 
 def run_chief(args, build=build_model) -> int:
     """The chief: the Keras model ``build()`` trained by ``KerasTrainer.fit``, timed as the other sides."""
-    with kubeps_ctr.chief_cluster() as (strategy, coordinator):
+    with kubeps_ctr.chief_cluster(args.dense_staleness) as (strategy, coordinator):
         init = wl.load(args.data, "init")
         with strategy.scope():
             model = build()

@@ -86,12 +86,13 @@ def make_dataset(folder: str, batch: int, ctx: kp.InputContext) -> kp.Dataset:
 
 
 @contextlib.contextmanager
-def chief_cluster():
-    """The chief's strategy (the table sharded over the ps by ``FixedShardsPartitioner``) and coordinator, shut
-    down at the end of the block."""
+def chief_cluster(dense_staleness: int = 0):
+    """The chief's strategy (the table sharded over the ps by ``FixedShardsPartitioner``; ``dense_staleness`` as
+    ``--dense-staleness``) and coordinator, shut down at the end of the block."""
     resolver = kp.TFConfigClusterResolver()
     num_ps = resolver.cluster_spec().num_tasks("ps")
-    strategy = kp.ParameterServerStrategy(resolver, variable_partitioner=kp.FixedShardsPartitioner(num_ps))
+    strategy = kp.ParameterServerStrategy(resolver, variable_partitioner=kp.FixedShardsPartitioner(num_ps),
+                                          dense_staleness=dense_staleness)
     coordinator = kp.ClusterCoordinator(strategy)
     try:
         yield strategy, coordinator
@@ -102,7 +103,7 @@ def chief_cluster():
 
 def run_chief(args: argparse.Namespace, build=Model) -> int:
     """The chief with the model ``build(init)`` (``jax_ctr.py`` passes the JAX one)."""
-    with chief_cluster() as (strategy, coordinator):
+    with chief_cluster(args.dense_staleness) as (strategy, coordinator):
         init = wl.init_weights(args.data, args.head)
         with strategy.scope():
             hot = {"hot_rows": args.hot_rows, "hot_refresh_steps": args.hot_refresh_steps} if args.hot_rows else {}

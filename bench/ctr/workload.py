@@ -248,6 +248,9 @@ def parse_args(description: str, argv=None) -> argparse.Namespace:
                         "data folder's shape's)")
     p.add_argument("--overlap", action="store_true",
                    help="pull the next batch's embedding rows while the current step computes (one step stale)")
+    p.add_argument("--dense-staleness", type=int, default=0,
+                   help="ParameterServerStrategy(dense_staleness=N): a worker reuses the dense weights it pulled for N "
+                        "more of its steps (kubeps sides)")
     p.add_argument("--hot-rows", type=int, default=0,
                    help="rows of the table each worker caches (its most looked-up ids; 0: no cache); kubeps numpy side")
     p.add_argument("--hot-refresh-steps", type=int, default=20,

@@ -19,6 +19,7 @@ import numpy as np
 from kubeps.runtime.variables import context as _context
 from kubeps.runtime.cluster import ClusterSpec, TFConfigClusterResolver
 from kubeps.runtime.data.distribute import distribute_dataset, distribute_datasets_from_function
+from kubeps.runtime.checks import NonNegativeInt, check
 from kubeps.runtime.errors import PSUnavailableError, RuntimeConfigError
 from kubeps.runtime.variables.partitioners import div_split
 from kubeps.runtime.rpc.client import DEFAULT_TIMEOUT_S
@@ -50,18 +51,27 @@ class ParameterServerStrategy:
     the deadline of variable reads and writes from the coordinator) and ``ps_startup_timeout`` (seconds the
     first variable creation waits for every parameter server to answer: tasks of a job start together, and a
     coordinator that dials a ps before it listens must wait, not crash).
+
+    ``dense_staleness`` (default 0: every step reads the dense variables afresh, as TensorFlow does) lets a worker
+    reuse the dense weights it pulled in one step for its next ``dense_staleness`` steps before pulling them again;
+    its gradients still reach the parameter servers every step. Embedding tables' rows are always looked up fresh.
+    It trades a bounded staleness of the reads (stale synchronous parallel) for fewer bytes on the wire: on the Wide
+    & Deep shape, whose 1.1 M dense weights cross the wire every step, ``dense_staleness=3`` cuts the job's CPU per
+    step (docs/benchmarks.md, with its effect on the eval log-loss).
     """
 
     def __init__(self, cluster_resolver: Any, variable_partitioner: Callable[[Any, Any], list[int]] | None = None,
                  *, job_token: str | None = None, rpc_timeout: float = DEFAULT_TIMEOUT_S,
                  ps_startup_timeout: float = 120.0, tls: TLSConfig | None = None,
-                 settings: TaskSettings | None = None):
+                 settings: TaskSettings | None = None, dense_staleness: int = 0):
         if cluster_resolver is None or not hasattr(cluster_resolver, "cluster_spec"):
             raise RuntimeConfigError("cluster_resolver", cluster_resolver,
                                      "must be a cluster resolver such as TFConfigClusterResolver()")
         if variable_partitioner is not None and not callable(variable_partitioner):
             raise RuntimeConfigError("variable_partitioner", variable_partitioner,
                                      "must be None or a callable partitioner(shape, dtype) -> [num_shards, 1, ...]")
+        #: how many of a worker's later steps may reuse a dense value it pulled (0: every step pulls, as TF)
+        self.dense_staleness = check("dense_staleness", dense_staleness, NonNegativeInt, owner="ParameterServerStrategy")
         task_type = getattr(cluster_resolver, "task_type", None)
         if task_type in ("ps", "worker"):
             # every task runs the same program: one that builds the strategy on a ps or worker would start no
@@ -273,11 +283,13 @@ class ParameterServerStrategy:
         # small variables (dense weights, sharded or not) are pulled whole once per step with the step's first call;
         # big ones (embedding tables) only ever have the rows a step looks up read
         prefetch = array.nbytes <= _context.PREFETCH_MAX_BYTES
+        # a bounded staleness lets a worker reuse the dense values it pulled; never the rows of a table
+        staleness = self.dense_staleness if array.nbytes <= _context.DENSE_MAX_BYTES else 0
         if n == 1:
             ps = self._place()
             self._transport.call(ps, PS.CREATE_VARIABLES, NamesRequest(names=[key]), [array])
             return Variable.remote_handle(key, key, array.shape, array.dtype, trainable, ps, self._transport,
-                                         prefetch=prefetch)
+                                         prefetch=prefetch, staleness=staleness)
         shards: list[Variable] = []
         per_ps: dict[int, tuple[list[str], list[np.ndarray]]] = {}
         for i, (start, stop) in enumerate(div_split(array.shape[0], n)):
@@ -287,7 +299,8 @@ class ParameterServerStrategy:
             names.append(shard_key)
             values.append(array[start:stop])
             shards.append(Variable.remote_handle(shard_key, shard_key, (stop - start,) + array.shape[1:],
-                                                 array.dtype, trainable, ps, self._transport, prefetch=prefetch))
+                                                 array.dtype, trainable, ps, self._transport, prefetch=prefetch,
+                                                 staleness=staleness))
         self._transport.call_many({ps: (PS.CREATE_VARIABLES, NamesRequest(names=names), values)
                                    for ps, (names, values) in per_ps.items()})
         return ShardedVariable(shards, name=key)

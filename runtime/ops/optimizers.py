@@ -337,10 +337,15 @@ class Adagrad(Optimizer):
     def _update(self, var: Any, grad: Any, slots: dict[str, Any], lr: float, step: int) -> None:
         xp = kernels.array_module(var)
         accum = slots["accumulator"]
-        accum += grad * grad
-        denom = xp.sqrt(accum)
+        # two temporaries, not four (the dense weights of a big MLP are megabytes a step); the same arithmetic, in
+        # the same order, as ``var -= lr * grad / (sqrt(accum) + eps)``
+        denom = xp.multiply(grad, grad)
+        accum += denom
+        xp.sqrt(accum, out=denom)
         denom += self.epsilon
-        var -= lr * grad / denom
+        step_ = xp.multiply(grad, lr, dtype=var.dtype) if xp is np else lr * grad
+        step_ /= denom
+        var -= step_
 
 
 class Adam(Optimizer):

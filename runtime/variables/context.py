@@ -28,6 +28,7 @@ from kubeps.runtime.rpc.transport import DeclaredRequest, PSTransport
 
 __all__ = [
     "ClosureContext",
+    "KeptReads",
     "RemoteHandle",
     "current_closure_context",
     "current_input_context",
@@ -56,6 +57,11 @@ class RemoteHandle(Protocol):
         """Whether a closure's batched pull fetches it (dense variables; not embedding tables)."""
 
     @property
+    def staleness(self) -> int:
+        """How many of this worker's later steps may reuse a value of it pulled in one step (0: pulled every
+        step; ``ParameterServerStrategy(dense_staleness=...)``)."""
+
+    @property
     def shape(self) -> tuple[int, ...]: ...
 
     @property
@@ -65,6 +71,9 @@ class RemoteHandle(Protocol):
 #: variables of at most this many bytes (dense weights, sharded or not) are pulled whole with a step's first call to
 #: their parameter server; bigger ones (embedding tables) are read only where a step asks (rows or ``read_value``)
 PREFETCH_MAX_BYTES = 1 << 20
+#: variables of at most this many bytes are dense weights a bounded staleness (``dense_staleness``) may keep on a
+#: worker from step to step; bigger ones are tables whose rows are looked up fresh
+DENSE_MAX_BYTES = 16 << 20
 #: methods that only read: a deferred push to the same parameter server rides on them (``PushRead``)
 _READS = PS.READS
 
@@ -93,14 +102,20 @@ class ClosureContext:
     which includes every push this worker made before; updates other workers push in between are seen from the
     next read, i.e. at most one step stale, as in TF's async PS training. A new closure starts with an empty cache.
     A push's error (a parameter server gone) surfaces at the call that carries it.
+
+    Bounded staleness (``kept``, a :class:`KeptReads` the worker keeps between closures): a variable whose handle
+    says ``staleness = s > 0`` keeps the value pulled in one step for this worker's next ``s`` steps (pushes), across
+    closures, before it is pulled again; its pushes still go every step.
     """
 
-    def __init__(self, worker_index: int, transport: PSTransport, resources: dict[str, Any]):
+    def __init__(self, worker_index: int, transport: PSTransport, resources: dict[str, Any],
+                 kept: "KeptReads | None" = None):
         self.worker_index = worker_index
         self.transport = transport
         self.resources = resources
         self.registered: dict[str, RemoteHandle] = {}
-        self.cache: dict[str, np.ndarray] = {}
+        self.kept = kept
+        self.cache: dict[str, np.ndarray] = {} if kept is None else kept.values()
         self._batched = False  # whether the registered variables were pulled since the last invalidation
         self._deferred: dict[int, tuple[PushRequest, list[Any]]] = {}  # ps -> (Push request, tensors)
         self.pulls = 0  # calls that pulled dense values (Read, ReadMany, PushRead); tests check batching
@@ -140,11 +155,15 @@ class ClosureContext:
             self.store(by_ps[ps], arrays)
 
     def invalidate(self, keys: Sequence[str] | None = None) -> None:
+        """Forget cached values: ``keys`` (written by this worker), or after a push (``None``) every value but those
+        a bounded staleness keeps for the next step."""
         if keys is None:
-            self.cache.clear()
+            self.cache = self.kept.after_step(self.cache, self.registered) if self.kept is not None else {}
         else:
             for key in keys:
                 self.cache.pop(key, None)
+            if self.kept is not None:
+                self.kept.drop(keys)
         self._batched = False
 
     # -- deferred pushes ----------------------------------------------------------------------------------------
@@ -196,8 +215,10 @@ class ClosureContext:
         return calls
 
     def prefetch_handles(self) -> list[RemoteHandle]:
-        """Every registered dense variable (what a step's batched pull reads), pulled or not."""
-        return [var for var in self.registered.values() if var.prefetch]
+        """Every registered dense variable (what a step's batched pull reads), pulled or not, but those whose value
+        a bounded staleness still serves next step."""
+        lasting = self.kept.lasting() if self.kept is not None else set()
+        return [var for key, var in self.registered.items() if var.prefetch and key not in lasting]
 
     def store_pulled(self, keys: Sequence[str], arrays: Sequence[np.ndarray]) -> None:
         """The dense values a pipelined lookup pulled for this step: cached, and the step's batched pull done."""
@@ -215,6 +236,57 @@ class ClosureContext:
         pushes = {ps: (PS.PUSH, *self._deferred.pop(ps)) for ps in targets}
         if pushes:
             self.transport.call_many(pushes)
+
+
+class KeptReads:
+    """The dense values one worker keeps from step to step under bounded staleness.
+
+    A value pulled in a step serves this worker's next ``staleness`` steps too (its handle's
+    :attr:`RemoteHandle.staleness`; a step ends at its push), across scheduled functions, then is pulled again. The
+    worker's own pushes and those of the others reach the parameter server every step; only the reads are older,
+    by at most ``staleness`` of this worker's steps (plus the other workers' pushes meanwhile): the bounded-staleness
+    (stale synchronous parallel) read of parameter-server systems. The worker drops everything kept when a
+    scheduled function fails (a parameter server restarted or the job restored a checkpoint).
+    """
+
+    def __init__(self) -> None:
+        self._values: dict[str, tuple[np.ndarray, int]] = {}  # key -> (value, steps since it was pulled)
+        self._bounds: dict[str, int] = {}  # key -> its handle's staleness
+
+    def values(self) -> dict[str, np.ndarray]:
+        """What a new closure starts its cache with."""
+        return {key: value for key, (value, _) in self._values.items()}
+
+    def lasting(self) -> set[str]:
+        """The keys whose kept value also serves the next step (a pipelined pull need not fetch them)."""
+        return {key for key, (_, age) in self._values.items() if key in self._bounds and age < self._bounds[key]}
+
+    def after_step(self, cache: Mapping[str, np.ndarray], handles: Mapping[str, RemoteHandle]) -> dict[str, np.ndarray]:
+        """The values of ``cache`` the next step may still read: one step older, within their handle's bound."""
+        kept: dict[str, tuple[np.ndarray, int]] = {}
+        bounds: dict[str, int] = {}
+        for key, value in cache.items():
+            handle = handles.get(key)
+            bound = handle.staleness if handle is not None else 0
+            if bound <= 0:
+                continue
+            previous = self._values.get(key)
+            age = previous[1] + 1 if previous is not None and previous[0] is value else 1
+            if age <= bound:
+                kept[key] = (value, age)
+                bounds[key] = bound
+        self._values = kept
+        self._bounds = bounds
+        return self.values()
+
+    def drop(self, keys: Sequence[str] | None = None) -> None:
+        """Forget ``keys`` (default: everything)."""
+        if keys is None:
+            self._values, self._bounds = {}, {}
+        else:
+            for key in keys:
+                self._values.pop(key, None)
+                self._bounds.pop(key, None)
 
 
 def current_closure_context() -> ClosureContext | None:

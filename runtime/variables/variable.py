@@ -182,7 +182,7 @@ class Variable(_ArrayLike):
 
     @classmethod
     def remote_handle(cls, name: str, key: str, shape: tuple[int, ...], dtype: np.dtype, trainable: bool,
-                      ps_index: int, transport: Any, prefetch: bool = True) -> "Variable":
+                      ps_index: int, transport: Any, prefetch: bool = True, staleness: int = 0) -> "Variable":
         """A handle to variable ``key`` on parameter server ``ps_index`` (the strategy creates the variable there;
         unpickling a handle on a worker makes one too)."""
         var = object.__new__(cls)
@@ -190,6 +190,7 @@ class Variable(_ArrayLike):
         var._ps_index = ps_index
         var._transport = transport
         var._prefetch = prefetch
+        var._staleness = staleness
         return var
 
     def _init(self, name: str, key: str, shape: tuple[int, ...], dtype: np.dtype, trainable: bool) -> None:
@@ -202,6 +203,7 @@ class Variable(_ArrayLike):
         self._ps_index: int | None = None
         self._transport: Any = None
         self._prefetch = True
+        self._staleness = 0
         #: optimizer class -> slot arrays, as a ps keeps them (``variables.slots``)
         self._local_slots: dict[str, dict[str, np.ndarray]] = {}
         self._local_updates = 0
@@ -224,6 +226,12 @@ class Variable(_ArrayLike):
         """Whether a scheduled function's batched pull fetches this variable (dense variables; not embedding
         tables, whose rows are looked up)."""
         return self._prefetch
+
+    @property
+    def staleness(self) -> int:
+        """How many of a worker's later steps may reuse a value of this variable pulled in one step (0: pulled every
+        step; ``ParameterServerStrategy(dense_staleness=...)``)."""
+        return self._staleness
 
     @property
     def is_remote(self) -> bool:
@@ -318,7 +326,7 @@ class Variable(_ArrayLike):
         if self._local is not None:
             return (_rebuild_local, (self._name, self._local, self.trainable))
         return (_rebuild_handle, (self._name, self._key, self._shape, self._dtype.str, self.trainable,
-                                  self._ps_index, self._prefetch))
+                                  self._ps_index, self._prefetch, self._staleness))
 
 
 def _rebuild_local(name: str, value: np.ndarray, trainable: bool) -> Variable:
@@ -326,10 +334,11 @@ def _rebuild_local(name: str, value: np.ndarray, trainable: bool) -> Variable:
 
 
 def _rebuild_handle(name: str, key: str, shape: tuple, dtype: str, trainable: bool, ps_index: int,
-                    prefetch: bool) -> Variable:
+                    prefetch: bool, staleness: int = 0) -> Variable:
     ctx = _context.current_closure_context()
     transport = ctx.transport if ctx is not None else None
-    var = Variable.remote_handle(name, key, shape, np.dtype(dtype), trainable, ps_index, transport, prefetch)
+    var = Variable.remote_handle(name, key, shape, np.dtype(dtype), trainable, ps_index, transport, prefetch,
+                                 staleness)
     if ctx is not None:
         ctx.register(var)
     return var

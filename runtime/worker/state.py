@@ -57,9 +57,11 @@ class WorkerState:
         #: sizes the math thread pools by what they buy over the first closures (the server sets it when it
         #: starts, knowing the task's CPU budget); None: the pools stay as they are
         self.threads: MathThreadTuner | None = None
+        #: dense values kept from step to step under bounded staleness (``dense_staleness``)
+        self.kept = _context.KeptReads()
 
     def context(self) -> ClosureContext:
-        return ClosureContext(self.worker_index, self.transport, self.resources)
+        return ClosureContext(self.worker_index, self.transport, self.resources, self.kept)
 
     def close(self) -> None:
         self.transport.close()
@@ -148,13 +150,16 @@ def _run(state: WorkerState, payload: bytes, body: Callable[[Any], Any]) -> tupl
             with state.threads.measure() if state.threads is not None else contextlib.nullcontext():
                 result = _run_and_flush(ctx, body, obj)
         except ResourceMissingError as err:
+            state.kept.drop()
             return {"status": "resource_missing", "message": str(err)}, []
         except PSUnavailableError as err:
+            state.kept.drop()  # a parameter server restarted or moved: nothing kept is worth reading again
             return {"status": "ps_unavailable", "ps_index": err.ps_index, "message": str(err),
                     "restarted": ps_restarted(err)}, []
         except BaseException as err:  # noqa: BLE001 - the user's function may raise anything; report it
             if isinstance(err, (KeyboardInterrupt, SystemExit)):
                 raise
+            state.kept.drop()
             try:
                 blob = cloudpickle.dumps(err)
                 pickle.loads(blob)  # make sure the coordinator can rebuild it
