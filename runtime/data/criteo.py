@@ -46,7 +46,7 @@ def open_criteo(path: str) -> IO[bytes]:
     except BaseException:
         raw.close()
         raise
-    return gzip.GzipFile(fileobj=raw, mode="rb") if gzipped else raw  # type: ignore[return-value] # binary either way
+    return gzip.GzipFile(fileobj=raw, mode="rb") if gzipped else raw  # type: ignore[return-value]  # binary either way
 
 
 class CriteoReader:

@@ -10,7 +10,8 @@ The hash is fixed: the same id gives the same bucket in every process, on every 
   of its bytes (offset basis ``0xcbf29ce484222325``, prime ``0x100000001b3``);
 - then ``hash = splitmix64(key)``: ``z = key + 0x9E3779B97F4A7C15``; ``z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9``;
   ``z = (z ^ (z >> 27)) * 0x94D049BB133111EB``; ``hash = z ^ (z >> 31)`` (the output of Vigna's SplitMix64
-  generator at state ``key``: every bit of the key moves about half of the hash's bits);
+  generator at state ``key``: every bit of the key moves about half of the hash's bits;
+  :func:`~kubeps.runtime.util.keyhash.mix64` with seed 0);
 - ``bucket = hash % num_buckets``, as int64. With ``mask_value`` (as Keras's ``Hashing``), ids equal to it go to
   bucket 0 and the others to ``1 + hash % (num_buckets - 1)``.
 
@@ -27,46 +28,10 @@ import numpy as np
 
 from kubeps.runtime.checks import PositiveInt, check, integer
 from kubeps.runtime.errors import RuntimeConfigError
-
-_FNV_OFFSET = np.uint64(0xCBF29CE484222325)
-_FNV_PRIME = np.uint64(0x100000001B3)
-_GAMMA = np.uint64(0x9E3779B97F4A7C15)
-_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
-_MIX2 = np.uint64(0x94D049BB133111EB)
+from kubeps.runtime.util.keyhash import fnv1a64, mix64
 
 #: ``salt``: a 64-bit unsigned integer
 _SALT: Any = integer(ge=0, le=2**64 - 1, allowed="an integer from 0 to 2**64 - 1")
-
-
-def splitmix64(keys: np.ndarray) -> np.ndarray:
-    """SplitMix64's output at state ``keys`` (uint64, elementwise)."""
-    with np.errstate(over="ignore"):  # arithmetic modulo 2**64 (a 0-d array warns, as a scalar would)
-        z = np.asarray(keys, dtype=np.uint64) + _GAMMA
-        z = (z ^ (z >> np.uint64(30))) * _MIX1
-        z = (z ^ (z >> np.uint64(27))) * _MIX2
-        return z ^ (z >> np.uint64(31))
-
-
-def fnv1a64(strings: np.ndarray) -> np.ndarray:
-    """The 64-bit FNV-1a hash of every byte string of a fixed-width ``'S'`` array (uint64, same shape): one numpy
-    step per byte position, over all strings at once."""
-    strings = np.asarray(strings)
-    if strings.dtype.kind != "S":
-        raise TypeError(f"fnv1a64 takes a numpy bytes ('S') array, got dtype {strings.dtype}")
-    flat = np.ascontiguousarray(strings.reshape(-1))
-    width = strings.dtype.itemsize
-    out = np.full(flat.shape, _FNV_OFFSET, dtype=np.uint64)
-    if width == 0 or flat.size == 0:
-        return out.reshape(strings.shape)
-    data = flat.view(np.uint8).reshape(flat.size, width)
-    nonzero = data != 0
-    # a string's length: one past its last non-NUL byte (numpy pads with NULs; inner NULs are kept)
-    lengths = np.where(nonzero.any(axis=1), width - np.argmax(nonzero[:, ::-1], axis=1), 0)
-    with np.errstate(over="ignore"):  # arithmetic modulo 2**64
-        for k in range(int(lengths.max())):
-            step = (out ^ data[:, k].astype(np.uint64)) * _FNV_PRIME
-            out = np.where(lengths > k, step, out)
-    return out.reshape(strings.shape)
 
 
 def _id_array(values: Any) -> np.ndarray:
@@ -103,7 +68,7 @@ def hash64(values: Any, salt: int = 0) -> np.ndarray:
     """The 64-bit hash (uint64, the shape of ``values``) of integer or string ids (the module's docstring says
     how it is computed)."""
     salt = check("salt", salt, _SALT, owner="hash64")
-    return splitmix64(_keys(values) ^ np.uint64(salt))
+    return mix64(_keys(values) ^ np.uint64(salt))  # seed 0: SplitMix64's output at state key
 
 
 def hash_bucket(values: Any, num_buckets: int, salt: int = 0, mask_value: Any = None) -> np.ndarray:
