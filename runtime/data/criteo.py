@@ -54,8 +54,6 @@ class CriteoReader:
     ``block_bytes`` of text (whole lines: about 1000 lines of 250 bytes in 256 KiB, small enough for the
     parsing's arrays to stay in the CPU's caches)."""
 
-    read_ahead = 2
-
     def __init__(self, block_bytes: int = 256 << 10):
         self._block_bytes = block_bytes
 

@@ -53,9 +53,7 @@ def _id_array(values: Any) -> np.ndarray:
 def _keys(values: Any) -> np.ndarray:
     """The uint64 keys of ``values`` (integers or strings) before mixing."""
     array = _id_array(values)
-    if array.dtype.kind == "U":
-        array = np.char.encode(array, "utf-8")
-    if array.dtype.kind == "S":
+    if array.dtype.kind in "SU":
         return fnv1a64(array)
     if array.dtype.kind in "iu":
         return array.astype(np.int64, copy=False).view(np.uint64) if array.dtype.kind == "i" else \

@@ -57,23 +57,31 @@ def shard_of(keys: np.ndarray, num_shards: int) -> np.ndarray:
 
 
 def fnv1a64(strings: np.ndarray) -> np.ndarray:
-    """The 64-bit FNV-1a hash (offset basis ``0xcbf29ce484222325``, prime ``0x100000001b3``) of every byte string of
-    a fixed-width ``'S'`` array, as uint64 of its shape: one numpy step per byte position, over all strings at
-    once. Numpy pads with NUL bytes, so a string ends at its last non-NUL byte (inner NULs are kept)."""
+    """The 64-bit FNV-1a hash (offset basis ``0xcbf29ce484222325``, prime ``0x100000001b3``) of the UTF-8 bytes of
+    every string of a fixed-width ``'S'`` (bytes) or ``'U'`` (str) array, as uint64 of its shape: one numpy step
+    per byte position, over all strings at once (an ASCII ``'U'`` array is hashed from its code points, which are
+    its UTF-8 bytes, without encoding it). Numpy pads with NULs, so a string ends at its last non-NUL character
+    (inner NULs are kept)."""
     strings = np.asarray(strings)
-    if strings.dtype.kind != "S":
-        raise TypeError(f"fnv1a64 takes a numpy bytes ('S') array, got dtype {strings.dtype}")
+    if strings.dtype.kind not in "SU":
+        raise TypeError(f"fnv1a64 takes a numpy bytes ('S') or str ('U') array, got dtype {strings.dtype}")
     flat = np.ascontiguousarray(strings.reshape(-1))
-    width = strings.dtype.itemsize
+    units: np.ndarray  # the strings' code units, one row each: bytes, or the code points of an ASCII str array
+    if strings.dtype.kind == "U":
+        units = flat.view(np.uint32).reshape(flat.size, -1)
+        if units.size and units.max() >= 0x80:  # not ASCII: hash the UTF-8 encoding
+            return fnv1a64(np.char.encode(strings, "utf-8"))
+    else:
+        units = flat.view(np.uint8).reshape(flat.size, -1)
     out = np.full(flat.shape, _FNV_OFFSET, dtype=np.uint64)
-    if width == 0 or flat.size == 0:
+    if units.size == 0:
         return out.reshape(strings.shape)
-    data = flat.view(np.uint8).reshape(flat.size, width)
-    nonzero = data != 0
+    width = units.shape[1]
+    nonzero = units != 0
     lengths = np.where(nonzero.any(axis=1), width - np.argmax(nonzero[:, ::-1], axis=1), 0)
     with np.errstate(over="ignore"):  # arithmetic modulo 2**64
         for k in range(int(lengths.max())):
-            step = (out ^ data[:, k].astype(np.uint64)) * _FNV_PRIME
+            step = (out ^ units[:, k].astype(np.uint64)) * _FNV_PRIME
             out = np.where(lengths > k, step, out)
     return out.reshape(strings.shape)
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -204,3 +206,15 @@ def test_sharding_is_by_file_as_for_the_other_file_readers(tmp_path):
     assert np.array_equal(data[1][0]["label"], whole["label"][10:20])
     with pytest.raises(ValueError, match="reader"):
         kp.Dataset.from_files(paths, reader="criteo2")
+
+
+def test_the_generator_runs_as_a_user_runs_it(tmp_path):
+    done = subprocess.run([sys.executable, str(REPO / "examples" / "criteo" / "generate.py"), "--out", str(tmp_path),
+                           "--lines", "1000", "--files", "2", "--gzip", "--seed", "7"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "wrote 1000 lines in 2 file(s)" in done.stdout
+    record = json.loads((tmp_path / "teacher.json").read_text())
+    assert record["files"] == ["train-00000.txt.gz", "train-00001.txt.gz"] and record["seed"] == 7
+    assert 0.1 < record["positive_rate"] < 0.4 and 0 < record["teacher_logloss"] < 0.69
+    assert len(read_all(str(tmp_path / "*.gz"))["label"]) == 1000

@@ -46,6 +46,8 @@ def test_shapes_dtypes_and_spellings_of_the_same_id():
     want = hash_bucket(words, 1 << 20)
     assert np.array_equal(hash_bucket(np.array([w.encode() for w in words]), 1 << 20), want)
     assert np.array_equal(hash_bucket(np.array(words, dtype=object), 1 << 20), want)
+    assert np.array_equal(hash_bucket(np.array(words), 1 << 20), want)  # a str ('U') array, not all ASCII
+    assert np.array_equal(hash_bucket(np.array(words[:2]), 1 << 20), want[:2])  # ASCII: hashed from code points
     assert np.array_equal(hash_bucket([words[0].encode(), *words[1:]], 1 << 20), want)  # str and bytes mixed
     # one id's bucket does not depend on the others beside it (the fixed-width array's padding)
     assert hash_bucket(["ad"], 1 << 20)[0] == want[0]
