@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import cloudpickle
 import numpy as np
 import pytest
 
@@ -202,6 +203,8 @@ def test_sharding_is_by_file_as_for_the_other_file_readers(tmp_path):
     for shard, files in zip(shards, files_of):
         want = python_parse(b"".join(Path(p).read_bytes() for p in files))
         assert np.array_equal(np.concatenate([b["categorical"] for b in shard]), want["categorical"])
+    shipped = cloudpickle.loads(cloudpickle.dumps(ds.batch(1000)))  # as a dataset function's result travels
+    assert np.array_equal(np.concatenate([b["label"] for b in shipped]), whole["label"])
     data = [list(auto_shard(ds.batch(10, drop_remainder=True), 2, i, policy="DATA")) for i in range(2)]
     assert np.array_equal(data[1][0]["label"], whole["label"][10:20])
     with pytest.raises(ValueError, match="reader"):
