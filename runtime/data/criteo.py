@@ -19,6 +19,7 @@ bytes, is decompressed as it is read; lines may end with ``\\n`` or ``\\r\\n``.
 from __future__ import annotations
 
 import gzip
+import zlib
 from typing import IO, Iterator
 
 import numpy as np
@@ -34,6 +35,7 @@ _FIELDS = len(FIELD_NAMES)
 _INTEGERS = 1 + NUM_DENSE  # the label and I1-I13
 _MAX_DIGITS = 18  # int64 holds every 18-digit integer
 _GZIP_MAGIC = b"\x1f\x8b"
+_MAX_LINE_BYTES = 1 << 20  # Criteo's lines are a few hundred bytes: a file without line ends is refused early
 
 
 
@@ -61,12 +63,15 @@ class CriteoReader:
         with open_criteo(path) as f:
             lines_before, tail = 0, b""
             while True:
-                chunk = f.read(self._block_bytes)
+                chunk = _read(f, self._block_bytes, path)
                 if not chunk:
                     break
                 data = tail + chunk if tail else chunk
                 cut = data.rfind(b"\n") + 1
                 if cut == 0:
+                    if len(data) > _MAX_LINE_BYTES:
+                        raise ColumnValueError(f"{path}: line {lines_before + 1}: no end of line in its first "
+                                               f"{_MAX_LINE_BYTES >> 20} MiB; not a file in Criteo's format")
                     tail = data
                     continue
                 block, n = parse_block(data[:cut], path, lines_before)
@@ -75,6 +80,13 @@ class CriteoReader:
                 yield block
             if tail:
                 yield parse_block(tail + b"\n", path, lines_before)[0]
+
+
+def _read(f: IO[bytes], size: int, path: str) -> bytes:
+    try:
+        return f.read(size)
+    except (gzip.BadGzipFile, EOFError, zlib.error) as err:  # a gzip'd file that is not, or is cut short
+        raise ColumnValueError(f"{path}: cannot decompress it as gzip: {err}") from None
 
 
 def parse_block(data: bytes, path: str, lines_before: int = 0) -> tuple[dict[str, np.ndarray], int]:

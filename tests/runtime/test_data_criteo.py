@@ -221,3 +221,20 @@ def test_the_generator_runs_as_a_user_runs_it(tmp_path):
     assert record["files"] == ["train-00000.txt.gz", "train-00001.txt.gz"] and record["seed"] == 7
     assert 0.1 < record["positive_rate"] < 0.4 and 0 < record["teacher_logloss"] < 0.69
     assert len(read_all(str(tmp_path / "*.gz"))["label"]) == 1000
+
+
+def test_a_file_that_is_not_criteo_s_format_is_refused_with_its_path(tmp_path):
+    record = generate.generate(str(tmp_path / "gz"), lines=300, files=1, gzipped=True)
+    whole = (tmp_path / "gz" / record["files"][0]).read_bytes()
+    cut = tmp_path / "cut.txt.gz"
+    cut.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(ColumnValueError, match=r"cut\.txt\.gz: cannot decompress it as gzip"):
+        read_all(str(cut))
+    plain = tmp_path / "plain.gz"
+    plain.write_text(line("1") + "\n")
+    with pytest.raises(ColumnValueError, match=r"plain\.gz: cannot decompress it as gzip"):
+        read_all(str(plain))
+    binary = tmp_path / "blob.bin"
+    binary.write_bytes(b"\x00" * (3 << 20))  # no line end: refused after 1 MiB, not read whole
+    with pytest.raises(ColumnValueError, match=r"blob\.bin: line 1: no end of line in its first 1 MiB"):
+        list(CriteoReader(1 << 16)(str(binary)))
