@@ -52,7 +52,8 @@ for _module, _names in {
     ),
     "variables.partitioners": "Partitioner FixedShardsPartitioner MinSizePartitioner MaxSizePartitioner",
     "data": "AUTOTUNE AutoShardPolicy Dataset DistributeOptions DistributedDataset InputContext Options TextLineDataset auto_shard"
-            " CsvDataset FixedLenFeature ParquetDataset TFRecordDataset TFRecordWriter VarLenFeature parse_example",
+            " CsvDataset FixedLenFeature ParquetDataset TFRecordDataset TFRecordWriter VarLenFeature parse_example"
+            " hash_bucket",
     "ops.optimizers": "Optimizer SGD Momentum Adagrad Adam AdamW Ftrl RMSprop Adadelta Nadam Adamax Lion "
                       "optimizer_from_config",
     "ops.schedules": (
@@ -111,7 +112,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; kept equal to _EXPORTS by 
         InputContext as InputContext, Options as Options, TextLineDataset as TextLineDataset,
         CsvDataset as CsvDataset, FixedLenFeature as FixedLenFeature, ParquetDataset as ParquetDataset,
         TFRecordDataset as TFRecordDataset, TFRecordWriter as TFRecordWriter, VarLenFeature as VarLenFeature,
-        parse_example as parse_example,
+        parse_example as parse_example, hash_bucket as hash_bucket,
     )
     from kubeps.runtime.errors import (
         CancelledError as CancelledError, ClosureError as ClosureError, InsecureServerError as InsecureServerError,

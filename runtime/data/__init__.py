@@ -14,9 +14,12 @@ Modules, bottom to top (none imports one above it):
   again);
 - ``sources`` -- arrays, ``range``, generators, iterables, file lists; ``transforms`` -- ``map``, ``filter``,
   ``interleave``, ``repeat``, ``batch``, ``shard``, ``take``, ``skip``; ``shuffle``; ``prefetch``;
-- ``readers`` -- ``read_lines``, ``read_csv``, ``read_npy``, ``read_npz`` for ``Dataset.from_files``;
+- ``hashing`` -- ``hash_bucket``: integer and string ids hashed into buckets (a fixed, documented hash);
 - ``filesystems`` -- local paths and fsspec URLs (``s3://``, ``gs://``, ``hdfs://``): listing and opening files;
 - ``columns`` -- typed columns: checked conversion to a column's dtype, variable-length columns;
+- ``criteo`` -- Criteo's click-log format (tab-separated, hex categoricals, gzip'd or not), parsed in blocks;
+- ``readers`` -- ``read_lines``, ``read_csv``, ``read_npy``, ``read_npz`` and the ``criteo`` block reader for
+  ``Dataset.from_files``;
 - ``file_blocks`` -- ``FileBlocksNode``: files read block by block, interleaved, with parallel reads;
 - ``reader_processes`` -- a file's blocks read and decoded in a child process, for readers whose work holds the
   GIL (TFRecord);
@@ -34,6 +37,7 @@ from kubeps.runtime.data.columns import ColumnValueError, to_ragged, to_sparse
 from kubeps.runtime.data.distribute import DistributedDataset, as_dataset, auto_shard
 from kubeps.runtime.data.example import FixedLenFeature, VarLenFeature, parse_example, serialize_example
 from kubeps.runtime.data.formats import CsvDataset, ParquetDataset, TFRecordDataset
+from kubeps.runtime.data.hashing import hash_bucket
 from kubeps.runtime.data.options import AutoShardPolicy, DistributeOptions, InputContext, Options
 from kubeps.runtime.data.readers import read_csv, read_lines, read_npy, read_npz
 from kubeps.runtime.data.tfrecord import CorruptRecordError, TFRecordWriter
@@ -58,6 +62,7 @@ __all__ = [
     "VarLenFeature",
     "as_dataset",
     "auto_shard",
+    "hash_bucket",
     "parse_example",
     "read_csv",
     "read_lines",

@@ -28,7 +28,8 @@ from kubeps.runtime.data.node import Node
 from kubeps.runtime.data.structure import close
 from kubeps.runtime.data.options import Options
 from kubeps.runtime.data.prefetch import PrefetchNode
-from kubeps.runtime.data.readers import READERS, read_lines
+from kubeps.runtime.data.file_blocks import FileBlocksNode
+from kubeps.runtime.data.readers import BLOCK_READERS, READERS, read_lines
 from kubeps.runtime.data.shuffle import ShuffleNode
 from kubeps.runtime.data.sources import FileListNode, GeneratorNode, IterableNode, RangeNode, TensorSlicesNode, TensorsNode
 from kubeps.runtime.data.transforms import (
@@ -120,12 +121,20 @@ class Dataset:
         """Records read from files: ``list_files(file_pattern, shuffle, seed).interleave(reader, cycle_length)``.
 
         ``reader`` is ``"lines"`` (:func:`read_lines`), ``"csv"`` (:func:`read_csv`), ``"npy"`` (:func:`read_npy`),
-        ``"npz"`` (:func:`read_npz`) or any ``fn(path) -> iterable of records``. Unlike ``list_files``, files are
-        read in sorted order unless ``shuffle=True``.
+        ``"npz"`` (:func:`read_npz`), ``"criteo"`` (:mod:`~kubeps.runtime.data.criteo`, read in blocks of lines)
+        or any ``fn(path) -> iterable of records``. Unlike ``list_files``, files are read in sorted order unless
+        ``shuffle=True``.
         """
-        allowed = f"one of {sorted(READERS)} or a callable"
+        names = (*READERS, *BLOCK_READERS)
+        allowed = f"one of {sorted(names)} or a callable"
         if isinstance(reader, str):
-            reader = READERS[check("reader", reader, Literal[tuple(READERS)], allowed=allowed)]
+            name = check("reader", reader, Literal[names], allowed=allowed)
+            if name in BLOCK_READERS:
+                files = FileListNode(file_pattern, bool(shuffle), seed)
+                cycle = check("cycle_length", cycle_length, PositiveInt)
+                return Dataset(FileBlocksNode(files, BLOCK_READERS[name](), cycle_length=cycle, num_parallel_calls=1,
+                                              name=f"read_{name}"))
+            reader = READERS[name]
         check_callable("reader", reader, allowed=allowed)
         return Dataset.list_files(file_pattern, shuffle=shuffle, seed=seed).interleave(
             reader, cycle_length=cycle_length

@@ -1,5 +1,6 @@
 """File readers for ``Dataset.from_files``: each maps a path to an iterator of records (text lines, CSV rows,
-rows of a ``.npy`` array or of the arrays in a ``.npz`` file)."""
+rows of a ``.npy`` array or of the arrays in a ``.npz`` file); block readers (Criteo's format) map a path to blocks
+of records, for :class:`~kubeps.runtime.data.file_blocks.FileBlocksNode`."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
+from kubeps.runtime.data.criteo import CriteoReader
 from kubeps.runtime.data.sources import TensorSlicesNode
 from kubeps.runtime.util import npyfiles
 
@@ -81,4 +83,9 @@ READERS: dict[str, Callable[[str], Iterable[Any]]] = {
     "csv": read_csv,
     "npy": read_npy,
     "npz": read_npz,
+}
+
+#: the block readers ``Dataset.from_files`` knows by name: each makes a ``path -> blocks`` reader
+BLOCK_READERS: dict[str, Callable[[], Callable[[str], Iterator[Any]]]] = {
+    "criteo": CriteoReader,
 }

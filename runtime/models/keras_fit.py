@@ -608,6 +608,16 @@ def _compiled_arguments(model: Any, optimizer: Any, loss: Any, metrics: Any) -> 
     return optimizer, loss, metrics
 
 
+def _compile_for_evaluate(model: Any, optimizer: Any, loss: Any, metrics: Any) -> None:
+    """Compile a model ``fit`` was given its loss and metrics for, so that ``model.evaluate`` works after ``fit`` as
+    after Keras's own (a compiled model keeps its ``compile``: fit's arguments only add to what it lacked). The
+    optimizer is Keras's when fit was given one, else none: the parameter servers' optimizer trains the model."""
+    if getattr(model, "compiled", False):
+        return
+    model.compile(optimizer=optimizer if isinstance(optimizer, keras.optimizers.Optimizer) else None, loss=loss,
+                  metrics=metrics)
+
+
 def _remote_tables(layers: list[KubepsEmbedding]) -> list[Any]:
     """The tables of the model's ``KubepsEmbedding`` layers, refused when one was built outside the strategy's
     scope (it would live in this process, not on the parameter servers)."""
@@ -631,6 +641,7 @@ class KerasTrainer:
         _check_model(model, coordinator)
         self.steps_per_execution = check("steps_per_execution", steps_per_execution, PositiveInt)
         optimizer, loss, metrics = _compiled_arguments(model, optimizer, loss, metrics)
+        _compile_for_evaluate(model, optimizer, loss, metrics)
         _check_non_trainable(model)
         self._model = model
         self._stale = False

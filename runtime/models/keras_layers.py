@@ -1,5 +1,6 @@
-"""Keras 3 on kubeps: importing Keras with the JAX backend (:func:`import_keras`) and :class:`KubepsEmbedding`, a
-Keras layer whose table is a kubeps ``Variable``/``ShardedVariable`` on the parameter servers.
+"""Keras 3 on kubeps: importing Keras with the JAX backend (:func:`import_keras`), :class:`KubepsEmbedding`, a
+Keras layer whose table is a kubeps ``Variable``/``ShardedVariable`` on the parameter servers, and :class:`Hashing`,
+integer ids into buckets with kubeps's hash.
 
 ``KubepsEmbedding(input_dim, output_dim)`` is used like ``keras.layers.Embedding``. Built inside
 ``strategy.scope()`` its table is created on the parameter servers (sharded by the scope's partitioner); built
@@ -14,24 +15,28 @@ layer gathers from those rows -- so the gradient of the table is a gradient of t
 ``IndexedSlices``. The two modes are set by :func:`lookup_feed` around Keras's own ``stateless_call``.
 
 Rule: importing this module imports keras (and sets ``KERAS_BACKEND=jax`` when unset); nothing of the runtime imports
-it except the other ``keras*`` modules of this package.
+it except the other ``keras*`` modules of this package. It wraps ``keras.Model.fit`` to refuse, before it changes
+anything, a model that holds a ``KubepsEmbedding`` (Keras's fit cannot update a table on the parameter servers);
+other models fit as before.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 from typing import Any, Iterator
 
 import numpy as np
 
-from kubeps.runtime.checks import PositiveInt, check
+from kubeps.runtime.checks import PositiveInt, check, integer
+from kubeps.runtime.data.hashing import hash_bucket
 from kubeps.runtime.errors import RuntimeConfigError
 from kubeps.runtime.ops import combiners
 from kubeps.runtime.variables.variable import ShardedVariable, Variable, gather_padded_rows
 
-__all__ = ["KubepsEmbedding", "LookupFeed", "import_keras", "lookup_feed"]
+__all__ = ["Hashing", "KubepsEmbedding", "LookupFeed", "import_keras", "lookup_feed"]
 
 
 def import_keras() -> Any:
@@ -127,6 +132,9 @@ def _host_lookup(layer: "KubepsEmbedding", ids: Any) -> Any:
 
 
 _Layer: Any = keras.layers.Layer  # a module attribute mypy cannot see through `keras = import_keras()`
+_KERAS_FIT_REFUSED = ("Keras's own fit cannot update a table on the parameter servers: train with "
+                      "kubeps.runtime.models.keras_fit.fit(model, coordinator, dataset_fn, ...); model.predict and "
+                      "model.evaluate work")
 
 
 @keras.saving.register_keras_serializable(package="kubeps")
@@ -197,11 +205,9 @@ class KubepsEmbedding(_Layer):
         if in_symbolic_scope():  # Keras traces a model's call for shapes only (to build it): no lookup
             return keras.ops.zeros(self.compute_output_shape(tuple(ids.shape)), dtype=self.compute_dtype)
         if isinstance(ids, jax.core.Tracer):  # model.predict / model.evaluate jit the call: look up from the host
-            if training:  # Keras's own model.fit: the table would silently stay as it is
+            if training:  # a training step of Keras's (a custom loop): the table would silently stay as it is
                 raise RuntimeConfigError(f"KubepsEmbedding {self.name!r}", "trained by Keras's model.fit",
-                                         "Keras's own fit cannot update a table on the parameter servers: train with "
-                                         "kubeps.runtime.models.keras_fit.fit(model, coordinator, dataset_fn, ...); "
-                                         "model.predict and model.evaluate work")
+                                         _KERAS_FIT_REFUSED)
             return self.pooled(_host_lookup(self, ids), ids, weights, jax.numpy)
         rows = self.pooled(_padded_lookup(self, ids), np.asarray(ids), None if weights is None else np.asarray(weights),
                            np)
@@ -235,3 +241,66 @@ class KubepsEmbedding(_Layer):
         config.update(input_dim=self.input_dim, output_dim=self.output_dim, combiner=self.combiner,
                       embeddings_initializer=keras.initializers.serialize(self.embeddings_initializer))
         return config
+
+
+@keras.saving.register_keras_serializable(package="kubeps")
+class Hashing(_Layer):
+    """``Hashing(num_bins, mask_value=None, salt=0)``: Keras's ``Hashing`` layer for integer ids, with kubeps's
+    hash (:func:`~kubeps.runtime.data.hashing.hash_bucket`: the buckets the input pipeline's ``hash_bucket`` gives
+    the same ids). It runs where the model runs (a worker's step, ``predict``, ``evaluate``), on the host: under
+    ``jax.jit`` through a ``jax.pure_callback``. Its output is int32 (JAX's integers without x64), and so is what
+    JAX hands it: an id above 2**31 - 1 (Criteo's 32-bit categoricals) is hashed in the input pipeline instead.
+    Strings too: JAX has no string tensors."""
+
+    def __init__(self, num_bins: int, mask_value: int | None = None, salt: int = 0, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.num_bins = check("num_bins", num_bins, integer(ge=1, le=2**31 - 1), owner="Hashing")
+        self.mask_value = mask_value
+        self.salt = salt
+        hash_bucket(np.zeros(1, np.int64), num_bins, salt, mask_value)  # the salt and mask_value, checked now
+        self.built = True
+
+    def compute_output_shape(self, input_shape: Any) -> tuple[Any, ...]:
+        return tuple(input_shape)
+
+    def _buckets(self, ids: Any) -> np.ndarray:
+        ids = np.asarray(ids)
+        if ids.dtype.kind not in "iu":
+            raise RuntimeConfigError(f"Hashing {self.name!r} input dtype", str(ids.dtype),
+                                     "integer ids (hash strings in the input pipeline with kp.hash_bucket)")
+        return hash_bucket(ids.astype(np.int64), self.num_bins, self.salt, self.mask_value).astype(np.int32)
+
+    def call(self, ids: Any) -> Any:
+        if in_symbolic_scope():
+            return keras.ops.zeros(tuple(ids.shape), dtype="int32")
+        if isinstance(ids, jax.core.Tracer):
+            return jax.pure_callback(self._buckets, jax.ShapeDtypeStruct(tuple(ids.shape), np.int32), ids,
+                                     vmap_method="sequential")
+        return keras.ops.convert_to_tensor(self._buckets(ids), dtype="int32")
+
+    def get_config(self) -> dict[str, Any]:
+        config = super().get_config()
+        config.update(num_bins=self.num_bins, mask_value=self.mask_value, salt=self.salt)
+        return config
+
+
+def _refusing_tables(fit: Any) -> Any:
+    """``keras.Model.fit``, refusing a model with a ``KubepsEmbedding`` before it changes anything: Keras's fit takes
+    the weights out of the model's variables for its steps and puts them back only after a step succeeded, so a
+    refusal from inside the first step would leave the model without weights (``model.save`` then fails)."""
+
+    @functools.wraps(fit)
+    def guarded(model: Any, *args: Any, **kwargs: Any) -> Any:
+        tables = [layer.name for layer in model._flatten_layers(include_self=False)
+                  if isinstance(layer, KubepsEmbedding)]
+        if tables:
+            raise RuntimeConfigError(f"model {model.name!r} with KubepsEmbedding {tables}", "Keras's model.fit",
+                                     _KERAS_FIT_REFUSED)
+        return fit(model, *args, **kwargs)
+
+    guarded.kubeps_refuses_tables = True  # type: ignore[attr-defined]  # a mark on the function: wrapped once
+    return guarded
+
+
+if not getattr(keras.Model.fit, "kubeps_refuses_tables", False):  # once, however often this module is reloaded
+    keras.Model.fit = _refusing_tables(keras.Model.fit)

@@ -14,7 +14,8 @@ slots.
 
 Strings hash to int64 keys with BLAKE2b (8-byte digest of the UTF-8 bytes, read little-endian as a signed
 int64): stable everywhere, and two distinct strings share a key with probability about ``n**2 / 2**65`` for ``n``
-strings (one in 3.6 million for a billion strings).
+strings (one in 3.6 million for a billion strings). :func:`fnv1a64` hashes a whole array of byte strings at once
+(FNV-1a, one numpy step per byte position), for ids hashed into buckets (:mod:`kubeps.runtime.data.hashing`).
 """
 
 from __future__ import annotations
@@ -24,9 +25,11 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["INDEX_SEED", "SHARD_SEED", "hash_strings", "key_normal", "key_uniform", "mix64", "shard_of", "to_keys"]
+__all__ = ["INDEX_SEED", "SHARD_SEED", "fnv1a64", "hash_strings", "key_normal", "key_uniform", "mix64", "shard_of", "to_keys"]
 
 _GOLDEN = 0x9E3779B97F4A7C15
+_FNV_OFFSET = np.uint64(0xCBF29CE484222325)
+_FNV_PRIME = np.uint64(0x100000001B3)
 _MASK = (1 << 64) - 1
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -51,6 +54,36 @@ def shard_of(keys: np.ndarray, num_shards: int) -> np.ndarray:
     """The parameter server (``0 .. num_shards - 1``) owning each key: the high 32 bits of its mix, mod
     ``num_shards`` (int64 array)."""
     return ((mix64(keys, SHARD_SEED) >> np.uint64(32)) % np.uint64(num_shards)).astype(np.int64)
+
+
+def fnv1a64(strings: np.ndarray) -> np.ndarray:
+    """The 64-bit FNV-1a hash (offset basis ``0xcbf29ce484222325``, prime ``0x100000001b3``) of the UTF-8 bytes of
+    every string of a fixed-width ``'S'`` (bytes) or ``'U'`` (str) array, as uint64 of its shape: one numpy step
+    per byte position, over all strings at once (an ASCII ``'U'`` array is hashed from its code points, which are
+    its UTF-8 bytes, without encoding it). Numpy pads with NULs, so a string ends at its last non-NUL character
+    (inner NULs are kept)."""
+    strings = np.asarray(strings)
+    if strings.dtype.kind not in "SU":
+        raise TypeError(f"fnv1a64 takes a numpy bytes ('S') or str ('U') array, got dtype {strings.dtype}")
+    flat = np.ascontiguousarray(strings.reshape(-1))
+    units: np.ndarray  # the strings' code units, one row each: bytes, or the code points of an ASCII str array
+    if strings.dtype.kind == "U":
+        units = flat.view(np.uint32).reshape(flat.size, -1)
+        if units.size and units.max() >= 0x80:  # not ASCII: hash the UTF-8 encoding
+            return fnv1a64(np.char.encode(strings, "utf-8"))
+    else:
+        units = flat.view(np.uint8).reshape(flat.size, -1)
+    out = np.full(flat.shape, _FNV_OFFSET, dtype=np.uint64)
+    if units.size == 0:
+        return out.reshape(strings.shape)
+    width = units.shape[1]
+    nonzero = units != 0
+    lengths = np.where(nonzero.any(axis=1), width - np.argmax(nonzero[:, ::-1], axis=1), 0)
+    with np.errstate(over="ignore"):  # arithmetic modulo 2**64
+        for k in range(int(lengths.max())):
+            step = (out ^ units[:, k].astype(np.uint64)) * _FNV_PRIME
+            out = np.where(lengths > k, step, out)
+    return out.reshape(strings.shape)
 
 
 def hash_strings(values: Any) -> np.ndarray:

@@ -56,6 +56,8 @@ CASES = [
          (r"^kubeps \(mutual TLS\) +\d+ +0\.\d{4}", r"^mutual TLS costs -?\d+\.\d% of plaintext's examples/s",
           r"^embedding rows pulled per example, hot-row cache / kubeps \(mutual TLS\): \d+ / \d+ bytes = \d\.\d{3}",
           r"^TensorFlow skipped: no baseline, no ratio$"), ctr_data=True),
+    Case("criteo_reader.py", ("--lines", "3000", "--rounds", "1"),
+         (r"^kubeps criteo reader +\d+ +\d+$", r"^ratio to the python loop: \d+\.\d\dx \(CPU\)")),
     Case("dispatch.py", ("--workers", "2,4", "--hosts", "1", "--closures", "100", "--idle-s", "0.2"),
          (r"^ +4 +\d+\.\d\d +\d+\.\d\d +\d+ ", r"^ratios 4 / 2 workers: chief CPU per closure \d+\.\d\dx")),
     Case("dispatch.py", ("--local", "--workers", "1,2", "--rounds", "1", "--closures", "200", "--goal-ratio", "0"),

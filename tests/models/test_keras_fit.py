@@ -245,3 +245,33 @@ def test_dropout_seed_state_stays_on_the_worker_and_advances():
     first = np.asarray(replica.non_trainable[0]).copy()
     replica.run(iter([batch(1)]), weights, [table], SGD(0.1), 1)
     assert not np.array_equal(first, np.asarray(replica.non_trainable[0]))
+
+
+def test_the_hashing_layer_gives_hash_bucket_s_buckets_eagerly_jitted_and_in_a_training_step():
+    """``Hashing`` before a ``KubepsEmbedding``: the buckets of the input pipeline's ``hash_bucket``, in an eager
+    call, in ``predict`` (jitted) and in the worker's step (ids pass, then value_and_grad), where the table's rows
+    that change are those of the hashed ids."""
+    from kubeps.runtime.data.hashing import hash_bucket
+    from kubeps.runtime.models.keras_layers import Hashing
+
+    raw = keras.Input((FIELDS,), dtype="int32")
+    rows = keras.layers.Flatten()(KubepsEmbedding(VOCAB, DIM)(Hashing(VOCAB, mask_value=-1)(raw)))
+    model = keras.Model(raw, keras.layers.Dense(1)(rows)[:, 0])
+    ids = np.array([[12345, -1, 7], [99, 2**31 - 1, 12345]], dtype=np.int32)
+    want = hash_bucket(ids, VOCAB, mask_value=-1)
+    hashing = next(layer for layer in model.layers if isinstance(layer, Hashing))
+    assert np.asarray(hashing(ids)).tolist() == want.tolist() and want[0, 1] == 0
+    table = keras_fit.table_layers(model)[0].table
+    np.testing.assert_allclose(model.predict(ids, verbose=0), np.asarray(model(ids)), rtol=1e-5, atol=1e-6)
+    replica = keras_fit._Replica(type(model), keras_fit._plain(model.get_config()), {},
+                                 keras.losses.BinaryCrossentropy(from_logits=True),
+                                 [tuple(v.shape) for v in model.trainable_variables], 1)
+    weights = [Variable(np.asarray(v.value), name=v.path) for v in model.trainable_variables]
+    before = table.numpy()
+    replica.run(iter([(ids, np.array([1.0, 0.0], np.float32))]), weights, [table], SGD(1.0), 1)
+    changed = np.flatnonzero(np.any(table.numpy() != before, axis=1))
+    assert set(changed) <= set(want.reshape(-1).tolist()) and len(changed) > 0
+    config = Hashing.from_config(hashing.get_config()).get_config()
+    assert (config["num_bins"], config["mask_value"], config["salt"]) == (VOCAB, -1, 0)
+    with pytest.raises(RuntimeConfigError, match="num_bins"):
+        Hashing(0)

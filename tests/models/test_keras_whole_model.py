@@ -58,10 +58,35 @@ def test_predict_evaluate_save_load_and_summary_with_the_table(tmp_path, capsys)
     loaded = keras.saving.load_model(tmp_path / "m.keras")
     np.testing.assert_allclose(keras_fit.table_layers(loaded)[0].table.numpy(), table.numpy())
     np.testing.assert_allclose(loaded.predict(x, verbose=0), predicted, rtol=1e-6)
-    # Keras re-raises what a layer raises as a RuntimeError with the message kept
-    with pytest.raises(RuntimeError, match="Keras.s own fit cannot update a table.*keras_fit.fit"):
-        model.compile(optimizer="adam", loss="binary_crossentropy")
+
+
+
+def test_keras_s_own_fit_is_refused_by_name_and_changes_nothing(tmp_path):
+    """A user compiles with an optimizer and calls Keras's ``model.fit``: refused before Keras takes the weights out
+    of their variables, so the model still predicts the same and saves."""
+    model = classifier()
+    x, y = data()
+    weights = [np.asarray(v.value).copy() for v in model.weights]
+    predicted = model.predict(x, verbose=0)
+    model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"])
+    with pytest.raises(RuntimeConfigError, match=r"KubepsEmbedding \['table'\]'.*Keras's own fit cannot update a "
+                                                 r"table.*keras_fit.fit"):
         model.fit(x, y, verbose=0)
+    for variable, before in zip(model.weights, weights):
+        np.testing.assert_array_equal(np.asarray(variable.value), before)
+    np.testing.assert_array_equal(model.predict(x, verbose=0), predicted)
+    model.save(tmp_path / "after-refusal.keras")
+    loaded = keras.saving.load_model(tmp_path / "after-refusal.keras")
+    np.testing.assert_allclose(loaded.predict(x, verbose=0), predicted, rtol=1e-6)
+    assert set(model.evaluate(x, y, verbose=0, return_dict=True)) == {"loss", "accuracy"}
+
+
+def test_a_model_without_a_table_still_fits_with_keras():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    x = np.random.default_rng(0).normal(size=(64, 3)).astype(np.float32)
+    history = model.fit(x, x.sum(axis=1, keepdims=True), epochs=5, verbose=0)
+    assert history.history["loss"][-1] < history.history["loss"][0]
 
 
 def test_metric_states_summed_over_functions_equal_one_metric_over_every_batch():

@@ -286,7 +286,7 @@ def test_readers(tmp_path, twelve_in_files):
         {"x": [0, 1], "y": 7},
         {"x": [2, 3], "y": 8},
     ]
-    with pytest.raises(ValueError, match=r"'reader' has invalid value 'parquet': one of \['csv', 'lines', 'npy', 'npz'\] or a callable"):
+    with pytest.raises(ValueError, match=r"'reader' has invalid value 'parquet': one of \['criteo', 'csv', 'lines', 'npy', 'npz'\] or a callable"):
         Dataset.from_files(str(csv), reader="parquet")
 
 
