@@ -10,7 +10,8 @@ from __future__ import annotations
 import threading
 import weakref
 
-from kubeps.runtime.checks import NonNegativeInt, PositiveInt, check
+from kubeps.runtime.checks import Flag, NonNegativeInt, PositiveInt, check
+from kubeps.runtime.errors import RuntimeConfigError
 from kubeps.runtime.util.storage import is_temporary, normalize_path, storage_for
 from kubeps.runtime.checkpoint.api import Checkpoint
 from kubeps.runtime.checkpoint.format import (
@@ -20,7 +21,9 @@ from kubeps.runtime.checkpoint.format import (
     latest_checkpoint,
     list_checkpoints,
     numbered_dirs,
+    read_manifest,
 )
+from kubeps.runtime.checkpoint.incremental import IncrementalPolicy, IncrementalSave, referenced_checkpoints
 
 
 _newest: "weakref.ref[CheckpointManager] | None" = None
@@ -32,9 +35,18 @@ def newest_manager() -> "CheckpointManager | None":
 
 
 class CheckpointManager:
-    """Numbered checkpoints in one directory, keeping the newest ``max_to_keep``."""
+    """Numbered checkpoints in one directory, keeping the newest ``max_to_keep``.
 
-    def __init__(self, checkpoint: Checkpoint, directory: str, max_to_keep: int | None = 5):
+    With ``incremental=True`` a save writes, for the variables on parameter servers, only the rows changed since the
+    newest committed checkpoint, as deltas over a full base written by an earlier save
+    (:mod:`kubeps.runtime.checkpoint.incremental`; ``policy`` says when a chain is compacted by a full save). Every
+    checkpoint stays complete in the sense that counts: it restores alone, into any number of parameter servers; it
+    reads the files of the earlier checkpoints of its chain, which ``max_to_keep`` therefore never deletes while a
+    kept one needs them. Off by default: a checkpoint directory then holds every file of its checkpoint, which
+    copying one checkpoint elsewhere, or an older kubeps (format version 3 is needed), relies on."""
+
+    def __init__(self, checkpoint: Checkpoint, directory: str, max_to_keep: int | None = 5, *,
+                 incremental: bool = False, policy: IncrementalPolicy | None = None):
         if not isinstance(checkpoint, Checkpoint):
             raise CheckpointError(f"checkpoint must be a kubeps Checkpoint, got {type(checkpoint).__name__}")
         check("max_to_keep", max_to_keep, PositiveInt | None, owner="CheckpointManager",
@@ -44,6 +56,10 @@ class CheckpointManager:
         self.directory = normalize_path(directory)
         self.storage = storage_for(self.directory)
         self.max_to_keep = max_to_keep
+        self.incremental = check("incremental", incremental, Flag, owner="CheckpointManager")
+        if policy is not None and not isinstance(policy, IncrementalPolicy):
+            raise RuntimeConfigError("CheckpointManager.policy", policy, "an IncrementalPolicy, or None")
+        self.policy = policy or IncrementalPolicy()
         self.storage.makedirs(self.directory)
         self._saving = threading.Lock()
         global _newest
@@ -82,15 +98,34 @@ class CheckpointManager:
         for _, p in existing:
             if p not in committed_paths and p != path:
                 self.storage.remove_tree(p)
-        self.checkpoint.write(path, checkpoint_number=checkpoint_number, step=step, final=final)
+        self.checkpoint.write(path, checkpoint_number=checkpoint_number, step=step, final=final,
+                              incremental=self._incremental(checkpoint_number, committed))
         self._sweep()
         return path
+
+    def _incremental(self, number: int, committed: list[tuple[int, str]]) -> IncrementalSave | None:
+        """The plan of an incremental save of checkpoint ``number`` (None: not incremental): its parent, the newest
+        committed checkpoint, and the checkpoints the sweep after it keeps (its chains may name only those)."""
+        if not self.incremental:
+            return None
+        parent = (committed[-1][0], read_manifest(committed[-1][1])) if committed else None
+        keep = None
+        if self.max_to_keep is not None:
+            older = [n for n, _ in committed if n != number]
+            keep = set(older[len(older) - (self.max_to_keep - 1):] if self.max_to_keep > 1 else []) | {number}
+        return IncrementalSave(number, parent, keep, self.policy)
 
     def _sweep(self) -> None:
         if self.max_to_keep is None:
             return
         committed = list_checkpoints(self.directory)
-        for _, p in committed[: max(0, len(committed) - self.max_to_keep)]:
+        kept = committed[max(0, len(committed) - self.max_to_keep):]
+        needed: set[int] = set()
+        for number, p in kept:  # a checkpoint a kept one reads stays (a manager with another max_to_keep wrote it)
+            needed |= referenced_checkpoints(read_manifest(p), number)
+        for number, p in committed[: max(0, len(committed) - self.max_to_keep)]:
+            if number in needed:
+                continue
             # the manifest goes first: a sweep interrupted half-way leaves an uncommitted directory, not a broken one
             self.storage.remove(self.storage.join(p, MANIFEST_NAME))
             self.storage.remove_tree(p)

@@ -20,18 +20,22 @@ from kubeps.runtime.util.storage import Storage, StorageError, confine, storage_
 from kubeps.runtime.checkpoint.format import (
     CheckpointError,
     CheckpointMismatchError,
+    SavedDelta,
     SavedShard,
+    Siblings,
     SliceEntry,
     TensorEntry,
+    delta_file_name,
     dtype_name,
     overlapping,
     parse_entry,
     read_rows,
+    sibling_directory,
     slice_file_name,
     write_array,
 )
 
-__all__ = ["PS_METHODS", "ConfinedShardAccess", "RestoreItem", "SaveItem", "SavedShard", "ShardAccess",
+__all__ = ["PS_METHODS", "ConfinedShardAccess", "confined_siblings", "RestoreItem", "SaveItem", "SavedShard", "ShardAccess",
            "request_directory", "restore_items", "rpc_restore_shards", "rpc_save_shards", "save_items"]
 
 
@@ -77,33 +81,64 @@ def save_items(access: ShardAccess, directory: str, items: Sequence[SaveItem], p
     for item in items:
         _check_save_item(item, *access.describe(item["key"]))
     written: list[str] = []
+    #: a ps's state knows which rows changed since a save (incremental checkpoints); local arrays do not
+    tracking = getattr(access, "snapshot_changes", None)
+
+    def write(fname: str, array: np.ndarray) -> tuple[str, str, int]:
+        written.append(storage.join(directory, fname))
+        sha, nbytes = write_array(storage, storage.join(directory, fname), array)
+        return fname, sha, nbytes
+
+    def check_slot(name: str, sname: str, arr: np.ndarray, value: np.ndarray) -> None:
+        if arr.ndim != value.ndim or (value.ndim and arr.shape[0] != value.shape[0]):
+            raise CheckpointError(
+                f"variable {name!r}: slot {sname!r} has shape {list(arr.shape)}; checkpoints need "
+                f"slots with the variable's rows and rank (shard shape {list(value.shape)})"
+            )
+
+    def delta(item: SaveItem, dtype: str, ids: np.ndarray, value: np.ndarray,
+              slots: dict[str, dict[str, np.ndarray]], updates: int, source: str, generation: int) -> SavedShard:
+        name, start, stop = item["name"], item["start"], item["stop"]
+        out = SavedDelta(rows=int(ids.size), updates=int(updates), source=source, generation=generation)
+        if ids.size:  # no row changed: no file
+            out.ids = write(delta_file_name(name, start, stop, "ids"), ids + start)
+            out.value = write(delta_file_name(name, start, stop, "value"), value)
+            for okey, group in slots.items():
+                for sname, arr in group.items():
+                    check_slot(name, sname, arr, value)
+                    out.slots.setdefault(okey, {})[sname] = write(delta_file_name(name, start, stop, sname, okey), arr)
+        return SavedShard(key=item["key"], dtype=dtype, delta=out)
 
     def one(item: SaveItem) -> SavedShard:
         key, name, start, stop = item["key"], item["name"], item["start"], item["stop"]
-        value, slots, updates = access.snapshot(key)
-        _check_save_item(item, value.shape, value.dtype)  # it may have been re-created since
-        dtype = dtype_name(value.dtype, f"variable {name!r}")
-        fname = slice_file_name(name, start, stop)
-        written.append(storage.join(directory, fname))
-        sha, nbytes = write_array(storage, storage.join(directory, fname), value)
+        shape, _ = access.describe(key)
+        _check_save_item(item, shape, access.describe(key)[1])  # it may have been re-created since
+        source, generation = "", 0
+        if "since" in item and tracking is not None:
+            since = item["since"]
+            ids, value, slots, updates, source, generation = tracking(
+                key, since["source"] if since else None, since["generation"] if since else None)
+            dtype = dtype_name(value.dtype, f"variable {name!r}")
+            if ids is not None:
+                return delta(item, dtype, ids, value, slots, updates, source, generation)
+        else:
+            value, slots, updates = access.snapshot(key)
+            _check_save_item(item, value.shape, value.dtype)
+            dtype = dtype_name(value.dtype, f"variable {name!r}")
+        fname, sha, nbytes = write(slice_file_name(name, start, stop), value)
         saved_slots: dict[str, dict[str, tuple[SliceEntry, str, list[int]]]] = {}
         for okey, group in slots.items():
             for sname, arr in group.items():
                 arr = np.asarray(arr)
-                if arr.ndim != value.ndim or (value.ndim and arr.shape[0] != value.shape[0]):
-                    raise CheckpointError(
-                        f"variable {name!r}: slot {sname!r} has shape {list(arr.shape)}; checkpoints need "
-                        f"slots with the variable's rows and rank (shard shape {list(value.shape)})"
-                    )
-                sfile = slice_file_name(name, start, stop, okey, sname)
-                written.append(storage.join(directory, sfile))
-                ssha, sbytes = write_array(storage, storage.join(directory, sfile), arr)
+                check_slot(name, sname, arr, value)
+                sfile, ssha, sbytes = write(slice_file_name(name, start, stop, okey, sname), arr)
                 saved_slots.setdefault(okey, {})[sname] = (
                     SliceEntry(start=start, stop=stop, file=sfile, sha256=ssha, nbytes=sbytes),
                     dtype_name(arr.dtype, f"variable {name!r} slot {sname!r}"),
                     list(arr.shape[1:]),
                 )
-        entry = SliceEntry(start=start, stop=stop, file=fname, sha256=sha, nbytes=nbytes, updates=int(updates))
+        entry = SliceEntry(start=start, stop=stop, file=fname, sha256=sha, nbytes=nbytes, updates=int(updates),
+                           source=source, generation=generation)
         return SavedShard(key=key, value=entry, dtype=dtype, slots=saved_slots)
 
     try:
@@ -128,8 +163,10 @@ def _restore_entries(item: RestoreItem, index: int) -> tuple[TensorEntry, dict[s
 
 
 def restore_items(access: ShardAccess, directory: str, items: Sequence[RestoreItem], parallel: int = 4,
-                  storage: Storage | None = None) -> int:
-    """Read and verify everything first, then load each shard; returns the number of shards loaded."""
+                  storage: Storage | None = None, siblings: Siblings | None = None) -> int:
+    """Read and verify everything first, then load each shard; returns the number of shards loaded. ``siblings``
+    says where the files of the earlier checkpoints an incremental one names are read (default: beside
+    ``directory``, with ``storage``)."""
     storage = storage_for(directory) if storage is None else storage
     entries = [_restore_entries(item, index) for index, item in enumerate(items)]
 
@@ -144,7 +181,7 @@ def restore_items(access: ShardAccess, directory: str, items: Sequence[RestoreIt
                 f"{what}: shard {key!r} is shape {list(shape)} dtype {np.dtype(dtype).name}; the checkpoint "
                 f"gives shape {list(expected)} dtype {entry_value.dtype} for rows {start}..{stop - 1}"
             )
-        value = read_rows(storage, directory, entry_value, start, stop, what)
+        value = read_rows(storage, directory, entry_value, start, stop, what, siblings)
         updates = max((s.updates for s, _, _ in overlapping(entry_value.slices, start, stop)), default=0)
         slots: dict[str, dict[str, np.ndarray]] = {}
         for okey, group in entry_slots.items():
@@ -157,7 +194,7 @@ def restore_items(access: ShardAccess, directory: str, items: Sequence[RestoreIt
                         f"{np.dtype(dtype).name}"
                     )
                 slots.setdefault(okey, {})[sname] = read_rows(
-                    storage, directory, entry, start, stop, f"{what} slot {sname!r}"
+                    storage, directory, entry, start, stop, f"{what} slot {sname!r}", siblings
                 )
         return key, value, slots, updates
 
@@ -210,7 +247,20 @@ def rpc_restore_shards(state: ConfinedShardAccess, request: RestoreShardsRequest
     """PS method ``RestoreShards``: ``{"directory", "items": [RestoreItem]}`` -> ``{"restored": n}``."""
     directory = request_directory(request, state.checkpoint_roots)
     storage = confined_storage(directory, state.checkpoint_roots)
-    return {"restored": restore_items(state, directory, request["items"], storage=storage)}, []
+    return {"restored": restore_items(state, directory, request["items"], storage=storage,
+                                      siblings=confined_siblings(directory, state.checkpoint_roots))}, []
+
+
+def confined_siblings(directory: str, roots: list[str]) -> Siblings:
+    """Where a ps reads the files of checkpoint ``ckpt-<n>`` beside ``directory`` that an incremental checkpoint
+    names: confined to the ps's checkpoint ``roots`` as the request's own directory is."""
+    def locate(number: int) -> tuple[Storage, str]:
+        try:
+            path = confine(sibling_directory(directory, number), roots)
+        except StorageError as err:
+            raise ValueError(str(err)) from None
+        return confined_storage(path, roots), path
+    return locate
 
 
 #: the checkpoint methods of the parameter-server service (:mod:`kubeps.runtime.server.methods` serves them)

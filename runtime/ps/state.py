@@ -24,6 +24,7 @@ from kubeps.runtime.contract import (MAX_ANSWER_BYTES_ENV, MAX_READ_IDS_ENV, MAX
                                      NONFINITE_GRADIENTS_ENV)
 from kubeps.runtime.errors import LimitExceededError, RuntimeConfigError
 from kubeps.runtime.ps.budget import AnswerBudget
+from kubeps.runtime.ps.changes import RowChanges, snapshot_changes
 from kubeps.runtime.rpc.protocol import optimizer_key, slot_key
 from kubeps.runtime.settings import TaskSettings
 from kubeps.runtime.util.storage import checkpoint_roots
@@ -80,6 +81,11 @@ class PSVariable:
     rows_pushed: int = 0
     bytes_pushed: int = 0
     lock_wait_s: float = 0.0
+    #: which rows changed since which save (incremental checkpoints); a new record when the variable is loaded
+    changes: RowChanges = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.changes = RowChanges(self.value.shape[0] if self.value.ndim else 1)
 
 
 def _all_finite(array: np.ndarray) -> bool:
@@ -219,6 +225,7 @@ class ParameterServerState:
                     var.value[...] = value
                 else:
                     var.value += value
+                var.changes.stamp(None)
 
     # -- optimizer updates -------------------------------------------------------------------------------------
     def optimizer(self, config: dict[str, Any]) -> tuple[str, Any]:
@@ -302,7 +309,10 @@ class ParameterServerState:
                     new_slots[id(var)] = var
             # nothing below can be refused: apply every update (slots_for creates the new slot sets)
             for (var, idx, grad), step in zip(checked, planned):
+                fresh = key not in var.slots
                 slots = slots_for(var.slots, key, opt, var.value, var.name)
+                # new slot arrays are a change of every row; else the rows the gradient touches
+                var.changes.stamp(None if idx is None or (fresh and slots) else idx)
                 if idx is None:
                     opt.apply_dense(var.value, grad, slots, step)
                 else:
@@ -367,6 +377,12 @@ class ParameterServerState:
             slots = {okey: {s: np.array(a, copy=True) for s, a in group.items()} for okey, group in var.slots.items()}
             return var.value.copy(), slots, var.updates
 
+    def snapshot_changes(self, name: str, source: str | None, since: int | None) -> tuple[
+            np.ndarray | None, np.ndarray, dict[str, dict[str, np.ndarray]], int, str, int]:
+        """The rows of ``name`` changed since the save of ``(source, since)``, or all of them
+        (:func:`~kubeps.runtime.ps.changes.snapshot_changes`)."""
+        return snapshot_changes(self.get(name), source, since)
+
     def check_load(self, name: str, value: np.ndarray, slots: dict[str, dict[str, np.ndarray]] | None) -> None:
         """Refuse (``ValueError``) what :meth:`load` would not take: another shape or dtype than the variable's
         for the value or a slot, or more slot sets than a variable may hold."""
@@ -396,6 +412,7 @@ class ParameterServerState:
         var = self.get(name)
         with var.lock:
             var.value[...] = value
+            var.changes = RowChanges(var.value.shape[0] if var.value.ndim else 1)
             if slots is not None:
                 var.slots = {okey: dict(group) for okey, group in slots.items()}
             if updates is not None:

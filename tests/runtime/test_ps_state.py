@@ -180,3 +180,34 @@ def test_a_big_read_of_rows_names_each_row_once_in_any_order():
     repeated[-1] = repeated[0]
     with pytest.raises(ValueError, match="name each row once"):
         state.check_reads([], ["t"], [repeated])
+
+
+def test_the_change_record_gives_the_rows_changed_since_a_save_and_survives_a_failed_save():
+    from kubeps.runtime.ops.optimizers import Adagrad
+
+    state = ParameterServerState(settings=TaskSettings())
+    state.create("v", np.zeros((10, 2), np.float32))
+    adagrad = Adagrad(0.1).get_config()
+    ids, value, slots, _, source, first = state.snapshot_changes("v", None, None)
+    assert ids is None and value.shape == (10, 2) and slots == {}  # asked for in full
+    state.apply_sparse("v", SGD_CONFIG, np.array([3, 1]), np.ones((2, 2), np.float32))
+    ids, value, _, updates, _, failed = state.snapshot_changes("v", source, first)
+    assert ids.tolist() == [1, 3] and value.shape == (2, 2) and updates == 1
+    # that save failed: the next one asks again since the last committed save and still sees rows 1 and 3
+    state.apply_sparse("v", SGD_CONFIG, np.array([7]), np.ones((1, 2), np.float32))
+    ids, *_ = state.snapshot_changes("v", source, first)
+    assert ids.tolist() == [1, 3, 7]
+    ids, *_, latest = state.snapshot_changes("v", source, failed)
+    assert ids.tolist() == [7]
+    assert state.snapshot_changes("v", source, latest)[0].tolist() == []
+    # a new optimizer's slots change every row; so do assign, another source and a generation not yet seen
+    state.apply_sparse("v", adagrad, np.array([0]), np.ones((1, 2), np.float32))
+    assert state.snapshot_changes("v", source, latest)[0] is None
+    _, _, _, _, _, now = state.snapshot_changes("v", None, None)
+    assert state.snapshot_changes("v", "another", now)[0] is None
+    assert state.snapshot_changes("v", source, now + 5)[0] is None
+    state.assign("v", np.ones((10, 2), np.float32))
+    assert state.snapshot_changes("v", source, now)[0] is None
+    # a load (a restore) starts a new record
+    state.load("v", np.zeros((10, 2), np.float32), None, None)
+    assert state.get("v").changes.source != source
