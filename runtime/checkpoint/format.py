@@ -3,9 +3,11 @@ listing of checkpoint directories on a storage. No knowledge of variables or par
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
+import os
 import re
 from typing import Any, Callable, Iterable, Protocol, Sequence, TypeVar
 
@@ -49,6 +51,28 @@ class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
 
 class CheckpointCorruptError(CheckpointError):
     """A checkpoint's files do not match its manifest (checksum, size, header), or the manifest is malformed."""
+
+
+class CheckpointSpaceError(CheckpointError, OSError):
+    """A save ran out of space (``ENOSPC``), quota (``EDQUOT``) or file size (``EFBIG``): the message names the file
+    and the bytes; what the save had written is removed, the previous checkpoint is untouched."""
+
+
+#: errno values of a storage that is full
+SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+def space_error(err: OSError, path: str, needed: int, written: int) -> CheckpointSpaceError | None:
+    """``err`` as a :class:`CheckpointSpaceError` about file ``path`` when it says the storage is full, else None."""
+    if err.errno not in SPACE_ERRNOS:
+        return None
+    out = CheckpointSpaceError(
+        f"no space to save the checkpoint: writing {path} ({needed} bytes) failed with "
+        f"{errno.errorcode.get(err.errno or 0, err.errno)} ({os.strerror(err.errno or 0)}) after this save had written "
+        f"{written} bytes; those files are removed and the previous checkpoint is untouched: free space (the save "
+        f"needs more than {needed + written} bytes), or lower max_to_keep, and save again")
+    out.errno = err.errno
+    return out
 
 
 class CheckpointMismatchError(CheckpointError):
@@ -703,7 +727,14 @@ def commit_manifest(path: str, manifest: Manifest) -> None:
     """Write the manifest last, atomically: from this moment on the checkpoint exists."""
     storage = storage_for(path)
     body = manifest.model_dump_json(indent=1).encode()
-    storage.write_bytes_atomic(storage.join(path, MANIFEST_NAME), body)
+    target = storage.join(path, MANIFEST_NAME)
+    try:
+        storage.write_bytes_atomic(target, body)
+    except OSError as err:
+        full = space_error(err, target, len(body), 0)
+        if full is None:
+            raise
+        raise full from None
 
 
 def numbered_dirs(directory: str) -> list[tuple[int, str]]:

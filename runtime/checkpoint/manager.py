@@ -98,8 +98,15 @@ class CheckpointManager:
         for _, p in existing:
             if p not in committed_paths and p != path:
                 self.storage.remove_tree(p)
-        self.checkpoint.write(path, checkpoint_number=checkpoint_number, step=step, final=final,
-                              incremental=self._incremental(checkpoint_number, committed))
+        try:
+            self.checkpoint.write(path, checkpoint_number=checkpoint_number, step=step, final=final,
+                                  incremental=self._incremental(checkpoint_number, committed))
+        except BaseException:
+            # what a failed save wrote goes at once (a full disk gets its space back); the previous checkpoint is
+            # untouched, and the next save tries again
+            if not self.storage.exists(self.storage.join(path, MANIFEST_NAME)):
+                self.storage.remove_tree(path)
+            raise
         self._sweep()
         return path
 

@@ -32,6 +32,7 @@ from kubeps.runtime.checkpoint.format import (
     read_rows,
     sibling_directory,
     slice_file_name,
+    space_error,
     write_array,
 )
 
@@ -81,12 +82,21 @@ def save_items(access: ShardAccess, directory: str, items: Sequence[SaveItem], p
     for item in items:
         _check_save_item(item, *access.describe(item["key"]))
     written: list[str] = []
+    sizes: list[int] = []
     #: a ps's state knows which rows changed since a save (incremental checkpoints); local arrays do not
     tracking = getattr(access, "snapshot_changes", None)
 
     def write(fname: str, array: np.ndarray) -> tuple[str, str, int]:
-        written.append(storage.join(directory, fname))
-        sha, nbytes = write_array(storage, storage.join(directory, fname), array)
+        path = storage.join(directory, fname)
+        written.append(path)
+        try:
+            sha, nbytes = write_array(storage, path, array)
+        except OSError as err:
+            full = space_error(err, path, array.nbytes, sum(sizes))
+            if full is None:
+                raise
+            raise full from None
+        sizes.append(nbytes)
         return fname, sha, nbytes
 
     def check_slot(name: str, sname: str, arr: np.ndarray, value: np.ndarray) -> None:
