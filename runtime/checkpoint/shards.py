@@ -8,7 +8,8 @@ The items a save or restore carries are the protocol's declarations (:class:`~ku
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Protocol, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 
@@ -34,6 +35,7 @@ from kubeps.runtime.checkpoint.format import (
     slice_file_name,
     space_error,
     write_array,
+    write_streamed,
 )
 
 __all__ = ["PS_METHODS", "ConfinedShardAccess", "confined_siblings", "RestoreItem", "SaveItem", "SavedShard", "ShardAccess",
@@ -41,6 +43,29 @@ __all__ = ["PS_METHODS", "ConfinedShardAccess", "confined_siblings", "RestoreIte
 
 
 # -- the shard side: what a parameter server (or the coordinator, for local variables) does --------------------
+Rows = tuple[np.ndarray, dict[str, dict[str, np.ndarray]]]
+
+
+@dataclass
+class SaveView:
+    """What a save of one variable writes, taken under its lock: the shard's ``updates`` and the save's ``source``
+    and ``generation``; then either a delta -- the changed rows' ``ids`` (ascending), their ``value`` rows and
+    ``slots`` rows, copied -- or a full save: the ``shape`` and ``dtype`` of the value and slots (``slots`` holds the
+    live arrays, to be read only through ``chunks``), and ``chunks()``, which yields the rows chunk by chunk, each
+    chunk copied under the lock. A full save so never holds a second copy of the shard: training goes on between
+    chunks, and a row it changes meanwhile has the next generation, so the next delta holds it again."""
+
+    updates: int
+    source: str
+    generation: int
+    ids: np.ndarray | None = None
+    value: np.ndarray | None = None
+    slots: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    shape: tuple[int, ...] = ()
+    dtype: np.dtype = field(default_factory=lambda: np.dtype(np.float32))
+    chunks: Callable[[], Iterator[Rows]] | None = None
+
+
 class ShardAccess(Protocol):
     """Snapshots and loads one shard with its optimizer state, each under the shard's lock
     (:class:`~kubeps.runtime.ps.state.ParameterServerState` is one)."""
@@ -77,14 +102,20 @@ def save_items(access: ShardAccess, directory: str, items: Sequence[SaveItem], p
 
     Every item is checked (the shard exists, its shape and dtype) before the first file is written, and the files
     of a save that fails half-way are removed: a refused save leaves nothing behind. ``storage`` defaults to
-    :func:`~kubeps.runtime.util.storage.storage_for`'s (a ps passes its confined one)."""
+    :func:`~kubeps.runtime.util.storage.storage_for`'s (a ps passes its confined one). A ps's state gives a
+    :class:`SaveView` of each shard: its changed rows (an item with ``since``), or its rows chunk by chunk, streamed
+    into the files (no copy of the whole shard); local arrays are copied whole."""
     storage = storage_for(directory) if storage is None else storage
     for item in items:
         _check_save_item(item, *access.describe(item["key"]))
     written: list[str] = []
     sizes: list[int] = []
-    #: a ps's state knows which rows changed since a save (incremental checkpoints); local arrays do not
-    tracking = getattr(access, "snapshot_changes", None)
+    #: a ps's state: which rows changed since a save, and its rows chunk by chunk; local arrays have no view
+    view_of: Callable[[str, str | None, int | None], SaveView] | None = getattr(access, "save_view", None)
+
+    def failed(err: OSError, path: str, needed: int) -> BaseException:
+        full = space_error(err, path, needed, sum(sizes))
+        return err if full is None else full
 
     def write(fname: str, array: np.ndarray) -> tuple[str, str, int]:
         path = storage.join(directory, fname)
@@ -92,61 +123,88 @@ def save_items(access: ShardAccess, directory: str, items: Sequence[SaveItem], p
         try:
             sha, nbytes = write_array(storage, path, array)
         except OSError as err:
-            full = space_error(err, path, array.nbytes, sum(sizes))
-            if full is None:
-                raise
-            raise full from None
+            raise failed(err, path, array.nbytes) from None
         sizes.append(nbytes)
         return fname, sha, nbytes
 
-    def check_slot(name: str, sname: str, arr: np.ndarray, value: np.ndarray) -> None:
-        if arr.ndim != value.ndim or (value.ndim and arr.shape[0] != value.shape[0]):
+    def stream(item: SaveItem, view: SaveView, names: list[tuple[str, str]]) -> list[tuple[str, str, int]]:
+        start, stop, name = item["start"], item["stop"], item["name"]
+        files = [slice_file_name(name, start, stop)] + [slice_file_name(name, start, stop, o, n) for o, n in names]
+        paths = [storage.join(directory, f) for f in files]
+        layouts = [(view.shape, view.dtype)] + [(view.slots[o][n].shape, view.slots[o][n].dtype) for o, n in names]
+        written.extend(paths)
+        chunks = view.chunks
+        if chunks is None:
+            raise CheckpointError(f"variable {name!r}: the ps gave neither changed rows nor its rows to save")
+
+        def rows() -> Iterator[list[np.ndarray]]:
+            for value, slots in chunks():
+                yield [value] + [slots[o][n] for o, n in names]
+        try:
+            done = write_streamed(storage, paths, layouts, rows())
+        except OSError as err:
+            raise failed(err, directory, sum(int(np.prod(s)) * d.itemsize for s, d in layouts)) from None
+        sizes.extend(n for _, n in done)
+        return [(f, sha, n) for f, (sha, n) in zip(files, done)]
+
+    def check_slot(name: str, sname: str, arr: np.ndarray, shape: tuple[int, ...]) -> None:
+        if arr.ndim != len(shape) or (shape and arr.shape[0] != shape[0]):
             raise CheckpointError(
                 f"variable {name!r}: slot {sname!r} has shape {list(arr.shape)}; checkpoints need "
-                f"slots with the variable's rows and rank (shard shape {list(value.shape)})"
+                f"slots with the variable's rows and rank (shard shape {list(shape)})"
             )
 
-    def delta(item: SaveItem, dtype: str, ids: np.ndarray, value: np.ndarray,
-              slots: dict[str, dict[str, np.ndarray]], updates: int, source: str, generation: int) -> SavedShard:
+    def delta(item: SaveItem, dtype: str, view: SaveView) -> SavedShard:
         name, start, stop = item["name"], item["start"], item["stop"]
-        out = SavedDelta(rows=int(ids.size), updates=int(updates), source=source, generation=generation)
-        if ids.size:  # no row changed: no file
-            out.ids = write(delta_file_name(name, start, stop, "ids"), ids + start)
-            out.value = write(delta_file_name(name, start, stop, "value"), value)
-            for okey, group in slots.items():
+        if view.ids is None or view.value is None:
+            raise CheckpointError(f"variable {name!r}: the ps gave changed rows without their ids or values")
+        out = SavedDelta(rows=int(view.ids.size), updates=int(view.updates), source=view.source,
+                         generation=view.generation)
+        if view.ids.size:  # no row changed: no file
+            out.ids = write(delta_file_name(name, start, stop, "ids"), view.ids + start)
+            out.value = write(delta_file_name(name, start, stop, "value"), view.value)
+            for okey, group in view.slots.items():
                 for sname, arr in group.items():
-                    check_slot(name, sname, arr, value)
+                    check_slot(name, sname, arr, view.value.shape)
                     out.slots.setdefault(okey, {})[sname] = write(delta_file_name(name, start, stop, sname, okey), arr)
         return SavedShard(key=item["key"], dtype=dtype, delta=out)
 
     def one(item: SaveItem) -> SavedShard:
         key, name, start, stop = item["key"], item["name"], item["start"], item["stop"]
-        shape, _ = access.describe(key)
-        _check_save_item(item, shape, access.describe(key)[1])  # it may have been re-created since
+        tracked = "since" in item
         source, generation = "", 0
-        if "since" in item and tracking is not None:
-            since = item["since"]
-            ids, value, slots, updates, source, generation = tracking(
-                key, since["source"] if since else None, since["generation"] if since else None)
-            dtype = dtype_name(value.dtype, f"variable {name!r}")
-            if ids is not None:
-                return delta(item, dtype, ids, value, slots, updates, source, generation)
+        if view_of is not None:
+            since = item.get("since")
+            view = view_of(key, since["source"] if since else None, since["generation"] if since else None)
+            if view.ids is not None:
+                return delta(item, dtype_name(view.dtype if view.value is None else view.value.dtype,
+                                              f"variable {name!r}"), view)
+            _check_save_item(item, view.shape, view.dtype)  # it may have been re-created since
+            dtype, updates, slots = dtype_name(view.dtype, f"variable {name!r}"), view.updates, view.slots
+            if tracked:
+                source, generation = view.source, view.generation
+            names = [(o, n) for o, g in slots.items() for n in g]
+            for o, n in names:
+                check_slot(name, n, slots[o][n], view.shape)
+            value_file, *slot_files = stream(item, view, names)
         else:
             value, slots, updates = access.snapshot(key)
             _check_save_item(item, value.shape, value.dtype)
             dtype = dtype_name(value.dtype, f"variable {name!r}")
-        fname, sha, nbytes = write(slice_file_name(name, start, stop), value)
+            names = [(o, n) for o, g in slots.items() for n in g]
+            for o, n in names:
+                check_slot(name, n, np.asarray(slots[o][n]), value.shape)
+            value_file = write(slice_file_name(name, start, stop), value)
+            slot_files = [write(slice_file_name(name, start, stop, o, n), np.asarray(slots[o][n])) for o, n in names]
         saved_slots: dict[str, dict[str, tuple[SliceEntry, str, list[int]]]] = {}
-        for okey, group in slots.items():
-            for sname, arr in group.items():
-                arr = np.asarray(arr)
-                check_slot(name, sname, arr, value)
-                sfile, ssha, sbytes = write(slice_file_name(name, start, stop, okey, sname), arr)
-                saved_slots.setdefault(okey, {})[sname] = (
-                    SliceEntry(start=start, stop=stop, file=sfile, sha256=ssha, nbytes=sbytes),
-                    dtype_name(arr.dtype, f"variable {name!r} slot {sname!r}"),
-                    list(arr.shape[1:]),
-                )
+        for (okey, sname), (sfile, ssha, sbytes) in zip(names, slot_files):
+            arr = slots[okey][sname]
+            saved_slots.setdefault(okey, {})[sname] = (
+                SliceEntry(start=start, stop=stop, file=sfile, sha256=ssha, nbytes=sbytes),
+                dtype_name(arr.dtype, f"variable {name!r} slot {sname!r}"),
+                list(arr.shape[1:]),
+            )
+        fname, sha, nbytes = value_file
         entry = SliceEntry(start=start, stop=stop, file=fname, sha256=sha, nbytes=nbytes, updates=int(updates),
                            source=source, generation=generation)
         return SavedShard(key=key, value=entry, dtype=dtype, slots=saved_slots)

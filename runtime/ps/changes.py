@@ -16,11 +16,13 @@ make the next save a full one).
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
-__all__ = ["RowChanges", "snapshot_changes"]
+from kubeps.runtime.checkpoint.shards import Rows, SaveView
+
+__all__ = ["CHUNK_BYTES", "RowChanges", "save_view"]
 
 
 class RowChanges:
@@ -49,13 +51,14 @@ class RowChanges:
         return seen
 
 
-def snapshot_changes(var: Any, source: str | None, since: int | None) -> tuple[
-        np.ndarray | None, np.ndarray, dict[str, dict[str, np.ndarray]], int, str, int]:
-    """A consistent copy, under ``var``'s lock, of what a save of ``var`` (a
-    :class:`~kubeps.runtime.ps.state.PSVariable`) writes: ``(ids, value rows, slot rows, updates, source,
-    generation)``. ``ids`` is None for a full copy -- asked for (``since`` None), or the rows were not tracked since
-    that save (another ``source``, a generation from the future), or every row changed; else the changed rows'
-    ids, ascending, with only those rows copied."""
+#: rows a full save copies at once under the variable's lock (a push waits for one chunk's copy, not the save)
+CHUNK_BYTES = 32 << 20
+
+def save_view(var: Any, source: str | None, since: int | None, chunk_bytes: int = CHUNK_BYTES) -> SaveView:
+    """:class:`~kubeps.runtime.checkpoint.shards.SaveView` of ``var`` (a :class:`~kubeps.runtime.ps.state.PSVariable`): a delta of the rows changed
+    since the save of ``(source, since)`` where that save was of these very rows, else a full save -- asked for
+    (``since`` None), or the rows were not tracked since that save (another ``source``, a generation from the
+    future), or every row changed."""
     with var.lock:
         changes: RowChanges = var.changes
         ids = None
@@ -63,10 +66,26 @@ def snapshot_changes(var: Any, source: str | None, since: int | None) -> tuple[
             ids = changes.changed_since(since)
             if ids.size == var.value.shape[0]:
                 ids = None
-        if ids is None:
-            value = var.value.copy()
-            slots = {okey: {s: np.array(a, copy=True) for s, a in group.items()} for okey, group in var.slots.items()}
-        else:
-            value = np.take(var.value, ids, axis=0)
-            slots = {okey: {s: np.take(a, ids, axis=0) for s, a in group.items()} for okey, group in var.slots.items()}
-        return ids, value, slots, var.updates, changes.source, changes.advance()
+        view = SaveView(updates=var.updates, source=changes.source, generation=changes.advance())
+        if ids is not None:
+            view.ids, view.value = ids, np.take(var.value, ids, axis=0)
+            view.slots = {o: {s: np.take(a, ids, axis=0) for s, a in g.items()} for o, g in var.slots.items()}
+            return view
+        value, slots = var.value, {o: dict(g) for o, g in var.slots.items()}
+    view.shape, view.dtype, view.slots = value.shape, value.dtype, slots
+    rows = value.shape[0] if value.ndim else 1
+    row_bytes = max(1, (value.nbytes // max(rows, 1)) * (1 + sum(len(g) for g in slots.values())))
+    step = max(1, chunk_bytes // row_bytes)
+
+    def chunks() -> Iterator[Rows]:
+        for a in range(0, rows, step):
+            with var.lock:
+                if not value.ndim:
+                    yield value.copy(), {o: {s: x.copy() for s, x in g.items()} for o, g in slots.items()}
+                    return
+                b = min(rows, a + step)
+                part = value[a:b].copy(), {o: {s: x[a:b].copy() for s, x in g.items()} for o, g in slots.items()}
+            yield part
+
+    view.chunks = chunks
+    return view

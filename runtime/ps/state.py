@@ -24,7 +24,8 @@ from kubeps.runtime.contract import (MAX_ANSWER_BYTES_ENV, MAX_READ_IDS_ENV, MAX
                                      NONFINITE_GRADIENTS_ENV)
 from kubeps.runtime.errors import LimitExceededError, RuntimeConfigError
 from kubeps.runtime.ps.budget import AnswerBudget
-from kubeps.runtime.ps.changes import RowChanges, snapshot_changes
+from kubeps.runtime.checkpoint.shards import SaveView
+from kubeps.runtime.ps.changes import RowChanges, save_view
 from kubeps.runtime.rpc.protocol import optimizer_key, slot_key
 from kubeps.runtime.settings import TaskSettings
 from kubeps.runtime.util.storage import checkpoint_roots
@@ -377,11 +378,10 @@ class ParameterServerState:
             slots = {okey: {s: np.array(a, copy=True) for s, a in group.items()} for okey, group in var.slots.items()}
             return var.value.copy(), slots, var.updates
 
-    def snapshot_changes(self, name: str, source: str | None, since: int | None) -> tuple[
-            np.ndarray | None, np.ndarray, dict[str, dict[str, np.ndarray]], int, str, int]:
-        """The rows of ``name`` changed since the save of ``(source, since)``, or all of them
-        (:func:`~kubeps.runtime.ps.changes.snapshot_changes`)."""
-        return snapshot_changes(self.get(name), source, since)
+    def save_view(self, name: str, source: str | None, since: int | None) -> SaveView:
+        """What a save of ``name`` writes: the rows changed since the save of ``(source, since)``, or all of them,
+        chunk by chunk (:func:`~kubeps.runtime.ps.changes.save_view`)."""
+        return save_view(self.get(name), source, since)
 
     def check_load(self, name: str, value: np.ndarray, slots: dict[str, dict[str, np.ndarray]] | None) -> None:
         """Refuse (``ValueError``) what :meth:`load` would not take: another shape or dtype than the variable's
@@ -406,12 +406,16 @@ class ParameterServerState:
 
     def load(self, name: str, value: np.ndarray, slots: dict[str, dict[str, np.ndarray]] | None,
              updates: int | None) -> None:
-        """Overwrite variable ``name``'s value in place and, when given, its slots and update count (checked
-        first with :meth:`check_load`)."""
+        """Set variable ``name``'s value and, when given, its slots and update count (checked first with
+        :meth:`check_load`). The arrays are taken, as the slots always were: a value that owns its C-contiguous data
+        (what a restore reads) becomes the variable's, any other is copied into it."""
         self.check_load(name, value, slots)
         var = self.get(name)
         with var.lock:
-            var.value[...] = value
+            if value.flags.c_contiguous and value.flags.writeable and value.base is None:
+                var.value = value  # a restore's own array: taken, not copied (one shard's bytes less at the peak)
+            else:
+                var.value[...] = value
             var.changes = RowChanges(var.value.shape[0] if var.value.ndim else 1)
             if slots is not None:
                 var.slots = {okey: dict(group) for okey, group in slots.items()}

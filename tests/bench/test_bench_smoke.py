@@ -51,6 +51,10 @@ CTR_SMALL = ("--steps", "40", "--train-examples", "16384", "--eval-examples", "2
 CASES = [
     Case("ctr_keras.py", ("--rounds", "1", "--smoke"),
          (r"^\| numpy \(examples/ctr\) \| \d+ \| 1 \|", r"^\| Keras fit \(examples/keras\) \| \d+ \| \d+\.\d\d \|")),
+    Case("checkpoint_size.py", ("--gb", "0.02", "--train-s", "0.3", "--rounds", "1"),
+         (r"^full save \(baseline\) +\d+\.\d\d s +\d+\.\d\d GB/s per ps",
+          r"^incremental after +1% rows changed .* \d+\.\d{4}x the full save$",
+          r"^training: .* ratio \d+\.\d\dx")),
     Case("ctr_vs_tf.py", ("--rounds", "1", "--plaintext", *CTR_SMALL),
          (r"^kubeps \(mutual TLS\) +\d+ +0\.\d{4}", r"^mutual TLS costs -?\d+\.\d% of plaintext's examples/s",
           r"^TensorFlow skipped: no baseline, no ratio$"), ctr_data=True),
