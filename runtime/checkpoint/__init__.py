@@ -34,6 +34,7 @@ The package, one module per part (importing it registers the adapters for kubeps
   shard side of the PS methods ``SaveDynamic``/``RestoreDynamic``;
 * ``incremental``: which shards an incremental save writes as deltas (only their rows changed since the newest
   checkpoint) and how a delta joins its chain of files; which checkpoints a kept one reads;
+* ``preemption``: on SIGTERM the chief saves with its newest ``CheckpointManager`` before it exits;
 * ``api``: ``Checkpoint``; ``manager``: ``CheckpointManager``; ``reader``: ``CheckpointReader``;
 * ``adapters``: kubeps ``Variable`` and ``ShardedVariable`` as checkpoint variables;
 * ``evaluator``: ``SidecarEvaluator``, which evaluates each new checkpoint from its files, without the ps.

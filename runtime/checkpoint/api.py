@@ -205,16 +205,32 @@ class Checkpoint:
         _check_root_for(saveables, tables, directory, field)
 
     # -- save ------------------------------------------------------------------------------------------------
+    def capture(self, step: int | None = None) -> tuple[int | None, dict[str, Any]]:
+        """The step (``step``, or the checkpoint's ``step`` object's value) and the JSON states of its objects with
+        ``get_state``, now: what :meth:`write` saves with them when given as ``taken`` (an asynchronous save)."""
+        _, stateful, _, _ = self._flatten()
+        objects = {}
+        for key, obj in stateful.items():
+            state = obj.get_state()
+            try:
+                json.dumps(state)
+            except (TypeError, ValueError) as err:
+                raise CheckpointError(f"checkpoint object {key!r}: get_state() is not JSON-serialisable ({err})") from None
+            objects[key] = state
+        return (self._step_value() if step is None else step), objects
+
     def write(self, path: str, *, checkpoint_number: int = 0, step: int | None = None, final: bool = False,
-              incremental: IncrementalSave | None = None) -> str:
+              incremental: IncrementalSave | None = None, taken: tuple[int | None, dict[str, Any]] | None = None
+              ) -> str:
         """Write a complete checkpoint to the directory ``path`` (a ``ckpt-N`` directory); returns ``path``.
         With ``incremental`` (a :class:`~kubeps.runtime.checkpoint.manager.CheckpointManager` made with
         ``incremental=True`` passes it), the shards of parameter servers write only their rows changed since the
-        parent checkpoint where its policy allows (:mod:`kubeps.runtime.checkpoint.incremental`)."""
+        parent checkpoint where its policy allows (:mod:`kubeps.runtime.checkpoint.incremental`). ``taken``: the
+        step and object states :meth:`capture` took (an asynchronous save takes them when it is asked)."""
         started = time.perf_counter()
         path = normalize_path(path)
         storage = storage_for(path)
-        saveables, stateful, _, tables = self._flatten()
+        saveables, _, _, tables = self._flatten()
         _check_root_for(saveables, tables, path, "Checkpoint.write path")
         if storage.exists(storage.join(path, MANIFEST_NAME)):
             raise CheckpointError(f"checkpoint {path} already exists; refusing to overwrite a committed checkpoint")
@@ -267,16 +283,7 @@ class Checkpoint:
                 shape=list(sv.shape), dtype=dtype, slices=[_full(p) for p in parts], slots=slots
             )
         dynamic = save_tables(tables, path) if tables else {}
-        objects = {}
-        for key, obj in stateful.items():
-            state = obj.get_state()
-            try:
-                json.dumps(state)
-            except (TypeError, ValueError) as err:
-                raise CheckpointError(f"checkpoint object {key!r}: get_state() is not JSON-serialisable ({err})") from None
-            objects[key] = state
-        if step is None:
-            step = self._step_value()
+        step, objects = taken if taken is not None else self.capture(step)
         manifest = Manifest(format_version=manifest_version(variables, bool(dynamic)),
                             checkpoint_number=checkpoint_number, step=step, final=final, created=time.time(),
                             variables=variables, dynamic=dynamic, objects=objects)

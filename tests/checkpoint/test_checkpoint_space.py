@@ -72,6 +72,12 @@ def test_a_save_out_of_space_fails_clearly_keeps_the_previous_checkpoint_and_the
     assert str(small_fs / "ckpt" / "ckpt-1") in message and "bytes" in message
     assert sorted(os.listdir(small_fs / "ckpt")) == ["ckpt-0"]  # nothing of the failed save is left
     assert mgr.checkpoints == [first]
+    # an asynchronous save fails the same way: its error comes with the next save, which is not started
+    assert mgr.save(wait=False).endswith("ckpt-1")
+    train(np.arange(5))
+    with pytest.raises(RemoteError, match="no space to save the checkpoint"):
+        mgr.save()
+    assert sorted(os.listdir(small_fs / "ckpt")) == ["ckpt-0"]
 
     verify_checkpoint(first)
     latest = emb.numpy()

@@ -182,3 +182,21 @@ def test_a_delta_whose_slots_the_parent_lacks_is_saved_again_in_full(ps_cluster,
     mgr.restore()
     np.testing.assert_array_equal(emb.numpy(), saved)
     strategy.close()
+
+
+def test_an_asynchronous_save_returns_at_once_takes_the_step_of_its_call_and_the_next_save_waits_for_it(ps_cluster,
+                                                                                                        tmp_path):
+    strategy, emb, opt, mgr = _trained(ps_cluster, tmp_path, 400, 2)
+    step = StepCounter(7)
+    mgr = CheckpointManager(Checkpoint(emb=emb, step=step), mgr.directory, incremental=True)
+    path = mgr.save(wait=False)
+    step.assign(8)  # after the call: not in that checkpoint
+    _touch(emb, opt, [1, 2])  # training goes on meanwhile
+    mgr.wait()
+    assert verify_checkpoint(path).step == 7 and mgr.latest_checkpoint == path
+    second = mgr.save(wait=False)
+    third = mgr.save()  # waits for the second first
+    assert [verify_checkpoint(p).step for p in (second, third)] == [8, 8]
+    with pytest.raises(RuntimeConfigError, match="CheckpointManager.save.wait"):
+        mgr.save(wait="no")
+    strategy.close()
