@@ -6,12 +6,16 @@ Layout of a checkpoint directory (local path, shared filesystem or an fsspec URL
     <directory>/ckpt-<N>/<variable>-<hash>.value.<a>-<b>.npy   rows a..b-1 (axis 0) of a logical variable
     <directory>/ckpt-<N>/<variable>-<hash>.<slot>-<h>.<a>-<b>.npy  the same rows of an optimizer slot
     <directory>/ckpt-<N>/<table>-<hash>.dyn<s>.<part>.npy            shard s of a dynamic table: keys, values, ...
+    <directory>/ckpt-<N>/<variable>-<hash>.<part>.<a>-<b>.delta.npy  an incremental save's changed rows: their ids,
+                                                                     values and slot rows (format version 3)
 
 Data files are plain ``.npy`` arrays (``numpy.load`` reads them); the manifest (:class:`Manifest`, JSON) lists
 every logical variable with its full shape and dtype, the slices ``(start, stop)`` of axis 0 that make it up, the
 file and sha256 of each slice, the optimizer slots beside it, the training step, the format version and whether
 the training finished (``final``). A checkpoint directory without a manifest is the remains of an interrupted save:
-it is ignored by readers and deleted by the next save.
+it is ignored by readers and deleted by the next save. A checkpoint of an incremental
+:class:`CheckpointManager` names, per slice, the earlier checkpoint holding its base file and the deltas (changed
+rows) to apply over it, in order.
 
 Restoring reads, for every shard of the variables being restored, the slices that overlap the shard's rows, so
 a checkpoint restores into any number of parameter servers and shards. Every file read is checked against its
@@ -28,6 +32,9 @@ The package, one module per part (importing it registers the adapters for kubeps
 * ``saveables``: where each shard of a logical variable lives, ``register_saveable``, ``StepCounter``;
 * ``dynamic``: dynamic embedding tables (their live rows per shard, restored into any number of shards) and the
   shard side of the PS methods ``SaveDynamic``/``RestoreDynamic``;
+* ``incremental``: which shards an incremental save writes as deltas (only their rows changed since the newest
+  checkpoint) and how a delta joins its chain of files; which checkpoints a kept one reads;
+* ``preemption``: on SIGTERM the chief saves with its newest ``CheckpointManager`` before it exits;
 * ``api``: ``Checkpoint``; ``manager``: ``CheckpointManager``; ``reader``: ``CheckpointReader``;
 * ``adapters``: kubeps ``Variable`` and ``ShardedVariable`` as checkpoint variables;
 * ``evaluator``: ``SidecarEvaluator``, which evaluates each new checkpoint from its files, without the ps.
@@ -47,6 +54,7 @@ from kubeps.runtime.checkpoint.format import (
     CheckpointError,
     CheckpointMismatchError,
     CheckpointNotFoundError,
+    CheckpointSpaceError,
     Manifest,
     SliceEntry as SliceEntry,
     TensorEntry as TensorEntry,
@@ -96,6 +104,7 @@ __all__ = [
     "CheckpointMismatchError",
     "CheckpointNotFoundError",
     "CheckpointReader",
+    "CheckpointSpaceError",
     "Manifest",
     "StepCounter",
     "latest_checkpoint",

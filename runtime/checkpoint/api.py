@@ -16,21 +16,22 @@ from kubeps.runtime.settings import TaskSettings
 from kubeps.runtime.util.storage import StorageError, checkpoint_roots, confine, normalize_path, storage_for
 from kubeps.runtime.checkpoint.dynamic import TableSaveable, check_table, restore_tables, save_tables, verify_table
 from kubeps.runtime.checkpoint.format import (
-    DYNAMIC_FORMAT_VERSION,
-    FORMAT_VERSION,
     MANIFEST_NAME,
     CheckpointError,
     CheckpointMismatchError,
     Manifest,
+    SliceEntry,
     TensorEntry,
     VariableEntry,
     commit_manifest,
     dtype_name,
+    manifest_version,
     overlapping,
     read_manifest,
     short_listing,
     tensor_rows,
 )
+from kubeps.runtime.checkpoint.incremental import IncrementalSave
 from kubeps.runtime.checkpoint.saveables import (SAVEABLE_ADAPTERS, ArrayAccess, LocalExecutor, PSExecutor, Saveable,
                                                 ShardExecutor, ShardRef, group_key)
 from kubeps.runtime.checkpoint.shards import RestoreItem, SavedShard, SaveItem
@@ -85,6 +86,27 @@ def _rows(tensor: TensorEntry, start: int, stop: int) -> dict[str, Any]:
     ``RestoreItem`` carries it (JSON)."""
     slices = [s for s, _, _ in overlapping(tensor.slices, start, stop)] if tensor.shape else tensor.slices
     return TensorEntry(shape=tensor.shape, dtype=tensor.dtype, slices=slices).model_dump(mode="json")
+
+
+def _saved(executor: ShardExecutor, path: str, items: list[SaveItem]) -> list[SavedShard]:
+    saved = executor.save(path, items)
+    if len(saved) != len(items):
+        raise CheckpointError(f"{executor.label} saved {len(saved)} shards, {len(items)} were asked for")
+    return saved
+
+
+def _full_item(item: SaveItem) -> SaveItem:
+    """``item`` asked for in full (a new base), its change record kept."""
+    again = SaveItem(key=item["key"], name=item["name"], start=item["start"], stop=item["stop"], shape=item["shape"])
+    again["since"] = None
+    return again
+
+
+def _full(saved: SavedShard) -> SliceEntry:
+    """The slice of a shard saved in full (or a delta joined to its chain)."""
+    if saved.value is None:
+        raise CheckpointError(f"shard {saved.key!r} was saved as a delta, which this save did not ask for")
+    return saved.value
 
 
 class Checkpoint:
@@ -183,12 +205,32 @@ class Checkpoint:
         _check_root_for(saveables, tables, directory, field)
 
     # -- save ------------------------------------------------------------------------------------------------
-    def write(self, path: str, *, checkpoint_number: int = 0, step: int | None = None, final: bool = False) -> str:
-        """Write a complete checkpoint to the directory ``path`` (a ``ckpt-N`` directory); returns ``path``."""
+    def capture(self, step: int | None = None) -> tuple[int | None, dict[str, Any]]:
+        """The step (``step``, or the checkpoint's ``step`` object's value) and the JSON states of its objects with
+        ``get_state``, now: what :meth:`write` saves with them when given as ``taken`` (an asynchronous save)."""
+        _, stateful, _, _ = self._flatten()
+        objects = {}
+        for key, obj in stateful.items():
+            state = obj.get_state()
+            try:
+                json.dumps(state)
+            except (TypeError, ValueError) as err:
+                raise CheckpointError(f"checkpoint object {key!r}: get_state() is not JSON-serialisable ({err})") from None
+            objects[key] = state
+        return (self._step_value() if step is None else step), objects
+
+    def write(self, path: str, *, checkpoint_number: int = 0, step: int | None = None, final: bool = False,
+              incremental: IncrementalSave | None = None, taken: tuple[int | None, dict[str, Any]] | None = None
+              ) -> str:
+        """Write a complete checkpoint to the directory ``path`` (a ``ckpt-N`` directory); returns ``path``.
+        With ``incremental`` (a :class:`~kubeps.runtime.checkpoint.manager.CheckpointManager` made with
+        ``incremental=True`` passes it), the shards of parameter servers write only their rows changed since the
+        parent checkpoint where its policy allows (:mod:`kubeps.runtime.checkpoint.incremental`). ``taken``: the
+        step and object states :meth:`capture` took (an asynchronous save takes them when it is asked)."""
         started = time.perf_counter()
         path = normalize_path(path)
         storage = storage_for(path)
-        saveables, stateful, _, tables = self._flatten()
+        saveables, _, _, tables = self._flatten()
         _check_root_for(saveables, tables, path, "Checkpoint.write path")
         if storage.exists(storage.join(path, MANIFEST_NAME)):
             raise CheckpointError(f"checkpoint {path} already exists; refusing to overwrite a committed checkpoint")
@@ -198,14 +240,21 @@ class Checkpoint:
         for sv in saveables:
             for shard in sv.shards:
                 item = SaveItem(key=shard.key, name=sv.name, start=shard.start, stop=shard.stop, shape=list(sv.shape))
+                if incremental is not None:
+                    item["since"] = incremental.since(sv.name, shard.start, shard.stop)
                 groups.setdefault(group_key(shard.executor), (shard.executor, []))[1].append((item, sv))
         results: dict[tuple[str, int], SavedShard] = {}
 
         def run(group):
             executor, pairs = group
-            saved = executor.save(path, [item for item, _ in pairs])
-            if len(saved) != len(pairs):
-                raise CheckpointError(f"{executor.label} saved {len(saved)} shards, {len(pairs)} were asked for")
+            items = [item for item, _ in pairs]
+            saved = _saved(executor, path, items)
+            if incremental is not None:  # deltas joined to their chains; one that does not fit is saved again in full
+                joined = [incremental.resolve(sv.name, s, item["start"], item["stop"]) for (item, sv), s in
+                          zip(pairs, saved)]
+                again = [i for i, s in enumerate(joined) if s is None]
+                redone = _saved(executor, path, [_full_item(items[i]) for i in again]) if again else []
+                saved = [s if s is not None else redone[again.index(i)] for i, s in enumerate(joined)]
             return [((sv.name, item["start"]), s) for (item, sv), s in zip(pairs, saved)]
 
         if groups:
@@ -214,7 +263,7 @@ class Checkpoint:
                     results.update(pairs)
         variables: dict[str, VariableEntry] = {}
         for sv in saveables:
-            parts = sorted((results[(sv.name, sh.start)] for sh in sv.shards), key=lambda s: s.value.start)
+            parts = sorted((results[(sv.name, sh.start)] for sh in sv.shards), key=lambda s: _full(s).start)
             slot_keys = {(ok, sn) for p in parts for ok, g in p.slots.items() for sn in g}
             slots: dict[str, dict[str, TensorEntry]] = {}
             for okey, sname in sorted(slot_keys):
@@ -231,20 +280,11 @@ class Checkpoint:
                 )
             dtype = parts[0].dtype if parts else np.dtype(sv.dtype).name
             variables[sv.name] = VariableEntry(
-                shape=list(sv.shape), dtype=dtype, slices=[p.value for p in parts], slots=slots
+                shape=list(sv.shape), dtype=dtype, slices=[_full(p) for p in parts], slots=slots
             )
         dynamic = save_tables(tables, path) if tables else {}
-        objects = {}
-        for key, obj in stateful.items():
-            state = obj.get_state()
-            try:
-                json.dumps(state)
-            except (TypeError, ValueError) as err:
-                raise CheckpointError(f"checkpoint object {key!r}: get_state() is not JSON-serialisable ({err})") from None
-            objects[key] = state
-        if step is None:
-            step = self._step_value()
-        manifest = Manifest(format_version=DYNAMIC_FORMAT_VERSION if dynamic else FORMAT_VERSION,
+        step, objects = taken if taken is not None else self.capture(step)
+        manifest = Manifest(format_version=manifest_version(variables, bool(dynamic)),
                             checkpoint_number=checkpoint_number, step=step, final=final, created=time.time(),
                             variables=variables, dynamic=dynamic, objects=objects)
         commit_manifest(path, manifest)

@@ -3,14 +3,18 @@ listing of checkpoint directories on a storage. No knowledge of variables or par
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import logging
+import os
 import re
-from typing import Iterable, Any, Sequence, TypeVar
+from typing import Any, Callable, Iterable, Protocol, Sequence, TypeVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, StrictInt, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, SerializerFunctionWrapHandler, StrictInt, ValidationError,
+                      field_validator, model_serializer, model_validator)
 
 from kubeps.runtime.rpc.protocol import legacy_slot_key
 from kubeps.runtime.util import npyfiles
@@ -24,7 +28,9 @@ log = logging.getLogger("kubeps.runtime.checkpoint.format")
 #: "format_version 2 is not supported" instead of misreading them. Both are read.
 FORMAT_VERSION = 1
 DYNAMIC_FORMAT_VERSION = 2
-READABLE_VERSIONS = (FORMAT_VERSION, DYNAMIC_FORMAT_VERSION)
+#: checkpoints of an incremental manager (slices with a save's generation, files in an earlier checkpoint, deltas)
+INCREMENTAL_FORMAT_VERSION = 3
+READABLE_VERSIONS = (FORMAT_VERSION, DYNAMIC_FORMAT_VERSION, INCREMENTAL_FORMAT_VERSION)
 MANIFEST_NAME = "manifest.json"
 CHECKPOINT_PREFIX = "ckpt-"
 _CKPT_DIR = re.compile(r"^ckpt-(\d+)$")
@@ -46,6 +52,28 @@ class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
 
 class CheckpointCorruptError(CheckpointError):
     """A checkpoint's files do not match its manifest (checksum, size, header), or the manifest is malformed."""
+
+
+class CheckpointSpaceError(CheckpointError, OSError):
+    """A save ran out of space (``ENOSPC``), quota (``EDQUOT``) or file size (``EFBIG``): the message names the file
+    and the bytes; what the save had written is removed, the previous checkpoint is untouched."""
+
+
+#: errno values of a storage that is full
+SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+def space_error(err: OSError, path: str, needed: int, written: int) -> CheckpointSpaceError | None:
+    """``err`` as a :class:`CheckpointSpaceError` about file ``path`` when it says the storage is full, else None."""
+    if err.errno not in SPACE_ERRNOS:
+        return None
+    out = CheckpointSpaceError(
+        f"no space to save the checkpoint: writing {path} ({needed} bytes) failed with "
+        f"{errno.errorcode.get(err.errno or 0, err.errno)} ({os.strerror(err.errno or 0)}) after this save had written "
+        f"{written} bytes; those files are removed and the previous checkpoint is untouched: free space (the save "
+        f"needs more than {needed + written} bytes), or lower max_to_keep, and save again")
+    out.errno = err.errno
+    return out
 
 
 class CheckpointMismatchError(CheckpointError):
@@ -70,8 +98,52 @@ def tensor_rows(shape: Sequence[int]) -> int:
     return int(shape[0]) if len(shape) else 1
 
 
+def _plain_file(value: str) -> str:
+    if not _SAFE_FILE.match(value) or value.startswith("."):
+        raise ValueError(f"file {value!r} must be a plain '.npy' file name inside the checkpoint directory")
+    return value
+
+
+def _hex64(value: str) -> str:
+    if not _HEX64.match(value):
+        raise ValueError(f"sha256 {value!r} must be 64 lowercase hex digits")
+    return value
+
+
+class DeltaEntry(BaseModel):
+    """The rows of a slice that changed since the save before, written by checkpoint ``checkpoint`` (a sibling
+    ``ckpt-<checkpoint>`` directory): ``ids_file`` holds their logical row numbers (int64, ascending), ``file`` the
+    rows themselves, in the same order. Restore applies a slice's deltas in order over its base file."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    checkpoint: StrictInt
+    rows: StrictInt
+    ids_file: str
+    ids_sha256: str
+    ids_nbytes: StrictInt
+    file: str
+    sha256: str
+    nbytes: StrictInt
+
+    _files = field_validator("file", "ids_file")(_plain_file)
+    _hex = field_validator("sha256", "ids_sha256")(_hex64)
+
+    @model_validator(mode="after")
+    def _sizes(self) -> "DeltaEntry":
+        if min(self.checkpoint, self.rows, self.nbytes, self.ids_nbytes) < 0:
+            raise ValueError("checkpoint, rows and the byte counts of a delta must be >= 0")
+        return self
+
+
+#: the fields of a slice that only an incremental save writes; left out when at their defaults, so that a manifest
+#: of a plain save reads in every kubeps
+_INCREMENTAL_FIELDS: dict[str, Any] = {"checkpoint": None, "source": "", "generation": 0, "deltas": []}
+
+
 class SliceEntry(BaseModel):
-    """Rows ``start..stop-1`` of a logical tensor, stored in ``file`` (relative to the checkpoint directory)."""
+    """Rows ``start..stop-1`` of a logical tensor, stored in ``file`` (relative to the checkpoint directory, or to
+    the sibling ``ckpt-<checkpoint>`` where ``checkpoint`` is set) and updated by ``deltas``, in order."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -83,28 +155,37 @@ class SliceEntry(BaseModel):
     nbytes: StrictInt
     #: optimizer update count of the shard these rows came from (learning-rate schedules, Adam's bias correction)
     updates: StrictInt = 0
+    #: the checkpoint whose directory holds ``file`` (None: this one)
+    checkpoint: StrictInt | None = None
+    #: the ps's change record these rows were saved from and the generation of that save: a later save asks the ps
+    #: for the rows changed since it (:mod:`kubeps.runtime.checkpoint.incremental`)
+    source: str = ""
+    generation: StrictInt = 0
+    deltas: list[DeltaEntry] = []
 
-    @field_validator("file")
-    @classmethod
-    def _relative_file(cls, value: str) -> str:
-        if not _SAFE_FILE.match(value) or value.startswith("."):
-            raise ValueError(f"file {value!r} must be a plain '.npy' file name inside the checkpoint directory")
-        return value
-
-    @field_validator("sha256")
-    @classmethod
-    def _hex(cls, value: str) -> str:
-        if not _HEX64.match(value):
-            raise ValueError(f"sha256 {value!r} must be 64 lowercase hex digits")
-        return value
+    _file = field_validator("file")(_plain_file)
+    _hex = field_validator("sha256")(_hex64)
 
     @model_validator(mode="after")
     def _range(self) -> "SliceEntry":
         if self.start < 0 or self.stop <= self.start:
             raise ValueError(f"slice ({self.start}, {self.stop}) must have 0 <= start < stop")
-        if self.nbytes < 0 or self.updates < 0:
-            raise ValueError("nbytes and updates must be >= 0")
+        if self.nbytes < 0 or self.updates < 0 or self.generation < 0 or (self.checkpoint or 0) < 0:
+            raise ValueError("nbytes, updates, generation and checkpoint must be >= 0")
         return self
+
+    @model_serializer(mode="wrap")
+    def _compact(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for name, default in _INCREMENTAL_FIELDS.items():
+            if data.get(name, default) == default:
+                data.pop(name, None)
+        return data
+
+    @property
+    def incremental(self) -> bool:
+        """Whether only an incremental save writes this slice (a reader needs format version 3)."""
+        return bool(self.source or self.deltas or self.checkpoint is not None)
 
 
 class TensorEntry(BaseModel):
@@ -190,6 +271,22 @@ class VariableEntry(TensorEntry):
         return self
 
 
+class SavedDelta(BaseModel):
+    """What an incremental save of one shard wrote: its ``rows`` changed since the save it was asked against, and
+    the files (``(file, sha256, nbytes)``) of their logical ids, their values and their slots' rows -- None and
+    empty when no row changed -- with the shard's ``updates`` and the save's ``source`` and ``generation``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rows: StrictInt
+    updates: StrictInt
+    source: str
+    generation: StrictInt
+    ids: tuple[str, str, StrictInt] | None = None
+    value: tuple[str, str, StrictInt] | None = None
+    slots: dict[str, dict[str, tuple[str, str, StrictInt]]] = {}
+
+
 class SavedShard(BaseModel):
     """What saving one shard of a variable wrote (a ``SaveShards`` answer holds one per item): the value's slice,
     its dtype, and ``slots``: ``{optimizer key: {slot: (slice, dtype, trailing shape)}}``. The coordinator puts the
@@ -198,9 +295,17 @@ class SavedShard(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     key: str
-    value: SliceEntry
+    #: the full save's slice; None for a delta (``delta``)
+    value: SliceEntry | None = None
     dtype: str
     slots: dict[str, dict[str, tuple[SliceEntry, str, list[int]]]] = {}
+    delta: SavedDelta | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> "SavedShard":
+        if (self.value is None) == (self.delta is None):
+            raise ValueError("a saved shard holds either a full slice (value) or a delta, one of them")
+        return self
 
 
 #: the parts of a dynamic table's shard that are not one entry per live row (the admission state)
@@ -336,7 +441,23 @@ class Manifest(BaseModel):
         if self.dynamic and self.format_version < DYNAMIC_FORMAT_VERSION:
             raise ValueError(f"format_version {self.format_version} cannot hold dynamic tables; they need version "
                              f"{DYNAMIC_FORMAT_VERSION}")
+        if self.format_version < INCREMENTAL_FORMAT_VERSION and incremental_slices(self.variables):
+            raise ValueError(f"format_version {self.format_version} cannot hold an incremental save's slices; they "
+                             f"need version {INCREMENTAL_FORMAT_VERSION}")
         return self
+
+
+def incremental_slices(variables: dict[str, VariableEntry]) -> bool:
+    """Whether any slice of ``variables`` (values or slots) is an incremental save's."""
+    return any(s.incremental for v in variables.values()
+               for t in [v, *(t for g in v.slots.values() for t in g.values())] for s in t.slices)
+
+
+def manifest_version(variables: dict[str, VariableEntry], dynamic: bool) -> int:
+    """The oldest format version that holds these variables (and dynamic tables, where ``dynamic``)."""
+    if incremental_slices(variables):
+        return INCREMENTAL_FORMAT_VERSION
+    return DYNAMIC_FORMAT_VERSION if dynamic else FORMAT_VERSION
 
 
 # -- names -----------------------------------------------------------------------------------------------------
@@ -349,6 +470,13 @@ def slice_file_name(name: str, start: int, stop: int, optimizer: str | None = No
     """The data file name of rows ``start..stop-1`` of variable ``name`` (or of one of its slots)."""
     part = "value" if slot is None else _safe(f"{optimizer}\0{slot}", 24)
     return f"{_safe(name)}.{part}.{start}-{stop}.npy"
+
+
+def delta_file_name(name: str, start: int, stop: int, part: str, optimizer: str | None = None) -> str:
+    """The data file name of the rows of ``name`` (``start..stop-1``) an incremental save wrote: their ``ids``, their
+    ``value`` rows, or (with ``optimizer``) the rows of slot ``part``."""
+    label = part if optimizer is None else _safe(f"{optimizer}\0{part}", 24)
+    return f"{_safe(name)}.{label}.{start}-{stop}.delta.npy"
 
 
 def dynamic_file_name(name: str, shard: int, part: str, optimizer: str | None = None) -> str:
@@ -373,19 +501,6 @@ class _HashingWriter:
         return view.nbytes
 
 
-class _HashingReader:
-    def __init__(self, f):
-        self._f = f
-        self.hash = hashlib.sha256()
-        self.nbytes = 0
-
-    def read(self, n: int = -1) -> bytes:
-        data = self._f.read(n)
-        self.hash.update(data)
-        self.nbytes += len(data)
-        return data
-
-
 def write_array(storage: Storage, path: str, array: np.ndarray) -> tuple[str, int]:
     """Write ``array`` as a ``.npy`` file (fsync'ed, atomic); returns ``(sha256 hex, size in bytes)``."""
     array = np.asarray(array)
@@ -397,68 +512,159 @@ def write_array(storage: Storage, path: str, array: np.ndarray) -> tuple[str, in
     return writer.hash.hexdigest(), writer.nbytes
 
 
-def _read_exact(reader: _HashingReader, n: int, what: str, path: str) -> bytes:
-    parts = []
-    left = n
-    while left > 0:
-        chunk = reader.read(min(left, _READ_CHUNK))
-        if not chunk:
-            raise CheckpointCorruptError(
-                f"{what}: file {path} is truncated: it ends after {reader.nbytes} bytes, before the data it "
-                "declares"
-            )
-        parts.append(chunk)
-        left -= len(chunk)
-    return b"".join(parts)
+def write_streamed(storage: Storage, paths: Sequence[str], layouts: Sequence[tuple[tuple[int, ...], np.dtype]],
+                   chunks: Iterable[list[np.ndarray]]) -> list[tuple[str, int]]:
+    """Write several ``.npy`` files at once (each fsync'ed, atomic), ``layouts[i]`` the shape and dtype of file
+    ``i``, from ``chunks``: per chunk, the next rows of every file. Returns ``(sha256 hex, size)`` per file; the
+    files are byte for byte what :func:`write_array` writes for the whole arrays."""
+    with contextlib.ExitStack() as stack:
+        writers = []
+        for path, (shape, dtype) in zip(paths, layouts):
+            writer = _HashingWriter(stack.enter_context(storage.open_write_atomic(path)))
+            np.lib.format.write_array_header_1_0(writer, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
+                                                          "fortran_order": False, "shape": tuple(shape)})
+            writers.append(writer)
+        for parts in chunks:
+            for writer, part in zip(writers, parts):
+                writer.write(np.ascontiguousarray(part).reshape(-1).view(np.uint8).data)
+    return [(w.hash.hexdigest(), w.nbytes) for w in writers]
 
 
-def read_slice_rows(storage: Storage, directory: str, entry: SliceEntry, shape: Sequence[int], dtype: str,
-                    lo: int, hi: int, what: str) -> np.ndarray:
-    """Rows ``lo..hi-1`` (logical numbering) of one slice file, after checking its header, size and sha256.
+Siblings = Callable[[int], tuple[Storage, str]]
+"""``siblings(n) -> (storage, directory)``: where the files of checkpoint ``ckpt-<n>`` beside this one are read."""
 
-    The whole file is streamed through the hash (the checksum covers all of it), only the wanted rows are kept.
-    """
-    path = storage.join(directory, entry.file)
-    dt = np.dtype(dtype)
-    expected_shape = tuple(shape) if not shape else (entry.stop - entry.start,) + tuple(shape[1:])
+
+def sibling_directory(directory: str, number: int) -> str:
+    """The directory of checkpoint ``number`` beside the checkpoint directory ``directory`` (its files that an
+    incremental checkpoint names by number)."""
+    parent = directory.rstrip("/").rsplit("/", 1)[0] if "/" in directory.rstrip("/") else "."
+    return f"{parent}/{CHECKPOINT_PREFIX}{int(number)}"
+
+
+def _locate(storage: Storage, directory: str, number: int | None,
+            siblings: Siblings | None) -> tuple[Storage, str]:
+    if number is None:
+        return storage, directory
+    if siblings is not None:
+        return siblings(number)
+    return storage, sibling_directory(directory, number)
+
+
+class _Readable(Protocol):
+    """A binary file as storages open it for reading (local files and fsspec's both read into buffers)."""
+
+    def read(self, n: int = -1, /) -> bytes: ...
+
+    def readinto(self, buffer: memoryview, /) -> int | None: ...
+
+
+class _VerifiedFile:
+    """One data file read through its sha256, straight into the caller's arrays (``readinto``, no copy)."""
+
+    def __init__(self, f: _Readable, path: str, what: str):
+        self._f, self.path, self.what = f, path, what
+        self.hash = hashlib.sha256()
+        self.nbytes = 0
+
+    def read(self, n: int = -1) -> bytes:  # the .npy header
+        data = self._f.read(n)
+        self.hash.update(data)
+        self.nbytes += len(data)
+        return data
+
+    def read_into(self, view: memoryview) -> None:
+        """Fill ``view`` (bytes) from the file, hashing as it goes."""
+        pos, total = 0, view.nbytes
+        while pos < total:
+            got = self._f.readinto(view[pos:min(total, pos + _READ_CHUNK)])
+            if not got:
+                raise CheckpointCorruptError(f"{self.what}: file {self.path} is truncated: it ends after "
+                                             f"{self.nbytes} bytes, before the data it declares")
+            self.hash.update(view[pos:pos + got])
+            self.nbytes += got
+            pos += got
+
+    def skip(self, n: int) -> None:
+        scratch = memoryview(bytearray(min(max(n, 1), _READ_CHUNK)))
+        while n > 0:
+            k = min(n, scratch.nbytes)
+            self.read_into(scratch[:k])
+            n -= k
+
+    def rest(self) -> None:
+        while True:
+            data = self._f.read(_READ_CHUNK)
+            if not data:
+                return
+            self.hash.update(data)
+            self.nbytes += len(data)
+
+
+def read_verified(storage: Storage, path: str, shape: tuple[int, ...], dtype: np.dtype, sha256: str, nbytes: int,
+                  what: str, lo: int = 0, hi: int | None = None, out: np.ndarray | None = None) -> np.ndarray:
+    """Rows ``lo..hi-1`` of the ``.npy`` file ``path`` of ``shape`` and ``dtype``, after checking its header, size
+    and sha256, read straight into ``out`` (or a new array); the rest of the file is streamed through the hash."""
+    hi = (shape[0] if shape else 1) if hi is None else hi
     try:
         f = storage.open_read(path)
     except FileNotFoundError:
         raise CheckpointNotFoundError(f"{what}: data file {path} is missing") from None
     with f:
-        reader = _HashingReader(f)
+        reader = _VerifiedFile(f, path, what)  # type: ignore[arg-type]  # IO[bytes] declares no readinto; files do
         try:
             fshape, fortran, fdtype = npyfiles.read_header(reader)
         except (ValueError, SyntaxError, EOFError) as err:
             raise CheckpointCorruptError(f"{what}: file {path} is not a valid .npy file ({err})") from None
-        if tuple(fshape) != expected_shape or fdtype != dt or fortran:
+        if tuple(fshape) != tuple(shape) or fdtype != dtype or fortran:
             raise CheckpointCorruptError(
                 f"{what}: file {path} holds an array of shape {list(fshape)} dtype {fdtype}"
-                f"{' (Fortran order)' if fortran else ''}; the manifest expects shape {list(expected_shape)} "
-                f"dtype {dt}"
+                f"{' (Fortran order)' if fortran else ''}; the manifest expects shape {list(shape)} dtype {dtype}"
             )
-        row_elems = int(np.prod(expected_shape[1:], dtype=np.int64)) if expected_shape else 1
-        row_bytes = row_elems * dt.itemsize
-        a, b = lo - entry.start, hi - entry.start
-        _read_exact(reader, a * row_bytes, what, path)
-        data = _read_exact(reader, (b - a) * row_bytes, what, path)
-        rows_total = expected_shape[0] if expected_shape else 1
-        _read_exact(reader, (rows_total - b) * row_bytes, what, path)
-        while reader.read(_READ_CHUNK):
-            pass
-    if reader.nbytes != entry.nbytes:
-        raise CheckpointCorruptError(
-            f"{what}: file {path} has {reader.nbytes} bytes; the manifest expects {entry.nbytes}"
-        )
+        row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize if shape else dtype.itemsize
+        if out is None:
+            out = np.empty(((hi - lo),) + tuple(shape[1:]) if shape else (), dtype=dtype)
+        reader.skip(lo * row_bytes)
+        reader.read_into(out.reshape(-1).view(np.uint8).data if out.size else memoryview(b""))
+        reader.skip(((shape[0] if shape else 1) - hi) * row_bytes)
+        reader.rest()
+    if reader.nbytes != nbytes:
+        raise CheckpointCorruptError(f"{what}: file {path} has {reader.nbytes} bytes; the manifest expects {nbytes}")
     digest = reader.hash.hexdigest()
-    if digest != entry.sha256:
+    if digest != sha256:
         raise CheckpointCorruptError(
-            f"{what}: file {path} has sha256 {digest}; the manifest expects {entry.sha256} (the file is corrupt)"
+            f"{what}: file {path} has sha256 {digest}; the manifest expects {sha256} (the file is corrupt)"
         )
-    out = np.frombuffer(data, dtype=dt).copy()
-    if not shape:
-        return out.reshape(())
-    return out.reshape((b - a,) + tuple(shape[1:]))
+    return out
+
+
+def read_slice_rows(storage: Storage, directory: str, entry: SliceEntry, shape: Sequence[int], dtype: str,
+                    lo: int, hi: int, what: str, out: np.ndarray | None = None,
+                    siblings: Siblings | None = None) -> np.ndarray:
+    """Rows ``lo..hi-1`` (logical numbering) of one slice's base file, after checking its header, size and sha256
+    (deltas apart: :func:`read_rows` applies them). The whole file is streamed through the hash (the checksum
+    covers all of it); the wanted rows are read straight into ``out`` (or a new array)."""
+    where, folder = _locate(storage, directory, entry.checkpoint, siblings)
+    expected = tuple(shape) if not shape else (entry.stop - entry.start,) + tuple(shape[1:])
+    return read_verified(where, where.join(folder, entry.file), expected, np.dtype(dtype), entry.sha256,
+                         entry.nbytes, what, lo - entry.start if shape else 0, hi - entry.start if shape else 1, out)
+
+
+def apply_deltas(storage: Storage, directory: str, entry: SliceEntry, shape: Sequence[int], dtype: str,
+                 out: np.ndarray, lo: int, what: str, siblings: Siblings | None = None) -> None:
+    """Apply ``entry``'s deltas, in order, to ``out`` (rows ``lo..lo+len(out)-1``, logical numbering)."""
+    hi = lo + out.shape[0]
+    for delta in entry.deltas:
+        where, folder = _locate(storage, directory, delta.checkpoint, siblings)
+        ids = read_verified(where, where.join(folder, delta.ids_file), (delta.rows,), np.dtype(np.int64),
+                            delta.ids_sha256, delta.ids_nbytes, f"{what} (changed rows of checkpoint {delta.checkpoint})")
+        if ids.size and (int(ids[0]) < entry.start or int(ids[-1]) >= entry.stop or bool((ids[1:] <= ids[:-1]).any())):
+            raise CheckpointCorruptError(f"{what}: the changed rows of checkpoint {delta.checkpoint} are not ascending "
+                                         f"rows of the slice {entry.start}..{entry.stop - 1}")
+        rows = read_verified(where, where.join(folder, delta.file), (delta.rows,) + tuple(shape[1:]),
+                             np.dtype(dtype), delta.sha256, delta.nbytes,
+                             f"{what} (changed rows of checkpoint {delta.checkpoint})")
+        a, b = np.searchsorted(ids, lo), np.searchsorted(ids, hi)
+        out[ids[a:b] - lo] = rows[a:b]
 
 
 def overlapping(slices: Sequence[SliceEntry], lo: int, hi: int) -> list[tuple[SliceEntry, int, int]]:
@@ -471,19 +677,24 @@ def overlapping(slices: Sequence[SliceEntry], lo: int, hi: int) -> list[tuple[Sl
     return out
 
 
-def read_rows(storage: Storage, directory: str, entry: TensorEntry, lo: int, hi: int, what: str) -> np.ndarray:
-    """Rows ``lo..hi-1`` of a logical tensor, assembled from the slices that overlap them (re-partitioning)."""
+def read_rows(storage: Storage, directory: str, entry: TensorEntry, lo: int, hi: int, what: str,
+              siblings: Siblings | None = None) -> np.ndarray:
+    """Rows ``lo..hi-1`` of a logical tensor, assembled from the slices that overlap them (re-partitioning): each
+    slice's rows are read straight into the result, then its deltas applied over them. ``siblings`` says where the
+    files of an earlier checkpoint that an incremental one names are read (default: beside ``directory``, with
+    ``storage``)."""
     shape = entry.shape
     rows = tensor_rows(shape)
     if not 0 <= lo <= hi <= rows:
         raise CheckpointMismatchError(f"{what}: rows {lo}..{hi - 1} are outside the checkpointed 0..{rows - 1}")
     if not shape:
         (s,) = entry.slices
-        return read_slice_rows(storage, directory, s, shape, entry.dtype, 0, 1, what)
+        return read_slice_rows(storage, directory, s, shape, entry.dtype, 0, 1, what, siblings=siblings)
     out = np.empty((hi - lo,) + tuple(shape[1:]), dtype=np.dtype(entry.dtype))
     covered = 0
     for s, a, b in overlapping(entry.slices, lo, hi):
-        out[a - lo : b - lo] = read_slice_rows(storage, directory, s, shape, entry.dtype, a, b, what)
+        read_slice_rows(storage, directory, s, shape, entry.dtype, a, b, what, out[a - lo:b - lo], siblings)
+        apply_deltas(storage, directory, s, shape, entry.dtype, out[a - lo:b - lo], a, what, siblings)
         covered += b - a
     if covered != hi - lo:
         raise CheckpointCorruptError(f"{what}: the manifest's slices do not cover rows {lo}..{hi - 1}")
@@ -535,7 +746,14 @@ def commit_manifest(path: str, manifest: Manifest) -> None:
     """Write the manifest last, atomically: from this moment on the checkpoint exists."""
     storage = storage_for(path)
     body = manifest.model_dump_json(indent=1).encode()
-    storage.write_bytes_atomic(storage.join(path, MANIFEST_NAME), body)
+    target = storage.join(path, MANIFEST_NAME)
+    try:
+        storage.write_bytes_atomic(target, body)
+    except OSError as err:
+        full = space_error(err, target, len(body), 0)
+        if full is None:
+            raise
+        raise full from None
 
 
 def numbered_dirs(directory: str) -> list[tuple[int, str]]:

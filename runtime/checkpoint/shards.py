@@ -8,7 +8,8 @@ The items a save or restore carries are the protocol's declarations (:class:`~ku
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Protocol, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 
@@ -20,22 +21,51 @@ from kubeps.runtime.util.storage import Storage, StorageError, confine, storage_
 from kubeps.runtime.checkpoint.format import (
     CheckpointError,
     CheckpointMismatchError,
+    SavedDelta,
     SavedShard,
+    Siblings,
     SliceEntry,
     TensorEntry,
+    delta_file_name,
     dtype_name,
     overlapping,
     parse_entry,
     read_rows,
+    sibling_directory,
     slice_file_name,
+    space_error,
     write_array,
+    write_streamed,
 )
 
-__all__ = ["PS_METHODS", "ConfinedShardAccess", "RestoreItem", "SaveItem", "SavedShard", "ShardAccess",
+__all__ = ["PS_METHODS", "ConfinedShardAccess", "confined_siblings", "RestoreItem", "SaveItem", "SavedShard", "ShardAccess",
            "request_directory", "restore_items", "rpc_restore_shards", "rpc_save_shards", "save_items"]
 
 
 # -- the shard side: what a parameter server (or the coordinator, for local variables) does --------------------
+Rows = tuple[np.ndarray, dict[str, dict[str, np.ndarray]]]
+
+
+@dataclass
+class SaveView:
+    """What a save of one variable writes, taken under its lock: the shard's ``updates`` and the save's ``source``
+    and ``generation``; then either a delta -- the changed rows' ``ids`` (ascending), their ``value`` rows and
+    ``slots`` rows, copied -- or a full save: the ``shape`` and ``dtype`` of the value and slots (``slots`` holds the
+    live arrays, to be read only through ``chunks``), and ``chunks()``, which yields the rows chunk by chunk, each
+    chunk copied under the lock. A full save so never holds a second copy of the shard: training goes on between
+    chunks, and a row it changes meanwhile has the next generation, so the next delta holds it again."""
+
+    updates: int
+    source: str
+    generation: int
+    ids: np.ndarray | None = None
+    value: np.ndarray | None = None
+    slots: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    shape: tuple[int, ...] = ()
+    dtype: np.dtype = field(default_factory=lambda: np.dtype(np.float32))
+    chunks: Callable[[], Iterator[Rows]] | None = None
+
+
 class ShardAccess(Protocol):
     """Snapshots and loads one shard with its optimizer state, each under the shard's lock
     (:class:`~kubeps.runtime.ps.state.ParameterServerState` is one)."""
@@ -72,38 +102,111 @@ def save_items(access: ShardAccess, directory: str, items: Sequence[SaveItem], p
 
     Every item is checked (the shard exists, its shape and dtype) before the first file is written, and the files
     of a save that fails half-way are removed: a refused save leaves nothing behind. ``storage`` defaults to
-    :func:`~kubeps.runtime.util.storage.storage_for`'s (a ps passes its confined one)."""
+    :func:`~kubeps.runtime.util.storage.storage_for`'s (a ps passes its confined one). A ps's state gives a
+    :class:`SaveView` of each shard: its changed rows (an item with ``since``), or its rows chunk by chunk, streamed
+    into the files (no copy of the whole shard); local arrays are copied whole."""
     storage = storage_for(directory) if storage is None else storage
     for item in items:
         _check_save_item(item, *access.describe(item["key"]))
     written: list[str] = []
+    sizes: list[int] = []
+    #: a ps's state: which rows changed since a save, and its rows chunk by chunk; local arrays have no view
+    view_of: Callable[[str, str | None, int | None], SaveView] | None = getattr(access, "save_view", None)
+
+    def failed(err: OSError, path: str, needed: int) -> BaseException:
+        full = space_error(err, path, needed, sum(sizes))
+        return err if full is None else full
+
+    def write(fname: str, array: np.ndarray) -> tuple[str, str, int]:
+        path = storage.join(directory, fname)
+        written.append(path)
+        try:
+            sha, nbytes = write_array(storage, path, array)
+        except OSError as err:
+            raise failed(err, path, array.nbytes) from None
+        sizes.append(nbytes)
+        return fname, sha, nbytes
+
+    def stream(item: SaveItem, view: SaveView, names: list[tuple[str, str]]) -> list[tuple[str, str, int]]:
+        start, stop, name = item["start"], item["stop"], item["name"]
+        files = [slice_file_name(name, start, stop)] + [slice_file_name(name, start, stop, o, n) for o, n in names]
+        paths = [storage.join(directory, f) for f in files]
+        layouts = [(view.shape, view.dtype)] + [(view.slots[o][n].shape, view.slots[o][n].dtype) for o, n in names]
+        written.extend(paths)
+        chunks = view.chunks
+        if chunks is None:
+            raise CheckpointError(f"variable {name!r}: the ps gave neither changed rows nor its rows to save")
+
+        def rows() -> Iterator[list[np.ndarray]]:
+            for value, slots in chunks():
+                yield [value] + [slots[o][n] for o, n in names]
+        try:
+            done = write_streamed(storage, paths, layouts, rows())
+        except OSError as err:
+            raise failed(err, directory, sum(int(np.prod(s)) * d.itemsize for s, d in layouts)) from None
+        sizes.extend(n for _, n in done)
+        return [(f, sha, n) for f, (sha, n) in zip(files, done)]
+
+    def check_slot(name: str, sname: str, arr: np.ndarray, shape: tuple[int, ...]) -> None:
+        if arr.ndim != len(shape) or (shape and arr.shape[0] != shape[0]):
+            raise CheckpointError(
+                f"variable {name!r}: slot {sname!r} has shape {list(arr.shape)}; checkpoints need "
+                f"slots with the variable's rows and rank (shard shape {list(shape)})"
+            )
+
+    def delta(item: SaveItem, dtype: str, view: SaveView) -> SavedShard:
+        name, start, stop = item["name"], item["start"], item["stop"]
+        if view.ids is None or view.value is None:
+            raise CheckpointError(f"variable {name!r}: the ps gave changed rows without their ids or values")
+        out = SavedDelta(rows=int(view.ids.size), updates=int(view.updates), source=view.source,
+                         generation=view.generation)
+        if view.ids.size:  # no row changed: no file
+            out.ids = write(delta_file_name(name, start, stop, "ids"), view.ids + start)
+            out.value = write(delta_file_name(name, start, stop, "value"), view.value)
+            for okey, group in view.slots.items():
+                for sname, arr in group.items():
+                    check_slot(name, sname, arr, view.value.shape)
+                    out.slots.setdefault(okey, {})[sname] = write(delta_file_name(name, start, stop, sname, okey), arr)
+        return SavedShard(key=item["key"], dtype=dtype, delta=out)
 
     def one(item: SaveItem) -> SavedShard:
         key, name, start, stop = item["key"], item["name"], item["start"], item["stop"]
-        value, slots, updates = access.snapshot(key)
-        _check_save_item(item, value.shape, value.dtype)  # it may have been re-created since
-        dtype = dtype_name(value.dtype, f"variable {name!r}")
-        fname = slice_file_name(name, start, stop)
-        written.append(storage.join(directory, fname))
-        sha, nbytes = write_array(storage, storage.join(directory, fname), value)
+        tracked = "since" in item
+        source, generation = "", 0
+        if view_of is not None:
+            since = item.get("since")
+            view = view_of(key, since["source"] if since else None, since["generation"] if since else None)
+            if view.ids is not None:
+                return delta(item, dtype_name(view.dtype if view.value is None else view.value.dtype,
+                                              f"variable {name!r}"), view)
+            _check_save_item(item, view.shape, view.dtype)  # it may have been re-created since
+            dtype, updates, slots = dtype_name(view.dtype, f"variable {name!r}"), view.updates, view.slots
+            if tracked:
+                source, generation = view.source, view.generation
+            names = [(o, n) for o, g in slots.items() for n in g]
+            for o, n in names:
+                check_slot(name, n, slots[o][n], view.shape)
+            value_file, *slot_files = stream(item, view, names)
+        else:
+            value, slots, updates = access.snapshot(key)
+            _check_save_item(item, value.shape, value.dtype)
+            dtype = dtype_name(value.dtype, f"variable {name!r}")
+            names = [(o, n) for o, g in slots.items() for n in g]
+            for o, n in names:
+                check_slot(name, n, np.asarray(slots[o][n]), value.shape)
+            value_file = write(slice_file_name(name, start, stop), value)
+            slot_files = [write(slice_file_name(name, start, stop, o, n), np.asarray(slots[o][n])) for o, n in names]
         saved_slots: dict[str, dict[str, tuple[SliceEntry, str, list[int]]]] = {}
-        for okey, group in slots.items():
-            for sname, arr in group.items():
-                arr = np.asarray(arr)
-                if arr.ndim != value.ndim or (value.ndim and arr.shape[0] != value.shape[0]):
-                    raise CheckpointError(
-                        f"variable {name!r}: slot {sname!r} has shape {list(arr.shape)}; checkpoints need "
-                        f"slots with the variable's rows and rank (shard shape {list(value.shape)})"
-                    )
-                sfile = slice_file_name(name, start, stop, okey, sname)
-                written.append(storage.join(directory, sfile))
-                ssha, sbytes = write_array(storage, storage.join(directory, sfile), arr)
-                saved_slots.setdefault(okey, {})[sname] = (
-                    SliceEntry(start=start, stop=stop, file=sfile, sha256=ssha, nbytes=sbytes),
-                    dtype_name(arr.dtype, f"variable {name!r} slot {sname!r}"),
-                    list(arr.shape[1:]),
-                )
-        entry = SliceEntry(start=start, stop=stop, file=fname, sha256=sha, nbytes=nbytes, updates=int(updates))
+        for (okey, sname), (sfile, ssha, sbytes) in zip(names, slot_files):
+            arr = slots[okey][sname]
+            saved_slots.setdefault(okey, {})[sname] = (
+                SliceEntry(start=start, stop=stop, file=sfile, sha256=ssha, nbytes=sbytes),
+                dtype_name(arr.dtype, f"variable {name!r} slot {sname!r}"),
+                list(arr.shape[1:]),
+            )
+        fname, sha, nbytes = value_file
+        entry = SliceEntry(start=start, stop=stop, file=fname, sha256=sha, nbytes=nbytes, updates=int(updates),
+                           source=source, generation=generation)
         return SavedShard(key=key, value=entry, dtype=dtype, slots=saved_slots)
 
     try:
@@ -128,8 +231,10 @@ def _restore_entries(item: RestoreItem, index: int) -> tuple[TensorEntry, dict[s
 
 
 def restore_items(access: ShardAccess, directory: str, items: Sequence[RestoreItem], parallel: int = 4,
-                  storage: Storage | None = None) -> int:
-    """Read and verify everything first, then load each shard; returns the number of shards loaded."""
+                  storage: Storage | None = None, siblings: Siblings | None = None) -> int:
+    """Read and verify everything first, then load each shard; returns the number of shards loaded. ``siblings``
+    says where the files of the earlier checkpoints an incremental one names are read (default: beside
+    ``directory``, with ``storage``)."""
     storage = storage_for(directory) if storage is None else storage
     entries = [_restore_entries(item, index) for index, item in enumerate(items)]
 
@@ -144,7 +249,7 @@ def restore_items(access: ShardAccess, directory: str, items: Sequence[RestoreIt
                 f"{what}: shard {key!r} is shape {list(shape)} dtype {np.dtype(dtype).name}; the checkpoint "
                 f"gives shape {list(expected)} dtype {entry_value.dtype} for rows {start}..{stop - 1}"
             )
-        value = read_rows(storage, directory, entry_value, start, stop, what)
+        value = read_rows(storage, directory, entry_value, start, stop, what, siblings)
         updates = max((s.updates for s, _, _ in overlapping(entry_value.slices, start, stop)), default=0)
         slots: dict[str, dict[str, np.ndarray]] = {}
         for okey, group in entry_slots.items():
@@ -157,7 +262,7 @@ def restore_items(access: ShardAccess, directory: str, items: Sequence[RestoreIt
                         f"{np.dtype(dtype).name}"
                     )
                 slots.setdefault(okey, {})[sname] = read_rows(
-                    storage, directory, entry, start, stop, f"{what} slot {sname!r}"
+                    storage, directory, entry, start, stop, f"{what} slot {sname!r}", siblings
                 )
         return key, value, slots, updates
 
@@ -210,7 +315,20 @@ def rpc_restore_shards(state: ConfinedShardAccess, request: RestoreShardsRequest
     """PS method ``RestoreShards``: ``{"directory", "items": [RestoreItem]}`` -> ``{"restored": n}``."""
     directory = request_directory(request, state.checkpoint_roots)
     storage = confined_storage(directory, state.checkpoint_roots)
-    return {"restored": restore_items(state, directory, request["items"], storage=storage)}, []
+    return {"restored": restore_items(state, directory, request["items"], storage=storage,
+                                      siblings=confined_siblings(directory, state.checkpoint_roots))}, []
+
+
+def confined_siblings(directory: str, roots: list[str]) -> Siblings:
+    """Where a ps reads the files of checkpoint ``ckpt-<n>`` beside ``directory`` that an incremental checkpoint
+    names: confined to the ps's checkpoint ``roots`` as the request's own directory is."""
+    def locate(number: int) -> tuple[Storage, str]:
+        try:
+            path = confine(sibling_directory(directory, number), roots)
+        except StorageError as err:
+            raise ValueError(str(err)) from None
+        return confined_storage(path, roots), path
+    return locate
 
 
 #: the checkpoint methods of the parameter-server service (:mod:`kubeps.runtime.server.methods` serves them)

@@ -24,6 +24,8 @@ from kubeps.runtime.contract import (MAX_ANSWER_BYTES_ENV, MAX_READ_IDS_ENV, MAX
                                      NONFINITE_GRADIENTS_ENV)
 from kubeps.runtime.errors import LimitExceededError, RuntimeConfigError
 from kubeps.runtime.ps.budget import AnswerBudget
+from kubeps.runtime.checkpoint.shards import SaveView
+from kubeps.runtime.ps.changes import RowChanges, save_view
 from kubeps.runtime.rpc.protocol import optimizer_key, slot_key
 from kubeps.runtime.settings import TaskSettings
 from kubeps.runtime.util.storage import checkpoint_roots
@@ -80,6 +82,11 @@ class PSVariable:
     rows_pushed: int = 0
     bytes_pushed: int = 0
     lock_wait_s: float = 0.0
+    #: which rows changed since which save (incremental checkpoints); a new record when the variable is loaded
+    changes: RowChanges = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.changes = RowChanges(self.value.shape[0] if self.value.ndim else 1)
 
 
 def _all_finite(array: np.ndarray) -> bool:
@@ -219,6 +226,7 @@ class ParameterServerState:
                     var.value[...] = value
                 else:
                     var.value += value
+                var.changes.stamp(None)
 
     # -- optimizer updates -------------------------------------------------------------------------------------
     def optimizer(self, config: dict[str, Any]) -> tuple[str, Any]:
@@ -302,7 +310,10 @@ class ParameterServerState:
                     new_slots[id(var)] = var
             # nothing below can be refused: apply every update (slots_for creates the new slot sets)
             for (var, idx, grad), step in zip(checked, planned):
+                fresh = key not in var.slots
                 slots = slots_for(var.slots, key, opt, var.value, var.name)
+                # new slot arrays are a change of every row; else the rows the gradient touches
+                var.changes.stamp(None if idx is None or (fresh and slots) else idx)
                 if idx is None:
                     opt.apply_dense(var.value, grad, slots, step)
                 else:
@@ -367,6 +378,11 @@ class ParameterServerState:
             slots = {okey: {s: np.array(a, copy=True) for s, a in group.items()} for okey, group in var.slots.items()}
             return var.value.copy(), slots, var.updates
 
+    def save_view(self, name: str, source: str | None, since: int | None) -> SaveView:
+        """What a save of ``name`` writes: the rows changed since the save of ``(source, since)``, or all of them,
+        chunk by chunk (:func:`~kubeps.runtime.ps.changes.save_view`)."""
+        return save_view(self.get(name), source, since)
+
     def check_load(self, name: str, value: np.ndarray, slots: dict[str, dict[str, np.ndarray]] | None) -> None:
         """Refuse (``ValueError``) what :meth:`load` would not take: another shape or dtype than the variable's
         for the value or a slot, or more slot sets than a variable may hold."""
@@ -390,12 +406,17 @@ class ParameterServerState:
 
     def load(self, name: str, value: np.ndarray, slots: dict[str, dict[str, np.ndarray]] | None,
              updates: int | None) -> None:
-        """Overwrite variable ``name``'s value in place and, when given, its slots and update count (checked
-        first with :meth:`check_load`)."""
+        """Set variable ``name``'s value and, when given, its slots and update count (checked first with
+        :meth:`check_load`). The arrays are taken, as the slots always were: a value that owns its C-contiguous data
+        (what a restore reads) becomes the variable's, any other is copied into it."""
         self.check_load(name, value, slots)
         var = self.get(name)
         with var.lock:
-            var.value[...] = value
+            if value.flags.c_contiguous and value.flags.writeable and value.base is None:
+                var.value = value  # a restore's own array: taken, not copied (one shard's bytes less at the peak)
+            else:
+                var.value[...] = value
+            var.changes = RowChanges(var.value.shape[0] if var.value.ndim else 1)
             if slots is not None:
                 var.slots = {okey: dict(group) for okey, group in slots.items()}
             if updates is not None:

@@ -93,6 +93,7 @@ __all__ = [
     "RunClosuresRequest",
     "SaveDynamicRequest",
     "SaveItem",
+    "SaveSince",
     "SaveShardsRequest",
     "SaveTableItem",
     "SavedAnswer",
@@ -302,14 +303,25 @@ class ExportDynamicAnswer(TypedDict):
 # -- checkpoints: the items a save or restore request carries; the manifest's own entries (``TensorEntry``,
 # ``DynamicTableEntry``, ``SavedShard``) are the manifest format's (kubeps.runtime.checkpoint.format), which checks
 # them where it reads them
+class SaveSince(TypedDict):
+    """The save a delta is taken against: the ps's change record (``source``) and that save's ``generation``."""
+
+    source: str
+    generation: int
+
+
 class SaveItem(TypedDict):
-    """Save shard ``key`` as rows ``start..stop-1`` of logical variable ``name`` (of full shape ``shape``)."""
+    """Save shard ``key`` as rows ``start..stop-1`` of logical variable ``name`` (of full shape ``shape``).
+
+    With ``since`` (an incremental save) the ps records which save the rows are, and, where ``since`` names an
+    earlier save of the same rows, writes only the rows changed since it (None: every row)."""
 
     key: str
     name: str
     start: int
     stop: int
     shape: list[int]
+    since: NotRequired[SaveSince | None]
 
 
 class RestoreItem(TypedDict):

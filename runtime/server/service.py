@@ -40,7 +40,8 @@ from kubeps.runtime.observe import metrics as _metrics
 from kubeps.runtime.rpc import wire
 from kubeps.runtime.checks import check, integer
 from kubeps.runtime.cluster import ClusterSpec, TFConfig, TFConfigError, parse_address
-from kubeps.runtime.checkpoint.format import CheckpointCorruptError, CheckpointError, CheckpointMismatchError
+from kubeps.runtime.checkpoint.format import (CheckpointCorruptError, CheckpointError, CheckpointMismatchError,
+                                              CheckpointSpaceError)
 from kubeps.runtime.errors import LimitExceededError, RuntimeConfigError, short_repr
 from kubeps.runtime.util.storage import StorageError
 from kubeps.runtime.contract import (MAX_CALLS_PER_CLIENT_ENV, MIN_REQUEST_RATE_ENV, PARKED_ANSWER_TTL_ENV,
@@ -541,6 +542,8 @@ class _ServiceHandler(grpc.GenericRpcHandler):
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{name}: {err}")
         except (CheckpointMismatchError, CheckpointCorruptError) as err:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{name}: {err}")
+        except CheckpointSpaceError as err:  # the storage is full: the message says how much was needed
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{name}: {err}")
         except (ValueError, TypeError, CheckpointError, RecursionError) as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: {err}")
         except KeyError as err:

@@ -352,3 +352,18 @@ def test_no_module_parses_npy_headers_outside_npyfiles():
     offenders = [p.name for p in runtime.rglob("*.py") if p.name != "npyfiles.py"
                  and any(s in p.read_text() for s in ("np.load(", "read_array_header", "literal_eval"))]
     assert not offenders, f"parse .npy headers through kubeps.runtime.util.npyfiles (thread-safe): {offenders}"
+
+
+def test_a_file_streamed_chunk_by_chunk_is_byte_for_byte_the_whole_array_s(tmp_path):
+    from kubeps.runtime.checkpoint.format import write_array, write_streamed
+    from kubeps.runtime.util.storage import storage_for
+
+    storage = storage_for(str(tmp_path))
+    value = np.arange(60, dtype=np.float32).reshape(20, 3)
+    slot = np.arange(20, dtype=np.float64).reshape(20, 1)
+    whole = [write_array(storage, str(tmp_path / "a.npy"), value), write_array(storage, str(tmp_path / "b.npy"), slot)]
+    chunks = ([value[i:i + 7], slot[i:i + 7]] for i in range(0, 20, 7))
+    streamed = write_streamed(storage, [str(tmp_path / "c.npy"), str(tmp_path / "d.npy")],
+                              [(value.shape, value.dtype), (slot.shape, slot.dtype)], chunks)
+    assert streamed == whole
+    np.testing.assert_array_equal(np.load(tmp_path / "c.npy"), value)

@@ -101,6 +101,8 @@ NOT_RUN = {
         "a benchmark of minutes (make bench)",
     ("docs/benchmarks.md", ".venv/bin/python bench/dynamic_embedding.py                  # all three figures (two kubeps local runs, ~1.5 min)"):
         "a benchmark of minutes (make bench); tests/runtime/test_example_ctr_dynamic.py runs the example",
+    ("docs/benchmarks.md", ".venv/bin/python bench/checkpoint_size.py --gb 1 --train-s 3 --rounds 2"):
+        "a benchmark of minutes on a 1 GiB table (make bench); tests/bench/test_bench_smoke.py runs it small",
     ("docs/fault-tolerance.md", "$ kubeps local --ps 2 --workers 2 --evaluator --restart examples/ctr/train.py -- --checkpoint-dir /tmp/ctr-ckpt"):
         "a transcript with a ps killed by hand; tests/chaos runs the scenario",
     ("docs/fault-tolerance.md", "KUBEPS_CHAOS_REPORT=/tmp/chaos.jsonl .venv/bin/python -m pytest tests/chaos -s      # 110 s in all on 2 shared cores"):

@@ -180,3 +180,58 @@ def test_a_big_read_of_rows_names_each_row_once_in_any_order():
     repeated[-1] = repeated[0]
     with pytest.raises(ValueError, match="name each row once"):
         state.check_reads([], ["t"], [repeated])
+
+
+def test_the_change_record_gives_the_rows_changed_since_a_save_and_survives_a_failed_save():
+    from kubeps.runtime.ops.optimizers import Adagrad
+
+    state = ParameterServerState(settings=TaskSettings())
+    state.create("v", np.zeros((10, 2), np.float32))
+    adagrad = Adagrad(0.1).get_config()
+
+    def since(source, generation):
+        view = state.save_view("v", source, generation)
+        return None if view.ids is None else view.ids.tolist(), view
+
+    ids, view = since(None, None)
+    assert ids is None and view.shape == (10, 2) and view.slots == {}  # asked for in full
+    source, first = view.source, view.generation
+    state.apply_sparse("v", SGD_CONFIG, np.array([3, 1]), np.ones((2, 2), np.float32))
+    ids, view = since(source, first)
+    assert ids == [1, 3] and view.value.shape == (2, 2) and view.updates == 1
+    failed = view.generation
+    # that save failed: the next one asks again since the last committed save and still sees rows 1 and 3
+    state.apply_sparse("v", SGD_CONFIG, np.array([7]), np.ones((1, 2), np.float32))
+    assert since(source, first)[0] == [1, 3, 7]
+    ids, view = since(source, failed)
+    assert ids == [7]
+    latest = view.generation
+    assert since(source, latest)[0] == []
+    # a new optimizer's slots change every row; so do assign, another source and a generation not yet seen
+    state.apply_sparse("v", adagrad, np.array([0]), np.ones((1, 2), np.float32))
+    assert since(source, latest)[0] is None
+    now = since(None, None)[1].generation
+    assert since("another", now)[0] is None
+    assert since(source, now + 5)[0] is None
+    state.assign("v", np.ones((10, 2), np.float32))
+    assert since(source, now)[0] is None
+    # a load (a restore) starts a new record
+    state.load("v", np.zeros((10, 2), np.float32), None, None)
+    assert state.get("v").changes.source != source
+
+
+def test_a_full_save_streams_the_rows_chunk_by_chunk_and_training_goes_on_between_chunks():
+    from kubeps.runtime.ps.changes import save_view
+
+    state = ParameterServerState(settings=TaskSettings())
+    state.create("v", np.zeros((20, 2), np.float32))
+    view = save_view(state.get("v"), None, None, chunk_bytes=8 * 6)  # 6 rows a chunk
+    chunks = view.chunks()
+    first, _ = next(chunks)
+    state.apply_sparse("v", SGD_CONFIG, np.array([2, 15]), np.ones((2, 2), np.float32))  # between two chunks
+    rest = [part for part, _ in chunks]
+    assert [len(c) for c in [first, *rest]] == [6, 6, 6, 2]
+    assert (first == 0).all()  # copied before the push
+    assert rest[1][3].tolist() == [-1, -1]  # row 15, copied after it
+    # both rows the push changed belong to the next save
+    assert state.save_view("v", view.source, view.generation).ids.tolist() == [2, 15]
