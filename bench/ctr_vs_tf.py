@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/ctr_vs_tf.py --tf-python /path/tfenv/bin/python [--shape standard|wide] [--rounds 3]
                                         [--steps 3000] [--train-examples 1048576] [--data DIR] [--json OUT]
-                                        [--plaintext] [--metrics-off] [--jax] [--keras] [--hot-cache]
+                                        [--plaintext] [--metrics-off] [--jax] [--keras] [--floor]
+                                        [--dense-staleness N] [--hot-cache] [--hot-cache]
 
 The workload (``bench/ctr/workload.py``): a synthetic Criteo-like CTR task with a known answer -- 8 categorical fields
 of skewed popularity (10 to 500k values) hashed into ONE shared 2^20 x 16 embedding table, 13 dense features, an MLP
@@ -19,6 +20,12 @@ Each round runs, with 1 chief + ``--ps`` (2) ps + ``--workers`` (2) workers as l
 * kubeps: ``bench/ctr/kubeps_ctr.py`` (``kubeps.runtime``'s ParameterServerStrategy + ClusterCoordinator);
 * TensorFlow: ``bench/ctr/tf_ctr.py`` (``tf.distribute.experimental.ParameterServerStrategy`` + ``ClusterCoordinator``,
   the table sharded over the ps by ``FixedShardsPartitioner``, ``tf.data`` per worker), run by ``--tf-python``;
+
+with ``--floor`` the compute floor (``bench/ctr/floor.py``: the same model, data and optimizer with the numpy
+layers on local arrays, one process per core, no parameter server, no RPC) and every kubeps side's share of it;
+with ``--dense-staleness N`` a kubeps side whose workers reuse the dense weights they pulled for N more steps
+(``ParameterServerStrategy(dense_staleness=N)``, also given to the ``--jax`` and ``--keras`` sides); ``--shape wdl``
+is DeepRec's Wide & Deep shape (26 fields x 16, 13 dense, MLP 1024-512-256, batch 512);
 
 and with ``--jax`` the same model written with ``jax.numpy`` (``bench/ctr/jax_ctr.py``, gradients from
 ``kp.value_and_grad``), with ``--keras`` as a Keras 3 model trained with kubeps's ``fit`` entry point
@@ -66,12 +73,13 @@ import workload as wl  # noqa: E402 - only numpy
 SIDES = {"kubeps": CTR / "kubeps_ctr.py", "plaintext": CTR / "kubeps_ctr.py", "nometrics": CTR / "kubeps_ctr.py",
          "jax": CTR / "jax_ctr.py", "keras": CTR / "keras_ctr.py", "tf": CTR / "tf_ctr.py",
          "overlap": CTR / "kubeps_ctr.py", "gpu": CTR / "kubeps_ctr.py", "gpu-overlap": CTR / "kubeps_ctr.py",
-         "hot": CTR / "kubeps_ctr.py", "stale": CTR / "kubeps_ctr.py"}
+         "hot": CTR / "kubeps_ctr.py", "stale": CTR / "kubeps_ctr.py", "floor": CTR / "floor.py"}
 #: the kubeps numpy layers run another way (``--overlap``, ``--gpu``), each compared with the side named here, of the
 #: same run: (what it is, its baseline)
 PLACEMENTS = {"overlap": ("overlap (rows pulled during the step)", "kubeps"), "gpu": ("GPU workers", "kubeps"),
               "gpu-overlap": ("GPU workers + overlap", "overlap"), "hot": ("hot-row cache", "kubeps"),
-              "stale": ("dense staleness (dense weights pulled every 1 + --dense-staleness steps)", "kubeps")}
+              "stale": ("dense staleness (dense weights pulled every 1 + --dense-staleness steps)", "kubeps"),
+              "floor": ("the compute floor (numpy nn, one process per core, no RPC)", "kubeps")}
 #: the same model written another way, each compared with the numpy layers (and TF) of the same run
 VARIANTS = {"jax": "JAX", "keras": "Keras fit"}
 TASK_LINE = re.compile(r"\[kubeps\] (?P<name>(?P<type>[a-z]+)-\d+) pid (?P<pid>\d+)")
@@ -226,7 +234,11 @@ def run_side(side: str, args: argparse.Namespace, data: Path, tf_python: str | N
         cmd += ["--no-metrics"]
     if side == "tf":
         cmd += ["--python", tf_python]
-    cmd += [str(SIDES[side].relative_to(REPO)), "--", "--data", str(data), "--steps", str(args.steps),
+    if side == "floor":  # no cluster: one process per core (bench/ctr/floor.py names them as the launcher does)
+        cmd = [sys.executable, str(SIDES[side].relative_to(REPO)), "--processes", str(os.cpu_count() or 1)]
+    else:
+        cmd.append(str(SIDES[side].relative_to(REPO)))
+    cmd += ["--", "--data", str(data), "--steps", str(args.steps),
             "--batch-size", str(args.batch_size), "--steps-per-execution", str(args.steps_per_execution),
             "--warmup-executions", str(args.warmup_executions)]
     cmd += ["--overlap"] if side.endswith("overlap") else []
@@ -361,6 +373,10 @@ def main(argv=None) -> int:
     p.add_argument("--hot-rows", type=int, default=50_000, help="rows each worker caches (--hot-cache)")
     p.add_argument("--hot-refresh-steps", type=int, default=30,
                    help="lookups between two pulls of the cached rows, the bound on their staleness (--hot-cache)")
+    p.add_argument("--floor", action="store_true",
+                   help="also run the compute floor: the same model and data with the numpy layers on local arrays, "
+                        "one process per core, no parameter server (bench/ctr/floor.py), with the kubeps side's ratio "
+                        "to it")
     p.add_argument("--dense-staleness", type=int, default=0,
                    help="also run the kubeps side with ParameterServerStrategy(dense_staleness=N) (each worker pulls "
                         "the dense weights every N+1 of its steps), with its ratios to the kubeps side of the same run; "
@@ -384,7 +400,7 @@ def main(argv=None) -> int:
              + variants + (["tf"] if tf_version else []))
     sides += [side for side in PLACEMENTS if (not side.endswith("overlap") or args.overlap)
               and (not side.startswith("gpu") or args.gpu) and (side != "hot" or args.hot_cache)
-              and (side != "stale" or args.dense_staleness)]
+              and (side != "stale" or args.dense_staleness) and (side != "floor" or args.floor)]
     if not tf_version:
         print(f"TensorFlow skipped: {why} (see this file's docstring to install it)", flush=True)
     data = data_folder(args)
@@ -422,7 +438,8 @@ def main(argv=None) -> int:
     names = {"kubeps": "kubeps (mutual TLS)", "plaintext": "kubeps (plaintext)", "nometrics": "kubeps (no metrics)",
              "jax": "kubeps + JAX", "keras": "kubeps Keras fit", "tf": f"TensorFlow {tf_version}",
              "overlap": "kubeps overlap", "gpu": "kubeps GPU workers", "gpu-overlap": "kubeps GPU + overlap",
-             "hot": "kubeps hot-row cache", "stale": f"kubeps staleness {args.dense_staleness}"}
+             "hot": "kubeps hot-row cache", "stale": f"kubeps staleness {args.dense_staleness}",
+             "floor": "floor (numpy, no RPC)"}
     print(f"\nmedian of {args.rounds} round(s), {args.steps} steps, batch {args.batch_size}, "
           f"{args.ps} ps + {args.workers} workers:")
     print(f"{'':22}{'examples/s':>12}{'eval log-loss':>15}{'eval AUC':>10}"
@@ -466,6 +483,11 @@ def main(argv=None) -> int:
                       f" / {k['pull_bytes_per_example']:.0f} bytes = {summary[f'{side}_pull_ratio']:.3f} "
                       f"(goal <= 0.6 for the cache); CPU ms per step, ps: {j['cpu_ms_per_step']['ps']:.2f} / "
                       f"{k['cpu_ms_per_step']['ps']:.2f}")
+    if args.floor:
+        summary["of_floor"] = {side: summary[side]["examples_per_s"] / summary["floor"]["examples_per_s"]
+                               for side in sides if side not in ("floor", "tf")}
+        print("share of the compute floor's examples/s (goal on the standard shape >= 45%): " + ", ".join(
+            f"{names[side]} {share:.0%}" for side, share in summary["of_floor"].items()))
     if tf_version:
         k, t = summary["kubeps"], summary["tf"]
         ratio = k["examples_per_s"] / t["examples_per_s"]
