@@ -1,9 +1,9 @@
 """CTR training throughput, kubeps vs TensorFlow's own parameter-server runtime, side by side in one run.
 
-    .venv/bin/python bench/ctr_vs_tf.py --tf-python /path/tfenv/bin/python [--shape standard|wide] [--rounds 3]
+    .venv/bin/python bench/ctr_vs_tf.py --tf-python /path/tfenv/bin/python [--shape standard|wide|wdl] [--rounds 3]
                                         [--steps 3000] [--train-examples 1048576] [--data DIR] [--json OUT]
                                         [--plaintext] [--metrics-off] [--jax] [--keras] [--floor]
-                                        [--dense-staleness N] [--hot-cache] [--hot-cache]
+                                        [--dense-staleness N] [--hot-cache]
 
 The workload (``bench/ctr/workload.py``): a synthetic Criteo-like CTR task with a known answer -- 8 categorical fields
 of skewed popularity (10 to 500k values) hashed into ONE shared 2^20 x 16 embedding table, 13 dense features, an MLP
