@@ -57,9 +57,49 @@ class Problem:
         return f"{where}{'Warning: ' if self.warning else ''}{self.message}"
 
 
+_STRING, _INTEGER = {"type": "string"}, {"type": "integer"}
+_STRINGS_MAP = {"type": "object", "additionalProperties": _STRING}
+_OBJECTS = {"type": "array", "items": {"type": "object"}}
+#: The API server's ObjectMeta, as its strict field validation knows it: any other field of ``metadata`` is unknown.
+#: Only the types are checked here; the name's rules are the CRD's CEL rules, other values the API server's.
+OBJECT_META: dict[str, Any] = {
+    "type": "object", "required": ["name"], "additionalProperties": False,
+    "properties": {"name": _STRING, "generateName": _STRING, "namespace": _STRING, "selfLink": _STRING,
+                   "uid": _STRING, "resourceVersion": _STRING, "generation": _INTEGER,
+                   "creationTimestamp": {"type": ["string", "null"]}, "deletionTimestamp": _STRING,
+                   "deletionGracePeriodSeconds": _INTEGER, "labels": _STRINGS_MAP, "annotations": _STRINGS_MAP,
+                   "ownerReferences": _OBJECTS, "finalizers": {"type": "array", "items": _STRING},
+                   "managedFields": _OBJECTS},
+}
+
+
 @lru_cache(maxsize=1)
 def _schema() -> dict[str, Any]:
-    return crd.json_schema()
+    schema = crd.json_schema()
+    schema["properties"]["metadata"] = {**schema["properties"]["metadata"], **OBJECT_META}
+    schema["properties"]["metadata"].pop("x-kubernetes-preserve-unknown-fields", None)
+    return schema
+
+
+def _without_nulls(node: Any, schema: dict[str, Any]) -> Any:
+    """What the API server validates of a field set to null: the field's default where the schema gives one, else
+    no field at all (``PruneNonNullableNullsWithoutDefaults``, then defaulting), for every field the schema
+    declares; a null elsewhere (inside a preserved pod template) stays."""
+    if isinstance(node, dict):
+        props = schema.get("properties") or {}
+        extra = schema.get("additionalProperties")
+        out = {}
+        for key, value in node.items():
+            sub = props.get(key, extra if isinstance(extra, dict) else None)
+            if value is None and sub is not None and not sub.get("nullable"):
+                if "default" in sub:
+                    out[key] = sub["default"]
+                continue
+            out[key] = _without_nulls(value, sub or {})
+        return out
+    if isinstance(node, list):
+        return [_without_nulls(item, schema.get("items") or {}) for item in node]
+    return node
 
 
 @lru_cache(maxsize=1)
@@ -176,6 +216,7 @@ def validate_manifest(manifest: Any, source: str, field_validation: str = "Stric
     ``field_validation`` ``Warn`` an unknown field is a warning, with ``Ignore`` nothing."""
     if not isinstance(manifest, dict):
         return [Problem(source, "", f"a manifest is a YAML mapping, got {type(manifest).__name__}")]
+    manifest = _without_nulls(manifest, _schema())
     found = [*_schema_problems(manifest), *_list_map_problems(manifest, _schema(), []), *_cel_problems(manifest)]
     seen: set[tuple[str, str]] = set()
     problems = []
@@ -184,6 +225,9 @@ def validate_manifest(manifest: Any, source: str, field_validation: str = "Stric
             continue
         seen.add((field, message))
         unknown = message.startswith(_UNKNOWN)
+        if field.split(".")[0].split("[")[0] == "status" and not unknown:
+            continue  # a create drops the status (the status subresource) before validating; unknown fields in it
+            # are found earlier, as the request is decoded
         if unknown and field_validation == "Ignore":
             continue
         problems.append(Problem(source, field, message, warning=unknown and field_validation == "Warn"))

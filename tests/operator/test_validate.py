@@ -227,3 +227,18 @@ def test_unknown_fields_under_warn_are_warnings_and_under_ignore_nothing(tmp_pat
     ignore = _kubeps("--validate", "ignore", str(path))
     assert ignore.returncode == 0 and "unknown" not in ignore.stdout
     assert _kubeps("--validate=loose", str(path)).returncode == 2
+
+
+def test_what_the_api_server_makes_of_nulls_status_and_metadata():
+    """A null field is its default or no field; a create drops the status (its unknown fields still count);
+    metadata holds ObjectMeta's fields only."""
+    doc = job_manifest("nulls")
+    doc["spec"]["replicaSpecs"]["Worker"]["replicas"] = None
+    doc["spec"]["runPolicy"] = {"activeDeadlineSeconds": None, "backoffLimit": None}
+    doc["status"] = {"state": 1, "restarts": "x"}
+    assert validate_manifest(doc, "x") == []
+    doc["spec"]["replicaSpecs"]["Worker"]["template"] = None  # required, no default: gone, so missing
+    doc["status"]["bogus"] = 1
+    doc["metadata"]["labelz"] = {"a": "b"}
+    assert sorted(p.field for p in validate_manifest(doc, "x")) == [
+        "metadata.labelz", "spec.replicaSpecs.Worker.template", "status.bogus"]
