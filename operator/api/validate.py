@@ -78,7 +78,20 @@ def _schema() -> dict[str, Any]:
     schema = crd.json_schema()
     schema["properties"]["metadata"] = {**schema["properties"]["metadata"], **OBJECT_META}
     schema["properties"]["metadata"].pop("x-kubernetes-preserve-unknown-fields", None)
+    _int_or_string(schema)
     return schema
+
+
+def _int_or_string(node: Any) -> None:
+    """``x-kubernetes-int-or-string`` is a type: an integer or a string, nothing else (JSON Schema ignores it)."""
+    if isinstance(node, dict):
+        if node.get("x-kubernetes-int-or-string") and "type" not in node:
+            node["type"] = ["integer", "string"]
+        for value in node.values():
+            _int_or_string(value)
+    elif isinstance(node, list):
+        for item in node:
+            _int_or_string(item)
 
 
 def _without_nulls(node: Any, schema: dict[str, Any]) -> Any:
