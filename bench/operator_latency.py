@@ -225,6 +225,35 @@ def new_namespace(api_client, prefix: str) -> str:
             time.sleep(0.2)
 
 
+def start_operator(env: dict, namespace: str, log_path: Path, *extra: str) -> subprocess.Popen:
+    """``kubeps.operator.main`` watching ``namespace``, logging to ``log_path``; returns once it answers /healthz."""
+    live_port = free_port()
+    with open(log_path, "wb") as log:
+        operator = subprocess.Popen(
+            [sys.executable, "-m", "kubeps.operator.main", "--namespace", namespace, "--bind-address", "127.0.0.1",
+             "--metrics-port", "0", "--liveness-port", str(live_port), *extra],
+            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{live_port}/healthz", timeout=1)
+            return operator
+        except OSError:
+            if time.monotonic() > deadline or operator.poll() is not None:
+                raise SystemExit(f"the operator did not start; see {log_path}") from None
+            time.sleep(0.1)
+
+
+def stop_operator(operator: subprocess.Popen | None) -> None:
+    """SIGTERM to the operator this script started (by its PID), SIGKILL after 15 s."""
+    if operator is not None and operator.poll() is None:
+        os.kill(operator.pid, signal.SIGTERM)
+        try:
+            operator.wait(15)
+        except subprocess.TimeoutExpired:
+            os.kill(operator.pid, signal.SIGKILL)
+
+
 def rss_peak_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -276,21 +305,8 @@ def main(argv: list[str] | None = None) -> int:
 
         baseline = measure_baseline(api_client, namespace, recorder, rounds=1 if args.smoke else 3)
 
-        log = open(Path(tempfile.gettempdir()) / f"kubeps-bench-operator-{namespace}.log", "wb")
-        live_port = free_port()
-        operator = subprocess.Popen(
-            [sys.executable, "-m", "kubeps.operator.main", "--namespace", namespace, "--bind-address", "127.0.0.1",
-             "--metrics-port", "0", "--liveness-port", str(live_port), "--log-level", "WARNING"],
-            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{live_port}/healthz", timeout=1)
-                break
-            except OSError:
-                if time.monotonic() > deadline or operator.poll() is not None:
-                    raise SystemExit("the operator did not start; see " + log.name)
-                time.sleep(0.1)
+        operator = start_operator(env, namespace, Path(tempfile.gettempdir()) / f"kubeps-bench-operator-{namespace}.log",
+                                  "--log-level", "WARNING")
 
         def run_jobs(names: list[str]) -> tuple[list[float], list[float], float]:
             starts = {}
@@ -318,12 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if args.external and namespace is not None and core is not None:  # the operator still runs: no job is stuck
             core.delete_namespace(namespace, propagation_policy="Background")
-        if operator is not None and operator.poll() is None:
-            os.kill(operator.pid, signal.SIGTERM)
-            try:
-                operator.wait(15)
-            except subprocess.TimeoutExpired:
-                os.kill(operator.pid, signal.SIGKILL)
+        stop_operator(operator)
         control_plane_down(env, state_dir)
 
     base = statistics.median(baseline)

@@ -227,8 +227,10 @@ def _run_operator(argv: list[str]) -> int:
 
 
 VALIDATE_USAGE = (
-    "usage: kubeps validate FILE...\n\nCheck PSTrainingJob manifests as the API server would (schema, unknown "
-    "fields, the CRD's CEL rules) and print every error.\nExit status: 0 valid, 1 invalid, 2 usage error.\n"
+    "usage: kubeps validate [--validate=strict|warn|ignore] FILE...\n\nCheck PSTrainingJob manifests as kubectl "
+    "and the API server would (YAML as kubectl reads it, schema, unknown fields, the CRD's CEL rules) and print every "
+    "error.\n--validate: what an unknown field is, as kubectl's flag says: strict (the default) an error, warn a "
+    "warning, ignore nothing.\nExit status: 0 valid, 1 invalid, 2 usage error.\n"
 )
 
 
@@ -237,7 +239,15 @@ def _run_validate(argv: list[str]) -> int:
     if any(arg in ("-h", "--help") for arg in argv):
         sys.stdout.write(VALIDATE_USAGE)
         return 0
-    if not argv:
+    parser = argparse.ArgumentParser(prog="kubeps validate", add_help=False)
+    parser.add_argument("--validate", default="strict", choices=("strict", "warn", "ignore"))
+    parser.add_argument("files", nargs="*")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit:  # argparse said what is wrong on stderr
+        return USAGE_ERROR
+    mode, files = args.validate, args.files
+    if not files:
         sys.stderr.write(VALIDATE_USAGE)
         return USAGE_ERROR
     try:
@@ -250,14 +260,14 @@ def _run_validate(argv: list[str]) -> int:
         sys.stderr.write(f"kubeps validate: not available ({missing})\n")
         return USAGE_ERROR
     texts = []
-    for name in argv:
+    for name in files:
         try:
             with open(name, encoding="utf-8") as f:
                 texts.append((name, f.read()))
         except (OSError, UnicodeDecodeError) as err:
             sys.stderr.write(f"kubeps validate: cannot read {name}: {getattr(err, 'strerror', None) or err}\n")
             return USAGE_ERROR
-    status, lines = validate.check_files(texts)
+    status, lines = validate.check_files(texts, mode.capitalize())
     sys.stdout.write("".join(f"{line}\n" for line in lines))
     return status
 

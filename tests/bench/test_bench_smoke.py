@@ -11,7 +11,8 @@ What CI lacks is left out, and each case says so:
 * TensorFlow: ``bench/ctr_vs_tf.py`` runs without ``--tf-python``, as on a machine without TensorFlow: its kubeps
   side only, and it says there is no baseline and no ratio (the other sides' ratios are to the kubeps side of the
   same run, and ``--plaintext`` here checks one of them). Its ``--gpu`` sides need a GPU (``hack/device/gpu.sh``).
-* A Kubernetes API server: ``bench/operator_latency.py --smoke`` runs on the test cluster (the ``kube`` fixture:
+* A Kubernetes API server: ``bench/operator_latency.py --smoke`` and ``bench/hostile_manifests.py --specs 30`` run on
+  the test cluster (the ``kube`` fixture:
   skipped without ``hack/controlplane.sh build``, failed instead under ``KUBEPS_REQUIRE_CONTROL_PLANE=1``).
 * Kubeflow's training-operator, the baseline of ``bench/side_by_side.py``, is built from the Go module proxy in
   minutes: that script is checked with ``--help`` only.
@@ -90,6 +91,9 @@ CASES = [
     Case("sparse_update.py", ("--rows", "20000", "--ids", "512", "--repeat", "3"),
          (r"kubeps apply_sparse +\d+\.\d{3} ms", r"naive: dense np\.add\.at +\d+\.\d{3} ms +-> kubeps is \d+\.\dx faster")),
 ]
+#: run by ``test_the_hostile_manifests_benchmark_runs`` on the test cluster
+HOSTILE_CASE = Case("hostile_manifests.py", ("--external", "--specs", "30", "--create-every", "5"),
+                    (r"^specs: 30 ", r"^disagreements: 0$", r"^tracebacks: 0$", r"^slowest verdict: \d+\.\d{3} s"))
 #: run by ``test_the_operator_benchmark_runs`` on the test cluster
 OPERATOR_CASE = Case("operator_latency.py", ("--external", "--smoke"),
                      (r"^single job \(1 runs\): create -> all children p50 \d+\.\d{3} s",
@@ -126,9 +130,14 @@ def test_the_operator_benchmark_runs(kube, tmp_path: Path) -> None:
     run(OPERATOR_CASE, tmp_path, kube.env)
 
 
+@pytest.mark.timeout(TIMEOUT_S + 30)
+def test_the_hostile_manifests_benchmark_runs(kube, tmp_path: Path) -> None:
+    run(HOSTILE_CASE, tmp_path, kube.env)
+
+
 def test_every_benchmark_has_a_case() -> None:
     """A new script under bench/ gets a case here, or it can break unseen."""
     scripts = {path.name for path in BENCH.glob("*.py")}
-    covered = {case.script for case in [*CASES, OPERATOR_CASE]}
+    covered = {case.script for case in [*CASES, OPERATOR_CASE, HOSTILE_CASE]}
     assert scripts == covered, (f"bench/ scripts without a case: {sorted(scripts - covered)}; "
                                 f"cases of no script: {sorted(covered - scripts)}")

@@ -8,12 +8,13 @@ import copy
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
 
 from kubeps.operator.api import crd, models
-from kubeps.operator.api.validate import validate_manifest, validate_text
+from kubeps.operator.api.validate import check_files, validate_manifest, validate_text
 
 from .conftest import REPO, job_manifest
 
@@ -162,3 +163,82 @@ def test_kubectl_explain_has_a_description_for_every_field_of_the_spec():
     root["properties"].pop("status")
     root["properties"].pop("metadata")  # the API server's own: a CRD may not describe it
     assert _described(root) == []
+
+
+# -- hostile files: never a traceback, every verdict quickly, the field named ------------------------------------
+def _with(path: str, value) -> str:
+    doc = job_manifest("hostile")
+    *parents, last = path.split(".")
+    node = doc
+    for part in parents:
+        node = node[int(part)] if isinstance(node, list) else node[part]
+    node[int(last) if isinstance(node, list) else last] = value
+    return yaml.safe_dump(doc)
+
+
+@pytest.mark.parametrize("text, field", [
+    (_with("metadata", ["a"]), "metadata"),
+    (_with("metadata", "x"), "metadata"),
+    (_with("spec.replicaSpecs.Worker.template.spec.containers.0.name", ["x"]), "containers[0].name"),
+    (_with("spec.replicaSpecs.Worker.template.spec.containers", [{"name": ["x"]}, {"name": ["x"]}]),
+     "containers[0].name"),
+    (_with("spec.replicaSpecs", {1: "x"}), "spec.replicaSpecs"),
+    (_with("spec.replicaSpecs.Worker.replicas", float("nan")), "spec.replicaSpecs.Worker.replicas"),
+    (_with("spec.replicaSpecs.Worker.replicas", 2**64), "spec.replicaSpecs.Worker.replicas"),
+    (_with("spec.runPolicy.activeDeadlineSeconds", 2**64), "spec.runPolicy.activeDeadlineSeconds"),
+    (_with("metadata.name", "y"), "metadata.name"),  # go-yaml reads a plain y as true: not a string
+])
+def test_hostile_values_are_refused_naming_the_field_never_a_traceback(text, field):
+    start = time.perf_counter()
+    status, lines = check_files([("h.yaml", text)])
+    assert time.perf_counter() - start < 2.0
+    assert status == 1 and not any("cannot be checked" in line for line in lines), lines
+    assert any(field in line for line in lines[:-1]), lines
+
+
+def test_an_alias_bomb_and_an_oversized_document_are_refused_within_2_s(tmp_path):
+    bomb = "".join([f"{chr(97 + i)}: &{chr(97 + i)} [" + ", ".join([f"*{chr(96 + i)}"] * 9) + "]\n"
+                    for i in range(1, 9)])
+    bomb = 'apiVersion: kubeps.dev/v1alpha1\nkind: PSTrainingJob\nmetadata: {name: b}\na: &a ["x"]\n' + bomb
+    big = _with("spec.replicaSpecs.Worker.template.spec.containers.0.image", "x" * (3 * 2**20))
+    for text, words in [(bomb, "excessive aliasing"), (big, "Request entity too large")]:
+        path = tmp_path / "h.yaml"
+        path.write_text(text)
+        start = time.perf_counter()
+        result = _kubeps(str(path))
+        assert time.perf_counter() - start < 10  # the process starting included; the verdict itself: below
+        assert result.returncode == 1 and words in result.stdout, result.stdout + result.stderr
+        start = time.perf_counter()
+        status, lines = check_files([("h.yaml", text)])
+        assert time.perf_counter() - start < 2.0 and status == 1 and words in lines[0]
+
+
+def test_unknown_fields_under_warn_are_warnings_and_under_ignore_nothing(tmp_path):
+    doc = job_manifest("fields")
+    doc["extra"] = 1
+    doc["spec"]["runPolicy"]["backoffLimt"] = 3
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    strict = _kubeps(str(path))
+    assert strict.returncode == 1 and strict.stdout.count("unknown field") == 2
+    warn = _kubeps("--validate=warn", str(path))
+    assert warn.returncode == 0, warn.stdout
+    assert warn.stdout.count("Warning: unknown field") == 2 and warn.stdout.strip().endswith("valid")
+    ignore = _kubeps("--validate", "ignore", str(path))
+    assert ignore.returncode == 0 and "unknown" not in ignore.stdout
+    assert _kubeps("--validate=loose", str(path)).returncode == 2
+
+
+def test_what_the_api_server_makes_of_nulls_status_and_metadata():
+    """A null field is its default or no field; a create drops the status (its unknown fields still count);
+    metadata holds ObjectMeta's fields only."""
+    doc = job_manifest("nulls")
+    doc["spec"]["replicaSpecs"]["Worker"]["replicas"] = None
+    doc["spec"]["runPolicy"] = {"activeDeadlineSeconds": None, "backoffLimit": None}
+    doc["status"] = {"state": 1, "restarts": "x"}
+    assert validate_manifest(doc, "x") == []
+    doc["spec"]["replicaSpecs"]["Worker"]["template"] = None  # required, no default: gone, so missing
+    doc["status"]["bogus"] = 1
+    doc["metadata"]["labelz"] = {"a": "b"}
+    assert sorted(p.field for p in validate_manifest(doc, "x")) == [
+        "metadata.labelz", "spec.replicaSpecs.Worker.template", "status.bogus"]

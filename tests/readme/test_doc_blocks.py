@@ -60,6 +60,8 @@ NOT_RUN = {
         "installs TensorFlow and benchmarks for minutes (make bench)",
     ("docs/benchmarks.md", ".venv/bin/python bench/ctr_vs_tf.py --shape wide --rounds 3 --steps 1600 [--tf-python /path/tfenv/bin/python]"):
         "benchmarks for minutes; the driver's options are parsed by bench/ctr_vs_tf.py itself",
+    ("docs/benchmarks.md", ".venv/bin/python bench/hostile_manifests.py --specs 10000 --seed 0"):
+        "starts a control plane and judges 10,000 specs (~40 min); tests/bench/test_bench_smoke.py runs it with 30",
     ("docs/benchmarks.md", ".venv/bin/python bench/ps_capacity.py --cores 1,2 --clients 4 --seconds 8"):
         "benchmarks for minutes, pinning processes to cores",
     ("docs/benchmarks.md", ".venv/bin/python bench/scaling.py --jobs 2+2,4+8 --steps 3000 --rounds 2 --gil-seconds 4"):
