@@ -68,12 +68,12 @@ class RemoteHandle(Protocol):
     def dtype(self) -> np.dtype: ...
 
 
-#: variables of at most this many bytes (dense weights, sharded or not) are pulled whole with a step's first call to
-#: their parameter server; bigger ones (embedding tables) are read only where a step asks (rows or ``read_value``)
-PREFETCH_MAX_BYTES = 1 << 20
-#: variables of at most this many bytes are dense weights a bounded staleness (``dense_staleness``) may keep on a
-#: worker from step to step; bigger ones are tables whose rows are looked up fresh
-DENSE_MAX_BYTES = 16 << 20
+#: variables of at most this many bytes (dense weights, sharded or not: a 1024 x 1024 float32 kernel is 4 MiB) are
+#: pulled whole with a step's first call to their parameter server, and a bounded staleness (``dense_staleness``)
+#: may keep them on a worker from step to step; bigger ones, and any variable a worker has looked rows up in (an
+#: embedding table: :meth:`ClosureContext.note_rows`), are read only where a step asks (rows or ``read_value``)
+PREFETCH_MAX_BYTES = 16 << 20
+DENSE_MAX_BYTES = PREFETCH_MAX_BYTES
 #: methods that only read: a deferred push to the same parameter server rides on them (``PushRead``)
 _READS = PS.READS
 
@@ -138,7 +138,15 @@ class ClosureContext:
         if self._batched:
             return []
         self._batched = True
-        return [var for key, var in self.registered.items() if var.prefetch and key not in self.cache]
+        tables = self.kept.tables if self.kept is not None else ()
+        return [var for key, var in self.registered.items()
+                if var.prefetch and key not in self.cache and key not in tables]
+
+    def note_rows(self, keys: Sequence[str]) -> None:
+        """``keys`` are looked up by rows (an embedding table's shards): never pulled whole with the dense values,
+        on this worker from now on (the worker remembers them across scheduled functions)."""
+        if self.kept is not None:
+            self.kept.tables.update(keys)
 
     def store(self, keys: Sequence[str], arrays: Sequence[np.ndarray]) -> None:
         for key, array in zip(keys, arrays):
@@ -217,7 +225,7 @@ class ClosureContext:
     def prefetch_handles(self) -> list[RemoteHandle]:
         """Every registered dense variable (what a step's batched pull reads), pulled or not, but those whose value
         a bounded staleness still serves next step."""
-        lasting = self.kept.lasting() if self.kept is not None else set()
+        lasting = self.kept.lasting() | self.kept.tables if self.kept is not None else set()
         return [var for key, var in self.registered.items() if var.prefetch and key not in lasting]
 
     def store_pulled(self, keys: Sequence[str], arrays: Sequence[np.ndarray]) -> None:
@@ -252,6 +260,8 @@ class KeptReads:
     def __init__(self) -> None:
         self._values: dict[str, tuple[np.ndarray, int]] = {}  # key -> (value, steps since it was pulled)
         self._bounds: dict[str, int] = {}  # key -> its handle's staleness
+        #: keys this worker looked rows up in (tables): never pulled whole with the dense values, never kept
+        self.tables: set[str] = set()
 
     def values(self) -> dict[str, np.ndarray]:
         """What a new closure starts its cache with."""
@@ -267,7 +277,7 @@ class KeptReads:
         bounds: dict[str, int] = {}
         for key, value in cache.items():
             handle = handles.get(key)
-            bound = handle.staleness if handle is not None else 0
+            bound = handle.staleness if handle is not None and key not in self.tables else 0
             if bound <= 0:
                 continue
             previous = self._values.get(key)

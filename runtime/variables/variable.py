@@ -606,6 +606,7 @@ class _RowLookup:
         ctx = self.ctx if self.ctx is not None and self.ctx.transport is transport else None
         self.ctx = ctx
         if ctx is not None:
+            ctx.note_rows([var._key for var in shards])  # a table: its rows are looked up, never pulled whole
             handles = ctx.prefetch_handles() if pipelined else ctx.take_prefetch()
             for handle in handles:
                 assert handle.ps_index is not None, "the closure context registers remote variables only"

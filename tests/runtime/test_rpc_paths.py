@@ -311,3 +311,31 @@ def test_small_sharded_weights_ride_on_the_lookup_big_ones_are_read_on_demand(co
 
     lookup_calls, kernel_calls, total = coordinator.schedule(step).fetch()
     assert (lookup_calls, kernel_calls, total) == (2, 0, 24.0)
+
+
+def test_a_megabytes_kernel_rides_on_the_lookup_and_a_table_is_never_pulled_whole(coord):
+    """A Wide & Deep kernel (here 2.8 MB, over the old 1 MiB limit) is pulled with the step's first call, not by a
+    call of its own; a table the worker looked rows up in is never pulled whole, however small."""
+    strategy, coordinator = coord
+    with strategy.scope():
+        table = Variable(np.zeros((100, 4), np.float32), name="mb_table")
+        kernel = Variable(np.zeros((700, 1024), np.float32), name="mb_kernel")
+    opt = SGD(learning_rate=1.0)
+
+    def steps(n):
+        ctx = current_closure_context()
+        per_step = []
+        for _ in range(n):
+            before = dict(ctx.transport.calls)
+            ids = np.array([1, 7, 60, 99])
+            embedding_lookup(table, ids)
+            kernel.read_value()
+            opt.apply_gradients([(IndexedSlices(np.ones((4, 4), np.float32), ids), table),
+                                 (np.ones((700, 1024), np.float32), kernel)])
+            per_step.append({ps: ctx.transport.calls[ps] - before.get(ps, 0) for ps in (0, 1)})
+        return per_step, sorted(k for k in ctx.cache if k.startswith("mb_table"))
+
+    per_step, cached_table = coordinator.schedule(steps, args=(3,)).fetch()
+    assert all(sum(calls.values()) == 2 for calls in per_step), per_step  # one call per ps a step
+    assert cached_table == []
+    np.testing.assert_array_equal(kernel.numpy()[0, :3], np.full(3, -3.0, np.float32))
