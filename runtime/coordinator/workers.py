@@ -29,6 +29,7 @@ import numpy as np
 
 from kubeps.runtime.coordinator.closure_queue import Closure, ClosureQueue, ClosureState
 from kubeps.runtime.coordinator.failure import FailureDetector, Heartbeat
+from kubeps.runtime.coordinator.leases import InputLeases
 from kubeps.runtime.coordinator.options import CoordinatorOptions
 from kubeps.runtime.coordinator.shipping import build_dataset, dumps
 from kubeps.runtime.errors import ClosureError, OutOfRangeError, RemoteError, ResourceMissingError, \
@@ -207,10 +208,17 @@ class Worker:
             self.call = None
 
     def _run_closure(self, closure: Closure) -> None:
-        request: RunClosureRequest | CreateResourceRequest = (
-            RunClosureRequest(closure_id=closure.id) if closure.kind == "closure"
-            else CreateResourceRequest(closure_id=closure.id, resource_id=closure.info["resource_id"]))
-        method = WORKER.RUN_CLOSURE if closure.kind == "closure" else WORKER.CREATE_RESOURCE
+        request: RunClosureRequest | CreateResourceRequest
+        leases = self.cluster.leases
+        if closure.kind == "closure":
+            request = RunClosureRequest(closure_id=closure.id)
+            if leases:
+                request["leases"] = leases.grants(self.index)
+            method = WORKER.RUN_CLOSURE
+        else:
+            request = CreateResourceRequest(closure_id=closure.id, resource_id=closure.info["resource_id"])
+            leases.release(self.index, closure.info["resource_id"])  # built again: read from the commits on
+            method = WORKER.CREATE_RESOURCE
         started = time.perf_counter()
         got = self._call([closure], method, request, self.cluster.options.closure_timeout)
         if got is None:
@@ -227,6 +235,8 @@ class Worker:
         queue, untouched. A failed call is a failure of each closure, as for one."""
         queue = self.cluster.queue
         request: RunClosuresRequest = {"closure_ids": [closure.id for closure in closures]}
+        if self.cluster.leases:
+            request["leases"] = self.cluster.leases.grants(self.index)
         started = time.perf_counter()
         got = self._call(closures, WORKER.RUN_CLOSURES, request, self.cluster.options.closure_timeout * len(closures))
         if got is None:
@@ -261,6 +271,8 @@ class Worker:
             except Exception as err:  # noqa: BLE001 - a result we cannot rebuild fails the closure
                 queue.mark_failed(closure, err)
                 return
+            if closure.kind == "closure":
+                self.cluster.leases.commit(self.index, answer.get("positions"), bool(closure.info.get("input_lost")))
             queue.mark_finished(closure, result)
             self.cluster.closure_done()
             if _metrics.ENABLED and closure.kind == "closure":
@@ -270,9 +282,22 @@ class Worker:
         elif status == "ps_unavailable":
             self.cluster.failures.handle_ps_error(closure, int(answer.get("ps_index", -1)), answer.get("message", ""),
                                               restarted=bool(answer.get("restarted")))
+            self.rewind_input()
+        elif status == "needs_input":
+            self.cluster.leases.ran_out(self.index)
+            queue.requeue(closure)
+            self.rewind_input()
         else:
             queue.mark_failed(closure, closure_error(answer, arrays, self))
             self.cluster.closure_done()
+            self.rewind_input()
+
+    def rewind_input(self) -> None:
+        """A function that did not finish read records of its exactly-once datasets: its shards go back from the
+        positions committed before it and its iterators are built again, so the records are read again by whoever
+        runs the function (or the next one)."""
+        if self.cluster.leases and not self.rebuild_resources():  # rebuilding takes the shards back
+            self.healthy = False  # rebuilt when it answers again
 
     # -- failures ----------------------------------------------------------------------------------------------------
     def handle_failure(self, closure: Closure | None, error: BaseException) -> None:
@@ -281,6 +306,8 @@ class Worker:
         queue = self.cluster.queue
         self.healthy = False
         self.failures += 1
+        if self.cluster.leases.release(self.index) and closure is not None:
+            closure.info["input_lost"] = True  # its re-run trains records the lost run may have trained
         if closure is not None:
             if closure.kind == "resource":
                 queue.mark_finished(closure, None)  # rebuilt with all the others when the worker returns
@@ -325,6 +352,7 @@ class Worker:
     def rebuild_resources(self) -> bool:
         """Re-create every per-worker resource on the worker (in creation order): it came back, or it joined."""
         replaced, read_before = False, self.in_pass
+        self.cluster.leases.release(self.index)  # the exactly-once datasets read from their commits on
         for resource_id, payload in self.cluster.resources_for(self):
             try:
                 answer, arrays = self.client.call(WORKER.CREATE_RESOURCE,
@@ -369,6 +397,8 @@ class WorkerSet:
         self._resources: list[tuple[str, np.ndarray]] = []  # (resource_id, pickled creator), creation order
         self._dataset_fns: dict[str, Callable[..., Any]] = {}  # resource_id -> dataset_fn of each dataset
         self._resource_ids = itertools.count()
+        #: the shards of the exactly-once datasets leased to each worker (coordinator/leases.py)
+        self.leases = InputLeases()
         #: heartbeats of every ps and busy worker, and the accounting of ps errors (coordinator/failure.py)
         self.failures = FailureDetector(
             strategy, queue, self.handles, self.stopping, heartbeat_interval=options.heartbeat_interval,
@@ -434,6 +464,7 @@ class WorkerSet:
         """A leaving worker's dispatch thread ended: nothing of the job runs on it any more."""
         if worker.in_pass and self.dataset_count():  # the workers that stay read its share again
             self.records.add(worker, worker.in_pass, "left")
+        self.leases.release(worker.index)  # its shards' records not trained go to the workers that stay
         with self.lock:
             if worker in self.handles:
                 self.handles.remove(worker)

@@ -14,6 +14,8 @@ Modules, bottom to top (none imports one above it):
   again);
 - ``sources`` -- arrays, ``range``, generators, iterables, file lists; ``transforms`` -- ``map``, ``filter``,
   ``interleave``, ``repeat``, ``batch``, ``shard``, ``take``, ``skip``; ``shuffle``; ``prefetch``;
+- ``leases`` -- exactly-once input on a worker: the source reads the shards the chief leased (``ShardFeed``) and
+  reports how far its consumer got;
 - ``readers`` -- ``read_lines``, ``read_csv``, ``read_npy``, ``read_npz`` for ``Dataset.from_files``;
 - ``filesystems`` -- local paths and fsspec URLs (``s3://``, ``gs://``, ``hdfs://``): listing and opening files;
 - ``columns`` -- typed columns: checked conversion to a column's dtype, variable-length columns;

@@ -145,6 +145,18 @@ class LocalCluster:
         return ParameterServerStrategy(self.resolver(), **kwargs)
 
 
+@contextlib.contextmanager
+def running_coordinator(cluster: LocalCluster, **kwargs: Any) -> Iterator[ClusterCoordinator]:
+    """A coordinator of ``cluster``'s strategy, shut down (and the strategy closed) on the way out."""
+    strategy = cluster.strategy()
+    coordinator = ClusterCoordinator(strategy, **kwargs)
+    try:
+        yield coordinator
+    finally:
+        coordinator.shutdown()
+        strategy.close()
+
+
 @pytest.fixture
 def make_cluster(tmp_path: Path) -> Iterator[Any]:
     """Factory: ``make_cluster(num_ps, num_workers)`` starts a cluster that is torn down after the test."""
