@@ -131,9 +131,6 @@ class ShardBook:
             self._pending.appendleft(shard)
         return len(held)
 
-    def holds(self, worker: int) -> bool:
-        return bool(self._held.get(worker))
-
 
 class InputLeases:
     """The exactly-once datasets of one coordinator, by resource id; what each worker's dispatch thread leases and
@@ -180,16 +177,10 @@ class InputLeases:
                         book.reread += done
         return trained
 
-    def release(self, worker: int, resource_id: str | None = None) -> int:
-        """Take back ``worker``'s shards (of one dataset, or all); how many."""
+    def release(self, worker: int) -> int:
+        """Take back ``worker``'s shards of every dataset; how many."""
         with self._lock:
-            books = [self._books[resource_id]] if resource_id in self._books else \
-                [] if resource_id is not None else list(self._books.values())
-            return sum(book.release(worker) for book in books)
-
-    def holds(self, worker: int) -> bool:
-        with self._lock:
-            return any(book.holds(worker) for book in self._books.values())
+            return sum(book.release(worker) for book in self._books.values())
 
     def ran_out(self, worker: int) -> None:
         """A function on ``worker`` needed more records than it held: lease it twice as many from now on."""

@@ -200,7 +200,8 @@ class Worker:
                 queue.mark_failed(first, err)
                 queue.give_back(rest)  # cancelled: the error is pending
             else:
-                for closure in rest:
+                for closure in rest:  # the worker may have run them before it failed, as the first
+                    closure.info["input_lost"] = bool(self.cluster.leases)
                     queue.requeue(closure)
                 self.handle_failure(first, err)
             return None
@@ -217,7 +218,7 @@ class Worker:
             method = WORKER.RUN_CLOSURE
         else:
             request = CreateResourceRequest(closure_id=closure.id, resource_id=closure.info["resource_id"])
-            leases.release(self.index, closure.info["resource_id"])  # built again: read from the commits on
+            leases.release(self.index)  # a dataset or an iterator built: the feeds read from the commits on
             method = WORKER.CREATE_RESOURCE
         started = time.perf_counter()
         got = self._call([closure], method, request, self.cluster.options.closure_timeout)
@@ -306,7 +307,8 @@ class Worker:
         queue = self.cluster.queue
         self.healthy = False
         self.failures += 1
-        if self.cluster.leases.release(self.index) and closure is not None:
+        self.cluster.leases.release(self.index)
+        if closure is not None and self.cluster.leases:
             closure.info["input_lost"] = True  # its re-run trains records the lost run may have trained
         if closure is not None:
             if closure.kind == "resource":

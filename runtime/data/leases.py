@@ -112,6 +112,7 @@ class ShardFeed:
         self._final = False
         self._in_function = False
         self._closed = False
+        self._generation = 0  # the iterator reading it: an older one's source ends
 
     # -- the chief's side ---------------------------------------------------------------------------------------
     def grant(self, shards: Iterable[list[int]], final: bool) -> None:
@@ -150,17 +151,32 @@ class ShardFeed:
             self._closed = True
             self._cond.notify_all()
 
+    def take_over(self) -> None:
+        """A new iterator reads the feed from now on (the chief took its shards back when it had it built): what
+        the old one had leased or read ahead is dropped, and its source ends."""
+        with self._cond:
+            self._leased.clear()
+            self._reading.clear()
+            self._consumed = 0
+            self._generation += 1
+            self._cond.notify_all()
+
     # -- the pipeline's side ----------------------------------------------------------------------------------------
     def consumed(self, rows: int) -> None:
         with self._cond:
             self._consumed += rows
 
-    def next_segment(self) -> _Segment | None:
-        """The next leased shard to read; None when there is none and none will come (the data ended, or the
-        dataset was built again). Waits between functions; during one, a dry feed raises :class:`NeedsInput`."""
+    def generation(self) -> int:
+        with self._cond:
+            return self._generation
+
+    def next_segment(self, generation: int) -> _Segment | None:
+        """The next leased shard to read; None when there is none and none will come (the data ended, the dataset
+        was built again, or another iterator took the feed over). Waits between functions; during one, a dry feed
+        raises :class:`NeedsInput`."""
         with self._cond:
             while True:
-                if self._closed:
+                if self._closed or generation != self._generation:
                     return None
                 if self._leased:
                     segment = self._leased.popleft()
@@ -190,7 +206,8 @@ class LeasedSlicesNode(Node):
 
     def iterate(self) -> Iterator[Any]:
         feed = self.feed
-        while (segment := feed.next_segment()) is not None:
+        generation = feed.generation()
+        while (segment := feed.next_segment(generation)) is not None:
             for row in range(segment.start, segment.end if segment.end is not None else segment.start):
                 feed.read(segment)
                 yield slice_leaves(self._structure, row)
@@ -210,7 +227,8 @@ class LeasedFilesNode(Node):
 
     def iterate(self) -> Iterator[Any]:
         feed = self.feed
-        while (segment := feed.next_segment()) is not None:
+        generation = feed.generation()
+        while (segment := feed.next_segment(generation)) is not None:
             records = self._open_pass(self._reader(self._files[segment.index]))
             try:
                 for position, record in enumerate(records):

@@ -270,11 +270,13 @@ def rpc_create_resource(state: WorkerState, request: CreateResourceRequest,
             resource = fn()
         if isinstance(resource, Iterator):
             resource = MeasuredIterator(resource, ledger)
+            if resource.feed is not None:  # an exactly-once dataset's: it reads from the commits on
+                resource.feed.take_over()
         state.resources[resource_id] = resource
         return None
 
     meta, tensors = _run(state, payload, build, report=False)
-    if isinstance(replaced, MeasuredIterator) and meta.get("status") == "ok":
+    if isinstance(replaced, MeasuredIterator) and replaced.feed is None and meta.get("status") == "ok":
         # built again for a new membership (or after a failure): the new iterator reads its shard from the start,
         # so what the old one handed out in the pass under way is read again
         meta["reread"] = replaced.ledger.in_pass()
