@@ -284,10 +284,11 @@ class Worker:
             self.cluster.failures.handle_ps_error(closure, int(answer.get("ps_index", -1)), answer.get("message", ""),
                                               restarted=bool(answer.get("restarted")))
             self.rewind_input()
-        elif status == "needs_input":
+        elif status == "needs_input":  # run again with more shards (or elsewhere, if the data is nearly done)
             self.cluster.leases.ran_out(self.index)
             queue.requeue(closure)
             self.rewind_input()
+            self.cluster.stopping.wait(0.05)  # the others may hold the last shards: no busy loop meanwhile
         else:
             queue.mark_failed(closure, closure_error(answer, arrays, self))
             self.cluster.closure_done()

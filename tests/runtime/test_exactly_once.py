@@ -4,11 +4,20 @@ every record id of an epoch trained once while workers are killed, added and rem
 from __future__ import annotations
 
 import collections
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from kubeps.runtime import cli
 from kubeps.runtime.cluster import Membership
 from kubeps.runtime.coordinator.leases import ShardBook
 from kubeps.runtime.data import Dataset
@@ -18,6 +27,8 @@ from kubeps.runtime.observe.chief_metrics import chief_families
 from kubeps.runtime.variables.context import get_current_worker_index
 
 from .conftest import free_ports, running_coordinator
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # -- the chief's book ----------------------------------------------------------------------------------------------
@@ -197,3 +208,66 @@ def test_every_record_is_trained_once_while_workers_are_killed_added_and_removed
         assert metrics["kubeps_input_records_reread"] <= batch * retried
         print(f"{source}: {2 * records} records trained, {metrics['kubeps_input_records_reread']:.0f} read again "
               f"(re-runs of a function lost with its worker), {metrics['kubeps_input_records_lost']:.0f} lost")
+
+
+# -- under kubeps local ----------------------------------------------------------------------------------------------
+def _steps(path) -> list[list]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+@pytest.mark.timeout(300)
+def test_kubeps_local_trains_every_id_once_while_a_worker_is_killed_one_added_and_two_removed(tmp_path, capsys):
+    """A ``kubeps local --restart`` run of two exactly-once datasets (ids of a ``from_tensor_slices``, ids in
+    files): worker 1 is killed (SIGKILL) and restarted, the job is scaled 2 -> 3 -> 1, all during the epoch. Every
+    id of each dataset is returned by exactly one step; the only records the chief may count read again are those
+    of the steps re-run after the kill."""
+    from tests.runtime import exactly_once_job as job
+
+    lines, data = tmp_path / "steps.jsonl", tmp_path / "data"
+    data.mkdir()
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "kubeps.runtime.cli", "local", "--ps", "1", "--workers", "2", "--restart",
+         "--no-metrics", job.__file__, "--", str(lines), str(data)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    output: list[str] = []
+    reader = threading.Thread(target=lambda: output.extend(launcher.stdout), daemon=True)
+    reader.start()
+    try:
+        victim = _wait_for(lambda: next((pid for w, pid, *_ in _steps(lines) if w == 1), None), 120,
+                           "a step on worker 1")
+        os.kill(victim, signal.SIGKILL)  # while it runs steps: its shards go back from their last commit
+        pid = str(launcher.pid)
+        assert cli.main(["local", "scale", "--workers", "3", "--pid", pid]) == 0
+        _wait_for(lambda: (data / "started-2").exists(), 120, "a step on the new worker 2")
+        (data / "gate").touch()  # the rest of the epoch may run
+        assert cli.main(["local", "scale", "--workers", "1", "--pid", pid]) == 0
+        capsys.readouterr()
+        assert launcher.wait(timeout=240) == 0, "".join(output)[-3000:]
+        reader.join(timeout=10)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    text = "".join(output)
+    steps = _steps(lines)
+    assert len(steps) == job.RECORDS // job.BATCH
+    for column in (2, 3):  # from_tensor_slices, from_files
+        counts = collections.Counter(i for step in steps for i in step[column])
+        assert sorted(counts) == list(range(job.RECORDS)) and set(counts.values()) == {1}
+    assert re.search(r"restarting worker-1\b", text), text[-3000:]  # the kill was a failure, not a leave
+    match = re.search(r"^\[chief-0\] INPUT (.*)$", text, re.M)
+    assert match, text[-3000:]
+    figures = json.loads(match.group(1))
+    assert figures["trained"] == 2 * job.RECORDS and figures["lost"] == 0
+    assert figures["reread"] % job.BATCH == 0
+    print(f"kubeps local: {figures['trained']} records trained, {figures['reread']} read again, "
+          f"{figures['lost']} lost")
