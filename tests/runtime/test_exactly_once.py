@@ -26,7 +26,7 @@ from kubeps.runtime.errors import OutOfRangeError, RuntimeConfigError
 from kubeps.runtime.observe.chief_metrics import chief_families
 from kubeps.runtime.variables.context import get_current_worker_index
 
-from .conftest import free_ports, running_coordinator
+from .conftest import free_ports, running_coordinator, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -215,16 +215,6 @@ def _steps(path) -> list[list]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def _wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
 @pytest.mark.timeout(300)
 def test_kubeps_local_trains_every_id_once_while_a_worker_is_killed_one_added_and_two_removed(tmp_path, capsys):
     """A ``kubeps local --restart`` run of two exactly-once datasets (ids of a ``from_tensor_slices``, ids in
@@ -243,12 +233,12 @@ def test_kubeps_local_trains_every_id_once_while_a_worker_is_killed_one_added_an
     reader = threading.Thread(target=lambda: output.extend(launcher.stdout), daemon=True)
     reader.start()
     try:
-        victim = _wait_for(lambda: next((pid for w, pid, *_ in _steps(lines) if w == 1), None), 120,
+        victim = wait_for(lambda: next((pid for w, pid, *_ in _steps(lines) if w == 1), None), 120,
                            "a step on worker 1")
         os.kill(victim, signal.SIGKILL)  # while it runs steps: its shards go back from their last commit
         pid = str(launcher.pid)
         assert cli.main(["local", "scale", "--workers", "3", "--pid", pid]) == 0
-        _wait_for(lambda: (data / "started-2").exists(), 120, "a step on the new worker 2")
+        wait_for(lambda: (data / "started-2").exists(), 120, "a step on the new worker 2")
         (data / "gate").touch()  # the rest of the epoch may run
         assert cli.main(["local", "scale", "--workers", "1", "--pid", pid]) == 0
         capsys.readouterr()
