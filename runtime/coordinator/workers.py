@@ -266,14 +266,14 @@ class Worker:
         """One closure's answer: finished, failed, or handed to the failure handling."""
         queue = self.cluster.queue
         status = answer.get("status")
+        if closure.kind == "closure":  # what its steps read, failed or not (their pushes applied)
+            self.cluster.leases.commit(self.index, answer.get("positions"), bool(closure.info.get("input_lost")))
         if status == "ok":
             try:
                 result = closure_result(arrays)
             except Exception as err:  # noqa: BLE001 - a result we cannot rebuild fails the closure
                 queue.mark_failed(closure, err)
                 return
-            if closure.kind == "closure":
-                self.cluster.leases.commit(self.index, answer.get("positions"), bool(closure.info.get("input_lost")))
             queue.mark_finished(closure, result)
             self.cluster.closure_done()
             if _metrics.ENABLED and closure.kind == "closure":
@@ -295,9 +295,9 @@ class Worker:
             self.rewind_input()
 
     def rewind_input(self) -> None:
-        """A function that did not finish read records of its exactly-once datasets: its shards go back from the
-        positions committed before it and its iterators are built again, so the records are read again by whoever
-        runs the function (or the next one)."""
+        """A function did not finish: what its steps took is committed (its answer's positions), and the worker's
+        exactly-once shards go back from there while its iterators are built again, so what its pipeline had read
+        ahead is read by whoever runs the function (or the next one)."""
         if self.cluster.leases and not self.rebuild_resources():  # rebuilding takes the shards back
             self.healthy = False  # rebuilt when it answers again
 

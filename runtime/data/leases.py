@@ -35,8 +35,8 @@ _ORDERED = (MapNode, BatchNode, PrefetchNode, RepeatNode)
 
 
 class NeedsInput(Exception):
-    """A function needed more records than the shards leased to its worker hold (the chief leases more and runs it
-    again, from the positions committed before it)."""
+    """A function needed more records than the shards leased to its worker hold (the chief commits what its steps
+    took, leases more and runs it again from there)."""
 
 
 class InputPlan(NamedTuple):

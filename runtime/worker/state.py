@@ -170,45 +170,55 @@ def _run_and_flush(ctx: ClosureContext, body: Callable[[Any], Any], obj: Any) ->
 
 def _run(state: WorkerState, payload: bytes, body: Callable[[Any], Any], grants: dict[str, LeaseGrant] | None = None,
          report: bool = True) -> tuple[ClosureAnswer, list[np.ndarray]]:
-    """Run ``body`` on the unpickled payload; with ``report``, an ``ok`` answer says where the worker's exactly-once
-    datasets stand (what the chief commits: asked once per function, as a report moves past what it reports)."""
+    """Run ``body`` on the unpickled payload. With ``report``, the answer says where the worker's exactly-once
+    datasets stand after it (what the chief commits: asked once per function, as a report moves past what it
+    reports), whatever its status: the steps of a function that failed had their pushes applied."""
     ctx = state.context()
     previous = _context.set_closure_context(ctx)
     feeds: dict[str, ShardFeed] = {}
     try:
         try:
             with _leases(state, grants) as feeds:
-                obj = cloudpickle.loads(payload)
-                with state.threads.measure() if state.threads is not None else contextlib.nullcontext():
-                    result = _run_and_flush(ctx, body, obj)
-        except NeedsInput as err:
-            return {"status": "needs_input", "message": str(err)}, []
-        except ResourceMissingError as err:
+                meta, tensors = _answer(state, ctx, payload, body)
+        except ResourceMissingError as err:  # a leased dataset this worker does not have (it restarted)
             return {"status": "resource_missing", "message": str(err)}, []
-        except PSUnavailableError as err:
-            return {"status": "ps_unavailable", "ps_index": err.ps_index, "message": str(err),
-                    "restarted": ps_restarted(err)}, []
-        except BaseException as err:  # noqa: BLE001 - the user's function may raise anything; report it
-            if isinstance(err, (KeyboardInterrupt, SystemExit)):
-                raise
-            try:
-                blob = cloudpickle.dumps(err)
-                pickle.loads(blob)  # make sure the coordinator can rebuild it
-            except Exception:  # noqa: BLE001
-                blob = b""
-            failed: ClosureAnswer = {"status": "error", "type": type(err).__name__, "message": str(err),
-                                     "traceback": traceback.format_exc()}
-            return failed, [_bytes_tensor(blob)]
-        tensors: list[np.ndarray] = []
-        skeleton = split_structure(result, tensors, _to_array)
-        meta: ClosureAnswer = {"status": "ok", "pulls": ctx.pulls, "in_pass": records_in_pass(state.resources)}
         if feeds and report:
             meta["positions"] = {rid: feed.positions() for rid, feed in feeds.items()}
-        return meta, [_bytes_tensor(cloudpickle.dumps(skeleton))] + tensors
+        return meta, tensors
     finally:
         _context.set_closure_context(previous)
         with state._lock:
             state.closures_run += 1
+
+
+def _answer(state: WorkerState, ctx: ClosureContext, payload: bytes,
+            body: Callable[[Any], Any]) -> tuple[ClosureAnswer, list[np.ndarray]]:
+    try:
+        obj = cloudpickle.loads(payload)
+        with state.threads.measure() if state.threads is not None else contextlib.nullcontext():
+            result = _run_and_flush(ctx, body, obj)
+    except NeedsInput as err:
+        return {"status": "needs_input", "message": str(err)}, []
+    except ResourceMissingError as err:
+        return {"status": "resource_missing", "message": str(err)}, []
+    except PSUnavailableError as err:
+        return {"status": "ps_unavailable", "ps_index": err.ps_index, "message": str(err),
+                "restarted": ps_restarted(err)}, []
+    except BaseException as err:  # noqa: BLE001 - the user's function may raise anything; report it
+        if isinstance(err, (KeyboardInterrupt, SystemExit)):
+            raise
+        try:
+            blob = cloudpickle.dumps(err)
+            pickle.loads(blob)  # make sure the coordinator can rebuild it
+        except Exception:  # noqa: BLE001
+            blob = b""
+        failed: ClosureAnswer = {"status": "error", "type": type(err).__name__, "message": str(err),
+                                 "traceback": traceback.format_exc()}
+        return failed, [_bytes_tensor(blob)]
+    tensors: list[np.ndarray] = []
+    skeleton = split_structure(result, tensors, _to_array)
+    meta: ClosureAnswer = {"status": "ok", "pulls": ctx.pulls, "in_pass": records_in_pass(state.resources)}
+    return meta, [_bytes_tensor(cloudpickle.dumps(skeleton))] + tensors
 
 
 def _call(obj: Any) -> Any:

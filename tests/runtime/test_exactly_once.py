@@ -164,6 +164,36 @@ def test_a_new_iterator_goes_on_where_the_epoch_stands(make_cluster):
             coordinator.schedule(_step, args=(iter(dataset),)).fetch()
 
 
+def _four_steps(iterator, side: str) -> list[int]:
+    """Four training steps in one function; each step's ids go to a side file as it "pushes" them."""
+    ids: list[int] = []
+    for _ in range(4):
+        batch = [int(i) for i in next(iterator)]
+        with open(side, "a") as out:
+            out.write(" ".join(map(str, batch)) + "\n")
+        ids += batch
+    return ids
+
+
+def test_the_steps_a_function_ran_before_its_records_ran_out_count_and_the_rerun_goes_on_from_there(make_cluster,
+                                                                                                    tmp_path):
+    cluster = make_cluster(num_ps=1, num_workers=1)
+    side = str(tmp_path / "pushed.txt")
+    with _coordinator(cluster) as coordinator:
+        dataset = coordinator.create_per_worker_dataset(
+            lambda: Dataset.from_tensor_slices(np.arange(100)).batch(5).repeat(2), exactly_once=True, shard_records=5)
+        iterator = iter(dataset)
+        returned = [coordinator.schedule(_four_steps, args=(iterator, side)) for _ in range(5)]
+        coordinator.join()
+        # the first function got 2 shards of 5 for its 4 batches: it trained 2, ran out, and ran again on new ones
+        assert coordinator._queue.counters()["retried"] >= 1
+        pushed = [int(i) for line in open(side).read().split("\n") if line for i in line.split()]
+        # the first epoch trained once, the ids of the cut-short run too; the re-run went on into the second
+        assert sorted(pushed[:100]) == list(range(100)) and pushed[100:] == list(range(len(pushed) - 100))
+        assert len(pushed) > 100 and sum(len(value.fetch()) for value in returned) == 100
+        assert _input_metrics(coordinator)["kubeps_input_records_trained"] == len(pushed)
+
+
 @pytest.mark.parametrize("source", ["tensor_slices", "files"])
 def test_every_record_is_trained_once_while_workers_are_killed_added_and_removed(make_cluster, tmp_path, source):
     records, batch = 600, 5
