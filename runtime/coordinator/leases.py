@@ -5,8 +5,9 @@
 plain object without I/O. A worker's dispatch thread leases shards to it with each call it sends (enough that the
 worker holds ``ahead`` shards not done) and commits the positions the call's answer reports
 (:mod:`kubeps.runtime.data.leases` on the worker's side). A shard goes back, from its last committed position, to
-the front of the queue when its worker leaves, fails, or runs a function that does not finish (what that function's
-steps took is committed, as their pushes applied, and the worker's iterator is built again from there).
+the front of the queue when its worker leaves, fails, or runs a function that does not finish (what that function
+took up to its last write to a variable is committed, as those pushes applied, and the worker's iterator is built
+again from there).
 
 So each record of an epoch is committed once. The one case where a record trains twice: a worker killed after a
 function pushed its gradients and before its answer came back; the function runs again on the same records

@@ -295,9 +295,9 @@ class Worker:
             self.rewind_input()
 
     def rewind_input(self) -> None:
-        """A function did not finish: what its steps took is committed (its answer's positions), and the worker's
-        exactly-once shards go back from there while its iterators are built again, so what its pipeline had read
-        ahead is read by whoever runs the function (or the next one)."""
+        """A function did not finish: what it took up to its last write is committed (its answer's positions), and
+        the worker's exactly-once shards go back from there while its iterators are built again, so what its pipeline
+        had read ahead is read by whoever runs the function (or the next one)."""
         if self.cluster.leases and not self.rebuild_resources():  # rebuilding takes the shards back
             self.healthy = False  # rebuilt when it answers again
 

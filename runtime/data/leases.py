@@ -109,6 +109,7 @@ class ShardFeed:
         self._leased: deque[_Segment] = deque()
         self._reading: deque[_Segment] = deque()  # opened by the source, not yet reported done
         self._consumed = 0  # records taken by the consumer and not yet assigned to a reported segment
+        self._written = 0  # what ``_consumed`` was when the running function last wrote to a variable
         self._final = False
         self._in_function = False
         self._closed = False
@@ -127,12 +128,24 @@ class ShardFeed:
         """A function runs (no more shards come until it ends) or ended."""
         with self._cond:
             self._in_function = running
+            if running:
+                self._written = self._consumed
             self._cond.notify_all()
 
-    def positions(self) -> list[list[int]]:
-        """``[epoch, index, position, done]`` of every shard the consumer took records of (or reached the end of)
-        and not yet reported done; a position counts records from the shard's start."""
+    def wrote(self) -> None:
+        """The running function wrote to a variable (a step pushed): the records its consumer took so far are
+        trained, even if the function does not finish."""
         with self._cond:
+            self._written = self._consumed
+
+    def positions(self, finished: bool = True) -> list[list[int]]:
+        """``[epoch, index, position, done]`` of every shard the consumer took records of (or reached the end of)
+        and not yet reported done; a position counts records from the shard's start. A function that did not
+        ``finished`` trained the records taken up to its last write to a variable: those taken after it are not
+        counted (they go back with the shards, and its re-run reads them)."""
+        with self._cond:
+            if not finished:
+                self._consumed = self._written
             left, out = self._consumed, []
             for segment in self._reading:
                 take = min(left, segment.produced)

@@ -120,8 +120,10 @@ def _feeds(resources: dict[str, Any]) -> dict[str, ShardFeed]:
 
 
 @contextlib.contextmanager
-def _leases(state: "WorkerState", grants: dict[str, LeaseGrant] | None) -> Iterator[dict[str, ShardFeed]]:
-    """The shards a call leased given to their datasets' feeds, which know a function runs while it does."""
+def _leases(state: "WorkerState", ctx: ClosureContext,
+            grants: dict[str, LeaseGrant] | None) -> Iterator[dict[str, ShardFeed]]:
+    """The shards a call leased given to their datasets' feeds, which know a function runs while it does and when
+    it writes to a variable (what its steps took up to there is trained)."""
     feeds = _feeds(state.resources)
     for rid, grant in (grants or {}).items():
         if rid not in feeds:
@@ -129,6 +131,7 @@ def _leases(state: "WorkerState", grants: dict[str, LeaseGrant] | None) -> Itera
         feeds[rid].grant(grant["shards"], grant["final"])
     for feed in feeds.values():
         feed.in_function(True)
+        ctx.on_write.append(feed.wrote)
     try:
         yield feeds
     finally:
@@ -172,18 +175,20 @@ def _run(state: WorkerState, payload: bytes, body: Callable[[Any], Any], grants:
          report: bool = True) -> tuple[ClosureAnswer, list[np.ndarray]]:
     """Run ``body`` on the unpickled payload. With ``report``, the answer says where the worker's exactly-once
     datasets stand after it (what the chief commits: asked once per function, as a report moves past what it
-    reports), whatever its status: the steps of a function that failed had their pushes applied."""
+    reports), whatever its status: a function that did not finish trained what it took up to its last write to a
+    variable (those pushes applied), no further."""
     ctx = state.context()
     previous = _context.set_closure_context(ctx)
     feeds: dict[str, ShardFeed] = {}
     try:
         try:
-            with _leases(state, grants) as feeds:
+            with _leases(state, ctx, grants) as feeds:
                 meta, tensors = _answer(state, ctx, payload, body)
         except ResourceMissingError as err:  # a leased dataset this worker does not have (it restarted)
             return {"status": "resource_missing", "message": str(err)}, []
         if feeds and report:
-            meta["positions"] = {rid: feed.positions() for rid, feed in feeds.items()}
+            finished = meta.get("status") == "ok"
+            meta["positions"] = {rid: feed.positions(finished) for rid, feed in feeds.items()}
         return meta, tensors
     finally:
         _context.set_closure_context(previous)

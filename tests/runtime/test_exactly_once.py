@@ -25,6 +25,7 @@ from kubeps.runtime.data.leases import NeedsInput, ShardFeed, leased, plan
 from kubeps.runtime.errors import OutOfRangeError, RuntimeConfigError
 from kubeps.runtime.observe.chief_metrics import chief_families
 from kubeps.runtime.variables.context import get_current_worker_index
+from kubeps.runtime.variables.variable import Variable
 
 from .conftest import free_ports, running_coordinator, wait_for
 
@@ -164,15 +165,22 @@ def test_a_new_iterator_goes_on_where_the_epoch_stands(make_cluster):
             coordinator.schedule(_step, args=(iter(dataset),)).fetch()
 
 
-def _four_steps(iterator, side: str) -> list[int]:
-    """Four training steps in one function; each step's ids go to a side file as it "pushes" them."""
+def _four_steps(iterator, seen, side: str) -> list[int]:
+    """Four training steps in one function; each step writes its record count to ``seen`` (its push) and its ids
+    to a side file."""
     ids: list[int] = []
     for _ in range(4):
         batch = [int(i) for i in next(iterator)]
+        seen.assign_add(np.array([len(batch)], np.int64))
         with open(side, "a") as out:
             out.write(" ".join(map(str, batch)) + "\n")
         ids += batch
     return ids
+
+
+def _two_datasets(first, second) -> tuple[list[int], list[int]]:
+    """One step on a batch of each dataset, writing nothing: cut short when ``second`` runs out."""
+    return [int(i) for i in next(first)], [int(i) for i in next(second)]
 
 
 def test_the_steps_a_function_ran_before_its_records_ran_out_count_and_the_rerun_goes_on_from_there(make_cluster,
@@ -182,8 +190,10 @@ def test_the_steps_a_function_ran_before_its_records_ran_out_count_and_the_rerun
     with _coordinator(cluster) as coordinator:
         dataset = coordinator.create_per_worker_dataset(
             lambda: Dataset.from_tensor_slices(np.arange(100)).batch(5).repeat(2), exactly_once=True, shard_records=5)
+        with coordinator.strategy.scope():
+            seen = Variable(np.zeros(1, np.int64), name="seen")
         iterator = iter(dataset)
-        returned = [coordinator.schedule(_four_steps, args=(iterator, side)) for _ in range(5)]
+        returned = [coordinator.schedule(_four_steps, args=(iterator, seen, side)) for _ in range(5)]
         coordinator.join()
         # the first function got 2 shards of 5 for its 4 batches: it trained 2, ran out, and ran again on new ones
         assert coordinator._queue.counters()["retried"] >= 1
@@ -192,6 +202,21 @@ def test_the_steps_a_function_ran_before_its_records_ran_out_count_and_the_rerun
         assert sorted(pushed[:100]) == list(range(100)) and pushed[100:] == list(range(len(pushed) - 100))
         assert len(pushed) > 100 and sum(len(value.fetch()) for value in returned) == 100
         assert _input_metrics(coordinator)["kubeps_input_records_trained"] == len(pushed)
+        assert int(seen.read_value()[0]) == len(pushed)
+
+
+def test_a_step_cut_short_before_it_wrote_reads_its_records_again(make_cluster):
+    cluster = make_cluster(num_ps=1, num_workers=1)
+    with _coordinator(cluster) as coordinator:
+        # the second dataset's shards hold one batch: the second step runs out on it after a batch of the first
+        first, second = (iter(coordinator.create_per_worker_dataset(
+            lambda: Dataset.from_tensor_slices(np.arange(40)).batch(5), exactly_once=True, shard_records=shard))
+            for shard in (20, 5))
+        values = [coordinator.schedule(_two_datasets, args=(first, second)) for _ in range(8)]
+        steps = [value.fetch() for value in values]
+        assert coordinator._queue.counters()["retried"] >= 1
+        for column in (0, 1):  # no step lost its batch of the first dataset
+            assert sorted(i for step in steps for i in step[column]) == list(range(40))
 
 
 @pytest.mark.parametrize("source", ["tensor_slices", "files"])
