@@ -46,12 +46,16 @@ from kubeps.runtime.coordinator.membership_controller import MembershipControlle
 from kubeps.runtime.coordinator.hotspots import HotSpotDetector
 from kubeps.runtime.coordinator.options import DEFAULT_CLOSURES_PER_CALL, DEFAULT_GIL_SWITCH_INTERVAL, \
     CoordinatorOptions
-from kubeps.runtime.coordinator.shipping import build_dataset, dumps, ship_by_value
+from kubeps.runtime.checks import Flag, PositiveInt, check
+from kubeps.runtime.coordinator.leases import DEFAULT_SHARD_RECORDS, ShardBook
+from kubeps.runtime.coordinator.shipping import build_dataset, build_leased, call_dataset_fn, dumps, ship_by_value
 from kubeps.runtime.coordinator.strategy import ParameterServerStrategy
 from kubeps.runtime.coordinator.values import PerWorkerDataset, PerWorkerIterator, PerWorkerValues
 from kubeps.runtime.coordinator.watchdog import Watchdog
 from kubeps.runtime.coordinator.workers import Worker, WorkerSet
-from kubeps.runtime.data.distribute import DistributedDataset
+from kubeps.runtime.data import leases
+from kubeps.runtime.data.distribute import DistributedDataset, as_dataset
+from kubeps.runtime.data.options import InputContext
 from kubeps.runtime.errors import PSUnavailableError, RuntimeConfigError
 from kubeps.runtime.observe import logs as _logs
 from kubeps.runtime.observe import metrics as _metrics
@@ -134,7 +138,7 @@ class ClusterCoordinator:
         self._collector = None
         if _metrics.serve(strategy.settings) is not None:
             self._collector = _metrics.add_collector(
-                functools.partial(chief_families, self._queue, self.membership.figures))
+                functools.partial(chief_families, self._queue, self.membership.figures, self.workers.leases.figures))
             _metrics.add_document(MEMBERSHIP_ACK_PATH, self.membership.ack_json)
         self._stop_watchdog = False
         if self.watchdog is not None and not self.watchdog.running:
@@ -193,10 +197,20 @@ class ClusterCoordinator:
 
         return nest.map_structure(leaf, val)
 
-    def create_per_worker_dataset(self, dataset_fn: Any) -> PerWorkerDataset:
+    def create_per_worker_dataset(self, dataset_fn: Any, *, exactly_once: bool = False,
+                                  shard_records: int = DEFAULT_SHARD_RECORDS) -> PerWorkerDataset:
         """Build ``dataset_fn()`` (or ``dataset_fn(input_context)``) on every worker; or build a
         ``DistributedDataset`` from ``strategy.experimental_distribute_dataset`` /
-        ``strategy.distribute_datasets_from_function`` there."""
+        ``strategy.distribute_datasets_from_function`` there.
+
+        ``exactly_once=True`` (kubeps): each record of every epoch is trained on once, whatever workers join, leave
+        or fail (docs/elastic.md): the chief leases shards of ``shard_records`` rows (``from_tensor_slices``) or one
+        file (``from_files``) with the functions it sends and commits the positions their answers report. The
+        function is called with one input pipeline (``InputContext(1, 0)``): the leases split it, not the
+        function; its pipeline may only ``map``, ``batch``, ``prefetch`` and ``repeat`` the records (the number of
+        epochs), and the epochs are the chief's: a new ``iter()`` goes on where they stand."""
+        exactly_once = check("exactly_once", exactly_once, Flag)
+        shard_records = check("shard_records", shard_records, PositiveInt)
         if isinstance(dataset_fn, PerWorkerDataset):
             return dataset_fn
         if isinstance(dataset_fn, DistributedDataset):
@@ -206,11 +220,26 @@ class ClusterCoordinator:
             raise RuntimeConfigError("dataset_fn", type(dataset_fn).__name__,
                                      "must be a function that returns a dataset (an iterable) on the worker")
         ship_by_value(dataset_fn)
+        if exactly_once:
+            return self._create_leased_dataset(dataset_fn, shard_records)
         dataset = self.create_per_worker_resource(
             functools.partial(build_dataset, dataset_fn, self.num_workers), "dataset", PerWorkerDataset
         )
         # a worker that joins later builds it for the membership of then (docs/elastic.md, "Data")
         self.workers.add_dataset_fn(dataset.resource_id, dataset_fn)
+        return dataset
+
+    def _create_leased_dataset(self, dataset_fn: Callable[..., Any], shard_records: int) -> PerWorkerDataset:
+        """The exactly-once dataset: its shards planned here from the pipeline ``dataset_fn`` builds (lazily: no
+        record is read), then built on every worker (coordinator/leases.py)."""
+        plan = leases.plan(as_dataset(call_dataset_fn(
+            dataset_fn, lambda: InputContext(num_input_pipelines=1, input_pipeline_id=0))))
+        book = ShardBook(plan.sizes, plan.epochs, shard_records)
+        if not book.shards_per_epoch:
+            raise RuntimeConfigError("dataset_fn", "an empty dataset", "exactly_once needs at least one record")
+        dataset = self.create_per_worker_resource(functools.partial(build_leased, dataset_fn), "dataset",
+                                                  PerWorkerDataset)
+        self.workers.leases.add(dataset.resource_id, book)
         return dataset
 
     def create_per_worker_resource(self, creator: Callable[[], Any], kind: str, cls: type) -> Any:

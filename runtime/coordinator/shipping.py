@@ -13,9 +13,12 @@ from typing import Any, Callable
 import cloudpickle
 import numpy as np
 
+from kubeps.runtime.data.dataset import Dataset
+from kubeps.runtime.data.leases import ShardFeed, leased
+from kubeps.runtime.data.options import InputContext
 from kubeps.runtime.variables.context import current_input_context
 
-__all__ = ["build_dataset", "dumps", "ship_by_value"]
+__all__ = ["build_dataset", "build_leased", "call_dataset_fn", "dumps", "ship_by_value"]
 
 #: modules :func:`ship_by_value` has decided on, by name, with the module object it saw: the decision resolves paths
 #: (a few hundred microseconds), and ``schedule`` asks it for every function
@@ -55,11 +58,23 @@ def dumps(obj: Any, what: str) -> np.ndarray:
 
 def build_dataset(dataset_fn: Callable[..., Any], num_workers: int) -> Any:
     """Runs on a worker: call ``dataset_fn()`` or ``dataset_fn(input_context)``."""
+    return call_dataset_fn(dataset_fn, lambda: current_input_context(num_workers))
+
+
+def build_leased(dataset_fn: Callable[..., Any]) -> Dataset:
+    """Runs on a worker: the exactly-once dataset, ``dataset_fn`` built whole (one input pipeline: the chief's
+    leases split it) with its source reading the shards leased to this worker (:mod:`kubeps.runtime.data.leases`)."""
+    dataset = call_dataset_fn(dataset_fn, lambda: InputContext(num_input_pipelines=1, input_pipeline_id=0))
+    return Dataset(leased(dataset._node, ShardFeed()), dataset.options)
+
+
+def call_dataset_fn(dataset_fn: Callable[..., Any], context: Callable[[], InputContext]) -> Any:
+    """``dataset_fn()``, or ``dataset_fn(context())`` when it takes an argument."""
     try:
         params = [p for p in inspect.signature(dataset_fn).parameters.values()
                   if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     except (TypeError, ValueError):
         params = []
     if params:
-        return dataset_fn(current_input_context(num_workers))
+        return dataset_fn(context())
     return dataset_fn()

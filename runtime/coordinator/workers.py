@@ -29,6 +29,7 @@ import numpy as np
 
 from kubeps.runtime.coordinator.closure_queue import Closure, ClosureQueue, ClosureState
 from kubeps.runtime.coordinator.failure import FailureDetector, Heartbeat
+from kubeps.runtime.coordinator.leases import InputLeases
 from kubeps.runtime.coordinator.options import CoordinatorOptions
 from kubeps.runtime.coordinator.shipping import build_dataset, dumps
 from kubeps.runtime.errors import ClosureError, OutOfRangeError, RemoteError, ResourceMissingError, \
@@ -199,7 +200,8 @@ class Worker:
                 queue.mark_failed(first, err)
                 queue.give_back(rest)  # cancelled: the error is pending
             else:
-                for closure in rest:
+                for closure in rest:  # the worker may have run them before it failed, as the first
+                    closure.info["input_lost"] = bool(self.cluster.leases)
                     queue.requeue(closure)
                 self.handle_failure(first, err)
             return None
@@ -207,10 +209,17 @@ class Worker:
             self.call = None
 
     def _run_closure(self, closure: Closure) -> None:
-        request: RunClosureRequest | CreateResourceRequest = (
-            RunClosureRequest(closure_id=closure.id) if closure.kind == "closure"
-            else CreateResourceRequest(closure_id=closure.id, resource_id=closure.info["resource_id"]))
-        method = WORKER.RUN_CLOSURE if closure.kind == "closure" else WORKER.CREATE_RESOURCE
+        request: RunClosureRequest | CreateResourceRequest
+        leases = self.cluster.leases
+        if closure.kind == "closure":
+            request = RunClosureRequest(closure_id=closure.id)
+            if leases:
+                request["leases"] = leases.grants(self.index)
+            method = WORKER.RUN_CLOSURE
+        else:
+            request = CreateResourceRequest(closure_id=closure.id, resource_id=closure.info["resource_id"])
+            leases.release(self.index)  # a dataset or an iterator built: the feeds read from the commits on
+            method = WORKER.CREATE_RESOURCE
         started = time.perf_counter()
         got = self._call([closure], method, request, self.cluster.options.closure_timeout)
         if got is None:
@@ -227,6 +236,8 @@ class Worker:
         queue, untouched. A failed call is a failure of each closure, as for one."""
         queue = self.cluster.queue
         request: RunClosuresRequest = {"closure_ids": [closure.id for closure in closures]}
+        if self.cluster.leases:
+            request["leases"] = self.cluster.leases.grants(self.index)
         started = time.perf_counter()
         got = self._call(closures, WORKER.RUN_CLOSURES, request, self.cluster.options.closure_timeout * len(closures))
         if got is None:
@@ -255,6 +266,8 @@ class Worker:
         """One closure's answer: finished, failed, or handed to the failure handling."""
         queue = self.cluster.queue
         status = answer.get("status")
+        if closure.kind == "closure":  # what its steps read, failed or not (their pushes applied)
+            self.cluster.leases.commit(self.index, answer.get("positions"), bool(closure.info.get("input_lost")))
         if status == "ok":
             try:
                 result = closure_result(arrays)
@@ -270,9 +283,23 @@ class Worker:
         elif status == "ps_unavailable":
             self.cluster.failures.handle_ps_error(closure, int(answer.get("ps_index", -1)), answer.get("message", ""),
                                               restarted=bool(answer.get("restarted")))
+            self.rewind_input()
+        elif status == "needs_input":  # run again with more shards (or elsewhere, if the data is nearly done)
+            self.cluster.leases.ran_out(self.index)
+            queue.requeue(closure)
+            self.rewind_input()
+            self.cluster.stopping.wait(0.05)  # the others may hold the last shards: no busy loop meanwhile
         else:
             queue.mark_failed(closure, closure_error(answer, arrays, self))
             self.cluster.closure_done()
+            self.rewind_input()
+
+    def rewind_input(self) -> None:
+        """A function did not finish: what it took up to its last write is committed (its answer's positions), and
+        the worker's exactly-once shards go back from there while its iterators are built again, so what its pipeline
+        had read ahead is read by whoever runs the function (or the next one)."""
+        if self.cluster.leases and not self.rebuild_resources():  # rebuilding takes the shards back
+            self.healthy = False  # rebuilt when it answers again
 
     # -- failures ----------------------------------------------------------------------------------------------------
     def handle_failure(self, closure: Closure | None, error: BaseException) -> None:
@@ -281,6 +308,9 @@ class Worker:
         queue = self.cluster.queue
         self.healthy = False
         self.failures += 1
+        self.cluster.leases.release(self.index)
+        if closure is not None and self.cluster.leases:
+            closure.info["input_lost"] = True  # its re-run trains records the lost run may have trained
         if closure is not None:
             if closure.kind == "resource":
                 queue.mark_finished(closure, None)  # rebuilt with all the others when the worker returns
@@ -325,6 +355,7 @@ class Worker:
     def rebuild_resources(self) -> bool:
         """Re-create every per-worker resource on the worker (in creation order): it came back, or it joined."""
         replaced, read_before = False, self.in_pass
+        self.cluster.leases.release(self.index)  # the exactly-once datasets read from their commits on
         for resource_id, payload in self.cluster.resources_for(self):
             try:
                 answer, arrays = self.client.call(WORKER.CREATE_RESOURCE,
@@ -369,6 +400,8 @@ class WorkerSet:
         self._resources: list[tuple[str, np.ndarray]] = []  # (resource_id, pickled creator), creation order
         self._dataset_fns: dict[str, Callable[..., Any]] = {}  # resource_id -> dataset_fn of each dataset
         self._resource_ids = itertools.count()
+        #: the shards of the exactly-once datasets leased to each worker (coordinator/leases.py)
+        self.leases = InputLeases()
         #: heartbeats of every ps and busy worker, and the accounting of ps errors (coordinator/failure.py)
         self.failures = FailureDetector(
             strategy, queue, self.handles, self.stopping, heartbeat_interval=options.heartbeat_interval,
@@ -434,6 +467,7 @@ class WorkerSet:
         """A leaving worker's dispatch thread ended: nothing of the job runs on it any more."""
         if worker.in_pass and self.dataset_count():  # the workers that stay read its share again
             self.records.add(worker, worker.in_pass, "left")
+        self.leases.release(worker.index)  # its shards' records not trained go to the workers that stay
         with self.lock:
             if worker in self.handles:
                 self.handles.remove(worker)

@@ -15,6 +15,8 @@ Modules, bottom to top (none imports one above it):
 - ``sources`` -- arrays, ``range``, generators, iterables, file lists; ``transforms`` -- ``map``, ``filter``,
   ``interleave``, ``repeat``, ``batch``, ``shard``, ``take``, ``skip``; ``shuffle``; ``prefetch``;
 - ``hashing`` -- ``hash_bucket``: integer and string ids hashed into buckets (a fixed, documented hash);
+- ``leases`` -- exactly-once input on a worker: the source reads the shards the chief leased (``ShardFeed``) and
+  reports how far its consumer got;
 - ``filesystems`` -- local paths and fsspec URLs (``s3://``, ``gs://``, ``hdfs://``): listing and opening files;
 - ``columns`` -- typed columns: checked conversion to a column's dtype, variable-length columns;
 - ``criteo`` -- Criteo's click-log format (tab-separated, hex categoricals, gzip'd or not), parsed in blocks;

@@ -58,7 +58,7 @@ class Dataset:
         ledger = passes.current()
         if ledger is not None:  # a worker's iterator: it counts what it hands out in batches or in elements
             ledger.batched = batched(self._node)
-        return DatasetIterator(self._node.iterate())
+        return DatasetIterator(self._node.iterate(), getattr(self._node.root(), "feed", None))
 
     def _derive(self, node: Node) -> "Dataset":
         """A dataset around ``node`` (a new transformation of this one's node), with a copy of this one's options."""
@@ -257,9 +257,11 @@ class DatasetIterator:
     """An iterator over one pass of a dataset. ``next()`` is thread-safe; ``close()`` (or dropping the iterator,
     or leaving a ``with`` block) stops any prefetch threads behind it."""
 
-    def __init__(self, generator: Iterator[Any]):
+    def __init__(self, generator: Iterator[Any], feed: Any = None):
         self._gen = generator
         self._lock = threading.Lock()
+        #: the :class:`~kubeps.runtime.data.leases.ShardFeed` of an exactly-once dataset's source (None otherwise)
+        self.feed = feed
 
     def __iter__(self) -> "DatasetIterator":
         return self

@@ -14,7 +14,7 @@ from typing import Callable, Iterator, Mapping, NamedTuple, Protocol, Union
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-__all__ = ["ClosureCounts", "MembershipFigures", "chief_families"]
+__all__ = ["ClosureCounts", "InputFigures", "MembershipFigures", "chief_families"]
 
 Family = Union[CounterMetricFamily, GaugeMetricFamily]
 
@@ -47,7 +47,23 @@ class MembershipFigures(NamedTuple):
     records_reread: int  #: records a reshard, a leaving or a restarted worker made read again
 
 
-def chief_families(closures: ClosureCounts, membership: Callable[[], MembershipFigures]) -> Iterator[Family]:
+class InputFigures(NamedTuple):
+    """The exactly-once input (:mod:`kubeps.runtime.coordinator.leases`), all its datasets together."""
+
+    trained: int  #: records committed as trained
+    reread: int  #: records trained twice: a function re-run after its worker was lost, or a report come too late
+    lost: int  #: records a report would have skipped or rewound (not applied)
+
+
+#: the exactly-once input's counters: field, help
+_INPUT = (("trained", "Records of exactly-once datasets committed as trained"),
+          ("reread", "Records of exactly-once datasets trained twice: a function re-run after its worker was lost "
+                     "(an upper bound) or a report that came after its shard was taken back"),
+          ("lost", "Records of exactly-once datasets that a worker's report would have skipped (not applied)"))
+
+
+def chief_families(closures: ClosureCounts, membership: Callable[[], MembershipFigures],
+                   inputs: Callable[[], InputFigures] | None = None) -> Iterator[Family]:
     """Every metric family of the chief, as of now."""
     counts = closures.counters()
     for name, text in _COUNTERS:
@@ -70,6 +86,10 @@ def chief_families(closures: ClosureCounts, membership: Callable[[], MembershipF
     yield _family(CounterMetricFamily, "kubeps_dataset_records_reread",
                   "Records read in a pass that a reshard, a worker leaving or a worker restarting cut short, which "
                   "the new shards read again (at-least-once)", now.records_reread)
+    if inputs is not None:
+        records = inputs()
+        for name, text in _INPUT:
+            yield _family(CounterMetricFamily, f"kubeps_input_records_{name}", text, getattr(records, name))
 
 
 def _family(kind: type[Family], name: str, text: str, value: float) -> Family:

@@ -72,6 +72,7 @@ __all__ = [
     "EmptyRequest",
     "ExportDynamicAnswer",
     "InitializerSpec",
+    "LeaseGrant",
     "ListVariablesAnswer",
     "LookupDynamicRequest",
     "MethodSpec",
@@ -387,12 +388,21 @@ class RestoreDynamicAnswer(TypedDict):
 
 
 # -- the worker service ----------------------------------------------------------------------------------------------
+class LeaseGrant(TypedDict):
+    """Shards of an exactly-once dataset leased to a worker with a call (:mod:`kubeps.runtime.data.leases`)."""
+
+    shards: list[list[int]]  #: ``[epoch, index, start, end]`` each (end -1: a file's end), in reading order
+    final: bool  #: no more shards will come (the dataset's epochs are all leased)
+
+
 class RunClosureRequest(TypedDict):
     closure_id: NotRequired[int]  #: the coordinator's id of the closure (logs)
+    leases: NotRequired[dict[str, LeaseGrant]]  #: per exactly-once dataset (its resource id), shards to read
 
 
 class RunClosuresRequest(TypedDict):
     closure_ids: list[int]  #: the coordinator's ids of the functions, in the order of their tensors (logs)
+    leases: NotRequired[dict[str, LeaseGrant]]  #: as :class:`RunClosureRequest`'s
 
 
 class CreateResourceRequest(TypedDict):
@@ -402,7 +412,7 @@ class CreateResourceRequest(TypedDict):
 
 #: ``ok`` (result), ``error`` (the function raised; non-retryable), ``resource_missing`` (a per-worker resource is
 #: not there: the worker restarted), ``ps_unavailable`` (a parameter server could not be reached)
-ClosureStatus = Literal["ok", "error", "resource_missing", "ps_unavailable"]
+ClosureStatus = Literal["ok", "error", "resource_missing", "ps_unavailable", "needs_input"]
 
 
 class ClosureAnswer(TypedDict, total=False):
@@ -415,6 +425,9 @@ class ClosureAnswer(TypedDict, total=False):
     traceback: str
     ps_index: int  #: ``ps_unavailable``: which ps
     restarted: bool  #: ``ps_unavailable``: the ps answered NOT_FOUND for a variable (it restarted empty)
+    #: ``ok``: per exactly-once dataset, ``[epoch, index, position, done]`` of the shards its consumer read, after
+    #: the function (what the chief commits as trained)
+    positions: dict[str, list[list[int]]]
 
 
 class RunClosuresAnswer(TypedDict):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Iterator, Mapping, Protocol, Sequence, TypeVar
+from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence, TypeVar
 
 import numpy as np
 
@@ -119,6 +119,9 @@ class ClosureContext:
         self._batched = False  # whether the registered variables were pulled since the last invalidation
         self._deferred: dict[int, tuple[PushRequest, list[Any]]] = {}  # ps -> (Push request, tensors)
         self.pulls = 0  # calls that pulled dense values (Read, ReadMany, PushRead); tests check batching
+        #: called when the closure writes to a variable (a push or an assign): its exactly-once datasets' feeds
+        #: count the records taken so far as trained (:meth:`~kubeps.runtime.data.leases.ShardFeed.wrote`)
+        self.on_write: list[Callable[[], None]] = []
 
     def register(self, var: RemoteHandle) -> None:
         self.registered.setdefault(var.key, var)
@@ -183,6 +186,12 @@ class ClosureContext:
             self.flush(held)
         self._deferred.update(requests)
         self.invalidate()
+        self.wrote()
+
+    def wrote(self) -> None:
+        """The closure wrote to a variable (its push is held or sent, its assign sent)."""
+        for hook in self.on_write:
+            hook()
 
     def call_many(self, requests: Mapping[int, DeclaredRequest[AnswerT]],
                   timeout: float | None = None) -> dict[int, tuple[AnswerT, list[np.ndarray]]]:

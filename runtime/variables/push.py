@@ -176,5 +176,7 @@ def apply_gradients(optimizer: Any, grads_and_vars: Iterable[tuple[Any, Any]]) -
             ctx.defer_push(requests)
         else:
             transport.call_many({ps: (PS.PUSH, meta, arrays) for ps, (meta, arrays) in requests.items()})
+            if ctx is not None:
+                ctx.wrote()
     if ctx is not None and touched and not any(ctx.transport is t for t, _ in batches.values()):
         ctx.invalidate()

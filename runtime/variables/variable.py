@@ -310,6 +310,7 @@ class Variable(_ArrayLike):
         ctx = _context.current_closure_context()
         if ctx is not None:
             ctx.invalidate([self._key])
+            ctx.wrote()
         return self
 
     def assign(self, value: Any) -> "Variable":

@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterator
 import cloudpickle
 import numpy as np
 
+from kubeps.runtime.data.leases import NeedsInput, ShardFeed, feed_of
 from kubeps.runtime.data.passes import PassLedger
 from kubeps.runtime.data.structure import rows_of
 from kubeps.runtime.observe import metrics as _metrics
@@ -32,8 +33,8 @@ from kubeps.runtime.variables import context as _context
 from kubeps.runtime.variables.context import ClosureContext
 from kubeps.runtime.errors import PSUnavailableError, ResourceMissingError
 from kubeps.runtime.rpc.codec import split_structure
-from kubeps.runtime.rpc.protocol import (WORKER, ClosureAnswer, CreateResourceRequest, RunClosureRequest,
-                                        RunClosuresAnswer, RunClosuresRequest)
+from kubeps.runtime.rpc.protocol import (WORKER, ClosureAnswer, CreateResourceRequest, LeaseGrant,
+                                        RunClosureRequest, RunClosuresAnswer, RunClosuresRequest)
 from kubeps.runtime.rpc.transport import PSTransport, ps_restarted
 from kubeps.runtime.rpc.tls import TLSConfig
 from kubeps.runtime.variables.variable import ShardedVariable, Variable
@@ -75,6 +76,8 @@ class MeasuredIterator:
 
     def __init__(self, inner: Iterator[Any], ledger: PassLedger | None = None):
         self._inner = inner
+        #: the shards an exactly-once dataset's source reads (it counts the records handed out), else None
+        self.feed: ShardFeed | None = getattr(inner, "feed", None)
         #: the ledger the pipeline was opened with (``rpc_create_resource`` makes it active around ``iter()``)
         self.ledger = PassLedger() if ledger is None else ledger
 
@@ -91,6 +94,8 @@ class MeasuredIterator:
             raise
         rows = rows_of(batch)
         self.ledger.consumed(rows)
+        if self.feed is not None:
+            self.feed.consumed(rows if self.ledger.batched else 1)
         if _metrics.ENABLED:
             _metrics.INPUT_WAIT.observe(time.perf_counter() - started)
             _metrics.WORKER_BATCHES.inc()
@@ -106,7 +111,34 @@ class MeasuredIterator:
 
 def records_in_pass(resources: dict[str, Any]) -> int:
     """The records the worker's iterators handed out in the passes under way: what a reshard makes read again."""
-    return sum(r.ledger.in_pass() for r in list(resources.values()) if isinstance(r, MeasuredIterator))
+    return sum(r.ledger.in_pass() for r in list(resources.values())
+               if isinstance(r, MeasuredIterator) and r.feed is None)  # an exactly-once one re-reads nothing
+
+
+def _feeds(resources: dict[str, Any]) -> dict[str, ShardFeed]:
+    """The worker's exactly-once datasets' feeds, by resource id."""
+    feeds = {rid: feed_of(resource) for rid, resource in list(resources.items())}
+    return {rid: feed for rid, feed in feeds.items() if feed is not None}
+
+
+@contextlib.contextmanager
+def _leases(state: "WorkerState", ctx: ClosureContext,
+            grants: dict[str, LeaseGrant] | None) -> Iterator[dict[str, ShardFeed]]:
+    """The shards a call leased given to their datasets' feeds, which know a function runs while it does and when
+    it writes to a variable (what its steps took up to there is trained)."""
+    feeds = _feeds(state.resources)
+    for rid, grant in (grants or {}).items():
+        if rid not in feeds:
+            raise ResourceMissingError(f"exactly-once dataset {rid!r} is not built on this worker")
+        feeds[rid].grant(grant["shards"], grant["final"])
+    for feed in feeds.values():
+        feed.in_function(True)
+        ctx.on_write.append(feed.wrote)
+    try:
+        yield feeds
+    finally:
+        for feed in feeds.values():
+            feed.in_function(False)
 
 
 def _to_array(item: Any) -> Any:
@@ -141,52 +173,73 @@ def _run_and_flush(ctx: ClosureContext, body: Callable[[Any], Any], obj: Any) ->
     return result
 
 
-def _run(state: WorkerState, payload: bytes, body: Callable[[Any], Any]) -> tuple[ClosureAnswer, list[np.ndarray]]:
+def _run(state: WorkerState, payload: bytes, body: Callable[[Any], Any], grants: dict[str, LeaseGrant] | None = None,
+         report: bool = True) -> tuple[ClosureAnswer, list[np.ndarray]]:
+    """Run ``body`` on the unpickled payload. With ``report``, the answer says where the worker's exactly-once
+    datasets stand after it (what the chief commits: asked once per function, as a report moves past what it
+    reports), whatever its status: a function that did not finish trained what it took up to its last write to a
+    variable (those pushes applied), no further."""
     ctx = state.context()
     previous = _context.set_closure_context(ctx)
+    feeds: dict[str, ShardFeed] = {}
     try:
         try:
-            obj = cloudpickle.loads(payload)
-            with state.threads.measure() if state.threads is not None else contextlib.nullcontext():
-                result = _run_and_flush(ctx, body, obj)
-        except ResourceMissingError as err:
+            with _leases(state, ctx, grants) as feeds:
+                meta, tensors = _answer(state, ctx, payload, body)
+        except ResourceMissingError as err:  # a leased dataset this worker does not have (it restarted)
             state.kept.drop()
             return {"status": "resource_missing", "message": str(err)}, []
-        except PSUnavailableError as err:
-            state.kept.drop()  # a parameter server restarted or moved: nothing kept is worth reading again
-            return {"status": "ps_unavailable", "ps_index": err.ps_index, "message": str(err),
-                    "restarted": ps_restarted(err)}, []
-        except BaseException as err:  # noqa: BLE001 - the user's function may raise anything; report it
-            if isinstance(err, (KeyboardInterrupt, SystemExit)):
-                raise
-            state.kept.drop()
-            try:
-                blob = cloudpickle.dumps(err)
-                pickle.loads(blob)  # make sure the coordinator can rebuild it
-            except Exception:  # noqa: BLE001
-                blob = b""
-            meta: ClosureAnswer = {"status": "error", "type": type(err).__name__, "message": str(err),
-                    "traceback": traceback.format_exc()}
-            return meta, [_bytes_tensor(blob)]
-        tensors: list[np.ndarray] = []
-        skeleton = split_structure(result, tensors, _to_array)
-        return ({"status": "ok", "pulls": ctx.pulls, "in_pass": records_in_pass(state.resources)},
-                [_bytes_tensor(cloudpickle.dumps(skeleton))] + tensors)
+        if meta["status"] not in ("ok", "needs_input"):  # a ps restarted or moved, a checkpoint restored, ...:
+            state.kept.drop()  # nothing kept under a bounded staleness is worth reading again
+        if feeds and report:
+            finished = meta.get("status") == "ok"
+            meta["positions"] = {rid: feed.positions(finished) for rid, feed in feeds.items()}
+        return meta, tensors
     finally:
         _context.set_closure_context(previous)
         with state._lock:
             state.closures_run += 1
 
 
+def _answer(state: WorkerState, ctx: ClosureContext, payload: bytes,
+            body: Callable[[Any], Any]) -> tuple[ClosureAnswer, list[np.ndarray]]:
+    try:
+        obj = cloudpickle.loads(payload)
+        with state.threads.measure() if state.threads is not None else contextlib.nullcontext():
+            result = _run_and_flush(ctx, body, obj)
+    except NeedsInput as err:
+        return {"status": "needs_input", "message": str(err)}, []
+    except ResourceMissingError as err:
+        return {"status": "resource_missing", "message": str(err)}, []
+    except PSUnavailableError as err:
+        return {"status": "ps_unavailable", "ps_index": err.ps_index, "message": str(err),
+                "restarted": ps_restarted(err)}, []
+    except BaseException as err:  # noqa: BLE001 - the user's function may raise anything; report it
+        if isinstance(err, (KeyboardInterrupt, SystemExit)):
+            raise
+        try:
+            blob = cloudpickle.dumps(err)
+            pickle.loads(blob)  # make sure the coordinator can rebuild it
+        except Exception:  # noqa: BLE001
+            blob = b""
+        failed: ClosureAnswer = {"status": "error", "type": type(err).__name__, "message": str(err),
+                                 "traceback": traceback.format_exc()}
+        return failed, [_bytes_tensor(blob)]
+    tensors: list[np.ndarray] = []
+    skeleton = split_structure(result, tensors, _to_array)
+    meta: ClosureAnswer = {"status": "ok", "pulls": ctx.pulls, "in_pass": records_in_pass(state.resources)}
+    return meta, [_bytes_tensor(cloudpickle.dumps(skeleton))] + tensors
+
+
 def _call(obj: Any) -> Any:
     return obj[0](*obj[1], **obj[2])
 
 
-def rpc_run_closure(state: WorkerState, request: RunClosureRequest,  # noqa: ARG001
+def rpc_run_closure(state: WorkerState, request: RunClosureRequest,
                     arrays: list[np.ndarray]) -> tuple[ClosureAnswer, list[np.ndarray]]:
-    """Run ``fn(*args, **kwargs)`` from the pickled ``(fn, args, kwargs)``."""
+    """Run ``fn(*args, **kwargs)`` from the pickled ``(fn, args, kwargs)``, with the shards the call leased."""
     payload = _payload(arrays, WORKER.RUN_CLOSURE)
-    return _run(state, payload, _call)
+    return _run(state, payload, _call, request.get("leases"))
 
 
 def rpc_run_closures(state: WorkerState, request: RunClosuresRequest,
@@ -205,8 +258,10 @@ def rpc_run_closures(state: WorkerState, request: RunClosuresRequest,
     answers: list[ClosureAnswer] = []
     counts: list[int] = []
     tensors: list[np.ndarray] = []
+    grants = request.get("leases")
     for payload in payloads:
-        meta, out = _run(state, payload, _call)
+        meta, out = _run(state, payload, _call, grants)
+        grants = None  # given with the first
         answers.append(meta)
         counts.append(len(out))
         tensors += out
@@ -225,6 +280,9 @@ def rpc_create_resource(state: WorkerState, request: CreateResourceRequest,
     payload = _payload(arrays, WORKER.CREATE_RESOURCE)
 
     replaced = state.resources.get(resource_id)
+    old_feed = feed_of(replaced)
+    if old_feed is not None:  # built again: its shards went back to the chief; a source waiting for more ends
+        old_feed.close()
 
     def build(fn: Callable[[], Any]) -> None:
         ledger = PassLedger()
@@ -232,11 +290,13 @@ def rpc_create_resource(state: WorkerState, request: CreateResourceRequest,
             resource = fn()
         if isinstance(resource, Iterator):
             resource = MeasuredIterator(resource, ledger)
+            if resource.feed is not None:  # an exactly-once dataset's: it reads from the commits on
+                resource.feed.take_over()
         state.resources[resource_id] = resource
         return None
 
-    meta, tensors = _run(state, payload, build)
-    if isinstance(replaced, MeasuredIterator) and meta.get("status") == "ok":
+    meta, tensors = _run(state, payload, build, report=False)
+    if isinstance(replaced, MeasuredIterator) and replaced.feed is None and meta.get("status") == "ok":
         # built again for a new membership (or after a failure): the new iterator reads its shard from the start,
         # so what the old one handed out in the pass under way is read again
         meta["reread"] = replaced.ledger.in_pass()

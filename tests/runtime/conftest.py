@@ -145,6 +145,30 @@ class LocalCluster:
         return ParameterServerStrategy(self.resolver(), **kwargs)
 
 
+def wait_for(predicate: Any, timeout: float, what: str) -> Any:
+    """The first true value of ``predicate()``, polled every 50 ms; an AssertionError naming ``what`` after
+    ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+@contextlib.contextmanager
+def running_coordinator(cluster: LocalCluster, **kwargs: Any) -> Iterator[ClusterCoordinator]:
+    """A coordinator of ``cluster``'s strategy, shut down (and the strategy closed) on the way out."""
+    strategy = cluster.strategy()
+    coordinator = ClusterCoordinator(strategy, **kwargs)
+    try:
+        yield coordinator
+    finally:
+        coordinator.shutdown()
+        strategy.close()
+
+
 @pytest.fixture
 def make_cluster(tmp_path: Path) -> Iterator[Any]:
     """Factory: ``make_cluster(num_ps, num_workers)`` starts a cluster that is torn down after the test."""

@@ -3,7 +3,6 @@ and workers joining and leaving a running coordinator (real processes)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import threading
 import time
@@ -19,7 +18,7 @@ from kubeps.runtime.observe.chief_metrics import chief_families
 from kubeps.runtime.util.files import write_atomically
 from kubeps.runtime.variables.context import get_current_worker_index
 
-from .conftest import free_ports
+from .conftest import free_ports, running_coordinator
 
 
 # -- the closure queue ---------------------------------------------------------------------------------------------
@@ -119,15 +118,7 @@ def test_the_watcher_applies_each_generation_once_and_acks_every_change(tmp_path
 
 
 # -- a running coordinator (real processes) ------------------------------------------------------------------------
-@contextlib.contextmanager
-def _coordinator(cluster, **kwargs):
-    strategy = cluster.strategy()
-    coordinator = ClusterCoordinator(strategy, **kwargs)
-    try:
-        yield coordinator
-    finally:
-        coordinator.shutdown()
-        strategy.close()
+_coordinator = running_coordinator
 
 
 def _which_worker(pause: float) -> int:

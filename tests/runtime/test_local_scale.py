@@ -18,6 +18,8 @@ import pytest
 from kubeps.runtime import cli
 from kubeps.runtime.local.scaling import find_run_dir
 
+from .conftest import wait_for
+
 ROOT = Path(__file__).resolve().parents[2]
 CTR = ROOT / "examples" / "ctr" / "train.py"
 STEPS, PER_EXECUTION = 3600, 20
@@ -42,16 +44,6 @@ def _lines(path: Path) -> list[tuple[str, int, int, float]]:
     return out
 
 
-def _wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
 def _result(output: str) -> dict:
     match = re.search(r"^\[chief-0\] RESULT (.*)$", output, re.M)
     assert match, output[-3000:]
@@ -66,7 +58,7 @@ def test_kubeps_local_scales_the_ctr_example_2_4_1_without_losing_an_execution(t
     reader = threading.Thread(target=lambda: output.extend(launcher.stdout), daemon=True)
     reader.start()
     try:
-        _wait_for(lambda: any(k == "E" for k, *_ in _lines(log)), 300, "the first execution")
+        wait_for(lambda: any(k == "E" for k, *_ in _lines(log)), 300, "the first execution")
         run_dir = find_run_dir(launcher.pid)
         assert os.path.basename(run_dir).startswith(f"kubeps-local-{launcher.pid}-")
 
@@ -74,7 +66,7 @@ def test_kubeps_local_scales_the_ctr_example_2_4_1_without_losing_an_execution(t
         assert cli.main(["local", "scale", "--workers", "4", "--pid", str(launcher.pid)]) == 0
         said = capsys.readouterr().out
         assert "4 worker(s), membership generation 1" in said, said
-        first = _wait_for(lambda: (lambda seen: seen if len(seen) == 2 else None)(
+        first = wait_for(lambda: (lambda seen: seen if len(seen) == 2 else None)(
             {w: t for k, _, w, t in reversed(_lines(log)) if k == "S" and w in (2, 3)}), 120,
             "an execution on each new worker")
         to_first = min(first.values()) - asked
