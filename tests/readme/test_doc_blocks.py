@@ -45,11 +45,14 @@ LOCAL_TIMEOUT_S = 150
 RUN_SHELL = {
     ("docs/train-on-kubernetes.md", "kubeps validate examples/ctr/job.yaml examples/jobs/*.yaml"),
     ("docs/benchmarks.md", ".venv/bin/python bench/plan_cost.py --ps 50 --workers 1000"),
+    ("docs/features.md", "kubeps validate examples/criteo/job.yaml"),
 }
 SHELL_TIMEOUT_S = 60
 
 #: shell blocks that are not run here, by (file, first line of the block): why
 NOT_RUN = {
+    ("docs/features.md", "kubeps local --ps 2 --workers 2 examples/criteo/train.py -- --model wdl"):
+        "three trainings of minutes; tests/models/test_criteo_example.py runs each model at a small size",
     ("README.md", "make example   # creates .venv, installs kubeps, trains examples/ctr with `kubeps local` (2 ps, 2 workers)"):
         "make test would run this suite recursively; make example's command is tests/runtime/test_example_ctr.py's, "
         "and tests/readme/test_readme.py checks both targets exist",
