@@ -61,6 +61,8 @@ NOT_RUN = {
     ("docs/train-on-kubernetes.md", "kubectl apply -f examples/ctr/job.yaml"): "needs a cluster with the operator (tests/e2e)",
     ("docs/benchmarks.md", "python3 -m venv /path/tfenv && /path/tfenv/bin/pip install tensorflow-cpu==2.21.0     # the TF side, once"):
         "installs TensorFlow and benchmarks for minutes (make bench)",
+    ("docs/benchmarks.md", ".venv/bin/python bench/ctr_vs_tf.py --shape wdl --rounds 2 --steps 800 --dense-staleness 3 --jax --keras \\"):
+        "a benchmark of tens of minutes that needs TensorFlow; tests/bench/test_bench_smoke.py runs ctr_vs_tf.py small",
     ("docs/benchmarks.md", ".venv/bin/python bench/ctr_vs_tf.py --shape wide --rounds 3 --steps 1600 [--tf-python /path/tfenv/bin/python]"):
         "benchmarks for minutes; the driver's options are parsed by bench/ctr_vs_tf.py itself",
     ("docs/benchmarks.md", ".venv/bin/python bench/hostile_manifests.py --specs 10000 --seed 0"):
