@@ -284,7 +284,7 @@ class ParameterServerStrategy:
         # big ones (embedding tables) only ever have the rows a step looks up read
         prefetch = array.nbytes <= _context.PREFETCH_MAX_BYTES
         # a bounded staleness lets a worker reuse the dense values it pulled; never the rows of a table
-        staleness = self.dense_staleness if array.nbytes <= _context.DENSE_MAX_BYTES else 0
+        staleness = self.dense_staleness if prefetch else 0
         if n == 1:
             ps = self._place()
             self._transport.call(ps, PS.CREATE_VARIABLES, NamesRequest(names=[key]), [array])

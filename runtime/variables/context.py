@@ -73,7 +73,6 @@ class RemoteHandle(Protocol):
 #: may keep them on a worker from step to step; bigger ones, and any variable a worker has looked rows up in (an
 #: embedding table: :meth:`ClosureContext.note_rows`), are read only where a step asks (rows or ``read_value``)
 PREFETCH_MAX_BYTES = 16 << 20
-DENSE_MAX_BYTES = PREFETCH_MAX_BYTES
 #: methods that only read: a deferred push to the same parameter server rides on them (``PushRead``)
 _READS = PS.READS
 

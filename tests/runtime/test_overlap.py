@@ -12,7 +12,7 @@ from kubeps.runtime.ops.optimizers import SGD
 from kubeps.runtime.variables.partitioners import FixedShardsPartitioner
 from kubeps.runtime.variables.variable import Variable
 
-ROWS, DIM, STEPS = 70_000, 4, 4  # a table above the closure's whole-variable pull (1 MB): rows are looked up
+ROWS, DIM, STEPS = 70_000, 4, 4  # a table: rows are looked up, never pulled whole
 
 
 def _run(make_cluster, overlap: bool):
